@@ -1,0 +1,75 @@
+//! Application intent: the desired deployment behind a GitOpsDeployment, upserted
+//! by the writer together with its operation.
+
+use tokio_postgres::Transaction;
+use uuid::Uuid;
+
+use crate::db::DbError;
+use crate::model::{ApplicationId, SyncType, TenantId};
+
+/// What a tenant asked for, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApplicationIntent {
+    pub tenant_id: TenantId,
+    pub resource_uid: Uuid,
+    pub resource_name: String,
+    pub generation: i64,
+    pub repo_url: String,
+    pub path: String,
+    pub target_revision: String,
+    pub managed_environment_id: Option<i64>,
+    pub destination_namespace: String,
+    pub sync_type: SyncType,
+    pub create_namespace: bool,
+    pub wait_for_pruning: bool,
+}
+
+// Guarded by generation: older intent never overwrites newer. A row of the same
+// generation is left as it is (a replayed event changes nothing).
+const UPSERT: &str = "
+INSERT INTO application (tenant_id, resource_uid, resource_name, generation, repo_url, path,
+                         target_revision, managed_environment_id, destination_namespace,
+                         sync_type, create_namespace, wait_for_pruning)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+ON CONFLICT (resource_uid) DO UPDATE
+   SET resource_name = EXCLUDED.resource_name, generation = EXCLUDED.generation,
+       repo_url = EXCLUDED.repo_url, path = EXCLUDED.path,
+       target_revision = EXCLUDED.target_revision,
+       managed_environment_id = EXCLUDED.managed_environment_id,
+       destination_namespace = EXCLUDED.destination_namespace,
+       sync_type = EXCLUDED.sync_type, create_namespace = EXCLUDED.create_namespace,
+       wait_for_pruning = EXCLUDED.wait_for_pruning, updated_at = now()
+ WHERE application.generation < EXCLUDED.generation
+   AND application.tenant_id = EXCLUDED.tenant_id
+   AND application.row_state = 'active'
+RETURNING id";
+
+/// Writes the intent if it is newer than what is stored. Returns the row id when
+/// something changed (enqueue an operation then), `None` when the stored row is as
+/// new or newer.
+pub async fn application_upsert_in_txn(
+    txn: &Transaction<'_>,
+    intent: &ApplicationIntent,
+) -> Result<Option<ApplicationId>, DbError> {
+    let row = txn
+        .query_opt(
+            UPSERT,
+            &[
+                &intent.tenant_id.0,
+                &intent.resource_uid,
+                &intent.resource_name,
+                &intent.generation,
+                &intent.repo_url,
+                &intent.path,
+                &intent.target_revision,
+                &intent.managed_environment_id,
+                &intent.destination_namespace,
+                &intent.sync_type,
+                &intent.create_namespace,
+                &intent.wait_for_pruning,
+            ],
+        )
+        .await
+        .map_err(DbError::query("upsert an application"))?;
+    Ok(row.map(|row| ApplicationId(row.get(0))))
+}

@@ -1,0 +1,67 @@
+//! `DbError`: what failed in the database layer, with the action that failed.
+
+use tokio_postgres::error::SqlState;
+
+/// A failure in the database layer. Messages name the action; the source keeps the
+/// server's detail for operators. None of them repeats a connection string.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("invalid database URL")]
+    InvalidUrl { source: tokio_postgres::Error },
+    #[error("could not connect to the database")]
+    Connect { source: tokio_postgres::Error },
+    #[error("could not build the connection pool: {message}")]
+    PoolBuild { message: String },
+    #[error("could not take a connection from the pool: {message}")]
+    Pool { message: String },
+    #[error("database statement failed: {action}")]
+    Query { action: &'static str, source: tokio_postgres::Error },
+    #[error("migration failed")]
+    Migrate { source: refinery::Error },
+    #[error(
+        "the database schema is at version {found}, this binary needs at least {required}; \
+         run `gitops-writer migrate` (or the refinery CLI) first"
+    )]
+    SchemaTooOld { found: i64, required: i64 },
+    #[error("{what} not found")]
+    NotFound { what: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl DbError {
+    /// Adapter for `map_err`: `client.query(..).await.map_err(DbError::query("claim"))`.
+    pub fn query(action: &'static str) -> impl FnOnce(tokio_postgres::Error) -> DbError {
+        move |source| DbError::Query { action, source }
+    }
+
+    /// The SQLSTATE of the server error behind this one, if any.
+    pub fn sql_state(&self) -> Option<&SqlState> {
+        match self {
+            DbError::Query { source, .. } | DbError::Connect { source } => source.code(),
+            _ => None,
+        }
+    }
+
+    /// A serialization failure or deadlock: the transaction may be run again.
+    pub fn is_retryable_conflict(&self) -> bool {
+        matches!(
+            self.sql_state(),
+            Some(s) if *s == SqlState::T_R_SERIALIZATION_FAILURE || *s == SqlState::T_R_DEADLOCK_DETECTED
+        )
+    }
+
+    /// A unique constraint refused the statement.
+    pub fn is_unique_violation(&self) -> bool {
+        matches!(self.sql_state(), Some(s) if *s == SqlState::UNIQUE_VIOLATION)
+    }
+
+    /// The connection is gone or the server refused it: worth reconnecting.
+    pub fn is_connection_lost(&self) -> bool {
+        match self {
+            DbError::Connect { .. } | DbError::Pool { .. } => true,
+            DbError::Query { source, .. } => source.is_closed() || source.code().is_none(),
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! Database access: the connection pool, dedicated connections, embedded
+//! migrations, the start-up schema check and the retry wrapper for transactions
+//! that PostgreSQL aborts on serialization failures and deadlocks.
+
+mod error;
+mod migrate;
+
+use std::time::Duration;
+
+pub use error::DbError;
+pub use migrate::{
+    MigrationReport, SchemaVersion, check_schema, migrate, required_schema_version,
+    schema_version,
+};
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::{Client, Config, NoTls, Transaction};
+
+/// The pool every component uses for ordinary statements.
+pub type DbPool = Pool;
+
+/// Parses a connection URL or key/value string, naming what was wrong without
+/// echoing the string (it may hold a password).
+pub fn parse_config(url: &str) -> Result<Config, DbError> {
+    url.parse::<Config>().map_err(|source| DbError::InvalidUrl { source })
+}
+
+/// Builds a pool of `size` connections. Connections are opened lazily.
+pub fn pool(url: &str, size: usize, application_name: &str) -> Result<DbPool, DbError> {
+    let mut config = parse_config(url)?;
+    if config.get_application_name().is_none() {
+        config.application_name(application_name);
+    }
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig { recycling_method: RecyclingMethod::Fast },
+    );
+    Pool::builder(manager)
+        .max_size(size.max(1))
+        .wait_timeout(Some(Duration::from_secs(30)))
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .build()
+        .map_err(|e| DbError::PoolBuild { message: e.to_string() })
+}
+
+/// Opens one connection outside any pool (for LISTEN and migrations); the
+/// connection task runs until the client is dropped.
+pub async fn connect(url: &str, application_name: &str) -> Result<Client, DbError> {
+    let mut config = parse_config(url)?;
+    if config.get_application_name().is_none() {
+        config.application_name(application_name);
+    }
+    let (client, connection) =
+        config.connect(NoTls).await.map_err(|source| DbError::Connect { source })?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::debug!(%error, "database connection ended");
+        }
+    });
+    Ok(client)
+}
+
+/// Takes a pooled connection.
+pub async fn pooled(pool: &DbPool) -> Result<deadpool_postgres::Object, DbError> {
+    pool.get().await.map_err(|e| DbError::Pool { message: e.to_string() })
+}
+
+/// How many times `in_txn_retrying` runs a transaction that PostgreSQL aborted
+/// because of a serialization failure or a deadlock.
+const TXN_ATTEMPTS: u32 = 5;
+
+/// Runs `body` in a READ COMMITTED transaction and commits it, starting over when
+/// PostgreSQL aborts it with a serialization failure or a deadlock. The body must
+/// be safe to run again: it sees nothing of the aborted attempt.
+pub async fn in_txn_retrying<T>(
+    client: &mut Client,
+    mut body: impl AsyncFnMut(&Transaction<'_>) -> Result<T, DbError>,
+) -> Result<T, DbError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let txn = client.transaction().await.map_err(DbError::query("begin"))?;
+        let outcome = match body(&txn).await {
+            Ok(value) => txn.commit().await.map(|()| value).map_err(DbError::query("commit")),
+            Err(error) => Err(error),
+        };
+        match outcome {
+            Err(error) if error.is_retryable_conflict() && attempt < TXN_ATTEMPTS => {
+                tracing::debug!(attempt, %error, "transaction conflict, running it again");
+                tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt))).await;
+            }
+            other => return other,
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Engine instances (Argo CD instances): registered by operators, heartbeated by
+//! their agents.
+
+use std::time::SystemTime;
+
+use tokio_postgres::Client;
+
+use crate::db::DbError;
+use crate::model::EngineInstanceId;
+
+/// One registered engine instance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineInstance {
+    pub id: EngineInstanceId,
+    pub name: String,
+    pub argocd_namespace: String,
+    pub capacity: i32,
+    pub heartbeat_at: Option<SystemTime>,
+    /// Tenants placed on it.
+    pub tenants: i64,
+}
+
+const ADD: &str = "
+INSERT INTO engine_instance (name, argocd_namespace, capacity) VALUES ($1, $2, $3)
+RETURNING id";
+
+const LIST: &str = "
+SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at,
+       (SELECT count(*) FROM tenant t WHERE t.engine_instance_id = i.id) AS tenants
+  FROM engine_instance i";
+
+const REMOVE: &str = "
+DELETE FROM engine_instance i
+ WHERE i.name = $1
+   AND NOT EXISTS (SELECT 1 FROM tenant t WHERE t.engine_instance_id = i.id)
+   AND NOT EXISTS (SELECT 1 FROM operation o WHERE o.engine_instance_id = i.id)
+RETURNING id";
+
+const HEARTBEAT: &str = "UPDATE engine_instance SET heartbeat_at = now() WHERE id = $1";
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// Registers an instance. Names and namespaces are DNS labels.
+pub async fn engine_instance_add(
+    client: &Client,
+    name: &str,
+    argocd_namespace: &str,
+    capacity: i32,
+) -> Result<EngineInstanceId, DbError> {
+    if !is_dns_label(name) {
+        return Err(DbError::Invalid(format!("instance name {name:?} is not a DNS label (a-z, 0-9, '-', at most 63)")));
+    }
+    if !is_dns_label(argocd_namespace) {
+        return Err(DbError::Invalid(format!("namespace {argocd_namespace:?} is not a DNS label")));
+    }
+    if capacity <= 0 {
+        return Err(DbError::Invalid("capacity must be positive".into()));
+    }
+    match client.query_one(ADD, &[&name, &argocd_namespace, &capacity]).await {
+        Ok(row) => Ok(EngineInstanceId(row.get(0))),
+        Err(source) => {
+            let error = DbError::Query { action: "register an engine instance", source };
+            if error.is_unique_violation() {
+                Err(DbError::Invalid(format!("an engine instance named {name:?} already exists")))
+            } else {
+                Err(error)
+            }
+        }
+    }
+}
+
+fn from_row(row: &tokio_postgres::Row) -> EngineInstance {
+    EngineInstance {
+        id: EngineInstanceId(row.get(0)),
+        name: row.get(1),
+        argocd_namespace: row.get(2),
+        capacity: row.get(3),
+        heartbeat_at: row.get(4),
+        tenants: row.get(5),
+    }
+}
+
+/// Every instance, by name.
+pub async fn engine_instance_list(client: &Client) -> Result<Vec<EngineInstance>, DbError> {
+    let statement = format!("{LIST} ORDER BY i.name");
+    let rows = client.query(&statement, &[]).await.map_err(DbError::query("list engine instances"))?;
+    Ok(rows.iter().map(from_row).collect())
+}
+
+/// One instance by name.
+pub async fn engine_instance_by_name(client: &Client, name: &str) -> Result<EngineInstance, DbError> {
+    let statement = format!("{LIST} WHERE i.name = $1");
+    let row = client
+        .query_opt(&statement, &[&name])
+        .await
+        .map_err(DbError::query("look up an engine instance"))?;
+    row.as_ref()
+        .map(from_row)
+        .ok_or_else(|| DbError::NotFound { what: format!("engine instance {name:?}") })
+}
+
+/// Removes an instance that has no tenants and no operations left.
+pub async fn engine_instance_remove(client: &Client, name: &str) -> Result<(), DbError> {
+    let removed = client
+        .query_opt(REMOVE, &[&name])
+        .await
+        .map_err(DbError::query("remove an engine instance"))?;
+    if removed.is_some() {
+        return Ok(());
+    }
+    let instance = engine_instance_by_name(client, name).await?;
+    Err(DbError::Invalid(format!(
+        "engine instance {name:?} still has {} tenants or queued operations; move them first",
+        instance.tenants
+    )))
+}
+
+/// Records that an agent of this instance is alive.
+pub async fn engine_instance_heartbeat(client: &Client, id: EngineInstanceId) -> Result<(), DbError> {
+    client.execute(HEARTBEAT, &[&id.0]).await.map_err(DbError::query("heartbeat an engine instance"))?;
+    Ok(())
+}

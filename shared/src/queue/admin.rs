@@ -1,0 +1,130 @@
+//! Operator views and actions on the queue (what `gitopsctl queue` shows and does;
+//! the same questions as `sql/inspect/*.sql`).
+
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+use crate::db::{DbError, in_txn_retrying};
+use crate::model::{OperationId, OperationState};
+
+/// Queue depth of one instance in one state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueSummaryRow {
+    pub instance: String,
+    pub state: OperationState,
+    pub operations: i64,
+    /// Age of the oldest operation in this state (by creation).
+    pub oldest: Option<Duration>,
+}
+
+/// The queue at a glance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueSummary {
+    pub rows: Vec<QueueSummaryRow>,
+    /// Claimed operations whose lease has expired (a claimer crashed or stalled).
+    pub expired_leases: i64,
+    /// Operations completed in the last hour.
+    pub completed_last_hour: i64,
+}
+
+const SUMMARY: &str = include_str!("../../../sql/inspect/queue_depth.sql");
+
+const EXPIRED_COUNT: &str =
+    "SELECT count(*) FROM operation WHERE state = 'claimed' AND lease_expires_at < now()";
+
+const COMPLETED_LAST_HOUR: &str = "SELECT count(*) FROM operation
+ WHERE state = 'completed' AND completed_at > now() - interval '1 hour'";
+
+/// Reads the queue summary.
+pub async fn queue_summary(client: &Client) -> Result<QueueSummary, DbError> {
+    let rows = client
+        .query(SUMMARY, &[])
+        .await
+        .map_err(DbError::query("summarise the queue"))?
+        .iter()
+        .map(|row| QueueSummaryRow {
+            instance: row.get("instance"),
+            state: row.get("state"),
+            operations: row.get("operations"),
+            oldest: row
+                .get::<_, Option<f64>>("oldest_age_s")
+                .map(|s| Duration::from_secs_f64(s.max(0.0))),
+        })
+        .collect();
+    let expired_leases = client
+        .query_one(EXPIRED_COUNT, &[])
+        .await
+        .map_err(DbError::query("count expired leases"))?
+        .get(0);
+    let completed_last_hour = client
+        .query_one(COMPLETED_LAST_HOUR, &[])
+        .await
+        .map_err(DbError::query("count recent completions"))?
+        .get(0);
+    Ok(QueueSummary { rows, expired_leases, completed_last_hour })
+}
+
+/// What `operation_retry` did with one dead operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryOutcome {
+    /// Waiting again, due now, with its attempts reset.
+    Requeued,
+    /// Its resource already has a waiting operation, which will do the work.
+    Superseded,
+    /// No failed operation with that id.
+    NotFailed,
+}
+
+const RETRY_ONE: &str = "
+WITH newer AS (
+    SELECT EXISTS (SELECT 1 FROM operation x JOIN operation me ON me.id = $1
+                    WHERE x.state = 'waiting'
+                      AND x.resource_type = me.resource_type
+                      AND x.resource_id = me.resource_id) AS present
+)
+UPDATE operation o
+   SET state = CASE WHEN newer.present THEN 'superseded' ELSE 'waiting' END::operation_state,
+       attempts = 0, run_after = now(),
+       completed_at = CASE WHEN newer.present THEN clock_timestamp() END
+  FROM newer
+ WHERE o.id = $1 AND o.state = 'failed'
+RETURNING o.state";
+
+/// Puts one dead operation back in the queue.
+pub async fn operation_retry(client: &mut Client, id: OperationId) -> Result<RetryOutcome, DbError> {
+    in_txn_retrying(client, async |txn| {
+        let row = txn
+            .query_opt(RETRY_ONE, &[&id.0])
+            .await
+            .map_err(DbError::query("retry a failed operation"))?;
+        Ok(match row.map(|row| row.get::<_, OperationState>(0)) {
+            None => RetryOutcome::NotFailed,
+            Some(OperationState::Superseded) => RetryOutcome::Superseded,
+            Some(_) => RetryOutcome::Requeued,
+        })
+    })
+    .await
+}
+
+const FAILED_IDS: &str = "SELECT id FROM operation WHERE state = 'failed' ORDER BY id";
+
+/// Puts every dead operation back; returns (requeued, superseded).
+pub async fn operation_retry_all_failed(client: &mut Client) -> Result<(u64, u64), DbError> {
+    let ids: Vec<i64> = client
+        .query(FAILED_IDS, &[])
+        .await
+        .map_err(DbError::query("list failed operations"))?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let (mut requeued, mut superseded) = (0, 0);
+    for id in ids {
+        match operation_retry(client, OperationId(id)).await? {
+            RetryOutcome::Requeued => requeued += 1,
+            RetryOutcome::Superseded => superseded += 1,
+            RetryOutcome::NotFailed => {}
+        }
+    }
+    Ok((requeued, superseded))
+}

@@ -1,0 +1,209 @@
+//! Claim, complete and fail: the lease-checked transitions of an operation.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+use super::{ClaimedOperation, Lease, RetryPolicy, secs};
+use crate::db::DbError;
+use crate::model::{EngineInstanceId, OperationId, TenantId};
+use crate::sanitize::sanitize_tenant_message;
+
+// Short transaction: pick up to $2 due operations of this instance whose resource
+// has no claimed operation, lock them (skipping rows another claimer holds), and
+// lease them. The partial index operation_claim_idx serves the inner query.
+const CLAIM: &str = "
+WITH picked AS (
+    SELECT o.id
+      FROM operation o
+     WHERE o.engine_instance_id = $1
+       AND o.state = 'waiting'
+       AND o.run_after <= now()
+       AND NOT EXISTS (SELECT 1 FROM operation c
+                        WHERE c.state = 'claimed'
+                          AND c.resource_type = o.resource_type
+                          AND c.resource_id = o.resource_id)
+     ORDER BY o.run_after, o.id
+     LIMIT $2
+       FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE operation o
+   SET state = 'claimed',
+       claimed_by = $3,
+       lease_token = gen_random_uuid(),
+       lease_expires_at = now() + make_interval(secs => $4),
+       claimed_at = clock_timestamp(),
+       attempts = o.attempts + 1
+  FROM picked
+ WHERE o.id = picked.id
+RETURNING o.id, o.tenant_id, o.resource_type, o.resource_id, o.attempts, o.lease_token,
+          o.created_at, o.claimed_at";
+
+/// Claims up to `limit` due operations of `instance` for `claimer`, each with a
+/// lease of `lease_for`. The local deadline of each lease is measured from before
+/// the statement was sent, so it never ends after the database's.
+pub async fn operation_claim(
+    client: &Client,
+    instance: EngineInstanceId,
+    claimer: &str,
+    limit: i64,
+    lease_for: Duration,
+) -> Result<Vec<ClaimedOperation>, DbError> {
+    let sent_at = Instant::now();
+    let rows = client
+        .query(CLAIM, &[&instance.0, &limit, &claimer, &secs(lease_for)])
+        .await
+        .map_err(DbError::query("claim operations"))?;
+    let mut claimed: Vec<ClaimedOperation> = rows
+        .iter()
+        .map(|row| ClaimedOperation {
+            id: OperationId(row.get(0)),
+            engine_instance_id: instance,
+            tenant_id: TenantId(row.get(1)),
+            resource_type: row.get(2),
+            resource_id: row.get(3),
+            attempts: row.get(4),
+            created_at: row.get::<_, SystemTime>(6),
+            claimed_at: row.get::<_, SystemTime>(7),
+            lease: Lease::new(row.get::<_, Uuid>(5), sent_at, lease_for),
+        })
+        .collect();
+    claimed.sort_by_key(|op| op.id);
+    Ok(claimed)
+}
+
+const COMPLETE: &str = "
+UPDATE operation o
+   SET state = 'completed', completed_at = clock_timestamp(), lease_expires_at = NULL,
+       operator_error = NULL, tenant_message = NULL
+  FROM unnest($1::bigint[], $2::uuid[]) AS done(id, token)
+ WHERE o.id = done.id AND o.lease_token = done.token
+   AND o.state = 'claimed' AND o.lease_expires_at > now()
+RETURNING o.id";
+
+/// Marks operations done, in one statement. Only operations whose lease is still
+/// this holder's and unexpired change; the ids returned are those that did. A
+/// holder that lost its lease cannot overwrite the new holder's result.
+pub async fn operation_complete(
+    client: &Client,
+    done: &[(OperationId, Uuid)],
+) -> Result<Vec<OperationId>, DbError> {
+    if done.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<i64> = done.iter().map(|(id, _)| id.0).collect();
+    let tokens: Vec<Uuid> = done.iter().map(|(_, token)| *token).collect();
+    let rows = client
+        .query(COMPLETE, &[&ids, &tokens])
+        .await
+        .map_err(DbError::query("complete operations"))?;
+    Ok(rows.iter().map(|row| OperationId(row.get(0))).collect())
+}
+
+/// Why an operation failed, and whether it is worth another attempt.
+#[derive(Debug, Clone)]
+pub enum Failure {
+    /// Transient (API unavailable, timeout): back off and try again.
+    Retryable { operator_error: String, tenant_message: String },
+    /// Trying again cannot help (invalid spec, forbidden): dead-letter it now.
+    Permanent { operator_error: String, tenant_message: String },
+}
+
+impl Failure {
+    fn parts(&self) -> (&str, &str, bool) {
+        match self {
+            Failure::Retryable { operator_error, tenant_message } => {
+                (operator_error, tenant_message, true)
+            }
+            Failure::Permanent { operator_error, tenant_message } => {
+                (operator_error, tenant_message, false)
+            }
+        }
+    }
+}
+
+/// What `operation_fail` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailOutcome {
+    /// Back to waiting, due after the backoff.
+    Retrying { after: Duration },
+    /// A newer waiting operation for the resource will do the work.
+    Superseded,
+    /// Dead-lettered: permanent, or out of attempts.
+    Failed,
+    /// The lease was no longer this holder's; nothing changed.
+    LeaseLost,
+}
+
+const FAIL_DEAD: &str = "
+UPDATE operation
+   SET state = 'failed', completed_at = clock_timestamp(), lease_expires_at = NULL,
+       operator_error = $3, tenant_message = $4
+ WHERE id = $1 AND lease_token = $2 AND state = 'claimed' AND lease_expires_at > now()
+RETURNING id";
+
+const FAIL_RETRY: &str = "
+WITH newer AS (
+    SELECT EXISTS (SELECT 1 FROM operation x JOIN operation me ON me.id = $1
+                    WHERE x.state = 'waiting'
+                      AND x.resource_type = me.resource_type
+                      AND x.resource_id = me.resource_id) AS present
+)
+UPDATE operation o
+   SET state = CASE WHEN newer.present THEN 'superseded' ELSE 'waiting' END::operation_state,
+       run_after = now() + make_interval(secs => $5),
+       completed_at = CASE WHEN newer.present THEN clock_timestamp() END,
+       lease_expires_at = NULL,
+       operator_error = $3, tenant_message = $4
+  FROM newer
+ WHERE o.id = $1 AND o.lease_token = $2 AND o.state = 'claimed' AND o.lease_expires_at > now()
+RETURNING o.state";
+
+/// Records a failed attempt. Retryable failures go back to waiting with capped,
+/// jittered exponential backoff; permanent ones, and operations past the attempt
+/// limit, end `failed` with both messages. The tenant message is sanitised here.
+pub async fn operation_fail(
+    client: &Client,
+    op: &ClaimedOperation,
+    failure: &Failure,
+    policy: &RetryPolicy,
+) -> Result<FailOutcome, DbError> {
+    let (operator_error, tenant_message, retryable) = failure.parts();
+    let tenant_message = sanitize_tenant_message(tenant_message);
+    let token = op.lease.token();
+    if !retryable || op.attempts >= policy.max_attempts {
+        let operator_error = if retryable {
+            format!("gave up after {} attempts: {operator_error}", op.attempts)
+        } else {
+            operator_error.to_owned()
+        };
+        let row = client
+            .query_opt(FAIL_DEAD, &[&op.id.0, &token, &operator_error, &tenant_message])
+            .await
+            .map_err(DbError::query("dead-letter an operation"))?;
+        return Ok(if row.is_some() { FailOutcome::Failed } else { FailOutcome::LeaseLost });
+    }
+    let after = policy.delay(op.attempts);
+    // A writer may insert the resource's next waiting operation between our look
+    // and our update; the unique index then refuses it and the next try sees it.
+    for _ in 0..3 {
+        let result = client
+            .query_opt(FAIL_RETRY, &[&op.id.0, &token, &operator_error, &tenant_message, &secs(after)])
+            .await
+            .map_err(DbError::query("schedule an operation retry"));
+        match result {
+            Ok(None) => return Ok(FailOutcome::LeaseLost),
+            Ok(Some(row)) => {
+                let state: crate::model::OperationState = row.get(0);
+                return Ok(match state {
+                    crate::model::OperationState::Superseded => FailOutcome::Superseded,
+                    _ => FailOutcome::Retrying { after },
+                });
+            }
+            Err(error) if error.is_unique_violation() => continue,
+            Err(error) => return Err(error),
+        }
+    }
+    Err(DbError::Invalid(format!("operation {} kept racing a new waiting operation", op.id)))
+}

@@ -1,0 +1,273 @@
+//! The consumer loop shared by agents (and the queue benchmark): wake on a signal
+//! or a timer, claim batches, run a handler under each lease, record outcomes,
+//! and go to sleep through the signal protocol without losing a wake-up.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use futures_util::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    ClaimedOperation, Failure, LeaseKeeper, RetryPolicy, operation_claim, operation_complete, operation_fail,
+    operation_prune, operation_reclaim_expired,
+};
+use crate::db::{DbError, DbPool, pooled};
+use crate::listen::Listener;
+use crate::model::EngineInstanceId;
+use crate::signal::{SleepAttempt, Signal};
+
+/// What a handler made of one operation.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Done,
+    Failed(Failure),
+}
+
+/// Reconciles one claimed operation. It must be idempotent: it reconciles to the
+/// current rows and must not depend on why it was called.
+pub trait Handler: Send + Sync + 'static {
+    fn handle(&self, op: &ClaimedOperation) -> impl Future<Output = Outcome> + Send;
+}
+
+/// How a consumer claims and how long it may hold work.
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    pub instance: EngineInstanceId,
+    /// Written to `operation.claimed_by`: which process holds a lease.
+    pub claimer: String,
+    /// Operations claimed per statement.
+    pub batch: i64,
+    /// Operations handled at once.
+    pub concurrency: usize,
+    /// Lease length; renewed every third of it while work goes on.
+    pub lease_for: Duration,
+    /// Work stops this long before the local lease deadline.
+    pub margin: Duration,
+    /// Scan at least this often even without a notification.
+    pub poll_interval: Duration,
+    pub retry: RetryPolicy,
+    /// How often expired leases are looked for.
+    pub reclaim_every: Duration,
+    /// Finished operations older than this are pruned (None: never).
+    pub retention: Option<Duration>,
+}
+
+impl ConsumerConfig {
+    /// Defaults that suit an agent on a laptop and in production alike.
+    pub fn new(instance: EngineInstanceId, claimer: impl Into<String>) -> Self {
+        ConsumerConfig {
+            instance,
+            claimer: claimer.into(),
+            batch: 64,
+            concurrency: 16,
+            lease_for: Duration::from_secs(60),
+            margin: Duration::from_secs(5),
+            poll_interval: Duration::from_secs(30),
+            retry: RetryPolicy::default(),
+            reclaim_every: Duration::from_secs(10),
+            retention: Some(Duration::from_secs(24 * 3600)),
+        }
+    }
+}
+
+/// Counters a consumer keeps (for metrics and tests).
+#[derive(Debug, Default)]
+pub struct ConsumerStats {
+    pub claimed: AtomicU64,
+    pub completed: AtomicU64,
+    pub failed: AtomicU64,
+    pub lease_lost: AtomicU64,
+    pub scans: AtomicU64,
+    pub sleeps: AtomicU64,
+}
+
+/// A consumer of one engine instance's operations.
+pub struct Consumer<H> {
+    pool: DbPool,
+    listener: Listener,
+    config: ConsumerConfig,
+    handler: Arc<H>,
+    stats: Arc<ConsumerStats>,
+}
+
+const NEXT_DUE: &str =
+    "SELECT min(run_after) FROM operation WHERE engine_instance_id = $1 AND state = 'waiting'";
+
+impl<H: Handler> Consumer<H> {
+    pub fn new(pool: DbPool, listener: Listener, config: ConsumerConfig, handler: Arc<H>) -> Self {
+        Consumer { pool, listener, config, handler, stats: Arc::new(ConsumerStats::default()) }
+    }
+
+    pub fn stats(&self) -> Arc<ConsumerStats> {
+        self.stats.clone()
+    }
+
+    /// Runs until `cancel` fires; the batch in hand is finished first.
+    pub async fn run(&self, cancel: CancellationToken) -> Result<(), DbError> {
+        let signal = Signal::operations(self.config.instance);
+        let mut wake = self
+            .listener
+            .subscribe(&signal)
+            .ok_or_else(|| DbError::Invalid(format!("the listener does not listen on {}", signal.channel())))?;
+        let mut next_upkeep = Instant::now();
+        while !cancel.is_cancelled() {
+            // Arm before scanning: a notification from now on makes `changed` return.
+            wake.borrow_and_update();
+            {
+                let client = pooled(&self.pool).await?;
+                if let Err(error) = signal.mark_awake(&client).await {
+                    tracing::debug!(%error, "could not mark the signal awake");
+                }
+            }
+            if Instant::now() >= next_upkeep {
+                self.upkeep().await;
+                next_upkeep = Instant::now() + self.config.reclaim_every;
+            }
+            self.drain(&cancel).await?;
+            if cancel.is_cancelled() {
+                break;
+            }
+            self.fall_asleep(&signal, &cancel).await?;
+            // Scan once more after `sleeping` is committed (see `signal`).
+            if self.drain(&cancel).await? > 0 {
+                continue;
+            }
+            self.stats.sleeps.fetch_add(1, Ordering::Relaxed);
+            let timeout = self.sleep_for(next_upkeep).await;
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                _ = wake.changed() => {}
+                () = tokio::time::sleep(timeout) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the signal to sleeping, scanning again while enqueuers are in flight.
+    async fn fall_asleep(&self, signal: &Signal, cancel: &CancellationToken) -> Result<(), DbError> {
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let attempt = {
+                let mut client = pooled(&self.pool).await?;
+                signal.try_sleep(&mut client).await?
+            };
+            match attempt {
+                SleepAttempt::Asleep => return Ok(()),
+                SleepAttempt::EnqueuerInFlight => {
+                    if self.drain(cancel).await? == 0 {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_millis(50));
+                    }
+                    if cancel.is_cancelled() {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// How long to sleep: until the poll interval, the next upkeep, or the next
+    /// retry that comes due, whichever is first.
+    async fn sleep_for(&self, next_upkeep: Instant) -> Duration {
+        let mut timeout = self.config.poll_interval.min(next_upkeep.saturating_duration_since(Instant::now()));
+        if let Ok(client) = pooled(&self.pool).await {
+            if let Ok(row) = client.query_one(NEXT_DUE, &[&self.config.instance.0]).await {
+                if let Some(due) = row.get::<_, Option<SystemTime>>(0) {
+                    let until = due.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO);
+                    timeout = timeout.min(until + Duration::from_millis(5));
+                }
+            }
+        }
+        timeout
+    }
+
+    async fn upkeep(&self) {
+        let outcome = async {
+            let mut client = pooled(&self.pool).await?;
+            let reclaimed =
+                operation_reclaim_expired(&mut client, self.config.instance, &self.config.retry, 1000).await?;
+            if reclaimed > 0 {
+                tracing::info!(reclaimed, "reclaimed operations whose lease expired");
+            }
+            if let Some(retention) = self.config.retention {
+                operation_prune(&client, retention, 10_000).await?;
+            }
+            Ok::<_, DbError>(())
+        }
+        .await;
+        if let Err(error) = outcome {
+            tracing::warn!(%error, "queue upkeep failed");
+        }
+    }
+
+    /// Claims and handles batches until none is left; returns how many were claimed.
+    async fn drain(&self, cancel: &CancellationToken) -> Result<u64, DbError> {
+        let mut total = 0;
+        while !cancel.is_cancelled() {
+            self.stats.scans.fetch_add(1, Ordering::Relaxed);
+            let batch = {
+                let client = pooled(&self.pool).await?;
+                operation_claim(
+                    &client,
+                    self.config.instance,
+                    &self.config.claimer,
+                    self.config.batch,
+                    self.config.lease_for,
+                )
+                .await?
+            };
+            if batch.is_empty() {
+                break;
+            }
+            total += batch.len() as u64;
+            self.stats.claimed.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            self.handle_batch(batch).await?;
+        }
+        Ok(total)
+    }
+
+    async fn handle_batch(&self, batch: Vec<ClaimedOperation>) -> Result<(), DbError> {
+        let _keeper = LeaseKeeper::start(self.pool.clone(), batch.clone(), self.config.lease_for);
+        let margin = self.config.margin;
+        let results: Vec<(ClaimedOperation, Option<Outcome>)> = futures_util::stream::iter(batch)
+            .map(|op| async move {
+                let outcome = op.lease.run(margin, self.handler.handle(&op)).await.ok();
+                (op, outcome)
+            })
+            .buffer_unordered(self.config.concurrency.max(1))
+            .collect()
+            .await;
+        let client = pooled(&self.pool).await?;
+        let done: Vec<_> = results
+            .iter()
+            .filter(|(_, outcome)| matches!(outcome, Some(Outcome::Done)))
+            .map(|(op, _)| (op.id, op.lease.token()))
+            .collect();
+        let completed = operation_complete(&client, &done).await?;
+        self.stats.completed.fetch_add(completed.len() as u64, Ordering::Relaxed);
+        let lost = done.len() - completed.len();
+        for (op, outcome) in &results {
+            match outcome {
+                None => {
+                    self.stats.lease_lost.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(operation.id = %op.id, "stopped: the lease ended before the work finished");
+                }
+                Some(Outcome::Done) => {}
+                Some(Outcome::Failed(failure)) => {
+                    let result = operation_fail(&client, op, failure, &self.config.retry).await?;
+                    self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(operation.id = %op.id, ?result, "operation failed");
+                }
+            }
+            op.lease.end();
+        }
+        if lost > 0 {
+            self.stats.lease_lost.fetch_add(lost as u64, Ordering::Relaxed);
+            tracing::warn!(lost, "completions refused: the lease had passed to another claimer");
+        }
+        Ok(())
+    }
+}

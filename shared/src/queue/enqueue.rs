@@ -1,0 +1,52 @@
+//! Enqueue: the outbox insert, only ever inside the caller's transaction.
+
+use tokio_postgres::Transaction;
+
+use crate::db::DbError;
+use crate::model::{EngineInstanceId, OperationId, ResourceType, TenantId};
+
+/// What `operation_enqueue_in_txn` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enqueued {
+    /// A new waiting operation; the trigger signalled the instance's agents.
+    New(OperationId),
+    /// The resource already had a waiting operation due now: nothing was written.
+    Coalesced,
+    /// The resource had a waiting operation scheduled for later (a retry) or on
+    /// another instance: it was moved to now and this instance, and signalled.
+    Rescheduled(OperationId),
+}
+
+// The partial unique index allows one waiting operation per resource. A waiting
+// operation that is already due absorbs the new request without a write; one that
+// waits for a retry, or was meant for another instance, is brought forward.
+const ENQUEUE: &str = "
+INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (resource_type, resource_id) WHERE state = 'waiting'
+DO UPDATE SET run_after = LEAST(operation.run_after, now()),
+              engine_instance_id = EXCLUDED.engine_instance_id,
+              tenant_id = EXCLUDED.tenant_id
+    WHERE operation.run_after > now()
+       OR operation.engine_instance_id <> EXCLUDED.engine_instance_id
+RETURNING id, (xmax = 0) AS inserted";
+
+/// Asks for `resource` to be reconciled on `instance`, as part of `txn`: the
+/// operation exists exactly when the caller's intent commits.
+pub async fn operation_enqueue_in_txn(
+    txn: &Transaction<'_>,
+    instance: EngineInstanceId,
+    tenant: TenantId,
+    resource_type: ResourceType,
+    resource_id: i64,
+) -> Result<Enqueued, DbError> {
+    let row = txn
+        .query_opt(ENQUEUE, &[&instance.0, &tenant.0, &resource_type, &resource_id])
+        .await
+        .map_err(DbError::query("enqueue an operation"))?;
+    Ok(match row {
+        None => Enqueued::Coalesced,
+        Some(row) if row.get::<_, bool>(1) => Enqueued::New(OperationId(row.get(0))),
+        Some(row) => Enqueued::Rescheduled(OperationId(row.get(0))),
+    })
+}

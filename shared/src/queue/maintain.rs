@@ -1,0 +1,99 @@
+//! Queue upkeep run by every consumer: reclaiming expired leases and pruning
+//! finished operations.
+
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+use super::{RetryPolicy, secs};
+use crate::db::{DbError, in_txn_retrying};
+use crate::model::EngineInstanceId;
+
+// Expired claims of one instance, locked so two reclaimers never handle the same row.
+const EXPIRED: &str = "
+SELECT o.id, o.attempts,
+       (SELECT w.id FROM operation w
+         WHERE w.state = 'waiting' AND w.resource_type = o.resource_type
+           AND w.resource_id = o.resource_id) AS waiting_id
+  FROM operation o
+ WHERE o.engine_instance_id = $1 AND o.state = 'claimed' AND o.lease_expires_at < now()
+ ORDER BY o.lease_expires_at
+ LIMIT $2
+   FOR UPDATE OF o SKIP LOCKED";
+
+const RECLAIM_TO_WAITING: &str = "
+UPDATE operation SET state = 'waiting', run_after = now(), lease_expires_at = NULL,
+       operator_error = 'lease expired: the claimer crashed or stalled'
+ WHERE id = $1";
+
+const RECLAIM_DEAD: &str = "
+UPDATE operation SET state = 'failed', completed_at = clock_timestamp(), lease_expires_at = NULL,
+       operator_error = 'lease expired ' || attempts || ' times: every claimer crashed or stalled on it',
+       tenant_message = 'The service could not process this change; operators have been alerted.'
+ WHERE id = $1";
+
+// The waiting operation takes over, inheriting the attempts so that a resource that
+// crashes its claimers still ends in `failed`.
+const RECLAIM_MERGE: &str = "
+WITH old AS (
+    UPDATE operation SET state = 'superseded', completed_at = clock_timestamp(), lease_expires_at = NULL,
+           operator_error = 'lease expired; a newer waiting operation takes over'
+     WHERE id = $1
+    RETURNING attempts
+)
+UPDATE operation w SET attempts = GREATEST(w.attempts, old.attempts)
+  FROM old WHERE w.id = $2";
+
+/// Handles up to `limit` expired leases of `instance`: back to waiting, merged into
+/// the resource's waiting operation, or dead-lettered past the attempt limit.
+/// Returns how many were handled.
+pub async fn operation_reclaim_expired(
+    client: &mut Client,
+    instance: EngineInstanceId,
+    policy: &RetryPolicy,
+    limit: i64,
+) -> Result<u64, DbError> {
+    in_txn_retrying(client, async |txn| {
+        let rows = txn
+            .query(EXPIRED, &[&instance.0, &limit])
+            .await
+            .map_err(DbError::query("find expired leases"))?;
+        for row in &rows {
+            let id: i64 = row.get(0);
+            let attempts: i32 = row.get(1);
+            let waiting: Option<i64> = row.get(2);
+            if attempts >= policy.max_attempts {
+                txn.execute(RECLAIM_DEAD, &[&id])
+                    .await
+                    .map_err(DbError::query("dead-letter an expired operation"))?;
+            } else if let Some(waiting_id) = waiting {
+                txn.execute(RECLAIM_MERGE, &[&id, &waiting_id])
+                    .await
+                    .map_err(DbError::query("merge an expired operation"))?;
+            } else {
+                txn.execute(RECLAIM_TO_WAITING, &[&id])
+                    .await
+                    .map_err(DbError::query("requeue an expired operation"))?;
+            }
+        }
+        Ok(rows.len() as u64)
+    })
+    .await
+}
+
+const PRUNE: &str = "
+DELETE FROM operation WHERE id IN (
+    SELECT id FROM operation
+     WHERE state IN ('completed', 'superseded')
+       AND completed_at < now() - make_interval(secs => $1)
+     ORDER BY completed_at
+     LIMIT $2)";
+
+/// Deletes up to `batch` finished operations older than `retention`. Failed
+/// operations stay until an operator retries or removes them.
+pub async fn operation_prune(client: &Client, retention: Duration, batch: i64) -> Result<u64, DbError> {
+    client
+        .execute(PRUNE, &[&secs(retention), &batch])
+        .await
+        .map_err(DbError::query("prune finished operations"))
+}

@@ -1,0 +1,70 @@
+//! The operation queue: an outbox of "reconcile resource T/id on engine instance I".
+//!
+//! Operations carry no payload; the agent reconciles to the current rows, so a
+//! burst of changes to one resource coalesces into one waiting operation and a
+//! repeated reconcile is harmless. The life of an operation:
+//!
+//! ```text
+//! enqueue (in the writer's transaction) → waiting → claimed (lease) → completed
+//!                                            ↑          │ retryable failure / lease expired
+//!                                            └──────────┘ permanent or too many attempts → failed
+//! ```
+//!
+//! A claimed operation whose resource gets a newer waiting operation ends
+//! `superseded` when it is retried or reclaimed: the waiting one does the work.
+
+mod admin;
+mod backoff;
+mod claim;
+mod consumer;
+mod enqueue;
+mod lease;
+mod maintain;
+
+use std::time::{Duration, SystemTime};
+
+pub use admin::{QueueSummary, QueueSummaryRow, RetryOutcome, operation_retry, operation_retry_all_failed, queue_summary};
+pub use backoff::RetryPolicy;
+pub use claim::{Failure, FailOutcome, operation_claim, operation_complete, operation_fail};
+pub use consumer::{Consumer, ConsumerConfig, ConsumerStats, Handler, Outcome};
+pub use enqueue::{Enqueued, operation_enqueue_in_txn};
+pub use lease::{Lease, LeaseKeeper, operation_renew};
+pub use maintain::{operation_prune, operation_reclaim_expired};
+
+use crate::model::{EngineInstanceId, OperationId, ResourceType, TenantId};
+
+/// An operation this process holds a lease on.
+#[derive(Debug, Clone)]
+pub struct ClaimedOperation {
+    pub id: OperationId,
+    pub engine_instance_id: EngineInstanceId,
+    pub tenant_id: TenantId,
+    pub resource_type: ResourceType,
+    pub resource_id: i64,
+    /// How many times this operation has been claimed, this claim included.
+    pub attempts: i32,
+    /// When the operation was inserted (database clock).
+    pub created_at: SystemTime,
+    /// When this claim happened (database clock).
+    pub claimed_at: SystemTime,
+    pub lease: Lease,
+}
+
+/// The resource an operation is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ResourceRef {
+    pub resource_type: ResourceType,
+    pub resource_id: i64,
+}
+
+impl ClaimedOperation {
+    /// The resource this operation reconciles.
+    pub fn resource(&self) -> ResourceRef {
+        ResourceRef { resource_type: self.resource_type, resource_id: self.resource_id }
+    }
+}
+
+/// Converts a duration to the seconds PostgreSQL's `make_interval` takes.
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}

@@ -1,0 +1,1 @@
+//! Nothing here: the tests live in `tests/`, built as one binary.

@@ -1,0 +1,148 @@
+//! Test support shared by the integration tests and by `gitopsctl dev`/`bench`:
+//! a throwaway PostgreSQL (or the server in `GITOPS_TEST_DATABASE_URL`), a
+//! migrated template database, and a fresh database per test.
+
+mod postgres;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use gitops_shared::config::TEST_DATABASE_URL;
+use gitops_shared::db::{self, DbPool};
+use tokio::sync::OnceCell;
+
+pub use postgres::{PgCluster, PgError, PgOptions, find_bin_dir};
+
+/// The server the tests of this process use, with its migrated template.
+#[derive(Debug)]
+pub struct TestServer {
+    /// Superuser URL without a database name (ends with '/').
+    base: String,
+    template: String,
+    /// Keeps a throwaway server alive for the whole run.
+    _cluster: Option<PgCluster>,
+}
+
+static SERVER: OnceCell<TestServer> = OnceCell::const_new();
+static NEXT_DB: AtomicU32 = AtomicU32::new(0);
+
+impl TestServer {
+    /// The per-process server: started (and its template migrated) on first use.
+    pub async fn get() -> &'static TestServer {
+        SERVER
+            .get_or_init(|| async {
+                match TestServer::start().await {
+                    Ok(server) => server,
+                    Err(error) => panic!("test PostgreSQL unavailable: {error}"),
+                }
+            })
+            .await
+    }
+
+    async fn start() -> Result<TestServer, PgError> {
+        let (base, cluster) = match std::env::var(TEST_DATABASE_URL).ok().filter(|u| !u.is_empty()) {
+            Some(url) => (base_of(&url), None),
+            None => {
+                let cluster = PgCluster::start(PgOptions::default()).await?;
+                (cluster.url(""), Some(cluster))
+            }
+        };
+        let template = format!("gitops_tpl_{}", std::process::id());
+        let admin = db::connect(&format!("{base}postgres"), "gitops-testkit").await?;
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {template}; CREATE DATABASE {template}"))
+            .await
+            .map_err(db::DbError::query("create the template database"))?;
+        {
+            let mut client = db::connect(&format!("{base}{template}"), "gitops-testkit").await?;
+            db::migrate(&mut client).await?;
+        }
+        Ok(TestServer { base, template, _cluster: cluster })
+    }
+
+    /// URL of database `name` on this server.
+    pub fn url(&self, name: &str) -> String {
+        format!("{}{name}", self.base)
+    }
+
+    /// A new, empty database (no migrations), for migration tests.
+    pub async fn empty_db(&'static self) -> TestDb {
+        self.create_db(None).await
+    }
+
+    /// A new database with the current schema.
+    pub async fn migrated_db(&'static self) -> TestDb {
+        self.create_db(Some(&self.template)).await
+    }
+
+    async fn create_db(&'static self, template: Option<&str>) -> TestDb {
+        let name = format!("gitops_t{}_{}", std::process::id(), NEXT_DB.fetch_add(1, Ordering::Relaxed));
+        let admin = db::connect(&self.url("postgres"), "gitops-testkit").await.expect("connect to the test server");
+        let statement = match template {
+            Some(template) => format!("CREATE DATABASE {name} TEMPLATE {template}"),
+            None => format!("CREATE DATABASE {name}"),
+        };
+        admin.batch_execute(&statement).await.expect("create a test database");
+        TestDb { server: self, name }
+    }
+}
+
+/// A database owned by one test; dropped (with its connections) when the test ends.
+#[derive(Debug)]
+pub struct TestDb {
+    server: &'static TestServer,
+    pub name: String,
+}
+
+impl TestDb {
+    /// A database with the current schema, on the shared test server.
+    pub async fn migrated() -> TestDb {
+        TestServer::get().await.migrated_db().await
+    }
+
+    /// An empty database on the shared test server.
+    pub async fn empty() -> TestDb {
+        TestServer::get().await.empty_db().await
+    }
+
+    pub fn url(&self) -> String {
+        self.server.url(&self.name)
+    }
+
+    /// A pool of `size` connections to this database.
+    pub fn pool(&self, size: usize) -> DbPool {
+        db::pool(&self.url(), size, "gitops-test").expect("build a pool")
+    }
+
+    /// A dedicated connection.
+    pub async fn connect(&self) -> tokio_postgres::Client {
+        db::connect(&self.url(), "gitops-test").await.expect("connect to the test database")
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let url = self.server.url("postgres");
+        let statement = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        // Drop runs outside any runtime guarantee; a short-lived one does the work.
+        let _ = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+            runtime.block_on(async {
+                if let Ok(admin) = db::connect(&url, "gitops-testkit").await {
+                    let _ = admin.batch_execute(&statement).await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// The URL with its database name removed, keeping user, host and parameters' place.
+fn base_of(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let authority = rest.split('/').next().unwrap_or(rest);
+            format!("{scheme}://{authority}/")
+        }
+        None => url.to_owned(),
+    }
+}

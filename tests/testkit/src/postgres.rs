@@ -1,0 +1,203 @@
+//! A throwaway PostgreSQL server: `initdb` into a temporary directory and start
+//! `postgres` on a free loopback port, as the `postgres` user when running as root
+//! (initdb refuses root). A watchdog shell stops the server and removes its
+//! directory when the process that started it exits, however it exits.
+
+use std::net::TcpListener;
+use std::os::unix::fs::chown;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gitops_shared::db;
+
+/// Why the server could not be started. Each names what is missing and how to get it.
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    #[error(
+        "PostgreSQL server binaries (initdb, postgres) not found on PATH, in PG_BIN or under \
+         /usr/lib/postgresql/*/bin; install them with `apt-get install -y postgresql` \
+         or set GITOPS_TEST_DATABASE_URL to a server tests may create databases on"
+    )]
+    BinariesMissing,
+    #[error("running as root, but there is no `postgres` user to run the server as (initdb refuses root)")]
+    NoPostgresUser,
+    #[error("{what} failed: {detail}")]
+    Command { what: &'static str, detail: String },
+    #[error("the server did not accept connections within {0:?}; its log: {1}")]
+    NotReady(Duration, String),
+    #[error(transparent)]
+    Db(#[from] db::DbError),
+}
+
+/// How the server is tuned.
+#[derive(Debug, Clone, Copy)]
+pub struct PgOptions {
+    /// fsync and synchronous_commit on, as in production (benchmarks). Off for tests.
+    pub durable: bool,
+    pub max_connections: u32,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        PgOptions { durable: false, max_connections: 400 }
+    }
+}
+
+/// A running throwaway server; stopped when this process exits, or on drop.
+#[derive(Debug)]
+pub struct PgCluster {
+    port: u16,
+    dir: PathBuf,
+    watchdog: std::process::Child,
+}
+
+impl PgCluster {
+    /// initdb + start; returns once the server accepts connections.
+    pub async fn start(options: PgOptions) -> Result<Self, PgError> {
+        let bin = find_bin_dir().ok_or(PgError::BinariesMissing)?;
+        let run_as = if is_root() { Some(postgres_user()?) } else { None };
+        let dir = std::env::temp_dir().join(format!("gitops-pg-{}-{}", std::process::id(), uuid::Uuid::new_v4().simple()));
+        let data = dir.join("data");
+        std::fs::create_dir_all(&dir).map_err(|e| PgError::Command { what: "create the data directory", detail: e.to_string() })?;
+        if let Some((uid, gid)) = run_as {
+            chown(&dir, Some(uid), Some(gid)).map_err(|e| PgError::Command { what: "chown the data directory", detail: e.to_string() })?;
+        }
+        let mut initdb = Command::new(bin.join("initdb"));
+        initdb
+            .args(["-D"])
+            .arg(&data)
+            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-locale", "--no-sync", "--no-instructions"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some((uid, gid)) = run_as {
+            initdb.uid(uid).gid(gid);
+        }
+        let out = initdb.output().map_err(|e| PgError::Command { what: "initdb", detail: e.to_string() })?;
+        if !out.status.success() {
+            return Err(PgError::Command { what: "initdb", detail: String::from_utf8_lossy(&out.stderr).into_owned() });
+        }
+        let port = free_port()?;
+        let durability = if options.durable {
+            "-c fsync=on -c synchronous_commit=on -c full_page_writes=on"
+        } else {
+            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        };
+        let log = dir.join("postgres.log");
+        // The watchdog: run postgres in the background, poll for our process, and on
+        // its exit stop the server (fast shutdown) and remove the directory.
+        let script = format!(
+            "\"$1\" -D \"$2\" -p {port} -k \"$3\" -c listen_addresses=127.0.0.1 \
+             -c max_connections={max} -c shared_buffers=256MB {durability} \
+             -c max_wal_size=2GB -c log_min_messages=warning >\"$4\" 2>&1 & pg=$!; \
+             while [ -d /proc/{parent} ] && kill -0 $pg 2>/dev/null; do sleep 0.5; done; \
+             kill -INT $pg 2>/dev/null; wait $pg; rm -rf \"$3\"",
+            max = options.max_connections,
+            parent = std::process::id(),
+        );
+        let mut watchdog = Command::new("sh");
+        watchdog
+            .arg("-c")
+            .arg(script)
+            .arg("sh")
+            .arg(bin.join("postgres"))
+            .arg(&data)
+            .arg(&dir)
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0);
+        if let Some((uid, gid)) = run_as {
+            watchdog.uid(uid).gid(gid);
+        }
+        let watchdog = watchdog.spawn().map_err(|e| PgError::Command { what: "start postgres", detail: e.to_string() })?;
+        let cluster = PgCluster { port, dir, watchdog };
+        cluster.wait_ready(Duration::from_secs(60)).await?;
+        Ok(cluster)
+    }
+
+    /// The URL of database `db` as the superuser.
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    async fn wait_ready(&self, within: Duration) -> Result<(), PgError> {
+        let deadline = Instant::now() + within;
+        loop {
+            match db::connect(&self.url("postgres"), "gitops-testkit").await {
+                Ok(_) => return Ok(()),
+                Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(_) => {
+                    let log = std::fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default();
+                    return Err(PgError::NotReady(within, log));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        // Killing the watchdog's process group stops postgres with SIGTERM (smart
+        // shutdown would wait for clients; the group signal reaches the postmaster).
+        let _ = Command::new("kill").arg("-INT").arg(format!("-{}", self.watchdog.id())).status();
+        let _ = self.watchdog.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0).unwrap_or(false)
+}
+
+/// uid and gid of the `postgres` user, from /etc/passwd.
+fn postgres_user() -> Result<(u32, u32), PgError> {
+    let passwd = std::fs::read_to_string("/etc/passwd").map_err(|_| PgError::NoPostgresUser)?;
+    passwd
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(':').collect();
+            (fields.len() > 3 && fields[0] == "postgres").then(|| (fields[2].parse().ok(), fields[3].parse().ok()))
+        })
+        .find_map(|ids| match ids {
+            (Some(uid), Some(gid)) => Some((uid, gid)),
+            _ => None,
+        })
+        .ok_or(PgError::NoPostgresUser)
+}
+
+/// PATH, then `PG_BIN`, then the newest `/usr/lib/postgresql/*/bin`.
+pub fn find_bin_dir() -> Option<PathBuf> {
+    let has = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            if has(&dir) {
+                return Some(dir);
+            }
+        }
+    }
+    if let Some(dir) = std::env::var_os("PG_BIN").map(PathBuf::from) {
+        if has(&dir) {
+            return Some(dir);
+        }
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|e| Some((e.file_name().to_str()?.parse::<u32>().ok()?, e.path().join("bin"))))
+        .filter(|(_, dir)| has(dir))
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, dir)| dir)
+}
+
+fn free_port() -> Result<u16, PgError> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| PgError::Command { what: "find a free port", detail: e.to_string() })?;
+    listener.local_addr().map(|a| a.port()).map_err(|e| PgError::Command { what: "find a free port", detail: e.to_string() })
+}
