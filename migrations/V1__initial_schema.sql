@@ -220,9 +220,24 @@ CREATE TABLE application_state (
     operation_state  jsonb,
     reconciled_state jsonb,
     seq              bigint      NOT NULL DEFAULT nextval('application_state_seq'),
+    changed_xid      xid8        NOT NULL DEFAULT pg_current_xact_id(),
     updated_at       timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX application_state_seq_idx ON application_state (seq);
+
+-- Every change takes a new sequence number and records its transaction, so a reader
+-- can keep a cursor without skipping rows committed out of sequence order.
+CREATE FUNCTION application_state_stamp() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.seq := nextval('application_state_seq');
+    NEW.changed_xid := pg_current_xact_id();
+    RETURN NEW;
+END;
+$$;
+
+CREATE TRIGGER application_state_stamp BEFORE UPDATE ON application_state
+    FOR EACH ROW EXECUTE FUNCTION application_state_stamp();
 
 INSERT INTO signal (kind, ref_id) VALUES ('status', 0);
 

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
@@ -45,7 +46,7 @@ pub enum CryptoError {
 /// The configured keys. `Debug` prints key ids only.
 #[derive(Clone)]
 pub struct SecretBox {
-    keys: HashMap<String, Aes256Gcm>,
+    keys: Arc<HashMap<String, Aes256Gcm>>,
     active: String,
 }
 
@@ -102,7 +103,7 @@ impl SecretBox {
         if !parsed.contains_key(active) {
             return Err(CryptoError::ActiveKeyMissing { id: active.to_owned() });
         }
-        Ok(SecretBox { keys: parsed, active: active.to_owned() })
+        Ok(SecretBox { keys: Arc::new(parsed), active: active.to_owned() })
     }
 
     /// Reads `GITOPS_ENCRYPTION_KEYS` and `GITOPS_ENCRYPTION_ACTIVE_KEY`.
@@ -182,7 +183,9 @@ pub async fn reencrypt_all(client: &mut Client, secrets: &SecretBox) -> Result<u
     let mut total = 0;
     for &(table, select, update) in SEALED_TABLES {
         loop {
-            let moved = in_txn_retrying(client, async |txn| {
+            let moved = in_txn_retrying(client, |txn| {
+                let secrets = secrets.clone();
+                Box::pin(async move {
                 let rows = txn
                     .query(select, &[&secrets.active_key_id()])
                     .await
@@ -206,7 +209,7 @@ pub async fn reencrypt_all(client: &mut Client, secrets: &SecretBox) -> Result<u
                         .map_err(DbError::query("store a re-encrypted secret"))?;
                 }
                 Ok(Ok(resealed.len() as u64))
-            })
+            })})
             .await??;
             total += moved;
             if moved == 0 {

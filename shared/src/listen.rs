@@ -90,22 +90,29 @@ async fn run(
     let mut backoff = BACKOFF_MIN;
     let mut ever_connected = false;
     while !cancel.is_cancelled() {
-        match listen_once(&config, &channels, &wakers, &connected, &cancel).await {
-            Ok(()) => {
-                if ever_connected {
-                    reconnects.fetch_add(1, Ordering::Relaxed);
-                }
-                ever_connected = true;
-                backoff = BACKOFF_MIN;
+        let up = || {
+            if ever_connected {
+                reconnects.fetch_add(1, Ordering::Relaxed);
             }
-            Err(error) => tracing::warn!(%error, retry_in_ms = backoff.as_millis() as u64, "LISTEN connection failed"),
-        }
+            ever_connected = true;
+        };
+        let pause = match listen_once(&config, &channels, &wakers, &connected, &cancel, up).await {
+            Ok(()) => {
+                backoff = BACKOFF_MIN;
+                BACKOFF_MIN
+            }
+            Err(error) => {
+                tracing::warn!(%error, retry_in_ms = backoff.as_millis() as u64, "LISTEN connection failed");
+                let pause = backoff;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                pause
+            }
+        };
         connected.send_replace(false);
         tokio::select! {
             () = cancel.cancelled() => return,
-            () = tokio::time::sleep(backoff) => {}
+            () = tokio::time::sleep(pause) => {}
         }
-        backoff = (backoff * 2).min(BACKOFF_MAX);
     }
 }
 
@@ -117,6 +124,7 @@ async fn listen_once(
     wakers: &HashMap<String, watch::Sender<u64>>,
     connected: &watch::Sender<bool>,
     cancel: &CancellationToken,
+    on_up: impl FnOnce(),
 ) -> Result<(), DbError> {
     let (client, mut connection) =
         config.connect(NoTls).await.map_err(|source| DbError::Connect { source })?;
@@ -149,6 +157,7 @@ async fn listen_once(
         driver.abort();
         return Err(DbError::Query { action: "LISTEN", source });
     }
+    on_up();
     connected.send_replace(true);
     // Anything sent while we were away is only findable by scanning: wake everyone.
     Listener::wake_all(wakers);

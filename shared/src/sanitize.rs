@@ -71,6 +71,17 @@ pub fn sanitize_tenant_message(message: &str) -> String {
 }
 
 fn sanitize_word(word: &str, lower: &str) -> String {
+    // Punctuation around a word ("(https://host/x)," ) is kept but not parsed.
+    let start = word.len() - word.trim_start_matches(['(', '"', '\'', '<']).len();
+    let end = word.trim_end_matches([')', '"', '\'', ',', ';', '.', '>', ':']).len().max(start);
+    if start > 0 || end < word.len() {
+        let inner = &word[start..end];
+        return format!("{}{}{}", &word[..start], sanitize_word_core(inner, &inner.to_ascii_lowercase()), &word[end..]);
+    }
+    sanitize_word_core(word, lower)
+}
+
+fn sanitize_word_core(word: &str, lower: &str) -> String {
     for sep in ['=', ':'] {
         if let Some((k, _)) = lower.split_once(sep) {
             let k = k.trim_start_matches(|c: char| !c.is_ascii_alphanumeric());
@@ -137,6 +148,7 @@ mod tests {
         assert_eq!(s("clone https://user:pw@git.example.invalid/repo.git?x=1"), "clone https://git.example.invalid/repo.git");
         assert_eq!(s("repository https://git.example.invalid/a/b not found"), "repository https://git.example.invalid/a/b not found");
         assert!(!s("host [::1]:8080 down").contains("::1"));
+        assert_eq!(s("(at https://argocd.argocd.svc)."), "(at https://<internal host>).");
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub use migrate::{
     schema_version,
 };
 
+use futures_util::future::BoxFuture;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::{Client, Config, NoTls, Transaction};
 
@@ -73,10 +74,13 @@ const TXN_ATTEMPTS: u32 = 5;
 /// Runs `body` in a READ COMMITTED transaction and commits it, starting over when
 /// PostgreSQL aborts it with a serialization failure or a deadlock. The body must
 /// be safe to run again: it sees nothing of the aborted attempt.
-pub async fn in_txn_retrying<T>(
-    client: &mut Client,
-    mut body: impl AsyncFnMut(&Transaction<'_>) -> Result<T, DbError>,
-) -> Result<T, DbError> {
+///
+/// The body returns a boxed future (`|txn| Box::pin(async move { … })`) so that
+/// the compiler can see it is `Send` for every transaction lifetime.
+pub async fn in_txn_retrying<T, F>(client: &mut Client, mut body: F) -> Result<T, DbError>
+where
+    F: for<'t> FnMut(&'t Transaction<'t>) -> BoxFuture<'t, Result<T, DbError>>,
+{
     let mut attempt = 0;
     loop {
         attempt += 1;

@@ -93,7 +93,7 @@ RETURNING o.state";
 
 /// Puts one dead operation back in the queue.
 pub async fn operation_retry(client: &mut Client, id: OperationId) -> Result<RetryOutcome, DbError> {
-    in_txn_retrying(client, async |txn| {
+    in_txn_retrying(client, |txn| Box::pin(async move {
         let row = txn
             .query_opt(RETRY_ONE, &[&id.0])
             .await
@@ -103,7 +103,7 @@ pub async fn operation_retry(client: &mut Client, id: OperationId) -> Result<Ret
             Some(OperationState::Superseded) => RetryOutcome::Superseded,
             Some(_) => RetryOutcome::Requeued,
         })
-    })
+    }))
     .await
 }
 

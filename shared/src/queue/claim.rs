@@ -13,7 +13,8 @@ use crate::sanitize::sanitize_tenant_message;
 // Short transaction: pick up to $2 due operations of this instance whose resource
 // has no claimed operation, lock them (skipping rows another claimer holds), and
 // lease them. The partial index operation_claim_idx serves the inner query.
-const CLAIM: &str = "
+/// The claim statement (public so a test can EXPLAIN it).
+pub const CLAIM: &str = "
 WITH picked AS (
     SELECT o.id
       FROM operation o

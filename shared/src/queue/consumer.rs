@@ -4,10 +4,11 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -82,6 +83,8 @@ pub struct ConsumerStats {
     pub lease_lost: AtomicU64,
     pub scans: AtomicU64,
     pub sleeps: AtomicU64,
+    /// True while the consumer waits for a notification or its timer.
+    pub asleep: AtomicBool,
 }
 
 /// A consumer of one engine instance's operations.
@@ -135,13 +138,15 @@ impl<H: Handler> Consumer<H> {
             if self.drain(&cancel).await? > 0 {
                 continue;
             }
-            self.stats.sleeps.fetch_add(1, Ordering::Relaxed);
             let timeout = self.sleep_for(next_upkeep).await;
+            self.stats.sleeps.fetch_add(1, Ordering::Relaxed);
+            self.stats.asleep.store(true, Ordering::SeqCst);
             tokio::select! {
                 () = cancel.cancelled() => break,
                 _ = wake.changed() => {}
                 () = tokio::time::sleep(timeout) => {}
             }
+            self.stats.asleep.store(false, Ordering::SeqCst);
         }
         Ok(())
     }
@@ -229,17 +234,27 @@ impl<H: Handler> Consumer<H> {
         Ok(total)
     }
 
+    async fn handle_one(&self, op: ClaimedOperation, margin: Duration) -> (ClaimedOperation, Option<Outcome>) {
+        let outcome = op.lease.run(margin, self.handler.handle(&op)).await.ok();
+        (op, outcome)
+    }
+
     async fn handle_batch(&self, batch: Vec<ClaimedOperation>) -> Result<(), DbError> {
         let _keeper = LeaseKeeper::start(self.pool.clone(), batch.clone(), self.config.lease_for);
         let margin = self.config.margin;
-        let results: Vec<(ClaimedOperation, Option<Outcome>)> = futures_util::stream::iter(batch)
-            .map(|op| async move {
-                let outcome = op.lease.run(margin, self.handler.handle(&op)).await.ok();
-                (op, outcome)
-            })
-            .buffer_unordered(self.config.concurrency.max(1))
-            .collect()
-            .await;
+        let mut results: Vec<(ClaimedOperation, Option<Outcome>)> = Vec::with_capacity(batch.len());
+        let mut running = FuturesUnordered::new();
+        for op in batch {
+            if running.len() >= self.config.concurrency.max(1) {
+                if let Some(result) = running.next().await {
+                    results.push(result);
+                }
+            }
+            running.push(self.handle_one(op, margin));
+        }
+        while let Some(result) = running.next().await {
+            results.push(result);
+        }
         let client = pooled(&self.pool).await?;
         let done: Vec<_> = results
             .iter()

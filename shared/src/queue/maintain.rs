@@ -53,7 +53,8 @@ pub async fn operation_reclaim_expired(
     policy: &RetryPolicy,
     limit: i64,
 ) -> Result<u64, DbError> {
-    in_txn_retrying(client, async |txn| {
+    let max_attempts = policy.max_attempts;
+    in_txn_retrying(client, |txn| Box::pin(async move {
         let rows = txn
             .query(EXPIRED, &[&instance.0, &limit])
             .await
@@ -62,7 +63,7 @@ pub async fn operation_reclaim_expired(
             let id: i64 = row.get(0);
             let attempts: i32 = row.get(1);
             let waiting: Option<i64> = row.get(2);
-            if attempts >= policy.max_attempts {
+            if attempts >= max_attempts {
                 txn.execute(RECLAIM_DEAD, &[&id])
                     .await
                     .map_err(DbError::query("dead-letter an expired operation"))?;
@@ -77,7 +78,7 @@ pub async fn operation_reclaim_expired(
             }
         }
         Ok(rows.len() as u64)
-    })
+    }))
     .await
 }
 

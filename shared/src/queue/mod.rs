@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime};
 
 pub use admin::{QueueSummary, QueueSummaryRow, RetryOutcome, operation_retry, operation_retry_all_failed, queue_summary};
 pub use backoff::RetryPolicy;
-pub use claim::{Failure, FailOutcome, operation_claim, operation_complete, operation_fail};
+pub use claim::{CLAIM as CLAIM_SQL, FailOutcome, Failure, operation_claim, operation_complete, operation_fail};
 pub use consumer::{Consumer, ConsumerConfig, ConsumerStats, Handler, Outcome};
 pub use enqueue::{Enqueued, operation_enqueue_in_txn};
 pub use lease::{Lease, LeaseKeeper, operation_renew};

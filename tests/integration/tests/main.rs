@@ -1,1 +1,13 @@
+//! The integration tests, built as one binary (one link step instead of many).
+//! They run against a real PostgreSQL: a throwaway server started once per run,
+//! or the server in GITOPS_TEST_DATABASE_URL; each test gets its own database.
 
+mod support;
+
+mod crypto_store;
+mod kube_smoke;
+mod migrations;
+mod queue_admin;
+mod queue_failures;
+mod queue_race;
+mod signal_race;

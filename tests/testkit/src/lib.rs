@@ -15,8 +15,10 @@ pub use postgres::{PgCluster, PgError, PgOptions, find_bin_dir};
 /// The server the tests of this process use, with its migrated template.
 #[derive(Debug)]
 pub struct TestServer {
-    /// Superuser URL without a database name (ends with '/').
+    /// Superuser URL up to and including the '/' before the database name.
     base: String,
+    /// The URL's parameters (`?sslmode=…`), kept for every database.
+    params: String,
     template: String,
     /// Keeps a throwaway server alive for the whole run.
     _cluster: Option<PgCluster>,
@@ -39,29 +41,28 @@ impl TestServer {
     }
 
     async fn start() -> Result<TestServer, PgError> {
-        let (base, cluster) = match std::env::var(TEST_DATABASE_URL).ok().filter(|u| !u.is_empty()) {
-            Some(url) => (base_of(&url), None),
+        let ((base, params), cluster) = match std::env::var(TEST_DATABASE_URL).ok().filter(|u| !u.is_empty()) {
+            Some(url) => (split_url(&url), None),
             None => {
                 let cluster = PgCluster::start(PgOptions::default()).await?;
-                (cluster.url(""), Some(cluster))
+                ((cluster.url(""), String::new()), Some(cluster))
             }
         };
         let template = format!("gitops_tpl_{}", std::process::id());
-        let admin = db::connect(&format!("{base}postgres"), "gitops-testkit").await?;
-        admin
-            .batch_execute(&format!("DROP DATABASE IF EXISTS {template}; CREATE DATABASE {template}"))
-            .await
-            .map_err(db::DbError::query("create the template database"))?;
+        let admin = db::connect(&format!("{base}postgres{params}"), "gitops-testkit").await?;
+        for statement in [format!("DROP DATABASE IF EXISTS {template}"), format!("CREATE DATABASE {template}")] {
+            admin.batch_execute(&statement).await.map_err(db::DbError::query("create the template database"))?;
+        }
         {
-            let mut client = db::connect(&format!("{base}{template}"), "gitops-testkit").await?;
+            let mut client = db::connect(&format!("{base}{template}{params}"), "gitops-testkit").await?;
             db::migrate(&mut client).await?;
         }
-        Ok(TestServer { base, template, _cluster: cluster })
+        Ok(TestServer { base, params, template, _cluster: cluster })
     }
 
     /// URL of database `name` on this server.
     pub fn url(&self, name: &str) -> String {
-        format!("{}{name}", self.base)
+        format!("{}{name}{}", self.base, self.params)
     }
 
     /// A new, empty database (no migrations), for migration tests.
@@ -136,13 +137,17 @@ impl Drop for TestDb {
     }
 }
 
-/// The URL with its database name removed, keeping user, host and parameters' place.
-fn base_of(url: &str) -> String {
+/// Splits a URL into everything before the database name and its parameters.
+fn split_url(url: &str) -> (String, String) {
+    let (url, params) = match url.split_once('?') {
+        Some((url, params)) => (url, format!("?{params}")),
+        None => (url, String::new()),
+    };
     match url.split_once("://") {
         Some((scheme, rest)) => {
             let authority = rest.split('/').next().unwrap_or(rest);
-            format!("{scheme}://{authority}/")
+            (format!("{scheme}://{authority}/"), params)
         }
-        None => url.to_owned(),
+        None => (url.to_owned(), params),
     }
 }

@@ -144,9 +144,9 @@ impl PgCluster {
 
 impl Drop for PgCluster {
     fn drop(&mut self) {
-        // Killing the watchdog's process group stops postgres with SIGTERM (smart
-        // shutdown would wait for clients; the group signal reaches the postmaster).
-        let _ = Command::new("kill").arg("-INT").arg(format!("-{}", self.watchdog.id())).status();
+        // SIGINT to the watchdog's process group reaches the postmaster too: a fast
+        // shutdown, which does not wait for clients to disconnect.
+        let _ = Command::new("kill").args(["-INT", "--"]).arg(format!("-{}", self.watchdog.id())).status();
         let _ = self.watchdog.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }

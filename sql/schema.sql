@@ -1,0 +1,837 @@
+--
+-- PostgreSQL database dump
+--
+
+SET statement_timeout = 0;
+SET lock_timeout = 0;
+SET idle_in_transaction_session_timeout = 0;
+SET client_encoding = 'UTF8';
+SET standard_conforming_strings = on;
+SELECT pg_catalog.set_config('search_path', '', false);
+SET check_function_bodies = false;
+SET xmloption = content;
+SET client_min_messages = warning;
+SET row_security = off;
+
+--
+-- Name: operation_state; Type: TYPE; Schema: public; Owner: -
+--
+
+CREATE TYPE public.operation_state AS ENUM (
+    'waiting',
+    'claimed',
+    'completed',
+    'failed',
+    'superseded'
+);
+
+--
+-- Name: resource_type; Type: TYPE; Schema: public; Owner: -
+--
+
+CREATE TYPE public.resource_type AS ENUM (
+    'application',
+    'managed_environment',
+    'repository_credential',
+    'sync_operation',
+    'tenant'
+);
+
+--
+-- Name: row_state; Type: TYPE; Schema: public; Owner: -
+--
+
+CREATE TYPE public.row_state AS ENUM (
+    'active',
+    'deleting',
+    'deleted'
+);
+
+--
+-- Name: signal_kind; Type: TYPE; Schema: public; Owner: -
+--
+
+CREATE TYPE public.signal_kind AS ENUM (
+    'operations',
+    'status'
+);
+
+--
+-- Name: sync_operation_state; Type: TYPE; Schema: public; Owner: -
+--
+
+CREATE TYPE public.sync_operation_state AS ENUM (
+    'pending',
+    'running',
+    'succeeded',
+    'failed',
+    'terminating',
+    'terminated'
+);
+
+--
+-- Name: sync_type; Type: TYPE; Schema: public; Owner: -
+--
+
+CREATE TYPE public.sync_type AS ENUM (
+    'automated',
+    'manual'
+);
+
+--
+-- Name: application_state_signal(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.application_state_signal() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM signal_raise('status', 0);
+    RETURN NULL;
+END;
+$$;
+
+--
+-- Name: application_state_stamp(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.application_state_stamp() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.seq := nextval('application_state_seq');
+    NEW.changed_xid := pg_current_xact_id();
+    RETURN NEW;
+END;
+$$;
+
+--
+-- Name: engine_instance_signal_row(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.engine_instance_signal_row() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO signal (kind, ref_id) VALUES ('operations', NEW.id) ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END;
+$$;
+
+--
+-- Name: operation_signal(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.operation_signal() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM signal_raise('operations', NEW.engine_instance_id);
+    RETURN NULL;
+END;
+$$;
+
+--
+-- Name: signal_channel(public.signal_kind, bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.signal_channel(p_kind public.signal_kind, p_ref bigint) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN ((('gitops_'::text || (p_kind)::text) || '_'::text) || (p_ref)::text);
+
+--
+-- Name: signal_lock_key(public.signal_kind, bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.signal_lock_key(p_kind public.signal_kind, p_ref bigint) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN ((((103)::bigint << 56) | ((CASE p_kind WHEN 'operations'::public.signal_kind THEN 1 ELSE 2 END)::bigint << 48)) | p_ref);
+
+--
+-- Name: signal_raise(public.signal_kind, bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.signal_raise(p_kind public.signal_kind, p_ref bigint) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_sleeping boolean;
+BEGIN
+    -- Benchmark-only switch: measures the enqueue path without its signalling step.
+    IF current_setting('gitops.bench_skip_signal', true) = 'on' THEN
+        RETURN;
+    END IF;
+    -- Above READ COMMITTED the read below would use the transaction's first
+    -- snapshot; notifying unconditionally keeps the guarantee there.
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM pg_notify(signal_channel(p_kind, p_ref), '');
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(signal_lock_key(p_kind, p_ref));
+    SELECT s.sleeping INTO v_sleeping FROM signal s WHERE s.kind = p_kind AND s.ref_id = p_ref;
+    IF v_sleeping IS DISTINCT FROM false THEN
+        PERFORM pg_notify(signal_channel(p_kind, p_ref), '');
+    END IF;
+END;
+$$;
+
+SET default_tablespace = '';
+
+SET default_table_access_method = heap;
+
+--
+-- Name: application; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.application (
+    id bigint NOT NULL,
+    tenant_id bigint NOT NULL,
+    resource_uid uuid NOT NULL,
+    resource_name text NOT NULL,
+    generation bigint NOT NULL,
+    repo_url text NOT NULL,
+    path text NOT NULL,
+    target_revision text DEFAULT 'HEAD'::text NOT NULL,
+    managed_environment_id bigint,
+    destination_namespace text NOT NULL,
+    sync_type public.sync_type NOT NULL,
+    create_namespace boolean DEFAULT false NOT NULL,
+    wait_for_pruning boolean DEFAULT false NOT NULL,
+    row_state public.row_state DEFAULT 'active'::public.row_state NOT NULL,
+    deletion_message text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: application_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.application ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.application_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: application_state_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+CREATE SEQUENCE public.application_state_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: application_state; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.application_state (
+    application_id bigint NOT NULL,
+    tenant_id bigint NOT NULL,
+    sync_status text,
+    sync_revision text,
+    health_status text,
+    health_message text,
+    resources jsonb DEFAULT '[]'::jsonb NOT NULL,
+    conditions jsonb DEFAULT '[]'::jsonb NOT NULL,
+    operation_state jsonb,
+    reconciled_state jsonb,
+    seq bigint DEFAULT nextval('public.application_state_seq'::regclass) NOT NULL,
+    changed_xid xid8 DEFAULT pg_current_xact_id() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: cluster_credential; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.cluster_credential (
+    id bigint NOT NULL,
+    tenant_id bigint NOT NULL,
+    managed_environment_id bigint NOT NULL,
+    secret_name text NOT NULL,
+    secret_resource_version text,
+    key_id text NOT NULL,
+    ciphertext bytea NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: cluster_credential_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.cluster_credential ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.cluster_credential_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: engine_instance; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.engine_instance (
+    id bigint NOT NULL,
+    name text NOT NULL,
+    argocd_namespace text NOT NULL,
+    capacity integer DEFAULT 1000 NOT NULL,
+    heartbeat_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT engine_instance_argocd_namespace_check CHECK ((argocd_namespace ~ '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'::text)),
+    CONSTRAINT engine_instance_capacity_check CHECK ((capacity > 0)),
+    CONSTRAINT engine_instance_name_check CHECK ((name ~ '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'::text))
+);
+
+--
+-- Name: engine_instance_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.engine_instance ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.engine_instance_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: managed_environment; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.managed_environment (
+    id bigint NOT NULL,
+    tenant_id bigint NOT NULL,
+    resource_uid uuid NOT NULL,
+    resource_name text NOT NULL,
+    generation bigint NOT NULL,
+    api_url text NOT NULL,
+    allow_insecure_skip_tls_verify boolean DEFAULT false NOT NULL,
+    namespaces text[] DEFAULT '{}'::text[] NOT NULL,
+    cluster_resources boolean DEFAULT false NOT NULL,
+    row_state public.row_state DEFAULT 'active'::public.row_state NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: managed_environment_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.managed_environment ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.managed_environment_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: operation; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.operation (
+    id bigint NOT NULL,
+    engine_instance_id bigint NOT NULL,
+    tenant_id bigint NOT NULL,
+    resource_type public.resource_type NOT NULL,
+    resource_id bigint NOT NULL,
+    state public.operation_state DEFAULT 'waiting'::public.operation_state NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    run_after timestamp with time zone DEFAULT now() NOT NULL,
+    claimed_by text,
+    lease_token uuid,
+    lease_expires_at timestamp with time zone,
+    claimed_at timestamp with time zone,
+    completed_at timestamp with time zone,
+    operator_error text,
+    tenant_message text,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT operation_check CHECK (((state <> 'claimed'::public.operation_state) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL))))
+);
+
+--
+-- Name: operation_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.operation ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.operation_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: refinery_schema_history; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.refinery_schema_history (
+    version integer NOT NULL,
+    name character varying(255),
+    applied_on character varying(255),
+    checksum character varying(255)
+);
+
+--
+-- Name: repository_credential; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.repository_credential (
+    id bigint NOT NULL,
+    tenant_id bigint NOT NULL,
+    resource_uid uuid NOT NULL,
+    resource_name text NOT NULL,
+    generation bigint NOT NULL,
+    repo_url text NOT NULL,
+    secret_name text NOT NULL,
+    secret_resource_version text,
+    key_id text,
+    ciphertext bytea,
+    row_state public.row_state DEFAULT 'active'::public.row_state NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT repository_credential_check CHECK (((key_id IS NULL) = (ciphertext IS NULL)))
+);
+
+--
+-- Name: repository_credential_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.repository_credential ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.repository_credential_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: signal; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.signal (
+    kind public.signal_kind NOT NULL,
+    ref_id bigint NOT NULL,
+    sleeping boolean DEFAULT false NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT signal_ref_id_check CHECK (((ref_id >= 0) AND (ref_id < '281474976710656'::bigint)))
+);
+
+--
+-- Name: sync_operation; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.sync_operation (
+    id bigint NOT NULL,
+    tenant_id bigint NOT NULL,
+    resource_uid uuid NOT NULL,
+    resource_name text NOT NULL,
+    generation bigint NOT NULL,
+    deployment_name text NOT NULL,
+    application_id bigint,
+    revision text NOT NULL,
+    correlation_id uuid DEFAULT gen_random_uuid() NOT NULL,
+    state public.sync_operation_state DEFAULT 'pending'::public.sync_operation_state NOT NULL,
+    terminate_requested boolean DEFAULT false NOT NULL,
+    synced_revision text,
+    message text,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    row_state public.row_state DEFAULT 'active'::public.row_state NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: sync_operation_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.sync_operation ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.sync_operation_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: tenant; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.tenant (
+    id bigint NOT NULL,
+    namespace_uid uuid NOT NULL,
+    namespace_name text NOT NULL,
+    engine_instance_id bigint,
+    row_state public.row_state DEFAULT 'active'::public.row_state NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+--
+-- Name: tenant_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.tenant ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.tenant_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: application application_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.application
+    ADD CONSTRAINT application_pkey PRIMARY KEY (id);
+
+--
+-- Name: application application_resource_uid_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.application
+    ADD CONSTRAINT application_resource_uid_key UNIQUE (resource_uid);
+
+--
+-- Name: application_state application_state_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.application_state
+    ADD CONSTRAINT application_state_pkey PRIMARY KEY (application_id);
+
+--
+-- Name: cluster_credential cluster_credential_managed_environment_id_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.cluster_credential
+    ADD CONSTRAINT cluster_credential_managed_environment_id_key UNIQUE (managed_environment_id);
+
+--
+-- Name: cluster_credential cluster_credential_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.cluster_credential
+    ADD CONSTRAINT cluster_credential_pkey PRIMARY KEY (id);
+
+--
+-- Name: engine_instance engine_instance_name_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.engine_instance
+    ADD CONSTRAINT engine_instance_name_key UNIQUE (name);
+
+--
+-- Name: engine_instance engine_instance_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.engine_instance
+    ADD CONSTRAINT engine_instance_pkey PRIMARY KEY (id);
+
+--
+-- Name: managed_environment managed_environment_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.managed_environment
+    ADD CONSTRAINT managed_environment_pkey PRIMARY KEY (id);
+
+--
+-- Name: managed_environment managed_environment_resource_uid_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.managed_environment
+    ADD CONSTRAINT managed_environment_resource_uid_key UNIQUE (resource_uid);
+
+--
+-- Name: operation operation_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.operation
+    ADD CONSTRAINT operation_pkey PRIMARY KEY (id);
+
+--
+-- Name: refinery_schema_history refinery_schema_history_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.refinery_schema_history
+    ADD CONSTRAINT refinery_schema_history_pkey PRIMARY KEY (version);
+
+--
+-- Name: repository_credential repository_credential_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.repository_credential
+    ADD CONSTRAINT repository_credential_pkey PRIMARY KEY (id);
+
+--
+-- Name: repository_credential repository_credential_resource_uid_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.repository_credential
+    ADD CONSTRAINT repository_credential_resource_uid_key UNIQUE (resource_uid);
+
+--
+-- Name: signal signal_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.signal
+    ADD CONSTRAINT signal_pkey PRIMARY KEY (kind, ref_id);
+
+--
+-- Name: sync_operation sync_operation_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.sync_operation
+    ADD CONSTRAINT sync_operation_pkey PRIMARY KEY (id);
+
+--
+-- Name: sync_operation sync_operation_resource_uid_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.sync_operation
+    ADD CONSTRAINT sync_operation_resource_uid_key UNIQUE (resource_uid);
+
+--
+-- Name: tenant tenant_namespace_uid_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.tenant
+    ADD CONSTRAINT tenant_namespace_uid_key UNIQUE (namespace_uid);
+
+--
+-- Name: tenant tenant_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.tenant
+    ADD CONSTRAINT tenant_pkey PRIMARY KEY (id);
+
+--
+-- Name: application_environment_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX application_environment_idx ON public.application USING btree (managed_environment_id) WHERE (managed_environment_id IS NOT NULL);
+
+--
+-- Name: application_state_seq_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX application_state_seq_idx ON public.application_state USING btree (seq);
+
+--
+-- Name: application_tenant_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX application_tenant_idx ON public.application USING btree (tenant_id);
+
+--
+-- Name: cluster_credential_tenant_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX cluster_credential_tenant_idx ON public.cluster_credential USING btree (tenant_id);
+
+--
+-- Name: managed_environment_tenant_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX managed_environment_tenant_idx ON public.managed_environment USING btree (tenant_id);
+
+--
+-- Name: operation_claim_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX operation_claim_idx ON public.operation USING btree (engine_instance_id, run_after, id) WHERE (state = 'waiting'::public.operation_state);
+
+--
+-- Name: operation_failed_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX operation_failed_idx ON public.operation USING btree (engine_instance_id, completed_at) WHERE (state = 'failed'::public.operation_state);
+
+--
+-- Name: operation_lease_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX operation_lease_idx ON public.operation USING btree (engine_instance_id, lease_expires_at) WHERE (state = 'claimed'::public.operation_state);
+
+--
+-- Name: operation_one_claimed_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE UNIQUE INDEX operation_one_claimed_idx ON public.operation USING btree (resource_type, resource_id) WHERE (state = 'claimed'::public.operation_state);
+
+--
+-- Name: operation_one_waiting_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE UNIQUE INDEX operation_one_waiting_idx ON public.operation USING btree (resource_type, resource_id) WHERE (state = 'waiting'::public.operation_state);
+
+--
+-- Name: operation_prune_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX operation_prune_idx ON public.operation USING btree (completed_at) WHERE (state = ANY (ARRAY['completed'::public.operation_state, 'superseded'::public.operation_state]));
+
+--
+-- Name: repository_credential_tenant_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX repository_credential_tenant_idx ON public.repository_credential USING btree (tenant_id);
+
+--
+-- Name: sync_operation_application_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX sync_operation_application_idx ON public.sync_operation USING btree (application_id);
+
+--
+-- Name: sync_operation_tenant_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX sync_operation_tenant_idx ON public.sync_operation USING btree (tenant_id);
+
+--
+-- Name: tenant_engine_instance_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX tenant_engine_instance_idx ON public.tenant USING btree (engine_instance_id);
+
+--
+-- Name: tenant_namespace_name_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX tenant_namespace_name_idx ON public.tenant USING btree (namespace_name);
+
+--
+-- Name: application_state application_state_signal; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER application_state_signal AFTER INSERT OR UPDATE ON public.application_state FOR EACH STATEMENT EXECUTE FUNCTION public.application_state_signal();
+
+--
+-- Name: application_state application_state_stamp; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER application_state_stamp BEFORE UPDATE ON public.application_state FOR EACH ROW EXECUTE FUNCTION public.application_state_stamp();
+
+--
+-- Name: engine_instance engine_instance_signal_row; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER engine_instance_signal_row AFTER INSERT ON public.engine_instance FOR EACH ROW EXECUTE FUNCTION public.engine_instance_signal_row();
+
+--
+-- Name: operation operation_signal_insert; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER operation_signal_insert AFTER INSERT ON public.operation FOR EACH ROW WHEN ((new.state = 'waiting'::public.operation_state)) EXECUTE FUNCTION public.operation_signal();
+
+--
+-- Name: operation operation_signal_update; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER operation_signal_update AFTER UPDATE OF state, run_after ON public.operation FOR EACH ROW WHEN (((new.state = 'waiting'::public.operation_state) AND (new.run_after <= now()))) EXECUTE FUNCTION public.operation_signal();
+
+--
+-- Name: application application_managed_environment_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.application
+    ADD CONSTRAINT application_managed_environment_id_fkey FOREIGN KEY (managed_environment_id) REFERENCES public.managed_environment(id);
+
+--
+-- Name: application_state application_state_application_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.application_state
+    ADD CONSTRAINT application_state_application_id_fkey FOREIGN KEY (application_id) REFERENCES public.application(id) ON DELETE CASCADE;
+
+--
+-- Name: application_state application_state_tenant_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.application_state
+    ADD CONSTRAINT application_state_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenant(id);
+
+--
+-- Name: application application_tenant_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.application
+    ADD CONSTRAINT application_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenant(id);
+
+--
+-- Name: cluster_credential cluster_credential_managed_environment_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.cluster_credential
+    ADD CONSTRAINT cluster_credential_managed_environment_id_fkey FOREIGN KEY (managed_environment_id) REFERENCES public.managed_environment(id) ON DELETE CASCADE;
+
+--
+-- Name: cluster_credential cluster_credential_tenant_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.cluster_credential
+    ADD CONSTRAINT cluster_credential_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenant(id);
+
+--
+-- Name: managed_environment managed_environment_tenant_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.managed_environment
+    ADD CONSTRAINT managed_environment_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenant(id);
+
+--
+-- Name: operation operation_engine_instance_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.operation
+    ADD CONSTRAINT operation_engine_instance_id_fkey FOREIGN KEY (engine_instance_id) REFERENCES public.engine_instance(id);
+
+--
+-- Name: repository_credential repository_credential_tenant_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.repository_credential
+    ADD CONSTRAINT repository_credential_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenant(id);
+
+--
+-- Name: sync_operation sync_operation_application_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.sync_operation
+    ADD CONSTRAINT sync_operation_application_id_fkey FOREIGN KEY (application_id) REFERENCES public.application(id);
+
+--
+-- Name: sync_operation sync_operation_tenant_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.sync_operation
+    ADD CONSTRAINT sync_operation_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenant(id);
+
+--
+-- Name: tenant tenant_engine_instance_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.tenant
+    ADD CONSTRAINT tenant_engine_instance_id_fkey FOREIGN KEY (engine_instance_id) REFERENCES public.engine_instance(id);
+
+--
+-- PostgreSQL database dump complete
+--
+

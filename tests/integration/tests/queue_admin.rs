@@ -1,0 +1,100 @@
+//! What operators see and do: the summary, the inspect queries, pruning, and the
+//! plan of the claim query.
+
+use std::time::Duration;
+
+use gitops_shared::model::OperationState;
+use gitops_shared::queue::{CLAIM_SQL, operation_claim, operation_complete, operation_prune, queue_summary};
+use gitops_testkit::TestDb;
+
+use crate::support::*;
+
+#[tokio::test]
+async fn the_claim_query_walks_its_partial_index_not_finished_rows() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    // Many finished operations and a few waiting ones, as in a long-running queue.
+    client
+        .batch_execute(&format!(
+            "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
+             SELECT {i}, {t}, 'application', g, 'completed', now() FROM generate_series(1, 20000) g;
+             INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id)
+             SELECT {i}, {t}, 'application', g FROM generate_series(20001, 20010) g;
+             ANALYZE operation;",
+            i = fx.instance.0,
+            t = fx.tenant.0
+        ))
+        .await
+        .expect("fill");
+    let txn = client.transaction().await.expect("begin");
+    let plan: Vec<String> = txn
+        .query(&format!("EXPLAIN {CLAIM_SQL}"), &[&fx.instance.0, &10i64, &"agent", &30.0f64])
+        .await
+        .expect("explain")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    txn.rollback().await.expect("rollback");
+    let plan = plan.join("\n");
+    assert!(plan.contains("operation_claim_idx"), "claim must use operation_claim_idx:\n{plan}");
+    assert!(plan.contains("operation_one_claimed_idx"), "the claimed-resource check must use its index:\n{plan}");
+    assert!(!plan.contains("Seq Scan on operation"), "no sequential scan:\n{plan}");
+}
+
+#[tokio::test]
+async fn the_summary_and_the_inspect_queries_show_the_queue() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    for _ in 0..3 {
+        new_application(&mut client, &fx).await;
+    }
+    let claimed = operation_claim(&client, fx.instance, "agent", 1, Duration::from_secs(30)).await.expect("claim");
+    operation_complete(&client, &[(claimed[0].id, claimed[0].lease.token())]).await.expect("complete");
+    let summary = queue_summary(&client).await.expect("summary");
+    let count = |state| summary.rows.iter().find(|r| r.state == state).map(|r| r.operations);
+    assert_eq!(count(OperationState::Waiting), Some(2));
+    assert_eq!(count(OperationState::Completed), Some(1));
+    assert!(summary.rows.iter().all(|r| r.instance == "argocd-1"));
+    assert_eq!(summary.completed_last_hour, 1);
+    assert_eq!(summary.expired_leases, 0);
+
+    // Every inspect query runs against the schema and says what it shows.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sql/inspect");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).expect("sql/inspect").map(|e| e.expect("entry").path()).collect();
+    files.sort();
+    assert!(files.len() >= 5, "inspect queries: {files:?}");
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("read");
+        assert!(text.starts_with("-- "), "{} must open with a comment saying what it shows", file.display());
+        client.batch_execute(&text).await.unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    }
+}
+
+#[tokio::test]
+async fn pruning_removes_old_finished_operations_in_batches_and_keeps_dead_letters() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    client
+        .batch_execute(&format!(
+            "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
+             SELECT {i}, {t}, 'application', g, 'completed', now() - interval '2 days' FROM generate_series(1, 250) g;
+             INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
+             SELECT {i}, {t}, 'application', g, 'failed', now() - interval '2 days' FROM generate_series(251, 260) g;
+             INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
+             SELECT {i}, {t}, 'application', g, 'completed', now() FROM generate_series(261, 270) g;",
+            i = fx.instance.0,
+            t = fx.tenant.0
+        ))
+        .await
+        .expect("fill");
+    let day = Duration::from_secs(24 * 3600);
+    assert_eq!(operation_prune(&client, day, 100).await.expect("prune"), 100);
+    assert_eq!(operation_prune(&client, day, 100).await.expect("prune"), 100);
+    assert_eq!(operation_prune(&client, day, 100).await.expect("prune"), 50);
+    assert_eq!(operation_prune(&client, day, 100).await.expect("prune"), 0);
+    assert_eq!(count_in_state(&client, OperationState::Failed).await, 10);
+    assert_eq!(count_in_state(&client, OperationState::Completed).await, 10);
+}

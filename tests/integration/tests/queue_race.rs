@@ -1,0 +1,293 @@
+//! The queue under real concurrency: racing consumers, stalled lease holders, a
+//! lost LISTEN connection, and bursts of changes to one resource.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gitops_shared::listen::Listener;
+use gitops_shared::model::OperationState;
+use gitops_shared::queue::{
+    ClaimedOperation, Consumer, ConsumerConfig, ConsumerStats, Handler, Outcome, RetryPolicy, operation_claim,
+    operation_complete, operation_reclaim_expired, operation_renew,
+};
+use gitops_shared::signal::Signal;
+use gitops_testkit::TestDb;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::*;
+
+/// Records when each operation was handled.
+#[derive(Default)]
+struct Recorder {
+    intervals: Mutex<Vec<(i64, i64, Instant, Instant)>>,
+}
+
+impl Handler for Recorder {
+    async fn handle(&self, op: &ClaimedOperation) -> Outcome {
+        let start = Instant::now();
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_micros(200)).await;
+        self.intervals.lock().expect("lock").push((op.resource_id, op.id.0, start, Instant::now()));
+        Outcome::Done
+    }
+}
+
+fn config(fx: &Fixture, name: &str) -> ConsumerConfig {
+    let mut config = ConsumerConfig::new(fx.instance, name);
+    config.batch = 16;
+    config.concurrency = 8;
+    config.poll_interval = Duration::from_secs(3600);
+    config.reclaim_every = Duration::from_secs(3600);
+    config.retention = None;
+    config
+}
+
+/// Starts a consumer in the background; returns its stats and its listener.
+fn spawn_consumer<H: Handler>(
+    db: &TestDb,
+    config: ConsumerConfig,
+    handler: Arc<H>,
+    listen_url: &str,
+    cancel: &CancellationToken,
+) -> (Arc<ConsumerStats>, Listener, tokio::task::JoinHandle<()>) {
+    let signal = Signal::operations(config.instance);
+    let listener = Listener::start(listen_url, &[signal], cancel.clone()).expect("listener");
+    let consumer = Consumer::new(db.pool(4), listener.clone(), config, handler);
+    let stats = consumer.stats();
+    let cancel = cancel.clone();
+    let task = tokio::spawn(async move { consumer.run(cancel).await.expect("consumer run") });
+    (stats, listener, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_consumers_complete_every_operation_once_and_never_overlap_on_a_resource() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    let cancel = CancellationToken::new();
+    let recorder = Arc::new(Recorder::default());
+    let mut tasks = Vec::new();
+    for n in 0..4 {
+        let (_, _, task) = spawn_consumer(&db, config(&fx, &format!("agent-{n}")), recorder.clone(), &db.url(), &cancel);
+        tasks.push(task);
+    }
+    // 40 resources; 6 producers change them at random, 600 changes in all.
+    let mut apps = Vec::new();
+    for _ in 0..40 {
+        apps.push(new_application(&mut client, &fx).await);
+    }
+    let apps = Arc::new(apps);
+    let mut producers = Vec::new();
+    for p in 0..6 {
+        let url = db.url();
+        let apps = apps.clone();
+        let fx = Fixture { instance: fx.instance, tenant: fx.tenant };
+        producers.push(tokio::spawn(async move {
+            let mut client = gitops_shared::db::connect(&url, "producer").await.expect("connect");
+            for i in 0..100usize {
+                let app = apps[(i * 7 + p * 13) % apps.len()];
+                enqueue(&mut client, &fx, app).await;
+            }
+        }));
+    }
+    for producer in producers {
+        producer.await.expect("producer");
+    }
+    eventually("every operation to finish", || async {
+        let open: i64 = client
+            .query_one("SELECT count(*) FROM operation WHERE state IN ('waiting', 'claimed')", &[])
+            .await
+            .expect("count")
+            .get(0);
+        (open == 0).then_some(())
+    })
+    .await;
+    cancel.cancel();
+    for task in tasks {
+        task.await.expect("consumer task");
+    }
+
+    let intervals = recorder.intervals.lock().expect("lock").clone();
+    let rows = client.query("SELECT id, state FROM operation", &[]).await.expect("operations");
+    let mut handled: HashMap<i64, usize> = HashMap::new();
+    for (_, op, _, _) in &intervals {
+        *handled.entry(*op).or_default() += 1;
+    }
+    for row in &rows {
+        let id: i64 = row.get(0);
+        assert_eq!(row.get::<_, OperationState>(1), OperationState::Completed, "operation {id}");
+        assert_eq!(handled.get(&id), Some(&1), "operation {id} handled exactly once");
+    }
+    assert_eq!(handled.len(), rows.len(), "no handled operation is missing from the table");
+    assert!(rows.len() > 40, "changes made while operations ran produced new operations");
+
+    let mut by_resource: HashMap<i64, Vec<(Instant, Instant)>> = HashMap::new();
+    for (resource, _, start, end) in intervals {
+        by_resource.entry(resource).or_default().push((start, end));
+    }
+    for (resource, mut spans) in by_resource {
+        spans.sort();
+        for pair in spans.windows(2) {
+            assert!(pair[1].0 >= pair[0].1, "resource {resource} was handled by two holders at once");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_stalled_holder_loses_its_lease_stops_before_its_deadline_and_cannot_complete() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    new_application(&mut client, &fx).await;
+    let lease = Duration::from_millis(800);
+    let margin = Duration::from_millis(200);
+
+    let stalled = operation_claim(&client, fx.instance, "stalled", 1, lease).await.expect("claim").remove(0);
+    // The stalled holder's work never finishes on its own; the lease stops it in time.
+    let stopped = stalled.lease.run(margin, std::future::pending::<()>()).await;
+    assert!(stopped.is_err(), "work stops when the lease runs out");
+    assert!(Instant::now() < stalled.lease.deadline(), "it stopped before its local deadline");
+
+    let reclaimer = tokio::sync::Mutex::new(db.connect().await);
+    eventually("the expired lease to be reclaimed", || async {
+        let n = operation_reclaim_expired(&mut *reclaimer.lock().await, fx.instance, &RetryPolicy::default(), 10)
+            .await
+            .expect("reclaim");
+        (n == 1).then_some(())
+    })
+    .await;
+    let taken = operation_claim(&client, fx.instance, "rescuer", 1, Duration::from_secs(30)).await.expect("claim");
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].id, stalled.id, "the same operation, under a new lease");
+    assert_eq!(taken[0].attempts, 2);
+
+    let late = operation_complete(&client, &[(stalled.id, stalled.lease.token())]).await.expect("late complete");
+    assert!(late.is_empty(), "the former holder's completion is rejected");
+    let renewed = operation_renew(&client, &[&stalled], lease).await.expect("renew");
+    assert!(renewed.is_empty(), "and so is its renewal");
+    let done = operation_complete(&client, &[(taken[0].id, taken[0].lease.token())]).await.expect("complete");
+    assert_eq!(done, vec![taken[0].id]);
+    let row = client
+        .query_one("SELECT state, claimed_by FROM operation WHERE id = $1", &[&taken[0].id.0])
+        .await
+        .expect("row");
+    assert_eq!(row.get::<_, OperationState>(0), OperationState::Completed);
+    assert_eq!(row.get::<_, String>(1), "rescuer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_enqueued_while_the_listener_is_down_are_processed_after_it_reconnects() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    let proxy = Proxy::start(server_addr(&db.url())).await;
+    let cancel = CancellationToken::new();
+    let recorder = Arc::new(Recorder::default());
+    let (stats, listener, task) =
+        spawn_consumer(&db, config(&fx, "agent"), recorder.clone(), &proxy.url_for(&db.url()), &cancel);
+    assert!(listener.wait_connected(DEADLINE).await);
+
+    let asleep = || stats.asleep.load(std::sync::atomic::Ordering::SeqCst);
+    eventually("the consumer to fall asleep at start", || async { asleep().then_some(()) }).await;
+    new_application(&mut client, &fx).await;
+    eventually("the first operation to complete", || async {
+        (count_in_state(&client, OperationState::Completed).await == 1).then_some(())
+    })
+    .await;
+    eventually("the consumer to fall asleep again", || async { asleep().then_some(()) }).await;
+
+    // Kill the listener's backend and keep it from reconnecting.
+    proxy.set_down(true);
+    let killed: i64 = client
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+              WHERE application_name = 'gitops-listener' AND datname = current_database()",
+            &[],
+        )
+        .await
+        .expect("terminate")
+        .get(0);
+    let sessions: Vec<String> = client
+        .query("SELECT coalesce(application_name, '') || '@' || coalesce(datname, '') FROM pg_stat_activity", &[])
+        .await
+        .expect("sessions")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(
+        killed, 1,
+        "the listener's backend: {sessions:?}, connected {} reconnects {}",
+        listener.is_connected(),
+        listener.reconnects()
+    );
+    eventually("the listener to notice", || async { (!listener.is_connected()).then_some(()) }).await;
+    new_application(&mut client, &fx).await;
+    new_application(&mut client, &fx).await;
+    assert_eq!(count_in_state(&client, OperationState::Waiting).await, 2, "nobody woke up for them");
+
+    proxy.set_down(false);
+    eventually("the operations sent while down to complete", || async {
+        (count_in_state(&client, OperationState::Completed).await == 3).then_some(())
+    })
+    .await;
+    assert!(listener.reconnects() >= 1);
+    cancel.cancel();
+    task.await.expect("consumer");
+}
+
+/// Blocks on its first call until released; counts calls.
+struct Gate {
+    calls: Mutex<u32>,
+    entered: tokio::sync::Notify,
+    release: tokio::sync::Semaphore,
+}
+
+impl Handler for Gate {
+    async fn handle(&self, _op: &ClaimedOperation) -> Outcome {
+        let first = {
+            let mut calls = self.calls.lock().expect("lock");
+            *calls += 1;
+            *calls == 1
+        };
+        if first {
+            self.entered.notify_one();
+            let _permit = self.release.acquire().await;
+        }
+        Outcome::Done
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_changes_during_a_reconcile_cause_at_most_one_more() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    let cancel = CancellationToken::new();
+    let gate = Arc::new(Gate { calls: Mutex::new(0), entered: tokio::sync::Notify::new(), release: tokio::sync::Semaphore::new(0) });
+    let entered = gate.entered.notified();
+    let (_, _, task) = spawn_consumer(&db, config(&fx, "agent"), gate.clone(), &db.url(), &cancel);
+    let app = new_application(&mut client, &fx).await;
+    tokio::time::timeout(DEADLINE, entered).await.expect("the reconcile started");
+    for _ in 0..100 {
+        enqueue(&mut client, &fx, app).await;
+    }
+    gate.release.add_permits(1);
+    eventually("the queue to empty", || async {
+        let open: i64 = client
+            .query_one("SELECT count(*) FROM operation WHERE state IN ('waiting', 'claimed')", &[])
+            .await
+            .expect("count")
+            .get(0);
+        (open == 0).then_some(())
+    })
+    .await;
+    cancel.cancel();
+    task.await.expect("consumer");
+    let calls = *gate.calls.lock().expect("lock");
+    assert_eq!(calls, 2, "one reconcile in progress, one for all hundred changes");
+    let operations: i64 = client.query_one("SELECT count(*) FROM operation", &[]).await.expect("count").get(0);
+    assert_eq!(operations, 2);
+}

@@ -1,0 +1,183 @@
+//! Fixtures shared by the tests: an engine instance, tenants, intents and their
+//! operations, and waiting on conditions with deadlines (never on time alone).
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use gitops_shared::application::{ApplicationIntent, application_upsert_in_txn};
+use gitops_shared::instance::engine_instance_add;
+use gitops_shared::model::{EngineInstanceId, OperationState, ResourceType, SyncType, TenantId};
+use gitops_shared::queue::{Enqueued, operation_enqueue_in_txn};
+use gitops_shared::tenant::tenant_upsert_locked_in_txn;
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+/// How long a condition may take before the test fails.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Polls `check` until it returns Some or `DEADLINE` passes (then panics with `what`).
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// One engine instance and one tenant on it.
+pub struct Fixture {
+    pub instance: EngineInstanceId,
+    pub tenant: TenantId,
+}
+
+pub async fn fixture(client: &mut Client) -> Fixture {
+    let instance = engine_instance_add(client, "argocd-1", "argocd", 1000).await.expect("add instance");
+    let tenant = new_tenant(client, instance).await;
+    Fixture { instance, tenant }
+}
+
+pub async fn new_tenant(client: &mut Client, instance: EngineInstanceId) -> TenantId {
+    let txn = client.transaction().await.expect("begin");
+    let tenant = tenant_upsert_locked_in_txn(&txn, Uuid::new_v4(), "team-a", Some(instance)).await.expect("tenant");
+    txn.commit().await.expect("commit");
+    tenant.id
+}
+
+pub fn intent(tenant: TenantId, uid: Uuid, generation: i64) -> ApplicationIntent {
+    ApplicationIntent {
+        tenant_id: tenant,
+        resource_uid: uid,
+        resource_name: format!("app-{}", &uid.simple().to_string()[..8]),
+        generation,
+        repo_url: "https://git.example.invalid/team/repo.git".into(),
+        path: "deploy/app".into(),
+        target_revision: "HEAD".into(),
+        managed_environment_id: None,
+        destination_namespace: "team-a".into(),
+        sync_type: SyncType::Automated,
+        create_namespace: false,
+        wait_for_pruning: false,
+    }
+}
+
+/// Writes a new application intent with its operation, as the writer does.
+pub async fn new_application(client: &mut Client, fx: &Fixture) -> i64 {
+    let txn = client.transaction().await.expect("begin");
+    let id = application_upsert_in_txn(&txn, &intent(fx.tenant, Uuid::new_v4(), 1))
+        .await
+        .expect("upsert")
+        .expect("a new row");
+    operation_enqueue_in_txn(&txn, fx.instance, fx.tenant, ResourceType::Application, id.0).await.expect("enqueue");
+    txn.commit().await.expect("commit");
+    id.0
+}
+
+/// Enqueues an operation for an existing application in its own transaction.
+pub async fn enqueue(client: &mut Client, fx: &Fixture, application: i64) -> Enqueued {
+    let txn = client.transaction().await.expect("begin");
+    let outcome = operation_enqueue_in_txn(&txn, fx.instance, fx.tenant, ResourceType::Application, application)
+        .await
+        .expect("enqueue");
+    txn.commit().await.expect("commit");
+    outcome
+}
+
+/// Counts operations by state.
+pub async fn count_in_state(client: &Client, state: OperationState) -> i64 {
+    client
+        .query_one("SELECT count(*) FROM operation WHERE state = $1", &[&state])
+        .await
+        .expect("count")
+        .get(0)
+}
+
+/// A bare LISTEN connection that reports (channel, payload) of each notification.
+pub struct RawListener {
+    pub rx: tokio::sync::mpsc::UnboundedReceiver<(String, String)>,
+    _client: Client,
+}
+
+impl RawListener {
+    pub async fn start(url: &str, channel: &str) -> RawListener {
+        use futures_util::StreamExt;
+        let (client, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(Ok(message)) = messages.next().await {
+                if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                    let _ = tx.send((n.channel().to_owned(), n.payload().to_owned()));
+                }
+            }
+        });
+        client.batch_execute(&format!("LISTEN \"{channel}\"")).await.expect("listen");
+        RawListener { rx, _client: client }
+    }
+
+    /// The next notification's payload (panics after `DEADLINE`).
+    pub async fn next_payload(&mut self) -> String {
+        tokio::time::timeout(DEADLINE, self.rx.recv())
+            .await
+            .expect("a notification within the deadline")
+            .expect("listener alive")
+            .1
+    }
+}
+
+/// Sends `NOTIFY channel, 'marker'` from its own connection and commits.
+pub async fn notify_marker(client: &Client, channel: &str) {
+    client.execute("SELECT pg_notify($1, 'marker')", &[&channel]).await.expect("marker");
+}
+
+/// A TCP proxy on loopback in front of PostgreSQL that a test can take down: while
+/// down it drops new connections at once (open ones are left to the test to end).
+pub struct Proxy {
+    pub addr: std::net::SocketAddr,
+    down: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Proxy {
+    pub async fn start(target: std::net::SocketAddr) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy address");
+        let down = std::sync::Arc::new(tokio::sync::watch::channel(false).0);
+        let state = down.clone();
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if *state.borrow() {
+                    continue; // dropped: connection refused in effect
+                }
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else { return };
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                });
+            }
+        });
+        Proxy { addr, down }
+    }
+
+    pub fn set_down(&self, down: bool) {
+        self.down.send_replace(down);
+    }
+
+    /// `url` with its host and port replaced by the proxy's.
+    pub fn url_for(&self, url: &str) -> String {
+        let config: tokio_postgres::Config = url.parse().expect("url");
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        url.replacen(&format!("127.0.0.1:{port}"), &self.addr.to_string(), 1)
+    }
+}
+
+/// The server address behind a test database URL.
+pub fn server_addr(url: &str) -> std::net::SocketAddr {
+    let config: tokio_postgres::Config = url.parse().expect("url");
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    std::net::SocketAddr::from(([127, 0, 0, 1], port))
+}
