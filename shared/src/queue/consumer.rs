@@ -178,13 +178,12 @@ impl<H: Handler> Consumer<H> {
     /// retry that comes due, whichever is first.
     async fn sleep_for(&self, next_upkeep: Instant) -> Duration {
         let mut timeout = self.config.poll_interval.min(next_upkeep.saturating_duration_since(Instant::now()));
-        if let Ok(client) = pooled(&self.pool).await {
-            if let Ok(row) = client.query_one(NEXT_DUE, &[&self.config.instance.0]).await {
-                if let Some(due) = row.get::<_, Option<SystemTime>>(0) {
-                    let until = due.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO);
-                    timeout = timeout.min(until + Duration::from_millis(5));
-                }
-            }
+        if let Ok(client) = pooled(&self.pool).await
+            && let Ok(row) = client.query_one(NEXT_DUE, &[&self.config.instance.0]).await
+            && let Some(due) = row.get::<_, Option<SystemTime>>(0)
+        {
+            let until = due.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO);
+            timeout = timeout.min(until + Duration::from_millis(5));
         }
         timeout
     }
@@ -245,10 +244,10 @@ impl<H: Handler> Consumer<H> {
         let mut results: Vec<(ClaimedOperation, Option<Outcome>)> = Vec::with_capacity(batch.len());
         let mut running = FuturesUnordered::new();
         for op in batch {
-            if running.len() >= self.config.concurrency.max(1) {
-                if let Some(result) = running.next().await {
-                    results.push(result);
-                }
+            if running.len() >= self.config.concurrency.max(1)
+                && let Some(result) = running.next().await
+            {
+                results.push(result);
             }
             running.push(self.handle_one(op, margin));
         }

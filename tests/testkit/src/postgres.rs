@@ -182,10 +182,10 @@ pub fn find_bin_dir() -> Option<PathBuf> {
             }
         }
     }
-    if let Some(dir) = std::env::var_os("PG_BIN").map(PathBuf::from) {
-        if has(&dir) {
-            return Some(dir);
-        }
+    if let Some(dir) = std::env::var_os("PG_BIN").map(PathBuf::from)
+        && has(&dir)
+    {
+        return Some(dir);
     }
     let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
         .ok()?
