@@ -10,6 +10,8 @@ pub const LISTEN_DATABASE_URL: &str = "LISTEN_DATABASE_URL";
 pub const ENCRYPTION_KEYS: &str = "GITOPS_ENCRYPTION_KEYS";
 /// The key id new secrets are encrypted with.
 pub const ENCRYPTION_ACTIVE_KEY: &str = "GITOPS_ENCRYPTION_ACTIVE_KEY";
+/// The engine instance an agent serves (`gitops-agent run --instance`).
+pub const ENGINE_INSTANCE: &str = "GITOPS_ENGINE_INSTANCE";
 /// Tests only: a PostgreSQL server to use instead of a throwaway one.
 pub const TEST_DATABASE_URL: &str = "GITOPS_TEST_DATABASE_URL";
 /// Tests only: a Kubernetes cluster to use instead of the emulator.

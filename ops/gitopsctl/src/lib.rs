@@ -1,1 +1,84 @@
-//! placeholder
+//! `gitopsctl`, the operators' command line, as a library. Every command is a
+//! public function that returns what it did, and a `render_*` function turns that
+//! into text, so integration tests run exactly the code the binary runs. `run`
+//! dispatches a parsed command line and returns the text for stdout.
+
+pub mod bench;
+pub mod cli;
+mod error;
+pub mod instance;
+pub mod migrate;
+pub mod queue;
+pub mod secrets;
+mod table;
+
+use gitops_shared::config::redact_database_url;
+use gitops_shared::db;
+use tokio_postgres::Client;
+
+pub use error::CtlError;
+
+use cli::{BenchCommand, Command, DbArgs, InstanceCommand, QueueCommand, SecretsCommand};
+
+/// The `application_name` gitopsctl's connections carry.
+const APPLICATION_NAME: &str = "gitopsctl";
+
+/// Runs one command; returns what to print on stdout.
+pub async fn run(command: Command) -> Result<String, CtlError> {
+    match command {
+        Command::Migrate(db) => Ok(migrate::render(&migrate::migrate(database_url(&db)?).await?)),
+        Command::Instance(args) => {
+            let url = database_url(&args.db)?;
+            match args.command {
+                InstanceCommand::Add { name, argocd_namespace, capacity } => {
+                    let id = instance::add(url, &name, &argocd_namespace, capacity).await?;
+                    Ok(format!("engine instance {name:?} registered (id {id})\n"))
+                }
+                InstanceCommand::List => Ok(instance::render_list(&instance::list(url).await?)),
+                InstanceCommand::Remove { name } => {
+                    instance::remove(url, &name).await?;
+                    Ok(format!("engine instance {name:?} removed\n"))
+                }
+            }
+        }
+        Command::Queue(args) => {
+            let url = database_url(&args.db)?;
+            match args.command {
+                None => Ok(queue::render_summary(&queue::summary(url).await?)),
+                Some(QueueCommand::Retry { id: Some(id), .. }) => {
+                    Ok(queue::render_retry(id, queue::retry(url, id).await?)?)
+                }
+                Some(QueueCommand::Retry { id: None, .. }) => {
+                    Ok(queue::render_retry_all(queue::retry_all_failed(url).await?))
+                }
+                Some(QueueCommand::Failed { limit }) => Ok(queue::render_failed(&queue::failed(url, limit).await?)),
+            }
+        }
+        Command::Secrets(args) => match args.command {
+            SecretsCommand::Reencrypt => {
+                let url = database_url(&args.db)?;
+                let keys = secrets::keys_from_env()?;
+                Ok(secrets::render_reencrypt(secrets::reencrypt(url, &keys).await?, &keys))
+            }
+            SecretsCommand::GenerateKey { id } => Ok(format!("{}\n", secrets::generate_key(&id)?)),
+        },
+        Command::Bench(args) => match args.command {
+            BenchCommand::Queue(args) => {
+                let report = bench::queue::queue_bench(&args.into()).await.map_err(|source| CtlError::Bench { source })?;
+                Ok(format!("{}\n", report.to_json()))
+            }
+        },
+    }
+}
+
+fn database_url(args: &DbArgs) -> Result<&str, CtlError> {
+    args.database_url.as_deref().filter(|url| !url.is_empty()).ok_or(CtlError::NoDatabaseUrl)
+}
+
+/// A dedicated connection for one command.
+async fn connect(url: &str) -> Result<Client, CtlError> {
+    tracing::debug!(database = %redact_database_url(url), "connecting");
+    db::connect(url, APPLICATION_NAME)
+        .await
+        .map_err(|source| CtlError::Connect { database: redact_database_url(url), source })
+}

@@ -96,6 +96,10 @@ pub struct Consumer<H> {
     stats: Arc<ConsumerStats>,
 }
 
+/// Pauses between attempts to sleep while an enqueuer is in flight.
+const PAUSE_MIN: Duration = Duration::from_millis(1);
+const PAUSE_MAX: Duration = Duration::from_millis(5);
+
 const NEXT_DUE: &str =
     "SELECT min(run_after) FROM operation WHERE engine_instance_id = $1 AND state = 'waiting'";
 
@@ -152,8 +156,10 @@ impl<H: Handler> Consumer<H> {
     }
 
     /// Sets the signal to sleeping, scanning again while enqueuers are in flight.
+    /// An in-flight enqueuer commits within milliseconds, so the pause between
+    /// tries stays short; it starts over whenever a scan finds work.
     async fn fall_asleep(&self, signal: &Signal, cancel: &CancellationToken) -> Result<(), DbError> {
-        let mut pause = Duration::from_millis(1);
+        let mut pause = PAUSE_MIN;
         loop {
             let attempt = {
                 let mut client = pooled(&self.pool).await?;
@@ -162,9 +168,11 @@ impl<H: Handler> Consumer<H> {
             match attempt {
                 SleepAttempt::Asleep => return Ok(()),
                 SleepAttempt::EnqueuerInFlight => {
-                    if self.drain(cancel).await? == 0 {
+                    if self.drain(cancel).await? > 0 {
+                        pause = PAUSE_MIN;
+                    } else {
                         tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_millis(50));
+                        pause = (pause * 2).min(PAUSE_MAX);
                     }
                     if cancel.is_cancelled() {
                         return Ok(());

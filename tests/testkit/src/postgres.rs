@@ -147,7 +147,14 @@ impl Drop for PgCluster {
         // SIGINT to the watchdog's process group reaches the postmaster too: a fast
         // shutdown, which does not wait for clients to disconnect.
         let _ = Command::new("kill").args(["-INT", "--"]).arg(format!("-{}", self.watchdog.id())).status();
-        let _ = self.watchdog.wait();
+        // Bounded: the server normally stops in well under a second.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if matches!(self.watchdog.try_wait(), Ok(Some(_)) | Err(_)) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

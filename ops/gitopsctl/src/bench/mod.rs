@@ -1,0 +1,4 @@
+//! Benchmarks: programs, not tests, that print figures as JSON on stdout and their
+//! progress on stderr. Tests assert behaviour; these measure it.
+
+pub mod queue;

@@ -1,0 +1,344 @@
+//! `gitopsctl bench queue`: how fast the operation queue takes and hands out work
+//! on durable PostgreSQL, set against what the same server commits at all.
+//!
+//! Phases, each on a migrated scratch database with one engine instance and one
+//! tenant per producer (figures in `QueueBenchReport`):
+//! 1. baseline — (a) bare one-row commits; (b) the writer's enqueue transaction
+//!    with `signal_raise` switched off by `gitops.bench_skip_signal`.
+//! 2. enqueue — the same transaction with its signalling step, no agent running.
+//!    1 and 2 alternate `ROUNDS` times (a CHECKPOINT and empty tables before each
+//!    run, so no run pays for another's dirty pages); medians are reported.
+//! 3. drain — the last enqueue run's backlog, claimed by the agents.
+//! 4. overlap — producers (as fast as they can, or at `--rate`) and idle agents
+//!    together; claim latency is read back from the operation table.
+//!
+//! With `--rate` only phases 1 and 4 run.
+
+mod agent;
+mod producer;
+mod report;
+mod scratch;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use gitops_shared::db::{self, DbError};
+use gitops_shared::instance::engine_instance_add;
+use gitops_shared::model::{EngineInstanceId, OperationState};
+use gitops_testkit::PgError;
+use tokio_postgres::Client;
+
+use agent::{CountingHandler, ReadyAgents, RunningAgents};
+use producer::{Committed, Producer, Work};
+pub use report::{LatencyMs, QueueBenchReport};
+use scratch::Scratch;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct QueueBenchConfig {
+    /// Operations per measured run.
+    pub operations: u64,
+    pub agents: usize,
+    pub producers: usize,
+    /// Open-loop arrival rate (operations per second, in total), or as fast as possible.
+    pub rate: Option<f64>,
+    /// A server to create the scratch database on; a throwaway one otherwise.
+    pub server_url: Option<String>,
+    /// Operations an agent claims per statement.
+    pub batch: i64,
+}
+
+/// Why the benchmark stopped. Lost or doubled operations are figures, not errors.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("could not start a throwaway PostgreSQL")]
+    StartServer { source: PgError },
+    #[error("could not {step}")]
+    Db { step: &'static str, source: DbError },
+    #[error("agent {agent} failed")]
+    Agent { agent: usize, source: DbError },
+    #[error("a benchmark task panicked")]
+    Task { source: tokio::task::JoinError },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl BenchError {
+    fn db(step: &'static str) -> impl FnOnce(DbError) -> BenchError {
+        move |source| BenchError::Db { step, source }
+    }
+}
+
+/// Runs of phases 1 and 2 whose median is reported.
+const ROUNDS: usize = 3;
+
+/// How often the end of a phase is polled for.
+const POLL_EVERY: Duration = Duration::from_millis(2);
+
+/// A phase whose operations make no progress for this long is given up; what is
+/// left counts as lost.
+const STALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+const INSTANCE_NAME: &str = "bench";
+
+const CREATE_BASELINE: &str = "CREATE TABLE bench_baseline (v bigint)";
+
+// Every table a run writes, listed (not CASCADE) so nothing else is emptied.
+const CLEAR: &str = "TRUNCATE operation, application_state, sync_operation, application, bench_baseline";
+
+const CHECKPOINT: &str = "CHECKPOINT";
+
+// "All done" as two index probes that stop at the first row, cheap enough to poll
+// every few milliseconds (a count(*) over the table would compete for the CPU
+// with the agents being measured). The final count below confirms it.
+const PENDING: &str = "SELECT EXISTS (SELECT 1 FROM operation WHERE state = 'waiting')
+                           OR EXISTS (SELECT 1 FROM operation WHERE state = 'claimed')";
+
+const COUNT_IN_STATE: &str = "SELECT count(*) FROM operation WHERE state = $1";
+
+// `created_at` is clock_timestamp() at the insert, `claimed_at` at the claim.
+const CLAIM_TIMES: &str = "SELECT id, created_at, claimed_at FROM operation WHERE state = 'completed'";
+
+/// Runs the benchmark on a scratch database and drops the database afterwards.
+pub async fn queue_bench(config: &QueueBenchConfig) -> Result<QueueBenchReport, BenchError> {
+    let scratch = Scratch::create(config.server_url.as_deref()).await?;
+    let outcome = run(config, scratch.url()).await;
+    scratch.remove().await;
+    outcome
+}
+
+/// The state the phases share.
+struct Bench<'a> {
+    config: &'a QueueBenchConfig,
+    url: &'a str,
+    /// Set-up, clearing, checkpoints and polling: never a producer's or agent's.
+    admin: Client,
+    instance: EngineInstanceId,
+    producers: Vec<Producer>,
+    handler: Arc<CountingHandler>,
+    lost: u64,
+}
+
+async fn run(config: &QueueBenchConfig, url: &str) -> Result<QueueBenchReport, BenchError> {
+    let mut admin = db::connect(url, "gitops-bench").await.map_err(BenchError::db("connect"))?;
+    db::migrate(&mut admin).await.map_err(BenchError::db("migrate the scratch database"))?;
+    let instance =
+        engine_instance_add(&admin, INSTANCE_NAME, "argocd", 1000).await.map_err(BenchError::db("register the engine instance"))?;
+    admin
+        .batch_execute(CREATE_BASELINE)
+        .await
+        .map_err(DbError::query("create the baseline table"))
+        .map_err(BenchError::db("create the baseline table"))?;
+    let mut producers = Vec::with_capacity(config.producers);
+    for index in 0..config.producers {
+        producers.push(Producer::connect(url, instance, index).await?);
+    }
+    let mut bench =
+        Bench { config, url, admin, instance, producers, handler: Arc::new(CountingHandler::default()), lost: 0 };
+
+    let n = config.operations;
+    let (mut baseline, mut no_notify, mut enqueue) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=ROUNDS {
+        bench.fresh_run().await?;
+        baseline.push(bench.timed(Work::Baseline, "baseline", round).await?);
+        bench.fresh_run().await?;
+        bench.skip_signal(true).await?;
+        no_notify.push(bench.timed(Work::Enqueue, "no-notify enqueue", round).await?);
+        bench.skip_signal(false).await?;
+        bench.expect_backlog().await?;
+        if config.rate.is_none() {
+            bench.fresh_run().await?;
+            enqueue.push(bench.timed(Work::Enqueue, "enqueue", round).await?);
+            bench.expect_backlog().await?;
+        }
+    }
+    // Each round's pair ran back to back, so its ratio is less exposed to a noisy
+    // machine than the ratio of medians; logged to judge the latter.
+    let paired: Vec<f64> = no_notify.iter().zip(&enqueue).map(|(quiet, signalled)| signalled / quiet).collect();
+    if !paired.is_empty() {
+        tracing::info!(?paired, median = report::median(&paired), "enqueue / no-notify enqueue, per round");
+    }
+    let drain_per_s = match config.rate {
+        None => Some(bench.drain().await?),
+        Some(_) => None,
+    };
+    let (overlap_per_s, latency_ms) = bench.overlap().await?;
+    Ok(QueueBenchReport {
+        operations: n,
+        agents: config.agents,
+        producers: config.producers,
+        rate: config.rate,
+        baseline_commit_per_s: report::median(&baseline),
+        no_notify_enqueue_per_s: report::median(&no_notify),
+        enqueue_per_s: config.rate.is_none().then(|| report::median(&enqueue)),
+        drain_per_s,
+        overlap_per_s,
+        latency_ms,
+        double_completions: bench.handler.double_completions(),
+        lost: bench.lost,
+    })
+}
+
+impl Bench<'_> {
+    /// Empty tables and a checkpoint: every run starts from the same place.
+    async fn fresh_run(&self) -> Result<(), BenchError> {
+        self.admin
+            .batch_execute(CLEAR)
+            .await
+            .map_err(DbError::query("clear the tables"))
+            .map_err(BenchError::db("clear the tables"))?;
+        self.checkpoint().await;
+        Ok(())
+    }
+
+    /// Flushes dirty pages now rather than in the middle of a measured run. A
+    /// server where this role may not checkpoint is measured without.
+    async fn checkpoint(&self) {
+        if let Err(error) = self.admin.batch_execute(CHECKPOINT).await {
+            tracing::warn!(%error, "CHECKPOINT refused; runs may include checkpoint work");
+        }
+    }
+
+    async fn skip_signal(&self, skip: bool) -> Result<(), BenchError> {
+        for producer in &self.producers {
+            producer.skip_signal(skip).await?;
+        }
+        Ok(())
+    }
+
+    /// One closed-loop run of `operations` transactions; returns its rate.
+    async fn timed(&mut self, work: Work, phase: &'static str, round: usize) -> Result<f64, BenchError> {
+        let n = self.config.operations;
+        let (elapsed, _) = producer::run_closed(&mut self.producers, n, work).await?;
+        let per_s = report::per_second(n, elapsed);
+        tracing::info!(phase, round, per_s, elapsed_ms = elapsed.as_millis() as u64, "run done");
+        Ok(per_s)
+    }
+
+    /// After an enqueue run every operation waits; a shortfall is lost.
+    async fn expect_backlog(&mut self) -> Result<(), BenchError> {
+        let waiting = self.count_in_state(OperationState::Waiting).await?;
+        self.count_lost("enqueue", waiting);
+        Ok(())
+    }
+
+    /// Phase 3: agents drain the backlog the last enqueue run left.
+    async fn drain(&mut self) -> Result<f64, BenchError> {
+        self.checkpoint().await;
+        let ready = self.agents().await?;
+        let started = Instant::now();
+        let agents = ready.start();
+        let finished = self.wait_settled(&agents).await;
+        agents.stop().await?;
+        let finished = finished?;
+        let per_s = report::per_second(self.config.operations, finished - started);
+        tracing::info!(phase = "drain", per_s, elapsed_ms = (finished - started).as_millis() as u64, "run done");
+        let completed = self.count_in_state(OperationState::Completed).await?;
+        self.count_lost("drain", completed);
+        Ok(per_s)
+    }
+
+    /// Phase 4: producers and agents together, from idle agents and empty tables.
+    async fn overlap(&mut self) -> Result<(f64, LatencyMs), BenchError> {
+        let n = self.config.operations;
+        self.fresh_run().await?;
+        let agents = self.agents().await?.start();
+        let outcome = async {
+            agents.wait_asleep(Duration::from_secs(10)).await?;
+            let started = Instant::now();
+            let committed = match self.config.rate {
+                None => producer::run_closed(&mut self.producers, n, Work::Enqueue).await?.1,
+                Some(rate) => producer::run_scheduled(&mut self.producers, n, rate, started).await?,
+            };
+            let finished = self.wait_settled(&agents).await?;
+            Ok::<_, BenchError>((finished - started, committed))
+        }
+        .await;
+        agents.stop().await?;
+        let (elapsed, committed) = outcome?;
+        let per_s = report::per_second(n, elapsed);
+        tracing::info!(phase = "overlap", per_s, elapsed_ms = elapsed.as_millis() as u64, "run done");
+        let completed = self.count_in_state(OperationState::Completed).await?;
+        self.count_lost("overlap", completed);
+        Ok((per_s, self.claim_latency(&committed).await?))
+    }
+
+    /// `claimed_at − created_at` of every completed operation, for the report. Logs
+    /// where it goes: the producer's own insert-to-commit (its COMMIT and WAL
+    /// flush; nobody can claim the operation before), and the pickup after the
+    /// commit was acknowledged (negative when an agent claimed it before the
+    /// acknowledgement reached the producer).
+    async fn claim_latency(&self, committed: &[Committed]) -> Result<LatencyMs, BenchError> {
+        let rows = self
+            .admin
+            .query(CLAIM_TIMES, &[])
+            .await
+            .map_err(DbError::query("read claim times"))
+            .map_err(BenchError::db("read claim times"))?;
+        let committed_at: HashMap<i64, SystemTime> = committed.iter().map(|c| (c.id.0, c.at)).collect();
+        let (mut latency, mut to_commit, mut to_claim) = (Vec::new(), Vec::new(), Vec::new());
+        for row in &rows {
+            let (id, created, claimed): (i64, SystemTime, SystemTime) = (row.get(0), row.get(1), row.get(2));
+            latency.push(report::millis(created, claimed));
+            if let Some(&acked) = committed_at.get(&id) {
+                to_commit.push(report::millis(created, acked));
+                to_claim.push(report::millis(acked, claimed));
+            }
+        }
+        tracing::info!(phase = "overlap", insert_to_commit_ack_ms = ?report::latency(to_commit), "latency breakdown");
+        tracing::info!(phase = "overlap", commit_ack_to_claim_ms = ?report::latency(to_claim), "latency breakdown");
+        Ok(report::latency(latency))
+    }
+
+    async fn agents(&self) -> Result<ReadyAgents, BenchError> {
+        ReadyAgents::prepare(self.url, self.instance, self.config.agents, self.config.batch, &self.handler).await
+    }
+
+    /// Polls until no operation waits or is claimed; returns when that was seen.
+    /// Gives up (the rest counts as lost) after `STALL_TIMEOUT` without progress.
+    async fn wait_settled(&self, agents: &RunningAgents) -> Result<Instant, BenchError> {
+        let pending = self.admin.prepare(PENDING).await.map_err(DbError::query("prepare")).map_err(BenchError::db("poll"))?;
+        let (mut last_completed, mut last_progress) = (agents.completed(), Instant::now());
+        loop {
+            let busy: bool = self
+                .admin
+                .query_one(&pending, &[])
+                .await
+                .map_err(DbError::query("look for pending operations"))
+                .map_err(BenchError::db("poll"))?
+                .get(0);
+            let now = Instant::now();
+            if !busy {
+                return Ok(now);
+            }
+            let completed = agents.completed();
+            if completed != last_completed {
+                (last_completed, last_progress) = (completed, now);
+            } else if now - last_progress > STALL_TIMEOUT {
+                tracing::warn!(completed, "no progress for {STALL_TIMEOUT:?}; giving up on this phase");
+                return Ok(now);
+            }
+            tokio::time::sleep(POLL_EVERY).await;
+        }
+    }
+
+    async fn count_in_state(&self, state: OperationState) -> Result<u64, BenchError> {
+        let count: i64 = self
+            .admin
+            .query_one(COUNT_IN_STATE, &[&state])
+            .await
+            .map_err(DbError::query("count operations"))
+            .map_err(BenchError::db("count operations"))?
+            .get(0);
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
+    fn count_lost(&mut self, phase: &'static str, found: u64) {
+        let lost = self.config.operations.saturating_sub(found);
+        if lost > 0 {
+            tracing::warn!(phase, lost, found, "operations are missing");
+        }
+        self.lost += lost;
+    }
+}

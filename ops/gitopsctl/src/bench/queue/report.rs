@@ -1,0 +1,156 @@
+//! The figures `bench queue` prints, and the arithmetic behind them: rates,
+//! medians of repeated runs, latency percentiles.
+
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+
+/// The one JSON object on stdout. Field order is the output order.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QueueBenchReport {
+    pub operations: u64,
+    pub agents: usize,
+    pub producers: usize,
+    pub rate: Option<f64>,
+    /// Median over the runs: one-row autocommit inserts into an unindexed table.
+    pub baseline_commit_per_s: f64,
+    /// Median: the writer's enqueue transaction with `signal_raise` switched off.
+    pub no_notify_enqueue_per_s: f64,
+    /// Median: the writer's enqueue transaction, no agent running (None with a rate).
+    pub enqueue_per_s: Option<f64>,
+    /// A backlog of `operations` drained by the agents (None with a rate).
+    pub drain_per_s: Option<f64>,
+    /// Operations over the time from the first enqueue until all completed.
+    pub overlap_per_s: f64,
+    /// `claimed_at − created_at` in the overlap phase.
+    pub latency_ms: LatencyMs,
+    /// Operations the handler was given more than once.
+    pub double_completions: u64,
+    /// Operations not where they should be at the end of a phase, over all phases.
+    pub lost: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LatencyMs {
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl QueueBenchReport {
+    pub fn to_json(&self) -> String {
+        // A struct of numbers always serializes.
+        serde_json::to_string(self).unwrap_or_else(|error| format!("{{\"error\":\"{error}\"}}"))
+    }
+}
+
+/// Operations per second, to one decimal.
+pub fn per_second(operations: u64, elapsed: Duration) -> f64 {
+    round(operations as f64 / elapsed.as_secs_f64().max(1e-9), 1)
+}
+
+/// The median (the mean of the middle two for an even count); 0 for none.
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => sorted[n / 2],
+        _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+/// Nearest-rank percentile `p` (0 < p ≤ 100) of ascending `sorted`; 0 for none.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Latency percentiles of samples in milliseconds, to a hundredth.
+pub fn latency(mut samples_ms: Vec<f64>) -> LatencyMs {
+    samples_ms.sort_by(f64::total_cmp);
+    LatencyMs {
+        p50: round(percentile(&samples_ms, 50.0), 2),
+        p95: round(percentile(&samples_ms, 95.0), 2),
+        p99: round(percentile(&samples_ms, 99.0), 2),
+        max: round(samples_ms.last().copied().unwrap_or(0.0), 2),
+    }
+}
+
+/// Milliseconds from `from` to `to`, negative when `to` is earlier.
+pub fn millis(from: SystemTime, to: SystemTime) -> f64 {
+    match to.duration_since(from) {
+        Ok(later) => later.as_secs_f64() * 1000.0,
+        Err(earlier) => -earlier.duration().as_secs_f64() * 1000.0,
+    }
+}
+
+fn round(value: f64, decimals: i32) -> f64 {
+    let scale = 10f64.powi(decimals);
+    (value * scale).round() / scale
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_the_nearest_rank() {
+        let samples: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&samples, 50.0), 50.0);
+        assert_eq!(percentile(&samples, 99.0), 99.0);
+        assert_eq!(percentile(&samples, 100.0), 100.0);
+        assert_eq!(percentile(&[7.0], 1.0), 7.0);
+        assert_eq!(percentile(&[], 50.0), 0.0);
+        let l = latency(vec![3.0, 1.0, 2.0, 10.0]);
+        assert_eq!((l.p50, l.p95, l.p99, l.max), (2.0, 10.0, 10.0, 10.0));
+    }
+
+    #[test]
+    fn intervals_are_signed_milliseconds() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(100);
+        assert_eq!(millis(t, t + Duration::from_micros(2500)), 2.5);
+        assert_eq!(millis(t + Duration::from_millis(3), t), -3.0);
+    }
+
+    #[test]
+    fn medians_of_odd_and_even_counts() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(&[]), 0.0);
+    }
+
+    #[test]
+    fn rates_are_rounded_to_a_tenth() {
+        assert_eq!(per_second(1000, Duration::from_millis(300)), 3333.3);
+    }
+
+    #[test]
+    fn the_report_keeps_its_field_order_and_nulls() {
+        let report = QueueBenchReport {
+            operations: 10,
+            agents: 2,
+            producers: 8,
+            rate: None,
+            baseline_commit_per_s: 1.5,
+            no_notify_enqueue_per_s: 2.0,
+            enqueue_per_s: None,
+            drain_per_s: Some(3.0),
+            overlap_per_s: 4.0,
+            latency_ms: LatencyMs { p50: 1.0, p95: 2.0, p99: 3.0, max: 4.0 },
+            double_completions: 0,
+            lost: 0,
+        };
+        assert_eq!(
+            report.to_json(),
+            "{\"operations\":10,\"agents\":2,\"producers\":8,\"rate\":null,\"baseline_commit_per_s\":1.5,\
+             \"no_notify_enqueue_per_s\":2.0,\"enqueue_per_s\":null,\"drain_per_s\":3.0,\"overlap_per_s\":4.0,\
+             \"latency_ms\":{\"p50\":1.0,\"p95\":2.0,\"p99\":3.0,\"max\":4.0},\"double_completions\":0,\"lost\":0}"
+        );
+    }
+}

@@ -1,0 +1,40 @@
+//! `CtlError`: what a `gitopsctl` command could not do. Each variant names the
+//! action; the source chain (printed by `main`) carries the detail. None of them
+//! holds a connection string with its password.
+
+use gitops_shared::crypto::{CryptoError, ReencryptError};
+use gitops_shared::db::DbError;
+
+use crate::bench::queue::BenchError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    #[error("no database given: pass --database-url or set DATABASE_URL")]
+    NoDatabaseUrl,
+    #[error("could not connect to {database}")]
+    Connect { database: String, source: DbError },
+    #[error("could not {action}")]
+    Db { action: &'static str, source: DbError },
+    #[error("operation {id} is not failed (or does not exist); nothing was retried")]
+    NotFailed { id: i64 },
+    #[error("could not load the encryption keys")]
+    Keys { source: CryptoError },
+    #[error("could not re-encrypt the stored secrets")]
+    Reencrypt { source: ReencryptError },
+    #[error("could not generate an encryption key")]
+    GenerateKey { source: CryptoError },
+    #[error("the queue benchmark failed")]
+    Bench { source: BenchError },
+}
+
+impl CtlError {
+    /// The command line was incomplete: `main` exits with 2, as for clap's errors.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, CtlError::NoDatabaseUrl)
+    }
+
+    /// Adapter for `map_err`: `engine_instance_list(..).await.map_err(CtlError::db("list instances"))`.
+    pub fn db(action: &'static str) -> impl FnOnce(DbError) -> CtlError {
+        move |source| CtlError::Db { action, source }
+    }
+}

@@ -1,0 +1,75 @@
+//! `gitopsctl instance`: operators register the engine (Argo CD) instances that
+//! agents serve and tenants are placed on, list them with their load and the age
+//! of their agents' last heartbeat, and remove empty ones.
+
+use gitops_shared::instance::{self, EngineInstance};
+use gitops_shared::model::EngineInstanceId;
+
+use crate::{CtlError, table};
+
+/// Registers an instance.
+pub async fn add(
+    database_url: &str,
+    name: &str,
+    argocd_namespace: &str,
+    capacity: i32,
+) -> Result<EngineInstanceId, CtlError> {
+    let client = crate::connect(database_url).await?;
+    instance::engine_instance_add(&client, name, argocd_namespace, capacity)
+        .await
+        .map_err(CtlError::db("register the engine instance"))
+}
+
+/// Every instance, by name.
+pub async fn list(database_url: &str) -> Result<Vec<EngineInstance>, CtlError> {
+    let client = crate::connect(database_url).await?;
+    instance::engine_instance_list(&client).await.map_err(CtlError::db("list engine instances"))
+}
+
+/// Removes an instance without tenants or operations.
+pub async fn remove(database_url: &str, name: &str) -> Result<(), CtlError> {
+    let client = crate::connect(database_url).await?;
+    instance::engine_instance_remove(&client, name).await.map_err(CtlError::db("remove the engine instance"))
+}
+
+/// The table `instance list` prints.
+pub fn render_list(instances: &[EngineInstance]) -> String {
+    if instances.is_empty() {
+        return "no engine instances registered\n".to_owned();
+    }
+    let rows: Vec<Vec<String>> = instances
+        .iter()
+        .map(|i| {
+            vec![
+                i.name.clone(),
+                i.argocd_namespace.clone(),
+                i.capacity.to_string(),
+                i.tenants.to_string(),
+                i.heartbeat_at.map_or_else(|| "never".to_owned(), table::age_since),
+            ]
+        })
+        .collect();
+    table::render(&["NAME", "NAMESPACE", "CAPACITY", "TENANTS", "HEARTBEAT"], &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_instances_with_heartbeat_age() {
+        let instance = EngineInstance {
+            id: EngineInstanceId(1),
+            name: "prod-1".into(),
+            argocd_namespace: "argocd".into(),
+            capacity: 1000,
+            heartbeat_at: None,
+            tenants: 3,
+        };
+        assert_eq!(
+            render_list(&[instance]),
+            "NAME    NAMESPACE  CAPACITY  TENANTS  HEARTBEAT\nprod-1  argocd     1000      3        never\n"
+        );
+        assert_eq!(render_list(&[]), "no engine instances registered\n");
+    }
+}

@@ -1,0 +1,208 @@
+//! `gitopsctl queue`: what an operator on call needs from the operation queue —
+//! how deep it is and how old its oldest work, which operations were
+//! dead-lettered and why, and a way to put them back once the cause is fixed.
+
+use std::time::SystemTime;
+
+use gitops_shared::db::DbError;
+use gitops_shared::model::{OperationId, ResourceType};
+use gitops_shared::queue::{self, QueueSummary, RetryOutcome};
+
+use crate::{CtlError, table};
+
+/// Queue depth, expired leases and recent completions.
+pub async fn summary(database_url: &str) -> Result<QueueSummary, CtlError> {
+    let client = crate::connect(database_url).await?;
+    queue::queue_summary(&client).await.map_err(CtlError::db("summarise the queue"))
+}
+
+/// The text `gitopsctl queue` prints.
+pub fn render_summary(summary: &QueueSummary) -> String {
+    let mut out = if summary.rows.is_empty() {
+        "the queue is empty\n".to_owned()
+    } else {
+        let rows: Vec<Vec<String>> = summary
+            .rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.instance.clone(),
+                    r.state.to_string(),
+                    r.operations.to_string(),
+                    r.oldest.map_or_else(|| "-".to_owned(), table::age),
+                ]
+            })
+            .collect();
+        table::render(&["INSTANCE", "STATE", "OPERATIONS", "OLDEST"], &rows)
+    };
+    out.push_str(&format!("expired leases: {}\n", summary.expired_leases));
+    out.push_str(&format!("completed in the last hour: {}\n", summary.completed_last_hour));
+    out
+}
+
+/// Puts one failed operation back in the queue.
+pub async fn retry(database_url: &str, id: i64) -> Result<RetryOutcome, CtlError> {
+    let mut client = crate::connect(database_url).await?;
+    queue::operation_retry(&mut client, OperationId(id)).await.map_err(CtlError::db("retry the operation"))
+}
+
+/// What `queue retry ID` prints; an operation that was not failed is an error.
+pub fn render_retry(id: i64, outcome: RetryOutcome) -> Result<String, CtlError> {
+    match outcome {
+        RetryOutcome::Requeued => Ok(format!("operation {id} requeued\n")),
+        RetryOutcome::Superseded => {
+            Ok(format!("operation {id} superseded: its resource already has a waiting operation, which will do the work\n"))
+        }
+        RetryOutcome::NotFailed => Err(CtlError::NotFailed { id }),
+    }
+}
+
+/// How many failed operations were requeued and how many superseded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryAllReport {
+    pub requeued: u64,
+    pub superseded: u64,
+}
+
+/// Puts every failed operation back in the queue.
+pub async fn retry_all_failed(database_url: &str) -> Result<RetryAllReport, CtlError> {
+    let mut client = crate::connect(database_url).await?;
+    let (requeued, superseded) = queue::operation_retry_all_failed(&mut client)
+        .await
+        .map_err(CtlError::db("retry the failed operations"))?;
+    Ok(RetryAllReport { requeued, superseded })
+}
+
+/// What `queue retry --all-failed` prints.
+pub fn render_retry_all(report: RetryAllReport) -> String {
+    if report.requeued == 0 && report.superseded == 0 {
+        return "no failed operations\n".to_owned();
+    }
+    format!(
+        "{} failed operations requeued, {} superseded by a waiting operation of their resource\n",
+        report.requeued, report.superseded
+    )
+}
+
+/// A dead-lettered operation as an operator sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailedOperation {
+    pub id: OperationId,
+    pub instance: String,
+    pub resource_type: ResourceType,
+    pub resource_id: i64,
+    pub attempts: i32,
+    pub operator_error: Option<String>,
+    pub tenant_message: Option<String>,
+    pub failed_at: Option<SystemTime>,
+}
+
+// Served by operation_failed_idx for the state; a dead letter queue stays small.
+const FAILED: &str = "
+SELECT o.id, i.name, o.resource_type, o.resource_id, o.attempts,
+       o.operator_error, o.tenant_message, o.completed_at
+  FROM operation o
+  JOIN engine_instance i ON i.id = o.engine_instance_id
+ WHERE o.state = 'failed'
+ ORDER BY o.id
+ LIMIT $1";
+
+/// Up to `limit` failed operations, oldest id first.
+pub async fn failed(database_url: &str, limit: i64) -> Result<Vec<FailedOperation>, CtlError> {
+    let client = crate::connect(database_url).await?;
+    let rows = client
+        .query(FAILED, &[&limit])
+        .await
+        .map_err(DbError::query("select failed operations"))
+        .map_err(CtlError::db("list failed operations"))?;
+    Ok(rows
+        .iter()
+        .map(|row| FailedOperation {
+            id: OperationId(row.get(0)),
+            instance: row.get(1),
+            resource_type: row.get(2),
+            resource_id: row.get(3),
+            attempts: row.get(4),
+            operator_error: row.get(5),
+            tenant_message: row.get(6),
+            failed_at: row.get(7),
+        })
+        .collect())
+}
+
+/// What `queue failed` prints: one block per operation, since both messages can
+/// be long.
+pub fn render_failed(operations: &[FailedOperation]) -> String {
+    if operations.is_empty() {
+        return "no failed operations\n".to_owned();
+    }
+    let mut out = String::new();
+    for op in operations {
+        let failed = op.failed_at.map_or_else(|| "-".to_owned(), |at| format!("{} ago", table::age_since(at)));
+        out.push_str(&format!(
+            "operation {}  instance {}  {} {}  attempts {}  failed {}\n",
+            op.id, op.instance, op.resource_type, op.resource_id, op.attempts, failed
+        ));
+        out.push_str(&format!("  operator error: {}\n", one_line(op.operator_error.as_deref())));
+        out.push_str(&format!("  tenant message: {}\n", one_line(op.tenant_message.as_deref())));
+    }
+    out
+}
+
+fn one_line(text: Option<&str>) -> String {
+    text.map_or_else(|| "-".to_owned(), |t| t.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use gitops_shared::model::OperationState;
+    use gitops_shared::queue::QueueSummaryRow;
+
+    use super::*;
+
+    #[test]
+    fn summary_lists_states_then_totals() {
+        let summary = QueueSummary {
+            rows: vec![QueueSummaryRow {
+                instance: "prod-1".into(),
+                state: OperationState::Waiting,
+                operations: 12,
+                oldest: Some(Duration::from_secs(5)),
+            }],
+            expired_leases: 1,
+            completed_last_hour: 40,
+        };
+        assert_eq!(
+            render_summary(&summary),
+            "INSTANCE  STATE    OPERATIONS  OLDEST\nprod-1    waiting  12          5s\n\
+             expired leases: 1\ncompleted in the last hour: 40\n"
+        );
+    }
+
+    #[test]
+    fn retrying_an_operation_that_is_not_failed_is_an_error() {
+        assert_eq!(render_retry(12, RetryOutcome::Requeued).expect("ok"), "operation 12 requeued\n");
+        assert!(matches!(render_retry(12, RetryOutcome::NotFailed), Err(CtlError::NotFailed { id: 12 })));
+    }
+
+    #[test]
+    fn failed_operations_show_both_messages_on_one_line_each() {
+        let op = FailedOperation {
+            id: OperationId(7),
+            instance: "prod-1".into(),
+            resource_type: ResourceType::Application,
+            resource_id: 45,
+            attempts: 8,
+            operator_error: Some("apply failed:\n  forbidden".into()),
+            tenant_message: None,
+            failed_at: None,
+        };
+        assert_eq!(
+            render_failed(&[op]),
+            "operation 7  instance prod-1  application 45  attempts 8  failed -\n  \
+             operator error: apply failed: forbidden\n  tenant message: -\n"
+        );
+    }
+}
