@@ -134,6 +134,34 @@ pub enum BenchCommand {
     /// Measure the operation queue: enqueue, drain and overlap rates and claim
     /// latency against the server's bare commit rate.
     Queue(QueueBenchArgs),
+    /// Measure the Kubernetes API emulator with many Argo CD Applications:
+    /// create, list (whole, paged, by label) and watch.
+    Kube(KubeBenchArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct KubeBenchArgs {
+    /// Applications to create.
+    #[arg(long, env = "GITOPS_BENCH_OBJECTS", default_value_t = 25_000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub objects: u64,
+    /// Create requests in flight.
+    #[arg(long, env = "GITOPS_BENCH_CONCURRENCY", default_value_t = 16,
+          value_parser = clap::value_parser!(u64).range(1..=512))]
+    pub concurrency: u64,
+    /// Measure this cluster instead of a fresh in-process emulator.
+    #[arg(long, env = "GITOPS_BENCH_KUBECONFIG")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+}
+
+impl From<KubeBenchArgs> for crate::bench::kube::KubeBenchConfig {
+    fn from(args: KubeBenchArgs) -> Self {
+        crate::bench::kube::KubeBenchConfig {
+            objects: usize::try_from(args.objects).unwrap_or(25_000),
+            concurrency: usize::try_from(args.concurrency).unwrap_or(16),
+            kubeconfig: args.kubeconfig,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Args)]

@@ -25,6 +25,8 @@ pub enum CtlError {
     GenerateKey { source: CryptoError },
     #[error("the queue benchmark failed")]
     Bench { source: BenchError },
+    #[error("the Kubernetes benchmark failed")]
+    KubeBench { source: crate::bench::kube::KubeBenchError },
 }
 
 impl CtlError {

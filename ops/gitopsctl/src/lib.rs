@@ -67,6 +67,10 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
                 let report = bench::queue::queue_bench(&args.into()).await.map_err(|source| CtlError::Bench { source })?;
                 Ok(format!("{}\n", report.to_json()))
             }
+            BenchCommand::Kube(args) => {
+                let report = bench::kube::kube_bench(&args.into()).await.map_err(|source| CtlError::KubeBench { source })?;
+                Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
+            }
         },
     }
 }

@@ -5,6 +5,7 @@
 mod support;
 
 mod crypto_store;
+mod kube_conformance;
 mod kube_smoke;
 mod migrations;
 mod queue_admin;

@@ -1,7 +1,12 @@
 //! Test support shared by the integration tests and by `gitopsctl dev`/`bench`:
 //! a throwaway PostgreSQL (or the server in `GITOPS_TEST_DATABASE_URL`), a
-//! migrated template database, and a fresh database per test.
+//! migrated template database, and a fresh database per test; the Kubernetes API
+//! emulator (`kube_emulator`), the Argo CD stand-in (`argocd`), and `cluster`,
+//! which hands each test a Kubernetes API (the emulator, or a real cluster).
 
+pub mod argocd;
+pub mod cluster;
+pub mod kube_emulator;
 mod postgres;
 
 use std::sync::atomic::{AtomicU32, Ordering};

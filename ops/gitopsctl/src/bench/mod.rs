@@ -1,4 +1,5 @@
 //! Benchmarks: programs, not tests, that print figures as JSON on stdout and their
 //! progress on stderr. Tests assert behaviour; these measure it.
 
+pub mod kube;
 pub mod queue;

@@ -1,0 +1,327 @@
+//! The stand-in's Kubernetes side: a `kube::runtime::Controller` over the
+//! Applications of one namespace (re-triggered when an AppProject changes) that
+//! reads each Application and its project, asks `status::plan` what Argo CD would
+//! write, and writes it as one JSON merge patch on the main resource, as Argo CD
+//! does. Deletion removes Argo CD's resources finalizer. Only ordinary client
+//! features are used (list/watch, get, merge patch with a `resourceVersion`
+//! precondition), so the same code runs against a real API server and the
+//! emulator.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{self, Action, Config as ControllerConfig, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::application::AppSpec;
+use super::knobs::Knobs;
+use super::loop_guard::{LoopGuard, MAX_SELF_WRITES};
+use super::project::ProjectRules;
+use super::status::{PlanInput, deletion_held_patch, plan};
+use super::{StandinError, StandinOptions};
+
+/// Argo CD's finalizer: delete the Application's resources before the Application.
+pub const RESOURCES_FINALIZER: &str = "resources-finalizer.argocd.argoproj.io";
+/// The field manager of every write, as Argo CD's controller names itself.
+pub const FIELD_MANAGER: &str = "argocd-application-controller";
+/// How often a reconcile re-reads and retries after a 409 Conflict.
+const CONFLICT_ATTEMPTS: usize = 5;
+/// Requeue delay after a failed reconcile.
+const ERROR_REQUEUE: Duration = Duration::from_secs(2);
+
+/// `applications.argoproj.io/v1alpha1`.
+pub fn application_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"), "applications")
+}
+
+/// `appprojects.argoproj.io/v1alpha1`.
+pub fn app_project_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("argoproj.io", "v1alpha1", "AppProject"), "appprojects")
+}
+
+/// Why one reconcile failed; logged, then retried after a short delay.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("{action} Application {name}")]
+    Application {
+        action: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("read AppProject {name}")]
+    Project {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("serialise Application {name}")]
+    Serialize {
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("Application {name} still conflicted after {CONFLICT_ATTEMPTS} attempts")]
+    Conflicts { name: String },
+}
+
+impl ReconcileError {
+    fn kube_status(&self) -> Option<u16> {
+        match self {
+            ReconcileError::Application { source: kube::Error::Api(status), .. } => Some(status.code),
+            _ => None,
+        }
+    }
+}
+
+struct Context {
+    apps: Api<DynamicObject>,
+    projects: Api<DynamicObject>,
+    namespace: String,
+    options: StandinOptions,
+    loop_guard: LoopGuard,
+}
+
+/// Runs the controller until `cancel` fires; in-flight reconciles finish first.
+pub(super) async fn run_controller(
+    client: Client,
+    namespace: &str,
+    options: StandinOptions,
+    cancel: CancellationToken,
+) -> Result<(), StandinError> {
+    let app_resource = application_resource();
+    let apps: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &app_resource);
+    let projects: Api<DynamicObject> = Api::namespaced_with(client, namespace, &app_project_resource());
+    // Fail fast, with a clear error, when the CRDs are not served.
+    for (kind, api) in [("Application", &apps), ("AppProject", &projects)] {
+        api.list(&ListParams::default().limit(1))
+            .await
+            .map_err(|source| StandinError::NotServed { kind, namespace: namespace.to_owned(), source })?;
+    }
+    info!(argocd.ns = namespace, "Argo CD stand-in started");
+
+    let controller = Controller::new_with(apps.clone(), watcher::Config::default(), app_resource.clone());
+    let store = controller.store();
+    let context = Arc::new(Context {
+        apps,
+        projects: projects.clone(),
+        namespace: namespace.to_owned(),
+        options: options.clone(),
+        loop_guard: LoopGuard::default(),
+    });
+    controller
+        .watches_with(projects, app_project_resource(), watcher::Config::default(), move |project: DynamicObject| {
+            // A project changed: every Application that names it is re-checked.
+            let name = project.name_any();
+            store
+                .state()
+                .into_iter()
+                .filter(|app| project_of(app) == name)
+                .map(|app| ObjectRef::from_obj_with(app.as_ref(), app_resource.clone()))
+                .collect::<Vec<_>>()
+        })
+        .with_config(ControllerConfig::default().concurrency(options.concurrency))
+        .graceful_shutdown_on(cancel.cancelled_owned())
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            match result {
+                Ok((object, _)) => debug!(app.name = %object.name, "reconciled"),
+                Err(controller::Error::ReconcilerFailed(error, object)) => {
+                    warn!(app.name = %object.name, error = %error, cause = ?std::error::Error::source(&error).map(ToString::to_string), "reconcile failed");
+                }
+                Err(controller::Error::ObjectNotFound(object)) => debug!(app.name = %object.name, "object gone before reconcile"),
+                Err(error) => warn!(error = %error, "Application watch failed; retrying"),
+            }
+        })
+        .await;
+    info!(argocd.ns = namespace, "Argo CD stand-in stopped");
+    Ok(())
+}
+
+fn project_of(app: &DynamicObject) -> String {
+    let value = app.data.get("spec").cloned().map(|spec| json!({"spec": spec})).unwrap_or(Value::Null);
+    AppSpec::from_object(&value).project
+}
+
+fn error_policy(_app: Arc<DynamicObject>, _error: &ReconcileError, _context: Arc<Context>) -> Action {
+    Action::requeue(ERROR_REQUEUE)
+}
+
+async fn reconcile(app: Arc<DynamicObject>, context: Arc<Context>) -> Result<Action, ReconcileError> {
+    let name = app.name_any();
+    let span = info_span!("reconcile", app.name = %name, argocd.ns = %context.namespace);
+    async move {
+        let mut object = app.as_ref().clone();
+        for attempt in 1..=CONFLICT_ATTEMPTS {
+            match reconcile_object(&object, &context).await {
+                Err(error) if error.kube_status() == Some(409) => {
+                    debug!(attempt, "conflict; re-reading the Application");
+                    match context.apps.get_opt(&name).await {
+                        Ok(Some(fresh)) => object = fresh,
+                        Ok(None) => return Ok(Action::await_change()),
+                        Err(source) => return Err(ReconcileError::Application { action: "re-read", name, source }),
+                    }
+                }
+                Err(error) if error.kube_status() == Some(404) => return Ok(Action::await_change()),
+                other => return other,
+            }
+        }
+        Err(ReconcileError::Conflicts { name })
+    }
+    .instrument(span)
+    .await
+}
+
+async fn reconcile_object(app: &DynamicObject, context: &Context) -> Result<Action, ReconcileError> {
+    let name = app.name_any();
+    let annotations = app.annotations().clone();
+    let object = serde_json::to_value(app).map_err(|source| ReconcileError::Serialize { name: name.clone(), source })?;
+    let now = Timestamp::now();
+    if app.metadata.deletion_timestamp.is_some() {
+        return finalize(app, &object, &annotations, now, context).await;
+    }
+
+    let project_name = AppSpec::from_object(&object).project;
+    let project = if is_object_name(&project_name) {
+        context
+            .projects
+            .get_opt(&project_name)
+            .await
+            .map_err(|source| ReconcileError::Project { name: project_name.clone(), source })?
+    } else {
+        None
+    };
+    let rules = match &project {
+        Some(project) => {
+            let json = serde_json::to_value(project).map_err(|source| ReconcileError::Serialize { name: name.clone(), source })?;
+            Some(ProjectRules::from_object(&json))
+        }
+        None => None,
+    };
+    let plan = plan(&PlanInput {
+        object: &object,
+        annotations: &annotations,
+        project: rules.as_ref(),
+        controller_namespace: &context.namespace,
+        now,
+        resync: context.options.resync,
+    });
+    if !plan.unknown_knobs.is_empty() {
+        warn!(knobs = ?plan.unknown_knobs, "ignoring stand-in knob annotations it does not know");
+    }
+    if let Some(patch) = plan.patch
+        && write(context, app, patch, "write the status of").await?
+    {
+        info!(
+            sync = %plan.sync_status,
+            health = %plan.health_status,
+            operation = plan.operation_phase.as_deref(),
+            "status written"
+        );
+    }
+    Ok(plan.requeue_after.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Deletion: "prunes" (there is nothing to prune) and removes Argo CD's resources
+/// finalizer, keeping any other finalizer; the `hang` knob holds it instead.
+async fn finalize(
+    app: &DynamicObject,
+    object: &Value,
+    annotations: &BTreeMap<String, String>,
+    now: Timestamp,
+    context: &Context,
+) -> Result<Action, ReconcileError> {
+    let finalizers = app.finalizers();
+    if !finalizers.iter().any(|finalizer| is_resources_finalizer(finalizer)) {
+        return Ok(Action::await_change());
+    }
+    if Knobs::from_annotations(annotations).finalizer_hangs {
+        if let Some(patch) = deletion_held_patch(object, now)
+            && write(context, app, patch, "mark held deletion of").await?
+        {
+            info!("deletion held by knob: finalizer stays");
+        }
+        return Ok(Action::await_change());
+    }
+    let remaining: Vec<&String> = finalizers.iter().filter(|finalizer| !is_resources_finalizer(finalizer)).collect();
+    if write(context, app, json!({"metadata": {"finalizers": remaining}}), "remove the finalizer of").await? {
+        context.loop_guard.forget(&app.uid().unwrap_or_default());
+        info!("resources pruned (none deployed); finalizer removed");
+    }
+    Ok(Action::await_change())
+}
+
+/// `resources-finalizer.argocd.argoproj.io` and its `/background`, `/foreground` forms.
+fn is_resources_finalizer(finalizer: &str) -> bool {
+    finalizer == RESOURCES_FINALIZER || finalizer.strip_prefix(RESOURCES_FINALIZER).is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// A merge patch with the object's `resourceVersion` as precondition, so a write
+/// computed from a stale read fails with 409 and is recomputed. `false`: the
+/// loop guard refused it (logged).
+async fn write(context: &Context, app: &DynamicObject, mut patch: Value, action: &'static str) -> Result<bool, ReconcileError> {
+    let name = app.name_any();
+    let uid = app.uid().unwrap_or_default();
+    let before = app.resource_version().unwrap_or_default();
+    if !context.loop_guard.allows(&uid, &before) {
+        warn!(
+            writes = MAX_SELF_WRITES,
+            "not writing: the last writes did not stick (does the CRD prune fields the stand-in writes?); waiting for another change"
+        );
+        return Ok(false);
+    }
+    if let Some(patch) = patch.as_object_mut().filter(|_| !before.is_empty()) {
+        let metadata = patch.entry("metadata").or_insert_with(|| json!({}));
+        if let Some(metadata) = metadata.as_object_mut() {
+            metadata.insert("resourceVersion".to_owned(), json!(before));
+        }
+    }
+    let params = PatchParams { field_manager: Some(FIELD_MANAGER.to_owned()), ..PatchParams::default() };
+    let written = context
+        .apps
+        .patch(&name, &params, &Patch::Merge(&patch))
+        .await
+        .map_err(|source| ReconcileError::Application { action, name, source })?;
+    context.loop_guard.record(&uid, &before, &written.resource_version().unwrap_or_default());
+    Ok(true)
+}
+
+/// A name the API server could hold (a DNS-1123 subdomain); anything else is
+/// not looked up (it would change the request path) and counts as missing.
+fn is_object_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resources_finalizer_forms() {
+        assert!(is_resources_finalizer(RESOURCES_FINALIZER));
+        assert!(is_resources_finalizer("resources-finalizer.argocd.argoproj.io/background"));
+        assert!(!is_resources_finalizer("resources-finalizer.argocd.argoproj.io.other"));
+        assert!(!is_resources_finalizer("example.invalid/keep"));
+    }
+
+    #[test]
+    fn object_names() {
+        assert!(is_object_name("tenant-a.b"));
+        for bad in ["", "Tenant", "a/b", "-a", "a-", "a b", "..%2f"] {
+            assert!(!is_object_name(bad), "{bad}");
+        }
+    }
+}

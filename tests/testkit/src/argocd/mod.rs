@@ -1,0 +1,155 @@
+//! The Argo CD stand-in: a plain kube controller that behaves like Argo CD's
+//! application controller for what the service reads and writes, so the agent can
+//! be tested (and the quickstart run) against any API server — the emulator or a
+//! real cluster — without Argo CD. Library: [`run`]; binary: `argocd-standin`.
+//!
+//! # What it does, per Application in its namespace
+//! - **Project checks.** `spec.project` (empty: `default`) must name an AppProject
+//!   in the same namespace that permits the source (`sourceRepos`) and the
+//!   destination (`destinations` server/name + namespace); `*`/`?` globs and `!`
+//!   deny patterns as in Argo CD (see `project`). Otherwise condition
+//!   `InvalidSpecError` with Argo CD's message, sync and health `Unknown`.
+//! - **Status** (on the main resource — Argo CD's CRD has no status subresource —
+//!   as one JSON merge patch, only when something changed): `sync` (`status`,
+//!   `revision`: a fake 40-hex commit from repoURL + path + revision, see
+//!   [`fake_revision`]; `comparedTo`), `health`, `resources` (one Deployment named
+//!   after the last path segment), `reconciledAt`, `sourceType: Directory`,
+//!   `controllerNamespace`, `conditions`, `history` after each successful sync. A
+//!   valid manual Application is `Synced` (at its last synced revision, or its
+//!   target revision) and `Healthy` after one write.
+//! - **Operations.** `.operation.sync` → `status.operationState` `Running` (with
+//!   `startedAt`, `operation` copied, `info[]` included), then `Succeeded`
+//!   (`finishedAt`, `syncResult.revision`, message `successfully synced (all tasks
+//!   run)`) with `.operation` cleared in the same write. A client setting
+//!   `status.operationState.phase: Terminating` gets `Failed`, "Operation
+//!   terminated". Automated Applications (`spec.syncPolicy.automated`) get an
+//!   operation initiated by the controller (`initiatedBy.automated: true`) once per
+//!   target revision, and stay `OutOfSync` until it succeeded.
+//! - **Refresh.** `argocd.argoproj.io/refresh` is removed and `reconciledAt`
+//!   updated; `reconciledAt` is also refreshed every `resync` (Argo CD: 180 s).
+//! - **Deletion.** With `deletionTimestamp`, `resources-finalizer.argocd.argoproj.io`
+//!   (or its `/background`, `/foreground` forms) is removed after "pruning"
+//!   (nothing is deployed); other finalizers stay.
+//! - Conflicts (409) re-read the object and retry; NotFound is ignored; odd
+//!   objects are read leniently and never panic; logs are structured `tracing`.
+//!
+//! # Test knobs (annotations on the Application)
+//! | annotation | value | effect |
+//! | --- | --- | --- |
+//! | `standin.gitops.test/health` | `Healthy`, `Progressing`, `Degraded`, `Suspended`, `Missing`, `Unknown` | `status.health.status` (and the resource's health); a message is made up for `Degraded`/`Progressing` |
+//! | `standin.gitops.test/health-message` | text | `status.health.message` |
+//! | `standin.gitops.test/comparison-error` | text | condition `ComparisonError` with that message, sync `Unknown`; running syncs fail |
+//! | `standin.gitops.test/sync` | `fail` | sync `OutOfSync`; every sync operation ends `Failed` (automated: one attempt per revision, then condition `SyncError`) |
+//! | `standin.gitops.test/sync` | `hold` | sync operations stay `Running` until the value changes (e.g. to `release`) or the annotation goes; `Terminating` still ends them |
+//! | `standin.gitops.test/sync-message` | text | message of a failed sync |
+//! | `standin.gitops.test/finalizer` | `hang` | the resources finalizer is never removed; condition `DeletionError` says why; removing the annotation releases it |
+//!
+//! Unknown knob values are ignored with a warning.
+
+mod application;
+mod controller;
+mod crds;
+mod install;
+mod knobs;
+mod loop_guard;
+mod operation;
+mod project;
+mod revision;
+mod status;
+
+#[cfg(test)]
+pub(crate) mod live_tests;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kube::Client;
+use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
+use tokio_util::sync::CancellationToken;
+
+pub use application::str_at;
+pub use controller::{FIELD_MANAGER, RESOURCES_FINALIZER, ReconcileError, app_project_resource, application_resource};
+pub use crds::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, app_project_crd, application_crd};
+pub use install::{CrdOutcome, ForeignCrds, install_crds};
+pub use knobs::{COMPARISON_ERROR as COMPARISON_ERROR_KNOB, FINALIZER as FINALIZER_KNOB, HEALTH as HEALTH_KNOB};
+pub use knobs::{HEALTH_MESSAGE as HEALTH_MESSAGE_KNOB, SYNC as SYNC_KNOB, SYNC_MESSAGE as SYNC_MESSAGE_KNOB};
+pub use operation::{SUCCEEDED_MESSAGE, TERMINATED_MESSAGE};
+pub use project::{INVALID_SPEC_ERROR, glob_match};
+pub use revision::fake_revision;
+pub use status::{COMPARISON_ERROR, DELETION_ERROR, REFRESH_ANNOTATION, SYNC_ERROR};
+
+/// Tuning of the stand-in; the defaults are Argo CD's.
+#[derive(Debug, Clone)]
+pub struct StandinOptions {
+    /// Argo CD's `timeout.reconciliation`: an unchanged Application is
+    /// re-reconciled (and `reconciledAt` refreshed) this often. Zero: never.
+    pub resync: Duration,
+    /// Applications reconciled at once (0: unbounded).
+    pub concurrency: u16,
+}
+
+impl Default for StandinOptions {
+    fn default() -> Self {
+        StandinOptions { resync: Duration::from_secs(180), concurrency: 8 }
+    }
+}
+
+/// Errors of the stand-in's setup; per-Application failures are logged and retried.
+#[derive(Debug, thiserror::Error)]
+pub enum StandinError {
+    #[error("list {kind}s in namespace {namespace} (are the argoproj.io CRDs installed? try --install-crds)")]
+    NotServed {
+        kind: &'static str,
+        namespace: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{action} CustomResourceDefinition {name}")]
+    Crd {
+        action: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("wait for CustomResourceDefinition {name} to be established")]
+    CrdWait {
+        name: String,
+        #[source]
+        source: kube::runtime::wait::Error,
+    },
+    #[error("CustomResourceDefinition {name} not established within {timeout:?}")]
+    CrdNotEstablished { name: String, timeout: Duration },
+    #[error("read kubeconfig {path}")]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: KubeconfigError,
+    },
+    #[error("build a Kubernetes client from kubeconfig {path}")]
+    Client {
+        path: PathBuf,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Runs the stand-in over the Applications of `namespace` until `cancel` fires.
+/// Fails at once when the Application or AppProject CRD is not served there.
+pub async fn run(
+    client: Client,
+    namespace: &str,
+    options: StandinOptions,
+    cancel: CancellationToken,
+) -> Result<(), StandinError> {
+    controller::run_controller(client, namespace, options, cancel).await
+}
+
+/// A client for the current context of the kubeconfig at `path`.
+pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, StandinError> {
+    let kubeconfig =
+        Kubeconfig::read_from(path).map_err(|source| StandinError::Kubeconfig { path: path.to_owned(), source })?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|source| StandinError::Kubeconfig { path: path.to_owned(), source })?;
+    Client::try_from(config).map_err(|source| StandinError::Client { path: path.to_owned(), source })
+}

@@ -1,0 +1,285 @@
+//! Sync operations as Argo CD's application controller runs them, one step per
+//! reconcile: a requested `.operation` (or an automated sync) starts as
+//! `status.operationState` phase `Running`; the next step ends it `Succeeded` or
+//! `Failed` and clears `.operation` in the same write; a client that sets the phase
+//! to `Terminating` gets `Failed` with "Operation terminated". Pure, so every
+//! transition is unit-tested; the controller turns a step into a merge patch.
+
+use serde_json::{Map, Value, json};
+
+use super::application::{AppSpec, str_at};
+use super::knobs::{Knobs, SYNC, SyncKnob};
+use super::revision::fake_revision;
+
+pub const RUNNING: &str = "Running";
+pub const TERMINATING: &str = "Terminating";
+pub const SUCCEEDED: &str = "Succeeded";
+pub const FAILED: &str = "Failed";
+pub const ERROR: &str = "Error";
+
+/// Argo CD's message for a sync that applied everything.
+pub const SUCCEEDED_MESSAGE: &str = "successfully synced (all tasks run)";
+/// Argo CD's message for a terminated operation.
+pub const TERMINATED_MESSAGE: &str = "Operation terminated";
+/// The message of a running sync.
+pub const RUNNING_MESSAGE: &str = "one or more tasks are running";
+
+/// What the operation needs to know about the Application besides its JSON.
+#[derive(Debug)]
+pub struct OperationInput<'a> {
+    pub spec: &'a AppSpec,
+    pub knobs: &'a Knobs,
+    /// InvalidSpecError messages: a running sync fails with them.
+    pub spec_errors: &'a [String],
+    /// Comparison failed: a running sync fails with this message.
+    pub comparison_error: Option<&'a str>,
+    /// `.operation` as requested by a client.
+    pub requested: Option<&'a Value>,
+    /// `status.operationState` as currently stored.
+    pub state: Option<&'a Value>,
+    /// RFC 3339 time of this step.
+    pub now: &'a str,
+}
+
+/// The outcome of one step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OperationStep {
+    /// The new `status.operationState`, when it changes.
+    pub state: Option<Value>,
+    /// `.operation` is to be removed (the operation completed).
+    pub clear_requested: bool,
+    /// The operation just succeeded: record a history entry.
+    pub succeeded: bool,
+}
+
+/// The next step of the operation of one Application.
+pub fn step(input: &OperationInput<'_>) -> OperationStep {
+    let state = input.state.filter(|state| state.is_object());
+    let phase = state.map(|state| str_at(state, "/phase")).unwrap_or("");
+    if phase == TERMINATING {
+        return finish(input, state, FAILED, TERMINATED_MESSAGE.to_owned());
+    }
+    if phase == RUNNING {
+        return run(input, state);
+    }
+    if let Some(requested) = input.requested.filter(|requested| requested.is_object()) {
+        return start(input, requested.clone());
+    }
+    if let Some(operation) = automated_sync(input, state) {
+        return start(input, operation);
+    }
+    OperationStep::default()
+}
+
+/// Moves a running operation on: held, failed or succeeded.
+fn run(input: &OperationInput<'_>, state: Option<&Value>) -> OperationStep {
+    let operation = state.and_then(|state| state.get("operation")).unwrap_or(&Value::Null);
+    if !operation.get("sync").is_some_and(Value::is_object) {
+        return finish(input, state, ERROR, "operation has no sync to run".to_owned());
+    }
+    if !input.spec_errors.is_empty() {
+        return finish(input, state, FAILED, input.spec_errors.join("; "));
+    }
+    if let Some(message) = input.comparison_error {
+        return finish(input, state, FAILED, format!("ComparisonError: {message}"));
+    }
+    match input.knobs.sync {
+        SyncKnob::Hold => OperationStep::default(),
+        SyncKnob::Fail => {
+            let message = input.knobs.sync_message.clone().unwrap_or_else(|| {
+                format!("one or more objects failed to apply, reason: stand-in failure requested by annotation {SYNC}=fail")
+            });
+            finish(input, state, FAILED, message)
+        }
+        SyncKnob::Succeed => finish(input, state, SUCCEEDED, SUCCEEDED_MESSAGE.to_owned()),
+    }
+}
+
+/// Completes the operation in `state` with `phase` and `message`.
+fn finish(input: &OperationInput<'_>, state: Option<&Value>, phase: &str, message: String) -> OperationStep {
+    let mut next = state.and_then(Value::as_object).cloned().unwrap_or_default();
+    if !next.contains_key("operation") {
+        next.insert("operation".to_owned(), input.requested.cloned().unwrap_or_else(|| json!({})));
+    }
+    if !next.get("startedAt").is_some_and(Value::is_string) {
+        next.insert("startedAt".to_owned(), json!(input.now));
+    }
+    if !next.contains_key("syncResult") {
+        let revision = sync_revision(input.spec, next.get("operation").unwrap_or(&Value::Null));
+        next.insert("syncResult".to_owned(), json!({"revision": revision, "source": input.spec.source_json}));
+    }
+    next.insert("phase".to_owned(), json!(phase));
+    next.insert("message".to_owned(), json!(message));
+    next.insert("finishedAt".to_owned(), json!(input.now));
+    OperationStep {
+        state: Some(Value::Object(next)),
+        clear_requested: input.requested.is_some(),
+        succeeded: phase == SUCCEEDED,
+    }
+}
+
+/// Starts `operation`: phase Running, with the revision it will sync to.
+fn start(input: &OperationInput<'_>, operation: Value) -> OperationStep {
+    let revision = sync_revision(input.spec, &operation);
+    let mut state = Map::new();
+    state.insert("operation".to_owned(), operation);
+    state.insert("phase".to_owned(), json!(RUNNING));
+    state.insert("message".to_owned(), json!(RUNNING_MESSAGE));
+    state.insert("startedAt".to_owned(), json!(input.now));
+    state.insert("syncResult".to_owned(), json!({"revision": revision, "source": input.spec.source_json}));
+    OperationStep { state: Some(Value::Object(state)), clear_requested: false, succeeded: false }
+}
+
+/// The commit a sync operation deploys: `operation.sync.revision`, or the
+/// target revision, resolved as Argo CD would (see `fake_revision`).
+pub fn sync_revision(spec: &AppSpec, operation: &Value) -> String {
+    let revision = match str_at(operation, "/sync/revision") {
+        "" => spec.source.target_revision.as_str(),
+        revision => revision,
+    };
+    fake_revision(&spec.source.repo_url, &spec.source.path, revision)
+}
+
+/// The commit the spec's target revision resolves to.
+pub fn target_revision(spec: &AppSpec) -> String {
+    fake_revision(&spec.source.repo_url, &spec.source.path, &spec.source.target_revision)
+}
+
+/// Argo CD's automated sync: an automated, valid Application whose last attempt
+/// was not at the target revision of the current source gets an operation
+/// initiated by the controller. A failed attempt is not retried at the same
+/// revision (Argo CD reports a `SyncError` condition instead).
+fn automated_sync(input: &OperationInput<'_>, state: Option<&Value>) -> Option<Value> {
+    let spec = input.spec;
+    if !spec.automated || !input.spec_errors.is_empty() || input.comparison_error.is_some() {
+        return None;
+    }
+    let target = target_revision(spec);
+    if let Some(state) = state {
+        let result = state.get("syncResult").unwrap_or(&Value::Null);
+        if str_at(result, "/revision") == target && result.get("source") == Some(&spec.source_json) {
+            return None;
+        }
+    }
+    Some(json!({
+        "sync": {"revision": target, "prune": spec.automated_prune},
+        "initiatedBy": {"automated": true},
+        "retry": {"limit": 5},
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn spec(automated: bool) -> AppSpec {
+        let mut app = json!({"spec": {
+            "project": "p",
+            "source": {"repoURL": "https://git.example.invalid/a", "path": "web", "targetRevision": "main"},
+            "destination": {"server": "https://c.example.invalid", "namespace": "ns"},
+        }});
+        if automated {
+            app["spec"]["syncPolicy"] = json!({"automated": {"prune": true}});
+        }
+        AppSpec::from_object(&app)
+    }
+
+    fn input<'a>(spec: &'a AppSpec, knobs: &'a Knobs, requested: Option<&'a Value>, state: Option<&'a Value>) -> OperationInput<'a> {
+        OperationInput { spec, knobs, spec_errors: &[], comparison_error: None, requested, state, now: "2030-01-01T00:00:00Z" }
+    }
+
+    #[test]
+    fn requested_sync_runs_then_succeeds_and_clears() {
+        let spec = spec(false);
+        let knobs = Knobs::default();
+        let requested = json!({"sync": {"revision": "v1.2"}, "info": [{"name": "reason", "value": "test"}]});
+        let started = step(&input(&spec, &knobs, Some(&requested), None));
+        let state = started.state.unwrap();
+        assert_eq!(state["phase"], RUNNING);
+        assert_eq!(state["operation"], requested);
+        assert!(!started.clear_requested);
+        let revision = fake_revision("https://git.example.invalid/a", "web", "v1.2");
+        assert_eq!(state["syncResult"]["revision"], revision.as_str());
+
+        let done = step(&input(&spec, &knobs, Some(&requested), Some(&state)));
+        let finished = done.state.unwrap();
+        assert_eq!(finished["phase"], SUCCEEDED);
+        assert_eq!(finished["message"], SUCCEEDED_MESSAGE);
+        assert_eq!(finished["operation"]["info"][0]["value"], "test");
+        assert_eq!(finished["startedAt"], state["startedAt"]);
+        assert!(finished["finishedAt"].is_string());
+        assert!(done.clear_requested && done.succeeded);
+
+        // Completed and cleared: nothing more to do.
+        assert_eq!(step(&input(&spec, &knobs, None, Some(&finished))), OperationStep::default());
+    }
+
+    #[test]
+    fn knobs_hold_and_fail() {
+        let spec = spec(false);
+        let requested = json!({"sync": {}});
+        let hold = Knobs { sync: SyncKnob::Hold, ..Knobs::default() };
+        let running = step(&input(&spec, &hold, Some(&requested), None)).state.unwrap();
+        assert_eq!(step(&input(&spec, &hold, Some(&requested), Some(&running))), OperationStep::default());
+
+        let fail = Knobs { sync: SyncKnob::Fail, sync_message: Some("boom".into()), ..Knobs::default() };
+        let failed = step(&input(&spec, &fail, Some(&requested), Some(&running)));
+        assert_eq!(failed.state.as_ref().unwrap()["phase"], FAILED);
+        assert_eq!(failed.state.as_ref().unwrap()["message"], "boom");
+        assert!(failed.clear_requested && !failed.succeeded);
+    }
+
+    #[test]
+    fn terminating_becomes_failed() {
+        let spec = spec(false);
+        let knobs = Knobs { sync: SyncKnob::Hold, ..Knobs::default() };
+        let requested = json!({"sync": {}});
+        let mut state = step(&input(&spec, &knobs, Some(&requested), None)).state.unwrap();
+        state["phase"] = json!(TERMINATING);
+        let terminated = step(&input(&spec, &knobs, Some(&requested), Some(&state)));
+        let terminated_state = terminated.state.unwrap();
+        assert_eq!(terminated_state["phase"], FAILED);
+        assert_eq!(terminated_state["message"], TERMINATED_MESSAGE);
+        assert!(terminated.clear_requested);
+        // A Terminating phase with no operation around still ends.
+        let bare = json!({"phase": TERMINATING});
+        let ended = step(&input(&spec, &knobs, None, Some(&bare))).state.unwrap();
+        assert_eq!(ended["phase"], FAILED);
+        assert!(ended["startedAt"].is_string() && ended["operation"].is_object());
+    }
+
+    #[test]
+    fn invalid_spec_fails_a_running_sync() {
+        let spec = spec(false);
+        let knobs = Knobs::default();
+        let running = json!({"phase": RUNNING, "operation": {"sync": {}}, "startedAt": "2030-01-01T00:00:00Z"});
+        let errors = ["Application referencing project p which does not exist".to_owned()];
+        let step = step(&OperationInput { spec_errors: &errors, ..input(&spec, &knobs, None, Some(&running)) });
+        assert_eq!(step.state.unwrap()["message"], errors[0]);
+        let odd = json!({"phase": RUNNING, "operation": "x"});
+        assert_eq!(super::step(&input(&spec, &knobs, None, Some(&odd))).state.unwrap()["phase"], ERROR);
+    }
+
+    #[test]
+    fn automated_sync_once_per_revision() {
+        let spec = spec(true);
+        let knobs = Knobs::default();
+        let started = step(&input(&spec, &knobs, None, None)).state.unwrap();
+        assert_eq!(started["operation"]["initiatedBy"]["automated"], true);
+        assert_eq!(started["operation"]["sync"]["prune"], true);
+        let done = step(&input(&spec, &knobs, None, Some(&started))).state.unwrap();
+        assert_eq!(done["phase"], SUCCEEDED);
+        assert_eq!(step(&input(&spec, &knobs, None, Some(&done))), OperationStep::default());
+        let mut failed = done.clone();
+        failed["phase"] = json!(FAILED);
+        assert_eq!(step(&input(&spec, &knobs, None, Some(&failed))), OperationStep::default());
+        // A new target revision is synced again.
+        let mut moved = spec.clone();
+        moved.source.target_revision = "v2".into();
+        assert!(step(&input(&moved, &knobs, None, Some(&done))).state.is_some());
+        // Not for manual applications.
+        assert_eq!(step(&input(&super::tests::spec(false), &knobs, None, None)), OperationStep::default());
+    }
+}

@@ -1,0 +1,238 @@
+//! Unit tests of `status::plan`: each scenario applies the planned merge patches
+//! as the API server would and re-plans until nothing is left to write, proving
+//! both the outcome and that the stand-in reaches a fixed point (no write loop).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::argocd::knobs::{COMPARISON_ERROR as COMPARISON_KNOB, HEALTH, SYNC};
+use crate::argocd::operation::{RUNNING, SUCCEEDED_MESSAGE, TERMINATING};
+use crate::argocd::project::DestinationRule;
+use crate::argocd::revision::fake_revision;
+
+const REPO: &str = "https://git.example.invalid/team/app";
+const SERVER: &str = "https://cluster.example.invalid";
+
+fn project() -> ProjectRules {
+    ProjectRules {
+        source_repos: vec!["https://git.example.invalid/team/*".into()],
+        destinations: vec![DestinationRule { server: SERVER.into(), namespace: "team-*".into(), name: String::new() }],
+    }
+}
+
+fn app(annotations: &[(&str, &str)]) -> Value {
+    let annotations: BTreeMap<&str, &str> = annotations.iter().copied().collect();
+    json!({
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Application",
+        "metadata": {"name": "web", "namespace": "argocd", "annotations": annotations},
+        "spec": {
+            "project": "tenant",
+            "source": {"repoURL": REPO, "path": "apps/web", "targetRevision": "main"},
+            "destination": {"server": SERVER, "namespace": "team-a"},
+        },
+    })
+}
+
+fn annotations_of(object: &Value) -> BTreeMap<String, String> {
+    object
+        .pointer("/metadata/annotations")
+        .and_then(Value::as_object)
+        .map(|map| map.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned()))).collect())
+        .unwrap_or_default()
+}
+
+fn plan_at(object: &Value, project: Option<&ProjectRules>, now: Timestamp) -> Plan {
+    let annotations = annotations_of(object);
+    plan(&PlanInput {
+        object,
+        annotations: &annotations,
+        project,
+        controller_namespace: "argocd",
+        now,
+        resync: Duration::from_secs(180),
+    })
+}
+
+fn now() -> Timestamp {
+    "2030-01-01T00:00:00Z".parse().unwrap()
+}
+
+/// Applies plans until none writes; returns the object and the number of writes.
+fn converge(object: &mut Value, project: Option<&ProjectRules>) -> usize {
+    for writes in 0..10 {
+        match plan_at(object, project, now()).patch {
+            Some(patch) => json_patch::merge(object, &patch),
+            None => return writes,
+        }
+    }
+    panic!("no fixed point after 10 writes: {object:#}");
+}
+
+#[test]
+fn allowed_application_becomes_synced_and_healthy_in_one_write() {
+    let mut object = app(&[]);
+    assert_eq!(converge(&mut object, Some(&project())), 1);
+    let status = &object["status"];
+    assert_eq!(status["sync"]["status"], "Synced");
+    assert_eq!(status["sync"]["revision"], fake_revision(REPO, "apps/web", "main").as_str());
+    assert_eq!(status["sync"]["comparedTo"]["source"]["path"], "apps/web");
+    assert_eq!(status["health"]["status"], "Healthy");
+    assert_eq!(status["resources"][0]["name"], "web");
+    assert_eq!(status["resources"][0]["namespace"], "team-a");
+    assert_eq!(status["reconciledAt"], "2030-01-01T00:00:00Z");
+    assert_eq!(status["controllerNamespace"], "argocd");
+    assert_eq!(status["sourceType"], "Directory");
+    assert!(status.get("conditions").is_none());
+}
+
+#[test]
+fn missing_or_refusing_project_gives_invalid_spec_error() {
+    let mut object = app(&[]);
+    assert_eq!(converge(&mut object, None), 1);
+    assert_eq!(object["status"]["sync"]["status"], "Unknown");
+    assert_eq!(object["status"]["health"]["status"], "Unknown");
+    assert_eq!(object["status"]["conditions"][0]["type"], INVALID_SPEC_ERROR);
+    assert_eq!(object["status"]["conditions"][0]["message"], "Application referencing project tenant which does not exist");
+
+    // The project appears: the condition goes, the app syncs.
+    assert_eq!(converge(&mut object, Some(&project())), 1);
+    assert!(object["status"].get("conditions").is_none());
+    assert_eq!(object["status"]["sync"]["status"], "Synced");
+
+    let mut object = app(&[]);
+    object["spec"]["source"]["repoURL"] = json!("https://git.example.invalid/other/app");
+    converge(&mut object, Some(&project()));
+    assert_eq!(
+        object["status"]["conditions"][0]["message"],
+        "application repo https://git.example.invalid/other/app is not permitted in project 'tenant'"
+    );
+}
+
+#[test]
+fn requested_sync_runs_succeeds_clears_and_records_history() {
+    let mut object = app(&[]);
+    converge(&mut object, Some(&project()));
+    object["operation"] = json!({"sync": {"revision": "v2"}, "info": [{"name": "run", "value": "r1"}], "initiatedBy": {"username": "gitops"}});
+
+    let running = plan_at(&object, Some(&project()), now());
+    assert_eq!(running.operation_phase.as_deref(), Some(RUNNING));
+    json_patch::merge(&mut object, &running.patch.unwrap());
+    assert!(object["operation"].is_object(), "not cleared while running");
+
+    assert_eq!(converge(&mut object, Some(&project())), 1);
+    let revision = fake_revision(REPO, "apps/web", "v2");
+    let state = &object["status"]["operationState"];
+    assert_eq!(state["phase"], "Succeeded");
+    assert_eq!(state["message"], SUCCEEDED_MESSAGE);
+    assert_eq!(state["syncResult"]["revision"], revision.as_str());
+    assert_eq!(state["operation"]["info"][0]["value"], "r1");
+    assert!(object.get("operation").is_none());
+    assert_eq!(object["status"]["sync"]["status"], "Synced");
+    assert_eq!(object["status"]["sync"]["revision"], revision.as_str());
+    assert_eq!(object["status"]["history"][0]["id"], 0);
+    assert_eq!(object["status"]["history"][0]["initiatedBy"]["username"], "gitops");
+}
+
+#[test]
+fn held_sync_is_terminated() {
+    let mut object = app(&[(SYNC, "hold")]);
+    object["operation"] = json!({"sync": {}});
+    converge(&mut object, Some(&project()));
+    assert_eq!(object["status"]["operationState"]["phase"], RUNNING);
+    object["status"]["operationState"]["phase"] = json!(TERMINATING);
+    assert_eq!(converge(&mut object, Some(&project())), 1);
+    assert_eq!(object["status"]["operationState"]["phase"], "Failed");
+    assert_eq!(object["status"]["operationState"]["message"], "Operation terminated");
+    assert!(object.get("operation").is_none());
+}
+
+#[test]
+fn degraded_and_comparison_error_knobs() {
+    let mut object = app(&[(HEALTH, "Degraded")]);
+    converge(&mut object, Some(&project()));
+    assert_eq!(object["status"]["health"]["status"], "Degraded");
+    assert_eq!(object["status"]["health"]["message"], "Deployment \"web\" exceeded its progress deadline");
+    assert_eq!(object["status"]["resources"][0]["health"]["status"], "Degraded");
+
+    let mut object = app(&[(COMPARISON_KNOB, "repository not found")]);
+    converge(&mut object, Some(&project()));
+    assert_eq!(object["status"]["sync"]["status"], "Unknown");
+    assert_eq!(object["status"]["conditions"][0]["type"], COMPARISON_ERROR);
+    assert_eq!(object["status"]["conditions"][0]["message"], "repository not found");
+}
+
+#[test]
+fn automated_application_syncs_itself_and_fails_once() {
+    let mut object = app(&[]);
+    object["spec"]["syncPolicy"] = json!({"automated": {"prune": true, "selfHeal": true}});
+    assert_eq!(converge(&mut object, Some(&project())), 2);
+    assert_eq!(object["status"]["sync"]["status"], "Synced");
+    assert_eq!(object["status"]["operationState"]["operation"]["initiatedBy"]["automated"], true);
+
+    let mut failing = app(&[(SYNC, "fail")]);
+    failing["spec"]["syncPolicy"] = json!({"automated": {}});
+    assert_eq!(converge(&mut failing, Some(&project())), 2);
+    assert_eq!(failing["status"]["sync"]["status"], "OutOfSync");
+    assert_eq!(failing["status"]["operationState"]["phase"], "Failed");
+    assert_eq!(failing["status"]["conditions"][0]["type"], SYNC_ERROR);
+}
+
+#[test]
+fn refresh_and_resync_update_reconciled_at_only() {
+    let mut object = app(&[]);
+    converge(&mut object, Some(&project()));
+    object["metadata"]["annotations"][REFRESH_ANNOTATION] = json!("normal");
+    let later: Timestamp = "2030-01-01T00:01:00Z".parse().unwrap();
+    let refresh = plan_at(&object, Some(&project()), later).patch.unwrap();
+    assert_eq!(
+        refresh,
+        json!({"status": {"reconciledAt": "2030-01-01T00:01:00Z"}, "metadata": {"annotations": {REFRESH_ANNOTATION: null}}})
+    );
+    json_patch::merge(&mut object, &refresh);
+    assert_eq!(plan_at(&object, Some(&project()), later).patch, None);
+    let stale: Timestamp = "2030-01-01T00:04:00Z".parse().unwrap();
+    let plan = plan_at(&object, Some(&project()), stale);
+    assert_eq!(plan.patch, Some(json!({"status": {"reconciledAt": "2030-01-01T00:04:00Z"}})));
+    assert_eq!(plan.requeue_after, Some(Duration::from_secs(180)));
+    assert_eq!(plan_at(&object, Some(&project()), later).requeue_after, Some(Duration::from_secs(180)));
+}
+
+#[test]
+fn odd_objects_do_not_panic_and_converge() {
+    let odd = [
+        json!({"metadata": {"name": "x"}}),
+        json!({"metadata": {"name": "x"}, "spec": "nonsense", "status": 5, "operation": "sync"}),
+        json!({"metadata": {"name": "x"}, "spec": {"source": {"path": 7}}, "status": {"conditions": "x", "health": [], "history": 1}}),
+        json!({"metadata": {"name": "x"}, "status": {"operationState": {"phase": RUNNING}}}),
+    ];
+    for mut object in odd {
+        converge(&mut object, Some(&project()));
+        converge(&mut object, None);
+    }
+}
+
+#[test]
+fn deletion_held_condition_is_written_once() {
+    let mut object = app(&[]);
+    let patch = deletion_held_patch(&object, now()).unwrap();
+    json_patch::merge(&mut object, &patch);
+    assert_eq!(object["status"]["conditions"][0]["type"], DELETION_ERROR);
+    assert_eq!(deletion_held_patch(&object, now()), None);
+}
+
+#[test]
+fn merge_diff_round_trips() {
+    let current = json!({"a": 1, "b": {"c": [1, 2], "d": "x"}, "e": true});
+    let desired = json!({"a": 1, "b": {"c": [2]}, "g": {"h": 1}});
+    let patch = merge_diff(&current, &desired).unwrap();
+    assert_eq!(patch, json!({"b": {"c": [2], "d": null}, "e": null, "g": {"h": 1}}));
+    let mut applied = current.clone();
+    json_patch::merge(&mut applied, &patch);
+    assert_eq!(applied, desired);
+    assert_eq!(merge_diff(&desired, &desired), None);
+}

@@ -1,0 +1,185 @@
+//! get and list. A list is an ordered range of a table, filtered by selectors,
+//! cut into pages by `limit` with an opaque `continue` token (the list's
+//! resourceVersion and the last key). Later pages show the list as it was at the
+//! first page's resourceVersion: objects changed since then are taken back to
+//! their earlier version from the resource's event history.
+
+use std::sync::Arc;
+
+use base64::Engine;
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+use super::errors::ApiError;
+use super::resources::ResourceInfo;
+use super::selector::Filter;
+use super::store::{ObjectKey, State, Table, to_json};
+use super::write::present;
+
+/// A page of a list, collected under the lock and assembled after it.
+pub struct ListPage {
+    pub resource_version: u64,
+    /// The JSON of each item.
+    pub items: Vec<Bytes>,
+    pub continue_token: Option<String>,
+    /// `remainingItemCount`, known when the list has no selectors.
+    pub remaining: Option<i64>,
+}
+
+pub fn get(state: &State, info: &ResourceInfo, namespace: &str, name: &str) -> Result<Arc<Value>, ApiError> {
+    state
+        .get(&info.storage_key(), namespace, name)
+        .map(|object| present(info, &object))
+        .ok_or_else(|| ApiError::not_found(info, name))
+}
+
+/// An item's JSON as `info`'s version shows it: the stored bytes unless the
+/// apiVersion must be rewritten (a CRD version other than the storage one).
+fn item_json(info: &ResourceInfo, rewrite: bool, table: &Table, key: &ObjectKey, object: &Arc<Value>) -> Bytes {
+    if !rewrite && let Some(json) = table.json_of(key) {
+        return json.clone();
+    }
+    to_json(&present(info, object))
+}
+
+fn encode_continue(rv: u64, key: &ObjectKey) -> String {
+    let token = json!({ "v": "meta.k8s.io/v1", "rv": rv, "start": [key.0, key.1] });
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token.to_string())
+}
+
+fn decode_continue(token: &str) -> Result<(u64, ObjectKey), ApiError> {
+    let invalid = || {
+        ApiError::new(
+            400,
+            "BadRequest",
+            "continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)",
+        )
+    };
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token).map_err(|_| invalid())?;
+    let value: Value = serde_json::from_slice(&bytes).map_err(|_| invalid())?;
+    let rv = value.get("rv").and_then(Value::as_u64).ok_or_else(invalid)?;
+    let start = value.get("start").and_then(Value::as_array).ok_or_else(invalid)?;
+    match (start.first().and_then(Value::as_str), start.get(1).and_then(Value::as_str)) {
+        (Some(ns), Some(name)) => Ok((rv, (ns.to_owned(), name.to_owned()))),
+        _ => Err(invalid()),
+    }
+}
+
+pub fn list(
+    state: &State,
+    info: &ResourceInfo,
+    namespace: Option<&str>,
+    filter: &Filter,
+    limit: Option<usize>,
+    continue_token: Option<&str>,
+) -> Result<ListPage, ApiError> {
+    let (rv, after) = match continue_token.filter(|t| !t.is_empty()) {
+        Some(token) => {
+            let (rv, key) = decode_continue(token)?;
+            (rv, Some(key))
+        }
+        None => (state.current_rv(), None),
+    };
+    let mut page = ListPage { resource_version: rv, items: Vec::new(), continue_token: None, remaining: None };
+    let Some(table) = state.table_ref(&info.storage_key()) else { return Ok(page) };
+    let rewrite = info.storage_api_version() != info.api_version();
+    // Later pages show the list as it was at the first page's resourceVersion.
+    let earlier = if rv < state.current_rv() {
+        table.changed_since(rv).map_err(|_| ApiError::new(410, "Expired", CONTINUE_EXPIRED))?
+    } else {
+        Default::default()
+    };
+    if let (Some(name), None, true) = (filter.fields.exact_name(), &after, earlier.is_empty())
+        && let Some(ns) = namespace.or((!info.namespaced).then_some(""))
+    {
+        let key = (ns.to_owned(), name.to_owned());
+        if let Some(object) = table.objects.get(&key)
+            && filter.matches(object)
+        {
+            page.items.push(item_json(info, rewrite, table, &key, object));
+        }
+        return Ok(page);
+    }
+    let in_scope =
+        |key: &ObjectKey| namespace.is_none_or(|ns| key.0 == ns) && after.as_ref().is_none_or(|start| key > start);
+    let mut replaced: Vec<(&ObjectKey, &Option<Arc<Value>>)> = earlier.iter().filter(|(k, _)| in_scope(k)).collect();
+    replaced.sort_by(|a, b| a.0.cmp(b.0));
+    let mut replaced = replaced.into_iter().peekable();
+    let mut current = table.range(namespace, after.as_ref()).peekable();
+    let limit = limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
+    let count_rest = filter.labels == Default::default() && filter.fields == Default::default();
+    let mut last_key: Option<ObjectKey> = None;
+    let mut remaining = 0i64;
+    loop {
+        // The next key of the snapshot: the smaller of the two sequences.
+        let take_replaced = match (current.peek(), replaced.peek()) {
+            (None, None) => break,
+            (Some(_), None) => false,
+            (None, Some(_)) => true,
+            (Some((ck, _)), Some((rk, _))) => rk <= ck,
+        };
+        let (key, object, fresh) = if take_replaced {
+            let Some((key, earlier)) = replaced.next() else { break };
+            if current.peek().is_some_and(|(ck, _)| *ck == key) {
+                current.next();
+            }
+            match earlier {
+                Some(object) => (key, object, true),
+                None => continue,
+            }
+        } else {
+            let Some((key, object)) = current.next() else { break };
+            (key, object, false)
+        };
+        if !filter.matches(object) {
+            continue;
+        }
+        if page.items.len() == limit {
+            remaining += 1;
+            if !count_rest {
+                break;
+            }
+            continue;
+        }
+        page.items.push(if fresh {
+            to_json(&present(info, object))
+        } else {
+            item_json(info, rewrite, table, key, object)
+        });
+        last_key = Some(key.clone());
+    }
+    if remaining > 0 {
+        page.continue_token = last_key.as_ref().map(|k| encode_continue(rv, k));
+        page.remaining = count_rest.then_some(remaining);
+    }
+    Ok(page)
+}
+
+const CONTINUE_EXPIRED: &str = "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.";
+
+/// The list document, serialized item by item (no copy of the objects).
+pub fn render_list(info: &ResourceInfo, page: &ListPage) -> Vec<u8> {
+    let mut metadata = json!({ "resourceVersion": page.resource_version.to_string() });
+    if let Some(token) = &page.continue_token {
+        metadata["continue"] = json!(token);
+    }
+    if let Some(remaining) = page.remaining {
+        metadata["remainingItemCount"] = json!(remaining);
+    }
+    let mut out = Vec::with_capacity(256 + page.items.iter().map(|i| i.len() + 1).sum::<usize>());
+    out.extend_from_slice(b"{\"kind\":");
+    out.extend_from_slice(json!(info.list_kind).to_string().as_bytes());
+    out.extend_from_slice(b",\"apiVersion\":");
+    out.extend_from_slice(json!(info.api_version()).to_string().as_bytes());
+    out.extend_from_slice(b",\"metadata\":");
+    out.extend_from_slice(metadata.to_string().as_bytes());
+    out.extend_from_slice(b",\"items\":[");
+    for (i, item) in page.items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(item);
+    }
+    out.extend_from_slice(b"]}");
+    out
+}
