@@ -1,13 +1,12 @@
 //! The stand-in against a live API server: installs the CRDs (keeping foreign
 //! argoproj.io ones), runs the controller in a random namespace, and checks every
-//! behaviour through the API as the agent would see it. Runs when
-//! `GITOPS_TEST_KUBECONFIG` names a cluster; otherwise says it was skipped (the
-//! emulator tier will call `exercise` with its own client).
+//! behaviour through the API as the agent would see it. The server is the test
+//! tier's (`crate::cluster`): the emulator, or the cluster named by
+//! `GITOPS_TEST_KUBECONFIG`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gitops_shared::config::TEST_KUBECONFIG;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::await_condition;
@@ -24,12 +23,8 @@ const SERVER: &str = "https://cluster.example.invalid?env=dev";
 
 #[tokio::test]
 async fn standin_against_live_api_server() {
-    let Some(path) = std::env::var_os(TEST_KUBECONFIG).filter(|path| !path.is_empty()) else {
-        eprintln!("skipped: {TEST_KUBECONFIG} is not set; the emulator tier runs the stand-in later");
-        return;
-    };
-    let path = PathBuf::from(path);
-    let client = client_from_kubeconfig(&path).await.expect("client from GITOPS_TEST_KUBECONFIG");
+    let path = crate::cluster::TestCluster::get().await.kubeconfig_path().to_owned();
+    let client = client_from_kubeconfig(&path).await.expect("client from the test cluster's kubeconfig");
     let outcomes = install_crds(&client, ForeignCrds::Keep, Duration::from_secs(60)).await.expect("install the CRDs");
     assert_eq!(outcomes.len(), 2);
     let namespace = TestNamespace::create(&client, &path).await;
