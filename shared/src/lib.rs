@@ -14,4 +14,5 @@ pub mod model;
 pub mod queue;
 pub mod sanitize;
 pub mod signal;
+pub mod telemetry;
 pub mod tenant;

@@ -4,7 +4,6 @@
 //! Application and AppProject CRDs first. Exit codes: 0 stopped by a signal,
 //! 1 failure, 2 usage.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -15,7 +14,6 @@ use gitops_testkit::argocd::{self, ForeignCrds, StandinOptions};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
-use tracing_subscriber::EnvFilter;
 
 /// Behaves like Argo CD's application controller for the Applications of one namespace.
 #[derive(Debug, Parser)]
@@ -50,11 +48,7 @@ struct Cli {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
-        .init();
+    gitops_shared::telemetry::init_logging();
     match execute(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

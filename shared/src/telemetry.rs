@@ -1,0 +1,26 @@
+//! What every binary does the same way at its edges: structured logs to stderr
+//! (level from `RUST_LOG`, `info` by default, colour only on a terminal) and an
+//! error printed with its whole chain of causes.
+
+use std::io::IsTerminal;
+
+use tracing_subscriber::EnvFilter;
+
+/// Installs the process-wide log subscriber. Call once, first thing in `main`.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .init();
+}
+
+/// Prints `error: …` and one `caused by: …` line per source to stderr.
+pub fn print_error_chain(error: &dyn std::error::Error) {
+    eprintln!("error: {error}");
+    let mut source = error.source();
+    while let Some(cause) = source {
+        eprintln!("  caused by: {cause}");
+        source = cause.source();
+    }
+}
