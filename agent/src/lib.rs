@@ -1,13 +1,30 @@
 //! The agent: serves one engine (Argo CD) instance — claims its operations and
-//! reconciles Argo CD to the current rows. This build has the start-up checks of
-//! `run` (schema, a registered instance) and not yet the reconciler. A library so
-//! tests drive the code the binary runs.
+//! reconciles Argo CD to the current rows, reports Application status back, sweeps
+//! for drift and serves its metrics. A library so tests drive the code the binary
+//! runs (`run::run_agent`).
+
+pub mod engine;
+pub mod http;
+pub mod metrics;
+pub mod names;
+pub mod reconcile;
+pub mod run;
+pub mod status;
+pub mod sweep;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use gitops_shared::config::{self, redact_database_url};
+use gitops_shared::crypto::{CryptoError, SecretBox};
 use gitops_shared::db::{self, DbError};
 use gitops_shared::instance::{EngineInstance, engine_instance_by_name};
 use tokio_postgres::Client;
+use tokio_util::sync::CancellationToken;
+
+pub use run::{AgentConfig, AgentHandle, run_agent};
 
 const APPLICATION_NAME: &str = "gitops-agent";
 
@@ -31,9 +48,51 @@ pub struct RunArgs {
     /// PostgreSQL URL or key/value connection string.
     #[arg(long, env = config::DATABASE_URL, hide_env_values = true)]
     pub database_url: String,
+    /// A direct PostgreSQL connection for LISTEN, when DATABASE_URL goes through a
+    /// transaction-mode pooler (default: DATABASE_URL).
+    #[arg(long, env = config::LISTEN_DATABASE_URL, hide_env_values = true)]
+    pub listen_database_url: Option<String>,
     /// Name of the engine instance to serve.
     #[arg(long, env = ENGINE_INSTANCE)]
     pub instance: String,
+    /// Kubeconfig of the cluster where the Argo CD instance runs (default: as kube
+    /// infers it: KUBECONFIG, ~/.kube/config, or in-cluster).
+    #[arg(long, env = "GITOPS_AGENT_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "GITOPS_AGENT_METRICS_ADDRESS", default_value = "127.0.0.1:9464")]
+    pub metrics_address: SocketAddr,
+    /// Time between sweeps (one also runs at start), e.g. 300s, 5m.
+    #[arg(long, env = "GITOPS_AGENT_SWEEP_INTERVAL", default_value = "300s", value_parser = parse_duration)]
+    pub sweep_interval: Duration,
+    /// Orphaned objects one sweep may queue for deletion; above it the sweep deletes none.
+    #[arg(long, env = "GITOPS_AGENT_SWEEP_MAX_DELETIONS", default_value_t = 50)]
+    pub sweep_max_deletions: usize,
+    /// Sweeps only report what they would enqueue.
+    #[arg(long, env = "GITOPS_AGENT_SWEEP_DRY_RUN")]
+    pub sweep_dry_run: bool,
+    /// Lease on a claimed operation (renewed while work goes on), e.g. 60s.
+    #[arg(long, env = "GITOPS_AGENT_LEASE", default_value = "60s", value_parser = parse_duration)]
+    pub lease: Duration,
+    /// Operations reconciled at once.
+    #[arg(long, env = "GITOPS_AGENT_CONCURRENCY", default_value_t = 16)]
+    pub concurrency: usize,
+}
+
+/// Parses `250ms`, `30s`, `5m`, `1h` (a bare number is seconds).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 30s, 5m or 250ms"))?;
+    let duration = match unit {
+        "ms" => Duration::from_millis(number),
+        "" | "s" => Duration::from_secs(number),
+        "m" => Duration::from_secs(number * 60),
+        "h" => Duration::from_secs(number * 3600),
+        _ => return Err(format!("unknown unit {unit:?} in {text:?} (use ms, s, m or h)")),
+    };
+    Ok(duration)
 }
 
 /// Why the agent stopped. Messages name the step; sources carry the detail.
@@ -47,8 +106,22 @@ pub enum AgentError {
     UnknownInstance { name: String },
     #[error("could not look up engine instance {name:?}")]
     LookUpInstance { name: String, source: DbError },
-    #[error("the agent's reconciler is not implemented yet; this build only checks its prerequisites")]
-    ReconcilerMissing,
+    #[error("refusing to start without encryption keys")]
+    Keys { source: CryptoError },
+    #[error("could not build the connection pool")]
+    Pool { source: DbError },
+    #[error("could not heartbeat the engine instance")]
+    Heartbeat { source: DbError },
+    #[error("could not start the LISTEN connection")]
+    Listen { source: DbError },
+    #[error("could not listen on {address}")]
+    Bind { address: SocketAddr, source: std::io::Error },
+    #[error("could not read kubeconfig {path}")]
+    Kubeconfig { path: PathBuf, source: kube::config::KubeconfigError },
+    #[error("could not find a Kubernetes configuration")]
+    InferKube { source: kube::config::InferConfigError },
+    #[error("could not build a Kubernetes client")]
+    KubeClient { source: kube::Error },
 }
 
 /// Runs one command.
@@ -58,16 +131,42 @@ pub async fn execute(command: Command) -> Result<(), AgentError> {
     }
 }
 
-/// Checks what the agent needs — a schema it knows and its registered instance —
-/// and stops there: the reconciler is not in this build.
+/// Builds the configuration from `args` and the environment's keys, then runs
+/// until SIGTERM or SIGINT.
 pub async fn run(args: &RunArgs) -> Result<(), AgentError> {
-    let client = connect(&args.database_url).await?;
-    let schema = db::check_schema(&client).await.map_err(|source| AgentError::Schema { source })?;
-    tracing::info!(schema.found = schema.found, schema.required = schema.required, "database schema checked");
-    let instance = instance(&client, &args.instance).await?;
-    tracing::info!(instance.id = %instance.id, instance.name = %instance.name, "engine instance found");
-    tracing::warn!("the reconciler is not part of this build");
-    Err(AgentError::ReconcilerMissing)
+    let secrets = SecretBox::from_env().map_err(|source| AgentError::Keys { source })?;
+    let mut config = AgentConfig::new(args.database_url.clone(), args.instance.clone(), secrets);
+    config.listen_database_url = args.listen_database_url.clone();
+    config.kubeconfig = args.kubeconfig.clone();
+    config.metrics_address = args.metrics_address;
+    config.sweep.interval = args.sweep_interval;
+    config.sweep.max_deletions = args.sweep_max_deletions;
+    config.sweep.dry_run = args.sweep_dry_run;
+    config.lease = args.lease;
+    config.concurrency = args.concurrency;
+    let cancel = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(cancel.clone()));
+    run_agent(config, cancel).await
+}
+
+/// Cancels `cancel` on SIGTERM or SIGINT.
+async fn cancel_on_signal(cancel: CancellationToken) {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot watch for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        () = terminate => tracing::info!("SIGTERM: shutting down"),
+    }
+    cancel.cancel();
 }
 
 /// The registered instance called `name`; an unknown name is refused.
@@ -83,4 +182,18 @@ async fn connect(url: &str) -> Result<Client, AgentError> {
     let database = redact_database_url(url);
     tracing::debug!(%database, "connecting");
     db::connect(url, APPLICATION_NAME).await.map_err(|source| AgentError::Connect { database, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("300s"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert!(parse_duration("5 days").is_err());
+    }
 }

@@ -6,11 +6,14 @@
 
 pub mod application;
 pub mod config;
+pub mod credential;
 pub mod crypto;
 pub mod db;
+pub mod desired;
 pub mod instance;
 pub mod listen;
 pub mod model;
+pub mod observed;
 pub mod queue;
 pub mod sanitize;
 pub mod signal;

@@ -4,6 +4,8 @@
 
 mod support;
 
+mod agent_reconcile;
+mod agent_run;
 mod crypto_store;
 mod kube_conformance;
 mod kube_smoke;

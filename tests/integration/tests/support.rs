@@ -181,3 +181,12 @@ pub fn server_addr(url: &str) -> std::net::SocketAddr {
     let port = config.get_ports().first().copied().unwrap_or(5432);
     std::net::SocketAddr::from(([127, 0, 0, 1], port))
 }
+
+/// What the agent may do, and only in its Argo CD namespace: the RBAC rules the
+/// agent tests give it on both Kubernetes tiers (the deploy manifests grant the same).
+pub fn agent_rbac_rules() -> serde_json::Value {
+    serde_json::json!([
+        {"apiGroups": ["argoproj.io"], "resources": ["applications", "appprojects"], "verbs": ["*"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["*"]}
+    ])
+}

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gitops_shared::config::TEST_KUBECONFIG;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -93,6 +95,14 @@ impl std::fmt::Debug for TestCluster {
     }
 }
 
+/// A namespace-bound identity made by `TestCluster::namespace_identity`.
+#[derive(Debug, Clone)]
+pub struct NamespaceIdentity {
+    pub token: String,
+    /// The cluster's kubeconfig with this identity's token; removed with the process's temp files.
+    pub kubeconfig: PathBuf,
+}
+
 static CLUSTER: OnceCell<TestCluster> = OnceCell::const_new();
 
 impl TestCluster {
@@ -156,6 +166,56 @@ impl TestCluster {
             .await
             .map_err(ClusterError::LoadConfig)
             .unwrap_or_else(|error| panic!("{}", chain(&error)))
+    }
+
+    /// An identity that may do only what `rules` (RBAC PolicyRules) allow, and only
+    /// in `namespace`: a ServiceAccount there, a Role with `rules`, a RoleBinding,
+    /// and a token from TokenRequest. Returns the token and a kubeconfig file (the
+    /// cluster's, with that token) for code that reads one.
+    pub async fn namespace_identity(&self, namespace: &str, name: &str, rules: serde_json::Value) -> NamespaceIdentity {
+        let admin = self.admin().await;
+        let post = PostParams::default();
+        let account: ServiceAccount =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).expect("a ServiceAccount");
+        let account = Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
+            .create(&post, &account)
+            .await
+            .unwrap_or_else(|error| panic!("create ServiceAccount {namespace}/{name}: {error}"));
+        let role: Role = serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "rules": rules}))
+            .expect("a Role with those rules");
+        Api::<Role>::namespaced(admin.clone(), namespace)
+            .create(&post, &role)
+            .await
+            .unwrap_or_else(|error| panic!("create Role {namespace}/{name}: {error}"));
+        let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
+        }))
+        .expect("a RoleBinding");
+        Api::<RoleBinding>::namespaced(admin.clone(), namespace)
+            .create(&post, &binding)
+            .await
+            .unwrap_or_else(|error| panic!("create RoleBinding {namespace}/{name}: {error}"));
+        let request: TokenRequest =
+            serde_json::from_value(serde_json::json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))
+                .expect("a TokenRequest");
+        let account_name = account.metadata.name.unwrap_or_else(|| name.to_owned());
+        let token = Api::<ServiceAccount>::namespaced(admin, namespace)
+            .create_token_request(&account_name, &post, &request)
+            .await
+            .unwrap_or_else(|error| panic!("TokenRequest for {namespace}/{name}: {error}"))
+            .status
+            .map(|status| status.token)
+            .unwrap_or_default();
+        let mut kubeconfig = self.kubeconfig.clone();
+        for user in &mut kubeconfig.auth_infos {
+            user.auth_info = serde_json::from_value(serde_json::json!({ "token": token })).ok();
+        }
+        let path = std::env::temp_dir().join(format!("kubeconfig-{namespace}-{name}"));
+        let text = serde_json::to_string(&kubeconfig).expect("a kubeconfig serialises");
+        std::fs::write(&path, text).unwrap_or_else(|error| panic!("write {}: {error}", path.display()));
+        NamespaceIdentity { token, kubeconfig: path }
     }
 
     /// A namespace of the test's own, `t-<random>-<purpose>`, created now and deleted

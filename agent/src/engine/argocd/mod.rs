@@ -1,0 +1,273 @@
+//! The Argo CD engine: Applications, AppProjects and cluster/repository Secrets
+//! in one instance's namespace, written with server-side apply (field manager
+//! `gitops-agent`, `force`), syncs requested through a merge patch on `.operation`
+//! under their own field manager, terminations as the Argo CD CLI does them.
+//! Errors are classified here: 409/429/5xx and connection failures are transient;
+//! 400/403/422 and other refusals are permanent.
+
+pub mod objects;
+
+use std::collections::BTreeMap;
+
+use futures_util::future::BoxFuture;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
+use kube::{Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use super::{
+    ApplicationSpec, ClusterSpec, Engine, EngineError, ObjectKind, OperationPhase, OperationView, OwnedObject,
+    ProjectSpec, Removal, RepositorySpec, SyncRequest,
+};
+use crate::names::{FIELD_MANAGER, MANAGED_BY_LABEL, MANAGED_BY_VALUE, SYNC_FIELD_MANAGER};
+
+/// `applications.argoproj.io/v1alpha1`.
+pub fn application_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"), "applications")
+}
+
+/// `appprojects.argoproj.io/v1alpha1`.
+pub fn app_project_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("argoproj.io", "v1alpha1", "AppProject"), "appprojects")
+}
+
+/// One Argo CD instance, reached through `client`, reading `namespace`.
+#[derive(Clone)]
+pub struct ArgoCdEngine {
+    client: Client,
+    namespace: String,
+}
+
+impl std::fmt::Debug for ArgoCdEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArgoCdEngine").field("namespace", &self.namespace).finish_non_exhaustive()
+    }
+}
+
+/// Turns a kube error into a classified engine error.
+pub fn classify(action: String, error: kube::Error) -> EngineError {
+    let refused = match &error {
+        kube::Error::Api(status) => match status.code {
+            409 | 429 | 401 | 408 => None,
+            code if code >= 500 => None,
+            400 | 403 | 404 | 405 | 410 | 413 | 415 | 422 => Some(status.message.clone()),
+            _ => None,
+        },
+        kube::Error::SerdeError(e) => Some(e.to_string()),
+        _ => None,
+    };
+    match refused {
+        Some(reason) => EngineError::Refused {
+            tenant_message: format!("Argo CD refused to {action}: {reason}"),
+            action,
+            source: Box::new(error),
+        },
+        None => EngineError::Transient { action, source: Box::new(error) },
+    }
+}
+
+fn is_not_found(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 404)
+}
+
+fn owned_by_us(labels: Option<&BTreeMap<String, String>>) -> bool {
+    labels.and_then(|l| l.get(MANAGED_BY_LABEL)).is_some_and(|v| v == MANAGED_BY_VALUE)
+}
+
+impl ArgoCdEngine {
+    pub fn new(client: Client, namespace: impl Into<String>) -> Self {
+        ArgoCdEngine { client, namespace: namespace.into() }
+    }
+
+    /// The Argo CD namespace this engine writes to.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn applications(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), &self.namespace, &application_resource())
+    }
+
+    fn projects(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), &self.namespace, &app_project_resource())
+    }
+
+    fn secrets(&self) -> Api<Secret> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    async fn apply<K, T>(api: &Api<K>, what: &str, name: &str, object: &T) -> Result<(), EngineError>
+    where
+        K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+        T: Serialize + std::fmt::Debug,
+    {
+        api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(object))
+            .await
+            .map(|_| ())
+            .map_err(|e| classify(format!("apply {what} {name}"), e))
+    }
+
+    /// Deletes `name` if it is ours (an object without our label is not touched)
+    /// and reports whether it is gone, judged by a fresh read.
+    async fn delete<K>(api: Api<K>, what: &str, name: &str) -> Result<Removal, EngineError>
+    where
+        K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        let read = |e| classify(format!("read {what} {name}"), e);
+        let Some(existing) = api.get_opt(name).await.map_err(read)? else { return Ok(Removal::Gone) };
+        if !owned_by_us(existing.meta().labels.as_ref()) {
+            tracing::warn!(object.kind = what, object.name = name, "not deleting an object the agent does not own");
+            return Ok(Removal::Gone);
+        }
+        if existing.meta().deletion_timestamp.is_none() {
+            match api.delete(name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(e) if is_not_found(&e) => return Ok(Removal::Gone),
+                Err(e) => return Err(classify(format!("delete {what} {name}"), e)),
+            }
+        }
+        let still = api.get_opt(name).await.map_err(|e| classify(format!("read {what} {name}"), e))?;
+        Ok(if still.is_some() { Removal::Pending } else { Removal::Gone })
+    }
+
+    async fn merge(&self, name: &str, manager: &str, patch: serde_json::Value, action: &str) -> Result<(), EngineError> {
+        let params = PatchParams { field_manager: Some(manager.to_owned()), ..PatchParams::default() };
+        self.applications()
+            .patch(name, &params, &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+            .map_err(|e| classify(format!("{action} on Application {name}"), e))
+    }
+
+    async fn list<K>(api: Api<K>, kind: ObjectKind, out: &mut Vec<OwnedObject>) -> Result<(), EngineError>
+    where
+        K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        let params = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
+        let list = api.list(&params).await.map_err(|e| classify(format!("list {kind:?} objects"), e))?;
+        for item in list.items {
+            let meta = item.meta();
+            out.push(OwnedObject {
+                kind,
+                name: meta.name.clone().unwrap_or_default(),
+                labels: meta.labels.clone().unwrap_or_default(),
+                deleting: meta.deletion_timestamp.is_some(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Engine for ArgoCdEngine {
+    fn apply_project<'a>(&'a self, spec: &'a ProjectSpec) -> BoxFuture<'a, Result<(), EngineError>> {
+        Box::pin(async move {
+            Self::apply(&self.projects(), "AppProject", &spec.name, &objects::project(spec, &self.namespace)).await
+        })
+    }
+
+    fn delete_project<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Removal, EngineError>> {
+        Box::pin(Self::delete(self.projects(), "AppProject", name))
+    }
+
+    fn apply_application<'a>(&'a self, spec: &'a ApplicationSpec) -> BoxFuture<'a, Result<(), EngineError>> {
+        Box::pin(async move {
+            let api = self.applications();
+            // The API server refuses new finalizers once deletion began: an
+            // Application on its way out is recreated after it is gone.
+            let existing = api.get_opt(&spec.name).await.map_err(|e| classify(format!("read Application {}", spec.name), e))?;
+            if existing.is_some_and(|app| app.metadata.deletion_timestamp.is_some()) {
+                return Err(EngineError::Transient {
+                    action: format!("apply Application {}", spec.name),
+                    source: "the Application is still being deleted".into(),
+                });
+            }
+            Self::apply(&api, "Application", &spec.name, &objects::application(spec, &self.namespace)).await
+        })
+    }
+
+    fn delete_application<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Removal, EngineError>> {
+        Box::pin(Self::delete(self.applications(), "Application", name))
+    }
+
+    fn apply_cluster<'a>(&'a self, spec: &'a ClusterSpec) -> BoxFuture<'a, Result<(), EngineError>> {
+        Box::pin(async move {
+            Self::apply(&self.secrets(), "cluster Secret", &spec.name, &objects::cluster_secret(spec, &self.namespace)).await
+        })
+    }
+
+    fn delete_cluster<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Removal, EngineError>> {
+        Box::pin(Self::delete(self.secrets(), "cluster Secret", name))
+    }
+
+    fn apply_repository<'a>(&'a self, spec: &'a RepositorySpec) -> BoxFuture<'a, Result<(), EngineError>> {
+        Box::pin(async move {
+            let secret = objects::repository_secret(spec, &self.namespace);
+            Self::apply(&self.secrets(), "repository Secret", &spec.name, &secret).await
+        })
+    }
+
+    fn delete_repository<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Removal, EngineError>> {
+        Box::pin(Self::delete(self.secrets(), "repository Secret", name))
+    }
+
+    fn operation<'a>(&'a self, application: &'a str) -> BoxFuture<'a, Result<Option<OperationView>, EngineError>> {
+        Box::pin(async move {
+            let app = self
+                .applications()
+                .get_opt(application)
+                .await
+                .map_err(|e| classify(format!("read Application {application}"), e))?;
+            Ok(app.map(|app| {
+                let value = serde_json::to_value(&app).unwrap_or_default();
+                objects::operation_view(&value)
+            }))
+        })
+    }
+
+    fn request_sync<'a>(&'a self, request: &'a SyncRequest) -> BoxFuture<'a, Result<(), EngineError>> {
+        Box::pin(async move {
+            let patch = objects::sync_operation(&request.revision, &request.correlation_id);
+            self.merge(&request.application, SYNC_FIELD_MANAGER, patch, "request a sync").await
+        })
+    }
+
+    fn withdraw_sync<'a>(&'a self, application: &'a str) -> BoxFuture<'a, Result<(), EngineError>> {
+        Box::pin(self.merge(application, SYNC_FIELD_MANAGER, json!({"operation": null}), "withdraw a sync"))
+    }
+
+    fn terminate<'a>(&'a self, application: &'a str) -> BoxFuture<'a, Result<(), EngineError>> {
+        Box::pin(async move {
+            // As `argocd app terminate-op`: only a running operation is terminated.
+            let view = self.operation(application).await?;
+            let running = view.and_then(|v| v.state).is_some_and(|s| s.phase == OperationPhase::Running);
+            if !running {
+                return Ok(());
+            }
+            let patch = json!({"status": {"operationState": {"phase": "Terminating"}}});
+            self.merge(application, SYNC_FIELD_MANAGER, patch, "terminate a sync").await
+        })
+    }
+
+    fn list_owned(&self) -> BoxFuture<'_, Result<Vec<OwnedObject>, EngineError>> {
+        Box::pin(async move {
+            let mut out = Vec::new();
+            Self::list(self.applications(), ObjectKind::Application, &mut out).await?;
+            Self::list(self.projects(), ObjectKind::Project, &mut out).await?;
+            let mut secrets = Vec::new();
+            Self::list(self.secrets(), ObjectKind::Cluster, &mut secrets).await?;
+            for mut secret in secrets {
+                match secret.labels.get(objects::SECRET_TYPE_LABEL).map(String::as_str) {
+                    Some("cluster") => out.push(secret),
+                    Some("repository") => {
+                        secret.kind = ObjectKind::Repository;
+                        out.push(secret);
+                    }
+                    _ => {}
+                }
+            }
+            Ok(out)
+        })
+    }
+}

@@ -1,0 +1,186 @@
+//! The engine boundary: what the reconciler asks of a GitOps engine, in the
+//! engine's own terms but without its API types. The reconciler reads rows and
+//! builds these specs; an engine (today only Argo CD, `argocd`) turns them into
+//! objects. A second engine implements this trait without touching the queue or
+//! the rows. Application status is read by the agent's status watcher, not here.
+
+pub mod argocd;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use futures_util::future::BoxFuture;
+use gitops_shared::credential::{ClusterCredentials, RepositoryCredentials};
+
+/// A boxed error source.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A deployment: one engine application.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApplicationSpec {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub project: String,
+    pub repo_url: String,
+    pub path: String,
+    pub target_revision: String,
+    pub server: String,
+    pub namespace: String,
+    /// Automated: prune + self-heal. Manual: syncs only on request.
+    pub automated: bool,
+    pub create_namespace: bool,
+}
+
+/// A tenant's project: everything its applications may use, nothing else.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProjectSpec {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub source_repos: Vec<String>,
+    /// (server, namespace) pairs; never a wildcard namespace.
+    pub destinations: Vec<(String, String)>,
+    /// Cluster-scoped resources are permitted by the project (see `argocd::project`).
+    pub cluster_resources: bool,
+}
+
+/// A managed environment's cluster credentials. `Debug` (via the credentials')
+/// never shows secret values.
+#[derive(Debug, Clone)]
+pub struct ClusterSpec {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub display_name: String,
+    pub server: String,
+    pub project: String,
+    pub namespaces: Vec<String>,
+    pub cluster_resources: bool,
+    pub insecure: bool,
+    pub credentials: ClusterCredentials,
+}
+
+/// A repository credential.
+#[derive(Debug, Clone)]
+pub struct RepositorySpec {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub project: String,
+    pub url: String,
+    pub credentials: RepositoryCredentials,
+}
+
+/// Where a deletion stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// The object is gone (a read returns NotFound).
+    Gone,
+    /// Deletion began but the object is still there (finalizers at work).
+    Pending,
+}
+
+/// A sync to request on an application.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncRequest {
+    pub application: String,
+    pub revision: String,
+    pub correlation_id: String,
+}
+
+/// The operation side of an application as the engine reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OperationView {
+    /// The correlation id of a requested operation not yet picked up (`Some("")`
+    /// when one is pending without an id).
+    pub requested: Option<String>,
+    /// The current or last operation.
+    pub state: Option<ObservedOperation>,
+}
+
+/// One operation's progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedOperation {
+    pub correlation_id: Option<String>,
+    pub phase: OperationPhase,
+    pub synced_revision: Option<String>,
+    pub message: Option<String>,
+    /// RFC 3339.
+    pub finished_at: Option<String>,
+}
+
+/// Phases of an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperationPhase {
+    Running,
+    Terminating,
+    Succeeded,
+    Failed,
+    Error,
+    Unknown,
+}
+
+impl OperationPhase {
+    pub fn is_finished(self) -> bool {
+        matches!(self, OperationPhase::Succeeded | OperationPhase::Failed | OperationPhase::Error)
+    }
+}
+
+/// Kinds of objects an engine keeps for the service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ObjectKind {
+    Application,
+    Project,
+    Cluster,
+    Repository,
+}
+
+/// An object of the service found in the engine (for the sweep).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedObject {
+    pub kind: ObjectKind,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// Deletion has begun.
+    pub deleting: bool,
+}
+
+/// A failed engine call, classified: transient failures are retried, refusals are
+/// not. Messages name the action; the source keeps the detail for operators.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("could not {action} (transient)")]
+    Transient {
+        action: String,
+        #[source]
+        source: BoxError,
+    },
+    #[error("could not {action}: refused")]
+    Refused {
+        action: String,
+        /// What the tenant may read (sanitised again before it is stored).
+        tenant_message: String,
+        #[source]
+        source: BoxError,
+    },
+}
+
+/// The operations the reconciler needs of a GitOps engine. Applies are
+/// idempotent; deletes of absent objects succeed; nothing here touches a database.
+pub trait Engine: Send + Sync + fmt::Debug + 'static {
+    fn apply_project<'a>(&'a self, spec: &'a ProjectSpec) -> BoxFuture<'a, Result<(), EngineError>>;
+    fn delete_project<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Removal, EngineError>>;
+    fn apply_application<'a>(&'a self, spec: &'a ApplicationSpec) -> BoxFuture<'a, Result<(), EngineError>>;
+    fn delete_application<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Removal, EngineError>>;
+    fn apply_cluster<'a>(&'a self, spec: &'a ClusterSpec) -> BoxFuture<'a, Result<(), EngineError>>;
+    fn delete_cluster<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Removal, EngineError>>;
+    fn apply_repository<'a>(&'a self, spec: &'a RepositorySpec) -> BoxFuture<'a, Result<(), EngineError>>;
+    fn delete_repository<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Removal, EngineError>>;
+    /// The operation state of application `name`; None when it does not exist.
+    fn operation<'a>(&'a self, application: &'a str) -> BoxFuture<'a, Result<Option<OperationView>, EngineError>>;
+    /// Requests a sync (never through the ordinary apply).
+    fn request_sync<'a>(&'a self, request: &'a SyncRequest) -> BoxFuture<'a, Result<(), EngineError>>;
+    /// Withdraws a requested operation that has not started.
+    fn withdraw_sync<'a>(&'a self, application: &'a str) -> BoxFuture<'a, Result<(), EngineError>>;
+    /// Terminates the running operation of an application.
+    fn terminate<'a>(&'a self, application: &'a str) -> BoxFuture<'a, Result<(), EngineError>>;
+    /// Every object of the service in the engine (by the managed-by label).
+    fn list_owned(&self) -> BoxFuture<'_, Result<Vec<OwnedObject>, EngineError>>;
+}

@@ -1,0 +1,297 @@
+//! The agent's metrics, kept in atomics and rendered by hand in the Prometheus text
+//! format (a handful of counters and two histograms do not justify a metrics
+//! framework). Tests read the same counters directly to wait on events such as a
+//! finished sweep instead of on time.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use gitops_shared::model::ResourceType;
+use gitops_shared::queue::ConsumerStats;
+
+/// Upper bounds (seconds) of the reconcile-duration buckets.
+const DURATION_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+/// Upper bounds (seconds) of the claim-lag buckets.
+const LAG_BUCKETS: &[f64] = &[0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0];
+
+/// A histogram with fixed buckets; sums kept in microseconds.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    buckets: Vec<AtomicU64>,
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, value: Duration) {
+        let secs = value.as_secs_f64();
+        if let Some(i) = self.bounds.iter().position(|bound| secs <= *bound) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros.fetch_add(u64::try_from(value.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        let mut cumulative = 0;
+        for (bound, bucket) in self.bounds.iter().zip(&self.buckets) {
+            cumulative += bucket.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}");
+        }
+        let count = self.count();
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
+        let _ = writeln!(out, "{name}_sum{braces} {sum}");
+        let _ = writeln!(out, "{name}_count{braces} {count}");
+    }
+}
+
+/// Per resource type: what the handler saw.
+#[derive(Debug)]
+pub struct TypeMetrics {
+    pub resource_type: ResourceType,
+    pub claimed: AtomicU64,
+    pub completed: AtomicU64,
+    pub failed: AtomicU64,
+    pub duration: Histogram,
+}
+
+/// Everything `/metrics` shows.
+#[derive(Debug)]
+pub struct Metrics {
+    pub by_type: Vec<TypeMetrics>,
+    pub claim_lag: Histogram,
+    /// Waiting operations of the instance at the last sample.
+    pub queue_depth: AtomicI64,
+    pub heartbeats: AtomicU64,
+    pub status_events: AtomicU64,
+    pub status_writes: AtomicU64,
+    pub status_unmatched: AtomicU64,
+    pub sync_progress_writes: AtomicU64,
+    pub status_errors: AtomicU64,
+    pub sweep_runs: AtomicU64,
+    pub sweep_failures: AtomicU64,
+    /// Operations enqueued because an owned object had no row (the reconciler deletes).
+    pub sweep_deletions_enqueued: AtomicU64,
+    /// Deletions refused because a sweep found more than the cap.
+    pub sweep_deletions_refused: AtomicU64,
+    /// Operations enqueued because a row had no object (or was being deleted).
+    pub sweep_restores_enqueued: AtomicU64,
+    /// What dry-run sweeps would have enqueued.
+    pub sweep_dry_run_skipped: AtomicU64,
+    /// Set once the first sweep finished (for readiness and tests).
+    pub sweep_done_once: AtomicBool,
+    consumer: std::sync::OnceLock<Arc<ConsumerStats>>,
+    listen: std::sync::OnceLock<ListenProbe>,
+}
+
+/// The LISTEN connection, read when rendering.
+struct ListenProbe(gitops_shared::listen::Listener);
+
+impl std::fmt::Debug for ListenProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener").field("connected", &self.0.is_connected()).finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            by_type: ResourceType::KNOWN
+                .iter()
+                .map(|t| TypeMetrics {
+                    resource_type: *t,
+                    claimed: AtomicU64::new(0),
+                    completed: AtomicU64::new(0),
+                    failed: AtomicU64::new(0),
+                    duration: Histogram::new(DURATION_BUCKETS),
+                })
+                .collect(),
+            claim_lag: Histogram::new(LAG_BUCKETS),
+            queue_depth: AtomicI64::new(0),
+            heartbeats: AtomicU64::new(0),
+            status_events: AtomicU64::new(0),
+            status_writes: AtomicU64::new(0),
+            status_unmatched: AtomicU64::new(0),
+            sync_progress_writes: AtomicU64::new(0),
+            status_errors: AtomicU64::new(0),
+            sweep_runs: AtomicU64::new(0),
+            sweep_failures: AtomicU64::new(0),
+            sweep_deletions_enqueued: AtomicU64::new(0),
+            sweep_deletions_refused: AtomicU64::new(0),
+            sweep_restores_enqueued: AtomicU64::new(0),
+            sweep_dry_run_skipped: AtomicU64::new(0),
+            sweep_done_once: AtomicBool::new(false),
+            consumer: std::sync::OnceLock::new(),
+            listen: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+fn get(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
+}
+
+impl Metrics {
+    /// The counters of `resource_type` (unknown types share the last slot).
+    pub fn of(&self, resource_type: ResourceType) -> &TypeMetrics {
+        self.by_type.iter().find(|m| m.resource_type == resource_type).unwrap_or_else(|| {
+            // `by_type` is built from every known type and is never empty.
+            &self.by_type[self.by_type.len() - 1]
+        })
+    }
+
+    /// How many sweeps have finished (successfully or not).
+    pub fn sweeps(&self) -> u64 {
+        get(&self.sweep_runs)
+    }
+
+    pub(crate) fn attach_consumer(&self, stats: Arc<ConsumerStats>) {
+        let _ = self.consumer.set(stats);
+    }
+
+    pub(crate) fn attach_listener(&self, listener: gitops_shared::listen::Listener) {
+        let _ = self.listen.set(ListenProbe(listener));
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(8192);
+        let per_type: [PerType; 3] = [
+            ("gitops_agent_operations_claimed_total", "Operations handed to the reconciler.", |m| get(&m.claimed)),
+            ("gitops_agent_operations_completed_total", "Operations the reconciler finished.", |m| get(&m.completed)),
+            ("gitops_agent_operations_failed_total", "Operations the reconciler failed (retried or dead).", |m| {
+                get(&m.failed)
+            }),
+        ];
+        for (name, help, value) in per_type {
+            header(&mut out, name, help, "counter");
+            for m in &self.by_type {
+                let _ = writeln!(out, "{name}{{resource_type=\"{}\"}} {}", m.resource_type, value(m));
+            }
+        }
+        let name = "gitops_agent_reconcile_duration_seconds";
+        header(&mut out, name, "Time one reconcile took.", "histogram");
+        for m in &self.by_type {
+            m.duration.render(&mut out, name, &format!("resource_type=\"{}\"", m.resource_type));
+        }
+        let name = "gitops_agent_claim_lag_seconds";
+        header(&mut out, name, "Time from an operation's insert to its claim.", "histogram");
+        self.claim_lag.render(&mut out, name, "");
+        gauge(&mut out, "gitops_agent_queue_depth", "Waiting operations of the instance at the last sample.", {
+            self.queue_depth.load(Ordering::Relaxed)
+        });
+        if let Some(stats) = self.consumer.get() {
+            let consumer: [(&str, &str, &AtomicU64); 5] = [
+                ("gitops_agent_consumer_claimed_total", "Operations claimed from the queue.", &stats.claimed),
+                ("gitops_agent_consumer_completed_total", "Completions the queue accepted.", &stats.completed),
+                ("gitops_agent_consumer_failed_total", "Failures recorded in the queue.", &stats.failed),
+                ("gitops_agent_consumer_lease_lost_total", "Operations whose lease ended first.", &stats.lease_lost),
+                ("gitops_agent_consumer_scans_total", "Claim statements run.", &stats.scans),
+            ];
+            for (name, help, value) in consumer {
+                counter(&mut out, name, help, get(value));
+            }
+        }
+        if let Some(ListenProbe(listener)) = self.listen.get() {
+            counter(&mut out, "gitops_agent_listen_reconnects_total", "LISTEN reconnects.", listener.reconnects());
+            gauge(&mut out, "gitops_agent_listen_connected", "1 while the LISTEN connection is up.", {
+                i64::from(listener.is_connected())
+            });
+        }
+        let plain: [(&str, &str, &AtomicU64); 11] = [
+            ("gitops_agent_heartbeats_total", "Instance heartbeats written.", &self.heartbeats),
+            ("gitops_agent_status_events_total", "Application watch events seen.", &self.status_events),
+            ("gitops_agent_status_writes_total", "application_state rows written.", &self.status_writes),
+            ("gitops_agent_status_unmatched_total", "Owned Applications without a row.", &self.status_unmatched),
+            ("gitops_agent_sync_progress_writes_total", "sync_operation rows updated.", &self.sync_progress_writes),
+            ("gitops_agent_status_errors_total", "Failed status writes.", &self.status_errors),
+            ("gitops_agent_sweep_runs_total", "Sweeps finished.", &self.sweep_runs),
+            ("gitops_agent_sweep_failures_total", "Sweeps that failed.", &self.sweep_failures),
+            (
+                "gitops_agent_sweep_deletions_enqueued_total",
+                "Orphaned objects queued for deletion.",
+                &self.sweep_deletions_enqueued,
+            ),
+            (
+                "gitops_agent_sweep_deletions_refused_total",
+                "Orphaned objects left because a sweep exceeded the deletion cap.",
+                &self.sweep_deletions_refused,
+            ),
+            (
+                "gitops_agent_sweep_restores_enqueued_total",
+                "Rows queued because their object was missing.",
+                &self.sweep_restores_enqueued,
+            ),
+        ];
+        for (name, help, value) in plain {
+            counter(&mut out, name, help, get(value));
+        }
+        counter(
+            &mut out,
+            "gitops_agent_sweep_dry_run_skipped_total",
+            "Operations a dry-run sweep reported instead of enqueueing.",
+            get(&self.sweep_dry_run_skipped),
+        );
+        out
+    }
+}
+
+/// A per-type counter: name, help and how to read it.
+type PerType = (&'static str, &'static str, fn(&TypeMetrics) -> u64);
+
+fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn counter(out: &mut String, name: &str, help: &str, value: u64) {
+    header(out, name, help, "counter");
+    let _ = writeln!(out, "{name} {value}");
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, value: i64) {
+    header(out, name, help, "gauge");
+    let _ = writeln!(out, "{name} {value}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_are_cumulative_and_every_type_is_listed() {
+        let metrics = Metrics::default();
+        metrics.of(ResourceType::Application).duration.observe(Duration::from_millis(30));
+        metrics.of(ResourceType::Application).duration.observe(Duration::from_secs(2));
+        metrics.of(ResourceType::Tenant).claimed.fetch_add(3, Ordering::Relaxed);
+        let text = metrics.render();
+        assert!(text.contains("gitops_agent_operations_claimed_total{resource_type=\"tenant\"} 3"));
+        assert!(text.contains(
+            "gitops_agent_reconcile_duration_seconds_bucket{resource_type=\"application\",le=\"0.05\"} 1"
+        ));
+        assert!(text.contains(
+            "gitops_agent_reconcile_duration_seconds_bucket{resource_type=\"application\",le=\"+Inf\"} 2"
+        ));
+        assert!(text.contains("gitops_agent_claim_lag_seconds_count 0"));
+        assert!(text.contains("gitops_agent_sweep_runs_total 0"));
+    }
+}

@@ -1,0 +1,97 @@
+//! Application operations: an active row becomes an Argo CD Application (after the
+//! tenant's project, which must admit it); a deleting row is deleted, confirmed
+//! gone, and only then marked deleted. A deletion that hangs (Argo CD's finalizer
+//! not released) is retried and, after a bounded wait, reported on the row.
+
+use gitops_shared::db::pooled;
+use gitops_shared::desired::{DesiredApplication, application_load, application_mark_deleted, application_set_deletion_message};
+use gitops_shared::model::{RowState, SyncType, TenantId};
+
+use super::{ReconcileError, Reconciler, same_tenant};
+use crate::engine::{ApplicationSpec, ObjectKind, Removal};
+use crate::names::{APPLICATION_ID_LABEL, HOME_SERVER, application_name, environment_server, labels, project_name};
+
+/// The Application a row calls for; Err when its environment cannot be used.
+pub fn application_spec(app: &DesiredApplication) -> Result<ApplicationSpec, ReconcileError> {
+    let (server, namespace) = match (&app.environment, app.managed_environment_id) {
+        (Some(environment), _) if environment.row_state == RowState::Active => {
+            (environment_server(&environment.api_url, environment.id), app.destination_namespace.clone())
+        }
+        (Some(environment), _) => {
+            return Err(ReconcileError::not_yet(
+                format!("managed environment {} of application {} is {}", environment.id, app.id, environment.row_state),
+                "the deployment's managed environment is being deleted",
+            ));
+        }
+        (None, Some(id)) => {
+            return Err(ReconcileError::refused(
+                format!("managed environment {id} of application {} is not the tenant's", app.id),
+                "the deployment's managed environment does not exist in this namespace",
+            ));
+        }
+        // No environment: the tenant's own namespace on the home cluster, nothing else.
+        (None, None) => (HOME_SERVER.to_owned(), app.tenant_namespace.clone()),
+    };
+    Ok(ApplicationSpec {
+        name: application_name(app.resource_uid),
+        labels: labels(app.tenant_id, &[(APPLICATION_ID_LABEL, app.id.to_string())]),
+        project: project_name(app.tenant_id),
+        repo_url: app.repo_url.clone(),
+        path: app.path.clone(),
+        target_revision: app.target_revision.clone(),
+        server,
+        namespace,
+        automated: app.sync_type == SyncType::Automated,
+        create_namespace: app.create_namespace,
+    })
+}
+
+impl Reconciler {
+    pub(super) async fn application(&self, tenant: TenantId, id: i64) -> Result<(), ReconcileError> {
+        let app = {
+            let client = pooled(&self.pool).await?;
+            application_load(&client, id).await?
+        };
+        let Some(app) = app else { return self.remove_orphans(ObjectKind::Application, id).await };
+        same_tenant(tenant, app.tenant_id, "application")?;
+        match app.row_state {
+            RowState::Active => {
+                let spec = application_spec(&app)?;
+                self.apply_project(app.tenant_id).await?;
+                self.engine().apply_application(&spec).await?;
+                Ok(())
+            }
+            RowState::Deleting => self.delete_application(&app).await,
+            RowState::Deleted => self.remove_orphans(ObjectKind::Application, id).await,
+            RowState::Unknown => Err(ReconcileError::not_yet(
+                format!("application {id} has a row state this agent does not know"),
+                "waiting for an agent upgrade",
+            )),
+        }
+    }
+
+    async fn delete_application(&self, app: &DesiredApplication) -> Result<(), ReconcileError> {
+        let name = application_name(app.resource_uid);
+        match self.engine().delete_application(&name).await? {
+            Removal::Gone => {
+                let client = pooled(&self.pool).await?;
+                application_mark_deleted(&client, app.id).await?;
+                drop(client);
+                // The project may now permit less.
+                self.apply_project(app.tenant_id).await
+            }
+            Removal::Pending => {
+                let message = format!(
+                    "Argo CD has not finished deleting the deployment: its resources finalizer is still present \
+                     after more than {} s; the deletion is retried",
+                    self.stuck_deletion_after.as_secs()
+                );
+                if app.unchanged_for >= self.stuck_deletion_after {
+                    let client = pooled(&self.pool).await?;
+                    application_set_deletion_message(&client, app.id, &message).await?;
+                }
+                Err(ReconcileError::not_yet(format!("Application {name} is still being deleted"), message))
+            }
+        }
+    }
+}

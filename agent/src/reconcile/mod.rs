@@ -1,0 +1,172 @@
+//! The Handler behind the agent's queue consumer: for each claimed operation it
+//! re-reads the current rows of the resource (never the reason it was woken),
+//! builds the engine objects and drives the engine, then records on the rows what
+//! only the agent can know (deletion confirmed or stuck, a sync's progress). No
+//! engine call is made while a database transaction is open; statements run on a
+//! pooled connection taken and returned around them.
+
+mod application;
+mod credentials;
+mod orphans;
+mod project;
+mod sync;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gitops_shared::crypto::{CryptoError, SecretBox};
+use gitops_shared::db::{DbError, DbPool};
+use gitops_shared::instance::EngineInstance;
+use gitops_shared::model::{ResourceType, TenantId};
+use gitops_shared::queue::{ClaimedOperation, Failure, Handler, Outcome};
+
+use crate::engine::{Engine, EngineError};
+
+/// How long a deletion may hang before the tenant is told why.
+pub const DEFAULT_STUCK_DELETION_AFTER: Duration = Duration::from_secs(600);
+
+/// Why a reconcile did not finish. Each variant knows whether trying again helps.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("database access failed")]
+    Db(#[from] DbError),
+    #[error("the engine call failed")]
+    Engine(#[from] EngineError),
+    #[error("could not open the stored credentials of {what}")]
+    Credentials { what: String, source: CryptoError },
+    #[error("stored credentials of {what} are not valid JSON")]
+    CredentialsFormat { what: String, source: serde_json::Error },
+    /// Not done yet; try again later (the tenant reads `tenant_message`).
+    #[error("{operator}")]
+    NotYet { operator: String, tenant_message: String },
+    /// Cannot be done as the rows stand.
+    #[error("{operator}")]
+    Refused { operator: String, tenant_message: String },
+}
+
+impl ReconcileError {
+    pub(crate) fn not_yet(operator: impl Into<String>, tenant_message: impl Into<String>) -> Self {
+        ReconcileError::NotYet { operator: operator.into(), tenant_message: tenant_message.into() }
+    }
+
+    pub(crate) fn refused(operator: impl Into<String>, tenant_message: impl Into<String>) -> Self {
+        ReconcileError::Refused { operator: operator.into(), tenant_message: tenant_message.into() }
+    }
+
+    /// The failure recorded on the operation: the full chain for operators, a
+    /// short message for the tenant (sanitised once more by the queue).
+    pub fn to_failure(&self) -> Failure {
+        let operator_error = chain(self);
+        match self {
+            ReconcileError::Db(_) => Failure::Retryable {
+                operator_error,
+                tenant_message: "a temporary internal error occurred; retrying".into(),
+            },
+            ReconcileError::Engine(EngineError::Transient { .. }) => Failure::Retryable {
+                operator_error,
+                tenant_message: "Argo CD is temporarily unavailable; retrying".into(),
+            },
+            ReconcileError::Engine(EngineError::Refused { tenant_message, .. }) => {
+                Failure::Permanent { operator_error, tenant_message: tenant_message.clone() }
+            }
+            ReconcileError::Credentials { .. } | ReconcileError::CredentialsFormat { .. } => Failure::Permanent {
+                operator_error,
+                tenant_message: "the stored credentials could not be read; update the credentials Secret".into(),
+            },
+            ReconcileError::NotYet { tenant_message, .. } => {
+                Failure::Retryable { operator_error, tenant_message: tenant_message.clone() }
+            }
+            ReconcileError::Refused { tenant_message, .. } => {
+                Failure::Permanent { operator_error, tenant_message: tenant_message.clone() }
+            }
+        }
+    }
+}
+
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Reconciles one engine instance's operations.
+#[derive(Debug, Clone)]
+pub struct Reconciler {
+    pool: DbPool,
+    engine: Arc<dyn Engine>,
+    secrets: SecretBox,
+    instance: EngineInstance,
+    stuck_deletion_after: Duration,
+}
+
+impl Reconciler {
+    pub fn new(pool: DbPool, engine: Arc<dyn Engine>, secrets: SecretBox, instance: EngineInstance) -> Self {
+        Reconciler { pool, engine, secrets, instance, stuck_deletion_after: DEFAULT_STUCK_DELETION_AFTER }
+    }
+
+    /// After how long a hanging deletion is reported on the row (default 10 min).
+    pub fn with_stuck_deletion_after(mut self, after: Duration) -> Self {
+        self.stuck_deletion_after = after;
+        self
+    }
+
+    /// The instance served.
+    pub fn instance(&self) -> &EngineInstance {
+        &self.instance
+    }
+
+    /// Reconciles the resource of `op` to its current rows.
+    pub async fn reconcile(&self, op: &ClaimedOperation) -> Result<(), ReconcileError> {
+        match op.resource_type {
+            ResourceType::Application => self.application(op.tenant_id, op.resource_id).await,
+            ResourceType::ManagedEnvironment => self.environment(op.tenant_id, op.resource_id).await,
+            ResourceType::RepositoryCredential => self.repository(op.tenant_id, op.resource_id).await,
+            ResourceType::SyncOperation => self.sync(op.tenant_id, op.resource_id).await,
+            ResourceType::Tenant => self.tenant(op.tenant_id).await,
+            ResourceType::Unknown => Err(ReconcileError::refused(
+                "operation of a resource type this agent does not know",
+                "this agent cannot handle the resource yet; it will be retried after an upgrade",
+            )),
+        }
+    }
+
+    fn engine(&self) -> &dyn Engine {
+        self.engine.as_ref()
+    }
+}
+
+/// Refuses a row that belongs to another tenant than the operation says.
+fn same_tenant(op_tenant: TenantId, row_tenant: TenantId, what: &str) -> Result<(), ReconcileError> {
+    if op_tenant == row_tenant {
+        return Ok(());
+    }
+    Err(ReconcileError::refused(
+        format!("{what} belongs to tenant {row_tenant}, the operation to tenant {op_tenant}"),
+        "internal inconsistency; an operator has been notified",
+    ))
+}
+
+impl Handler for Reconciler {
+    async fn handle(&self, op: &ClaimedOperation) -> Outcome {
+        match self.reconcile(op).await {
+            Ok(()) => Outcome::Done,
+            Err(error) => {
+                let failure = error.to_failure();
+                tracing::info!(
+                    operation.id = %op.id,
+                    resource.type = %op.resource_type,
+                    resource.id = op.resource_id,
+                    tenant.id = %op.tenant_id,
+                    error = %chain(&error),
+                    "reconcile did not finish"
+                );
+                Outcome::Failed(failure)
+            }
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! `run_agent`: the wiring of a running agent. Start-up checks (schema, a
+//! registered instance, encryption keys), then, until the token is cancelled: the
+//! heartbeat, the LISTEN connection, the queue consumer driving the reconciler, the
+//! status watcher, the sweep and the HTTP endpoints. On cancel the consumer stops
+//! claiming and finishes the batch in hand; everything else stops after it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use gitops_shared::crypto::SecretBox;
+use gitops_shared::db::{self, DbPool, pooled};
+use gitops_shared::instance::{EngineInstance, engine_instance_heartbeat};
+use gitops_shared::listen::Listener;
+use gitops_shared::queue::{ClaimedOperation, Consumer, ConsumerConfig, Handler, Outcome};
+use gitops_shared::signal::Signal;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::Engine;
+use crate::engine::argocd::ArgoCdEngine;
+use crate::metrics::Metrics;
+use crate::reconcile::Reconciler;
+use crate::sweep::{SweepConfig, Sweeper};
+use crate::{AgentError, connect, instance};
+
+const APPLICATION_NAME: &str = "gitops-agent";
+/// How long a failed consumer waits before it starts over.
+const CONSUMER_RESTART: Duration = Duration::from_secs(2);
+
+/// What a test or the binary may observe of a running agent.
+#[derive(Debug, Clone, Default)]
+pub struct AgentHandle {
+    pub metrics: Arc<Metrics>,
+    http_address: Arc<OnceLock<SocketAddr>>,
+}
+
+impl AgentHandle {
+    /// The address the HTTP endpoints listen on, once bound.
+    pub fn http_address(&self) -> Option<SocketAddr> {
+        self.http_address.get().copied()
+    }
+}
+
+/// Everything `run_agent` needs; the CLI builds it from flags and environment.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub database_url: String,
+    /// A direct connection for LISTEN (default: `database_url`).
+    pub listen_database_url: Option<String>,
+    pub instance: String,
+    /// None: as kube infers it (`KUBECONFIG`, `~/.kube/config`, in-cluster).
+    pub kubeconfig: Option<PathBuf>,
+    /// Where `/metrics`, `/healthz` and `/readyz` listen (port 0: any free port).
+    pub metrics_address: SocketAddr,
+    pub sweep: SweepConfig,
+    pub lease: Duration,
+    pub concurrency: usize,
+    /// Scan the queue at least this often without a notification.
+    pub poll_interval: Duration,
+    pub heartbeat_interval: Duration,
+    pub secrets: SecretBox,
+    /// Written to `operation.claimed_by`.
+    pub claimer: String,
+    pub handle: AgentHandle,
+}
+
+impl AgentConfig {
+    /// Defaults for everything but the connection, the instance and the keys.
+    pub fn new(database_url: String, instance: String, secrets: SecretBox) -> Self {
+        AgentConfig {
+            database_url,
+            listen_database_url: None,
+            instance,
+            kubeconfig: None,
+            metrics_address: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            sweep: SweepConfig { interval: Duration::from_secs(300), max_deletions: 50, dry_run: false },
+            lease: Duration::from_secs(60),
+            concurrency: 16,
+            poll_interval: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(15),
+            secrets,
+            claimer: default_claimer(),
+            handle: AgentHandle::default(),
+        }
+    }
+}
+
+/// `<host>-<pid>-<random>`: unique per process, readable in psql.
+pub fn default_claimer() -> String {
+    let host = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| APPLICATION_NAME.into());
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}-{}-{}", std::process::id(), &random[..8])
+}
+
+/// Runs the agent until `cancel` fires; returns Ok after a clean shutdown.
+pub async fn run_agent(config: AgentConfig, cancel: CancellationToken) -> Result<(), AgentError> {
+    let client = connect(&config.database_url).await?;
+    let schema = db::check_schema(&client).await.map_err(|source| AgentError::Schema { source })?;
+    tracing::info!(schema.found = schema.found, schema.required = schema.required, "database schema checked");
+    let instance = instance(&client, &config.instance).await?;
+    drop(client);
+    tracing::info!(instance.id = %instance.id, instance.name = %instance.name, argocd.ns = %instance.argocd_namespace,
+        "serving engine instance");
+    let pool = db::pool(&config.database_url, config.concurrency + 4, APPLICATION_NAME)
+        .map_err(|source| AgentError::Pool { source })?;
+    let kube = kube_client(config.kubeconfig.as_ref()).await?;
+    heartbeat(&pool, &instance, &config.handle.metrics).await.map_err(|source| AgentError::Heartbeat { source })?;
+
+    let metrics = config.handle.metrics.clone();
+    let background = CancellationToken::new();
+    let listen_url = config.listen_database_url.as_deref().unwrap_or(&config.database_url);
+    let listener = Listener::start(listen_url, &[Signal::operations(instance.id)], background.clone())
+        .map_err(|source| AgentError::Listen { source })?;
+    metrics.attach_listener(listener.clone());
+    let http = crate::http::bind(config.metrics_address)
+        .await
+        .map_err(|source| AgentError::Bind { address: config.metrics_address, source })?;
+    let bound = http.local_addr().map_err(|source| AgentError::Bind { address: config.metrics_address, source })?;
+    let _ = config.handle.http_address.set(bound);
+    tracing::info!(address = %bound, "serving /metrics, /healthz and /readyz");
+
+    let engine: Arc<dyn Engine> = Arc::new(ArgoCdEngine::new(kube.clone(), instance.argocd_namespace.clone()));
+    let mut tasks = JoinSet::new();
+    let endpoints = crate::http::Endpoints { metrics: metrics.clone(), listener: listener.clone(), pool: pool.clone() };
+    tasks.spawn(crate::http::serve(http, endpoints, background.clone()));
+    tasks.spawn(heartbeat_loop(pool.clone(), instance.clone(), config.heartbeat_interval, metrics.clone(), background.clone()));
+    tasks.spawn(crate::status::run_status_watcher(
+        kube,
+        instance.argocd_namespace.clone(),
+        instance.id,
+        pool.clone(),
+        metrics.clone(),
+        background.clone(),
+    ));
+    let sweeper = Sweeper {
+        engine: engine.clone(),
+        pool: pool.clone(),
+        instance: instance.id,
+        config: config.sweep.clone(),
+        metrics: metrics.clone(),
+    };
+    tasks.spawn(sweeper.run(background.clone()));
+
+    let reconciler = Reconciler::new(pool.clone(), engine, config.secrets.clone(), instance.clone());
+    let handler = Arc::new(Instrumented { inner: reconciler, metrics: metrics.clone() });
+    let mut consumer_config = ConsumerConfig::new(instance.id, config.claimer.clone());
+    consumer_config.concurrency = config.concurrency.max(1);
+    consumer_config.batch = i64::try_from(config.concurrency.max(1) * 2).unwrap_or(64);
+    consumer_config.lease_for = config.lease;
+    consumer_config.margin = (config.lease / 12).max(Duration::from_millis(500));
+    consumer_config.poll_interval = config.poll_interval;
+    let consumer = Consumer::new(pool.clone(), listener.clone(), consumer_config, handler);
+    metrics.attach_consumer(consumer.stats());
+    listener.wait_connected(Duration::from_secs(10)).await;
+
+    while !cancel.is_cancelled() {
+        match consumer.run(cancel.clone()).await {
+            Ok(()) => break,
+            Err(error) => {
+                tracing::warn!(%error, retry_in_ms = CONSUMER_RESTART.as_millis() as u64, "queue consumer stopped; restarting");
+                tokio::select! {
+                    () = cancel.cancelled() => break,
+                    () = tokio::time::sleep(CONSUMER_RESTART) => {}
+                }
+            }
+        }
+    }
+    tracing::info!("stopped claiming; in-flight operations finished");
+    background.cancel();
+    while tasks.join_next().await.is_some() {}
+    tracing::info!("agent stopped");
+    Ok(())
+}
+
+async fn kube_client(path: Option<&PathBuf>) -> Result<kube::Client, AgentError> {
+    let config = match path {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)
+                .map_err(|source| AgentError::Kubeconfig { path: path.clone(), source })?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map_err(|source| AgentError::Kubeconfig { path: path.clone(), source })?
+        }
+        None => kube::Config::infer().await.map_err(|source| AgentError::InferKube { source })?,
+    };
+    kube::Client::try_from(config).map_err(|source| AgentError::KubeClient { source })
+}
+
+const QUEUE_DEPTH: &str = "SELECT count(*) FROM operation WHERE engine_instance_id = $1 AND state = 'waiting'";
+
+async fn heartbeat(pool: &DbPool, instance: &EngineInstance, metrics: &Metrics) -> Result<(), db::DbError> {
+    let client = pooled(pool).await?;
+    engine_instance_heartbeat(&client, instance.id).await?;
+    metrics.heartbeats.fetch_add(1, Ordering::Relaxed);
+    let depth: i64 = client
+        .query_one(QUEUE_DEPTH, &[&instance.id.0])
+        .await
+        .map_err(db::DbError::query("count waiting operations"))?
+        .get(0);
+    metrics.queue_depth.store(depth, Ordering::Relaxed);
+    Ok(())
+}
+
+async fn heartbeat_loop(
+    pool: DbPool,
+    instance: EngineInstance,
+    every: Duration,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        if let Err(error) = heartbeat(&pool, &instance, &metrics).await {
+            tracing::warn!(%error, "heartbeat failed");
+        }
+    }
+}
+
+/// The reconciler with its metrics and a tracing span per operation.
+struct Instrumented<H> {
+    inner: H,
+    metrics: Arc<Metrics>,
+}
+
+impl<H: Handler> Handler for Instrumented<H> {
+    async fn handle(&self, op: &ClaimedOperation) -> Outcome {
+        let of_type = self.metrics.of(op.resource_type);
+        of_type.claimed.fetch_add(1, Ordering::Relaxed);
+        let lag = op.claimed_at.duration_since(op.created_at).unwrap_or(Duration::ZERO);
+        self.metrics.claim_lag.observe(lag);
+        let span = tracing::info_span!(
+            "reconcile",
+            operation.id = %op.id,
+            resource.type = %op.resource_type,
+            resource.id = op.resource_id,
+            tenant.id = %op.tenant_id,
+            attempts = op.attempts,
+        );
+        let started = Instant::now();
+        let outcome = tracing::Instrument::instrument(self.inner.handle(op), span.clone()).await;
+        let took = started.elapsed();
+        of_type.duration.observe(took);
+        let _entered = span.enter();
+        match &outcome {
+            Outcome::Done => {
+                of_type.completed.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(took_ms = took.as_millis() as u64, "reconciled");
+            }
+            Outcome::Failed(_) => {
+                of_type.failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        outcome
+    }
+}

@@ -1,0 +1,396 @@
+//! The desired state the agent reconciles to: one read per resource type that
+//! returns everything needed to build that resource's engine objects, and the
+//! agent's few writes back (deletion confirmed, a stuck deletion reported, the
+//! progress and result of a sync). Reads join through `tenant_id`, so a row never
+//! picks up another tenant's environment or application.
+
+use std::time::{Duration, SystemTime};
+
+use tokio_postgres::{Client, Row};
+use uuid::Uuid;
+
+use crate::crypto::Sealed;
+use crate::db::DbError;
+use crate::model::{ResourceType, RowState, SyncOperationState, SyncType, TenantId};
+
+/// An application row with its tenant and destination environment.
+#[derive(Debug, Clone)]
+pub struct DesiredApplication {
+    pub id: i64,
+    pub tenant_id: TenantId,
+    pub resource_uid: Uuid,
+    pub resource_name: String,
+    pub repo_url: String,
+    pub path: String,
+    pub target_revision: String,
+    pub destination_namespace: String,
+    pub sync_type: SyncType,
+    pub create_namespace: bool,
+    pub row_state: RowState,
+    /// How long ago the row last changed (for a deleting row: since deletion began).
+    pub unchanged_for: Duration,
+    pub tenant_namespace: String,
+    /// The row's `managed_environment_id` (set while `environment` is None means
+    /// the environment is not the tenant's: never deploy then).
+    pub managed_environment_id: Option<i64>,
+    /// The destination environment, when not the tenant's own namespace.
+    pub environment: Option<EnvironmentRef>,
+}
+
+/// The environment an application deploys to.
+#[derive(Debug, Clone)]
+pub struct EnvironmentRef {
+    pub id: i64,
+    pub api_url: String,
+    pub row_state: RowState,
+}
+
+/// A managed environment with its sealed credentials.
+#[derive(Debug, Clone)]
+pub struct DesiredEnvironment {
+    pub id: i64,
+    pub tenant_id: TenantId,
+    pub resource_uid: Uuid,
+    pub resource_name: String,
+    pub api_url: String,
+    pub allow_insecure_skip_tls_verify: bool,
+    pub namespaces: Vec<String>,
+    pub cluster_resources: bool,
+    pub row_state: RowState,
+    /// Sealed `ClusterCredentials` (table `cluster_credential`).
+    pub credentials: Option<Sealed>,
+}
+
+/// A repository credential; `credentials` is None until its Secret is valid.
+#[derive(Debug, Clone)]
+pub struct DesiredRepositoryCredential {
+    pub id: i64,
+    pub tenant_id: TenantId,
+    pub resource_uid: Uuid,
+    pub resource_name: String,
+    pub repo_url: String,
+    pub row_state: RowState,
+    /// Sealed `RepositoryCredentials` (table `repository_credential`).
+    pub credentials: Option<Sealed>,
+}
+
+/// A sync operation and the application it syncs.
+#[derive(Debug, Clone)]
+pub struct DesiredSyncOperation {
+    pub id: i64,
+    pub tenant_id: TenantId,
+    pub resource_name: String,
+    pub deployment_name: String,
+    pub revision: String,
+    pub correlation_id: Uuid,
+    pub state: SyncOperationState,
+    pub terminate_requested: bool,
+    pub row_state: RowState,
+    /// The application, when it exists (same tenant).
+    pub application: Option<SyncTarget>,
+}
+
+/// What a sync needs of its application.
+#[derive(Debug, Clone)]
+pub struct SyncTarget {
+    pub id: i64,
+    pub resource_uid: Uuid,
+    pub row_state: RowState,
+    pub sync_type: SyncType,
+}
+
+/// Everything a tenant's project is built from: rows that are `active` or still
+/// `deleting` (Argo CD must keep permitting what it is still pruning).
+#[derive(Debug, Clone)]
+pub struct TenantProject {
+    pub tenant_id: TenantId,
+    pub namespace_name: String,
+    pub row_state: RowState,
+    /// Repository URLs of the tenant's applications and repository credentials.
+    pub repo_urls: Vec<String>,
+    pub environments: Vec<ProjectEnvironment>,
+}
+
+/// One environment as the project sees it.
+#[derive(Debug, Clone)]
+pub struct ProjectEnvironment {
+    pub id: i64,
+    pub api_url: String,
+    /// The environment's allowed namespaces (empty: not restricted by the tenant).
+    pub namespaces: Vec<String>,
+    pub cluster_resources: bool,
+    /// Namespaces the tenant's applications deploy to on this environment.
+    pub application_namespaces: Vec<String>,
+}
+
+const APPLICATION: &str = "
+SELECT a.id, a.tenant_id, a.resource_uid, a.resource_name, a.repo_url, a.path, a.target_revision,
+       a.destination_namespace, a.sync_type, a.create_namespace, a.row_state,
+       EXTRACT(EPOCH FROM (now() - a.updated_at))::float8, t.namespace_name,
+       e.id, e.api_url, e.row_state, a.managed_environment_id
+  FROM application a
+  JOIN tenant t ON t.id = a.tenant_id
+  LEFT JOIN managed_environment e ON e.id = a.managed_environment_id AND e.tenant_id = a.tenant_id
+ WHERE a.id = $1";
+
+const ENVIRONMENT: &str = "
+SELECT e.id, e.tenant_id, e.resource_uid, e.resource_name, e.api_url, e.allow_insecure_skip_tls_verify,
+       e.namespaces, e.cluster_resources, e.row_state, c.key_id, c.ciphertext
+  FROM managed_environment e
+  LEFT JOIN cluster_credential c ON c.managed_environment_id = e.id AND c.tenant_id = e.tenant_id
+ WHERE e.id = $1";
+
+const REPOSITORY_CREDENTIAL: &str = "
+SELECT id, tenant_id, resource_uid, resource_name, repo_url, row_state, key_id, ciphertext
+  FROM repository_credential WHERE id = $1";
+
+const SYNC_OPERATION: &str = "
+SELECT s.id, s.tenant_id, s.resource_name, s.deployment_name, s.revision, s.correlation_id, s.state,
+       s.terminate_requested, s.row_state, a.id, a.resource_uid, a.row_state, a.sync_type
+  FROM sync_operation s
+  LEFT JOIN application a ON a.id = s.application_id AND a.tenant_id = s.tenant_id
+ WHERE s.id = $1";
+
+const TENANT: &str = "SELECT id, namespace_name, row_state FROM tenant WHERE id = $1";
+
+const TENANT_REPOS: &str = "
+SELECT repo_url FROM application WHERE tenant_id = $1 AND row_state <> 'deleted'
+ UNION
+SELECT repo_url FROM repository_credential WHERE tenant_id = $1 AND row_state <> 'deleted'
+ ORDER BY 1";
+
+const TENANT_ENVIRONMENTS: &str = "
+SELECT e.id, e.api_url, e.namespaces, e.cluster_resources,
+       COALESCE(array_agg(DISTINCT a.destination_namespace ORDER BY a.destination_namespace)
+                FILTER (WHERE a.id IS NOT NULL), '{}')
+  FROM managed_environment e
+  LEFT JOIN application a
+         ON a.managed_environment_id = e.id AND a.tenant_id = e.tenant_id AND a.row_state <> 'deleted'
+ WHERE e.tenant_id = $1 AND e.row_state <> 'deleted'
+ GROUP BY e.id
+ ORDER BY e.id";
+
+fn sealed(row: &Row, key: usize, bytes: usize) -> Option<Sealed> {
+    match (row.get::<_, Option<String>>(key), row.get::<_, Option<Vec<u8>>>(bytes)) {
+        (Some(key_id), Some(ciphertext)) => Some(Sealed { key_id, ciphertext }),
+        _ => None,
+    }
+}
+
+/// The application `id` (None: no such row).
+pub async fn application_load(client: &Client, id: i64) -> Result<Option<DesiredApplication>, DbError> {
+    let row = client.query_opt(APPLICATION, &[&id]).await.map_err(DbError::query("read an application"))?;
+    Ok(row.map(|row| DesiredApplication {
+        id: row.get(0),
+        tenant_id: TenantId(row.get(1)),
+        resource_uid: row.get(2),
+        resource_name: row.get(3),
+        repo_url: row.get(4),
+        path: row.get(5),
+        target_revision: row.get(6),
+        destination_namespace: row.get(7),
+        sync_type: row.get(8),
+        create_namespace: row.get(9),
+        row_state: row.get(10),
+        unchanged_for: Duration::from_secs_f64(row.get::<_, f64>(11).max(0.0)),
+        tenant_namespace: row.get(12),
+        managed_environment_id: row.get(16),
+        environment: row.get::<_, Option<i64>>(13).map(|id| EnvironmentRef {
+            id,
+            api_url: row.get(14),
+            row_state: row.get(15),
+        }),
+    }))
+}
+
+/// The managed environment `id` with its sealed credentials.
+pub async fn managed_environment_load(client: &Client, id: i64) -> Result<Option<DesiredEnvironment>, DbError> {
+    let row = client.query_opt(ENVIRONMENT, &[&id]).await.map_err(DbError::query("read a managed environment"))?;
+    Ok(row.map(|row| DesiredEnvironment {
+        id: row.get(0),
+        tenant_id: TenantId(row.get(1)),
+        resource_uid: row.get(2),
+        resource_name: row.get(3),
+        api_url: row.get(4),
+        allow_insecure_skip_tls_verify: row.get(5),
+        namespaces: row.get(6),
+        cluster_resources: row.get(7),
+        row_state: row.get(8),
+        credentials: sealed(&row, 9, 10),
+    }))
+}
+
+/// The repository credential `id`.
+pub async fn repository_credential_load(
+    client: &Client,
+    id: i64,
+) -> Result<Option<DesiredRepositoryCredential>, DbError> {
+    let row = client
+        .query_opt(REPOSITORY_CREDENTIAL, &[&id])
+        .await
+        .map_err(DbError::query("read a repository credential"))?;
+    Ok(row.map(|row| DesiredRepositoryCredential {
+        id: row.get(0),
+        tenant_id: TenantId(row.get(1)),
+        resource_uid: row.get(2),
+        resource_name: row.get(3),
+        repo_url: row.get(4),
+        row_state: row.get(5),
+        credentials: sealed(&row, 6, 7),
+    }))
+}
+
+/// The sync operation `id` with its application.
+pub async fn sync_operation_load(client: &Client, id: i64) -> Result<Option<DesiredSyncOperation>, DbError> {
+    let row = client.query_opt(SYNC_OPERATION, &[&id]).await.map_err(DbError::query("read a sync operation"))?;
+    Ok(row.map(|row| DesiredSyncOperation {
+        id: row.get(0),
+        tenant_id: TenantId(row.get(1)),
+        resource_name: row.get(2),
+        deployment_name: row.get(3),
+        revision: row.get(4),
+        correlation_id: row.get(5),
+        state: row.get(6),
+        terminate_requested: row.get(7),
+        row_state: row.get(8),
+        application: row.get::<_, Option<i64>>(9).map(|id| SyncTarget {
+            id,
+            resource_uid: row.get(10),
+            row_state: row.get(11),
+            sync_type: row.get(12),
+        }),
+    }))
+}
+
+/// What the tenant's project must permit (None: no such tenant).
+pub async fn tenant_project_load(client: &Client, tenant: TenantId) -> Result<Option<TenantProject>, DbError> {
+    let Some(row) = client.query_opt(TENANT, &[&tenant.0]).await.map_err(DbError::query("read a tenant"))? else {
+        return Ok(None);
+    };
+    let repos = client.query(TENANT_REPOS, &[&tenant.0]).await.map_err(DbError::query("read a tenant's repositories"))?;
+    let environments = client
+        .query(TENANT_ENVIRONMENTS, &[&tenant.0])
+        .await
+        .map_err(DbError::query("read a tenant's environments"))?;
+    Ok(Some(TenantProject {
+        tenant_id: TenantId(row.get(0)),
+        namespace_name: row.get(1),
+        row_state: row.get(2),
+        repo_urls: repos.iter().map(|r| r.get(0)).collect(),
+        environments: environments
+            .iter()
+            .map(|r| ProjectEnvironment {
+                id: r.get(0),
+                api_url: r.get(1),
+                namespaces: r.get(2),
+                cluster_resources: r.get(3),
+                application_namespaces: r.get(4),
+            })
+            .collect(),
+    }))
+}
+
+// One statement per table: the table name is never spliced into SQL.
+const MARK_DELETED: &[(ResourceType, &str)] = &[
+    (
+        ResourceType::Application,
+        "UPDATE application SET row_state = 'deleted', deletion_message = NULL, updated_at = now()
+          WHERE id = $1 AND row_state = 'deleting'",
+    ),
+    (
+        ResourceType::ManagedEnvironment,
+        "UPDATE managed_environment SET row_state = 'deleted', updated_at = now()
+          WHERE id = $1 AND row_state = 'deleting'",
+    ),
+    (
+        ResourceType::RepositoryCredential,
+        "UPDATE repository_credential SET row_state = 'deleted', updated_at = now()
+          WHERE id = $1 AND row_state = 'deleting'",
+    ),
+    (
+        ResourceType::SyncOperation,
+        "UPDATE sync_operation SET row_state = 'deleted', updated_at = now()
+          WHERE id = $1 AND row_state = 'deleting'",
+    ),
+    (
+        ResourceType::Tenant,
+        "UPDATE tenant SET row_state = 'deleted', updated_at = now() WHERE id = $1 AND row_state = 'deleting'",
+    ),
+];
+
+/// Confirms a deletion: a `deleting` row of `resource_type` becomes `deleted` (the
+/// writer may then release its finalizer). Returns whether the row changed.
+pub async fn resource_mark_deleted(client: &Client, resource_type: ResourceType, id: i64) -> Result<bool, DbError> {
+    let statement = MARK_DELETED
+        .iter()
+        .find(|(t, _)| *t == resource_type)
+        .map(|(_, s)| *s)
+        .ok_or_else(|| DbError::Invalid(format!("rows of type {resource_type} cannot be marked deleted")))?;
+    let changed = client.execute(statement, &[&id]).await.map_err(DbError::query("confirm a deletion"))?;
+    Ok(changed > 0)
+}
+
+/// Confirms the deletion of application `id`.
+pub async fn application_mark_deleted(client: &Client, id: i64) -> Result<bool, DbError> {
+    resource_mark_deleted(client, ResourceType::Application, id).await
+}
+
+const DELETION_MESSAGE: &str = "
+UPDATE application SET deletion_message = $2
+ WHERE id = $1 AND row_state = 'deleting' AND deletion_message IS DISTINCT FROM $2";
+
+/// Reports why a deletion is stuck (shown to the tenant). `updated_at` is left
+/// alone: it measures how long the deletion has been going on.
+pub async fn application_set_deletion_message(client: &Client, id: i64, message: &str) -> Result<(), DbError> {
+    client.execute(DELETION_MESSAGE, &[&id, &message]).await.map_err(DbError::query("report a stuck deletion"))?;
+    Ok(())
+}
+
+const SYNC_STARTED: &str = "
+UPDATE sync_operation SET state = $2, started_at = COALESCE(started_at, now()), updated_at = now()
+ WHERE id = $1 AND state IN ('pending', 'running')";
+
+/// A sync was requested (`Running`) or its termination was (`Terminating`).
+pub async fn sync_operation_set_state(
+    client: &Client,
+    id: i64,
+    state: SyncOperationState,
+) -> Result<(), DbError> {
+    client.execute(SYNC_STARTED, &[&id, &state]).await.map_err(DbError::query("record a sync's progress"))?;
+    Ok(())
+}
+
+/// How a sync ended, as read from the engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncOutcome {
+    /// `Succeeded`, `Failed` or `Terminated`.
+    pub state: SyncOperationState,
+    pub synced_revision: Option<String>,
+    pub message: Option<String>,
+    pub finished_at: Option<SystemTime>,
+}
+
+const SYNC_FINISHED: &str = "
+UPDATE sync_operation
+   SET state = $3, synced_revision = $4, message = $5, finished_at = COALESCE($6, now()),
+       started_at = COALESCE(started_at, now()), updated_at = now()
+ WHERE id = $1 AND correlation_id = $2 AND state IN ('pending', 'running', 'terminating')";
+
+/// Records the end of the sync with `correlation_id` (the agent's reconciler and
+/// its status watcher may both see it; the first write wins, the second changes
+/// nothing). Returns whether the row changed.
+pub async fn sync_operation_record_outcome(
+    client: &Client,
+    id: i64,
+    correlation_id: Uuid,
+    outcome: &SyncOutcome,
+) -> Result<bool, DbError> {
+    let changed = client
+        .execute(
+            SYNC_FINISHED,
+            &[&id, &correlation_id, &outcome.state, &outcome.synced_revision, &outcome.message, &outcome.finished_at],
+        )
+        .await
+        .map_err(DbError::query("record a sync's result"))?;
+    Ok(changed > 0)
+}

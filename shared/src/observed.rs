@@ -1,0 +1,195 @@
+//! Observed state: what the engine (Argo CD) reports about an application and about
+//! a requested sync, written by the agent and read by the writer's status loop.
+//!
+//! Kept apart from the intent types on purpose: intent is what a tenant asked for,
+//! observed state is what the engine says happened. Every write here is skipped
+//! when it would change nothing, because each `application_state` update takes a
+//! new sequence number (trigger `application_state_stamp`) and wakes the writers
+//! (statement trigger `application_state_signal`, which fires even for a statement
+//! that touches no row — hence the check before the upsert).
+
+use std::time::SystemTime;
+
+use serde_json::Value;
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+use crate::db::DbError;
+use crate::model::{ApplicationId, EngineInstanceId, SyncOperationState, TenantId};
+
+/// One `application_state` row's content, as the engine reported it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObservedApplication {
+    pub application_id: ApplicationId,
+    pub tenant_id: TenantId,
+    pub sync_status: Option<String>,
+    pub sync_revision: Option<String>,
+    pub health_status: Option<String>,
+    pub health_message: Option<String>,
+    /// A JSON array.
+    pub resources: Value,
+    /// A JSON array.
+    pub conditions: Value,
+    pub operation_state: Option<Value>,
+    /// The source and destination the engine last compared against.
+    pub reconciled_state: Option<Value>,
+}
+
+/// Progress of one requested sync, as the engine reported it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObservedSync {
+    pub application_id: ApplicationId,
+    /// `sync_operation.correlation_id`, echoed by the engine.
+    pub correlation_id: Uuid,
+    pub state: SyncOperationState,
+    pub synced_revision: Option<String>,
+    pub message: Option<String>,
+    pub started_at: Option<SystemTime>,
+    pub finished_at: Option<SystemTime>,
+}
+
+/// The application row an engine object belongs to, as far as this instance knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApplicationOwner {
+    pub application_id: ApplicationId,
+    pub tenant_id: TenantId,
+}
+
+// The row must exist and belong to a tenant placed on this instance: an object in
+// the instance's namespace never writes the state of another instance's row.
+const OWNER_BY_ID: &str = "
+SELECT a.id, a.tenant_id
+  FROM application a JOIN tenant t ON t.id = a.tenant_id
+ WHERE a.id = $1 AND t.engine_instance_id = $2";
+
+const OWNER_BY_UID: &str = "
+SELECT a.id, a.tenant_id
+  FROM application a JOIN tenant t ON t.id = a.tenant_id
+ WHERE a.resource_uid = $1 AND t.engine_instance_id = $2";
+
+// Compared in SQL, so JSON equality is jsonb's (key order does not matter).
+const UNCHANGED: &str = "
+SELECT 1 FROM application_state s
+ WHERE s.application_id = $1
+   AND (s.tenant_id, s.sync_status, s.sync_revision, s.health_status, s.health_message,
+        s.resources, s.conditions, s.operation_state, s.reconciled_state)
+       IS NOT DISTINCT FROM
+       ($2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb)";
+
+// Inserted only while the application row exists (a concurrent purge wins); an
+// update only when something differs, so a racing replica cannot add a sequence
+// number for nothing.
+const UPSERT: &str = "
+INSERT INTO application_state (application_id, tenant_id, sync_status, sync_revision,
+                               health_status, health_message, resources, conditions,
+                               operation_state, reconciled_state)
+SELECT a.id, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb
+  FROM application a WHERE a.id = $1
+ON CONFLICT (application_id) DO UPDATE
+   SET tenant_id = EXCLUDED.tenant_id, sync_status = EXCLUDED.sync_status,
+       sync_revision = EXCLUDED.sync_revision, health_status = EXCLUDED.health_status,
+       health_message = EXCLUDED.health_message, resources = EXCLUDED.resources,
+       conditions = EXCLUDED.conditions, operation_state = EXCLUDED.operation_state,
+       reconciled_state = EXCLUDED.reconciled_state, updated_at = now()
+ WHERE (application_state.tenant_id, application_state.sync_status,
+        application_state.sync_revision, application_state.health_status,
+        application_state.health_message, application_state.resources,
+        application_state.conditions, application_state.operation_state,
+        application_state.reconciled_state)
+       IS DISTINCT FROM
+       (EXCLUDED.tenant_id, EXCLUDED.sync_status, EXCLUDED.sync_revision,
+        EXCLUDED.health_status, EXCLUDED.health_message, EXCLUDED.resources,
+        EXCLUDED.conditions, EXCLUDED.operation_state, EXCLUDED.reconciled_state)
+RETURNING seq";
+
+// A finished sync keeps its result; the row is matched by correlation id *and*
+// application, so an object can only report on its own application's syncs. A
+// sync that failed after termination was asked for is `terminated`; a row being
+// terminated does not go back to `running`.
+const SYNC_PROGRESS: &str = "
+WITH observed AS (
+    SELECT s.id,
+           CASE WHEN $3 = 'failed'::sync_operation_state
+                 AND (s.state = 'terminating' OR s.terminate_requested)
+                THEN 'terminated'::sync_operation_state
+                ELSE $3 END AS state,
+           COALESCE($6, s.started_at) AS started_at
+      FROM sync_operation s
+     WHERE s.correlation_id = $1 AND s.application_id = $2
+       AND s.state NOT IN ('succeeded', 'failed', 'terminated')
+       AND NOT (s.state = 'terminating' AND $3 IN ('running', 'pending'))
+)
+UPDATE sync_operation s
+   SET state = o.state, synced_revision = $4, message = $5,
+       started_at = o.started_at, finished_at = $7, updated_at = now()
+  FROM observed o
+ WHERE s.id = o.id
+   AND (s.state, s.synced_revision, s.message, s.started_at, s.finished_at)
+       IS DISTINCT FROM (o.state, $4, $5, o.started_at, $7)
+RETURNING s.id";
+
+/// The application row with id `id` if it belongs to a tenant on `instance`.
+pub async fn application_owner_by_id(
+    client: &Client,
+    instance: EngineInstanceId,
+    id: i64,
+) -> Result<Option<ApplicationOwner>, DbError> {
+    let row = client.query_opt(OWNER_BY_ID, &[&id, &instance.0]).await.map_err(DbError::query("find an application"))?;
+    Ok(row.map(|row| ApplicationOwner { application_id: ApplicationId(row.get(0)), tenant_id: TenantId(row.get(1)) }))
+}
+
+/// The application row of tenant resource `uid` if it belongs to a tenant on `instance`.
+pub async fn application_owner_by_uid(
+    client: &Client,
+    instance: EngineInstanceId,
+    uid: Uuid,
+) -> Result<Option<ApplicationOwner>, DbError> {
+    let row =
+        client.query_opt(OWNER_BY_UID, &[&uid, &instance.0]).await.map_err(DbError::query("find an application"))?;
+    Ok(row.map(|row| ApplicationOwner { application_id: ApplicationId(row.get(0)), tenant_id: TenantId(row.get(1)) }))
+}
+
+/// Writes `observed` when it differs from the stored row. Returns the new sequence
+/// number, or `None` when nothing changed (or the application row is gone).
+pub async fn application_state_upsert(client: &Client, observed: &ObservedApplication) -> Result<Option<i64>, DbError> {
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
+        &observed.application_id.0,
+        &observed.tenant_id.0,
+        &observed.sync_status,
+        &observed.sync_revision,
+        &observed.health_status,
+        &observed.health_message,
+        &observed.resources,
+        &observed.conditions,
+        &observed.operation_state,
+        &observed.reconciled_state,
+    ];
+    let unchanged =
+        client.query_opt(UNCHANGED, &params).await.map_err(DbError::query("compare an application state"))?;
+    if unchanged.is_some() {
+        return Ok(None);
+    }
+    let row = client.query_opt(UPSERT, &params).await.map_err(DbError::query("upsert an application state"))?;
+    Ok(row.map(|row| row.get(0)))
+}
+
+/// Records a sync's progress on its `sync_operation` row when it changed. Returns
+/// whether a row was written.
+pub async fn sync_operation_progress(client: &Client, observed: &ObservedSync) -> Result<bool, DbError> {
+    let row = client
+        .query_opt(
+            SYNC_PROGRESS,
+            &[
+                &observed.correlation_id,
+                &observed.application_id.0,
+                &observed.state,
+                &observed.synced_revision,
+                &observed.message,
+                &observed.started_at,
+                &observed.finished_at,
+            ],
+        )
+        .await
+        .map_err(DbError::query("record sync progress"))?;
+    Ok(row.is_some())
+}

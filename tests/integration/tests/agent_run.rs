@@ -1,0 +1,415 @@
+//! The whole agent (`run_agent`, as the binary runs it) against PostgreSQL and the
+//! Argo CD stand-in on the test tier's API server: status flows back into
+//! `application_state`, drift is put right by the sweep, orphans go and foreign
+//! objects stay, the deletion cap and dry-run hold, a restart in the middle of a
+//! held sync completes the work once, and the HTTP endpoints answer. Tests wait on
+//! the agent's counters and on rows and objects, never on time.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use gitops_agent::engine::argocd::application_resource;
+use gitops_agent::names::{self, APPLICATION_ID_LABEL, MANAGED_BY_LABEL, MANAGED_BY_VALUE, TENANT_ID_LABEL};
+use gitops_agent::{AgentConfig, AgentHandle, run_agent};
+use gitops_shared::application::application_upsert_in_txn;
+use gitops_shared::crypto::SecretBox;
+use gitops_shared::instance::engine_instance_add;
+use gitops_shared::model::{EngineInstanceId, ResourceType, SyncType, TenantId};
+use gitops_shared::queue::operation_enqueue_in_txn;
+use gitops_shared::tenant::tenant_upsert_locked_in_txn;
+use gitops_testkit::TestDb;
+use gitops_testkit::argocd::{self, COMPARISON_ERROR_KNOB, HEALTH_KNOB, StandinOptions, SYNC_KNOB, app_project_crd, application_crd};
+use gitops_testkit::cluster::{TestCluster, TestNamespace};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::task::JoinHandle;
+use tokio_postgres::Client;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::support::{eventually, intent};
+
+const INSTANCE: &str = "argocd-1";
+
+struct Env {
+    db: TestDb,
+    client: Client,
+    kube: kube::Client,
+    ns: TestNamespace,
+    instance: EngineInstanceId,
+    tenant: TenantId,
+    secrets: SecretBox,
+    kubeconfig: std::path::PathBuf,
+    standin: CancellationToken,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.standin.cancel();
+    }
+}
+
+/// A running agent.
+struct Agent {
+    cancel: CancellationToken,
+    task: JoinHandle<Result<(), gitops_agent::AgentError>>,
+    handle: AgentHandle,
+}
+
+impl Agent {
+    fn sweeps(&self) -> u64 {
+        self.handle.metrics.sweeps()
+    }
+
+    /// Waits until `more` sweeps have finished after now (so at least one started
+    /// after the caller's change).
+    async fn wait_sweeps(&self, more: u64) {
+        let target = self.sweeps() + more;
+        eventually("sweeps", || async { (self.sweeps() >= target).then_some(()) }).await;
+    }
+
+    /// Cancels the token (SIGTERM's path) and expects a clean exit.
+    async fn stop(self) {
+        self.cancel.cancel();
+        let result = tokio::time::timeout(crate::support::DEADLINE, self.task).await.expect("the agent stops in time");
+        result.expect("agent task").expect("a clean exit");
+    }
+}
+
+async fn env(purpose: &str) -> Env {
+    let cluster = TestCluster::get().await;
+    cluster.install_crds(vec![application_crd(), app_project_crd()]).await.expect("install the Argo CD CRDs");
+    let ns = cluster.namespace(purpose).await;
+    let kube = cluster.admin().await;
+    let standin = CancellationToken::new();
+    tokio::spawn({
+        let (kube, name, cancel) = (kube.clone(), ns.name().to_owned(), standin.clone());
+        async move { argocd::run(kube, &name, StandinOptions::default(), cancel).await }
+    });
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let instance = engine_instance_add(&client, INSTANCE, ns.name(), 1000).await.expect("add instance");
+    let txn = client.transaction().await.expect("begin");
+    let tenant = tenant_upsert_locked_in_txn(&txn, Uuid::new_v4(), "team-a", Some(instance)).await.expect("tenant").id;
+    txn.commit().await.expect("commit");
+    let key = SecretBox::generate_key("k1").expect("key");
+    let secrets = SecretBox::from_config(Some(&key), Some("k1")).expect("secrets");
+    // The agent acts with an identity that may touch only its Argo CD namespace.
+    let kubeconfig = cluster.namespace_identity(ns.name(), "gitops-agent", crate::support::agent_rbac_rules()).await.kubeconfig;
+    Env { db, client, kube, ns, instance, tenant, secrets, kubeconfig, standin }
+}
+
+impl Env {
+    fn config(&self) -> AgentConfig {
+        let mut config = AgentConfig::new(self.db.url(), INSTANCE.into(), self.secrets.clone());
+        config.kubeconfig = Some(self.kubeconfig.clone());
+        config.metrics_address = "127.0.0.1:0".parse().expect("address");
+        config.sweep.interval = Duration::from_millis(300);
+        config.lease = Duration::from_secs(20);
+        config.poll_interval = Duration::from_secs(1);
+        config.concurrency = 4;
+        config
+    }
+
+    fn start(&self, config: AgentConfig) -> Agent {
+        let cancel = CancellationToken::new();
+        let handle = config.handle.clone();
+        let task = tokio::spawn(run_agent(config, cancel.clone()));
+        Agent { cancel, task, handle }
+    }
+
+    fn apps(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.kube.clone(), self.ns.name(), &application_resource())
+    }
+
+    /// A manual application row with its operation, as the writer writes it.
+    async fn application(&mut self) -> (i64, String) {
+        let uid = Uuid::new_v4();
+        let mut intent = intent(self.tenant, uid, 1);
+        intent.sync_type = SyncType::Manual;
+        let txn = self.client.transaction().await.expect("begin");
+        let id = application_upsert_in_txn(&txn, &intent).await.expect("upsert").expect("new row").0;
+        operation_enqueue_in_txn(&txn, self.instance, self.tenant, ResourceType::Application, id).await.expect("enqueue");
+        txn.commit().await.expect("commit");
+        (id, names::application_name(uid))
+    }
+
+    async fn object(&self, name: &str) -> Option<DynamicObject> {
+        self.apps().get_opt(name).await.expect("read Application")
+    }
+
+    async fn wait_object(&self, name: &str, what: &str, check: impl Fn(&DynamicObject) -> bool) -> DynamicObject {
+        eventually(what, || async { self.object(name).await.filter(|o| check(o)) }).await
+    }
+
+    async fn annotate(&self, name: &str, key: &str, value: Option<&str>) {
+        let patch = json!({"metadata": {"annotations": {key: value}}});
+        self.apps().patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("annotate");
+    }
+
+    /// An Application the agent did not make, in its namespace.
+    async fn create_app(&self, name: &str, labels: BTreeMap<String, String>) {
+        let object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "project": "default",
+                "source": {"repoURL": "https://git.example.invalid/x.git", "path": "p", "targetRevision": "HEAD"},
+                "destination": {"server": "https://kubernetes.default.svc", "namespace": "x"},
+            },
+        }))
+        .expect("Application");
+        self.apps().create(&PostParams::default(), &object).await.expect("create Application");
+    }
+
+    /// `(seq, sync, health, conditions)` of the application's state row.
+    async fn state(&self, id: i64) -> Option<(i64, Option<String>, Option<String>, Value)> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT seq, sync_status, health_status, conditions FROM application_state WHERE application_id = $1",
+                &[&id],
+            )
+            .await
+            .expect("read state")?;
+        Some((row.get(0), row.get(1), row.get(2), row.get(3)))
+    }
+}
+
+fn owned_labels(id: i64, tenant: TenantId) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned()),
+        (APPLICATION_ID_LABEL.to_owned(), id.to_string()),
+        (TENANT_ID_LABEL.to_owned(), tenant.0.to_string()),
+    ])
+}
+
+/// `(state, synced_revision)` of a sync operation row.
+async fn sync_state(client: &Client, id: i64) -> (String, Option<String>) {
+    let row = client
+        .query_one("SELECT state::text, synced_revision FROM sync_operation WHERE id = $1", &[&id])
+        .await
+        .expect("sync state");
+    (row.get(0), row.get(1))
+}
+
+/// A minimal HTTP/1.1 GET: (status code, body).
+async fn get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(address).await.expect("connect to the agent");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("a status line");
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test]
+async fn agent_status_flows_into_application_state_with_increasing_seq() {
+    let mut env = env("agent-status").await;
+    let agent = env.start(env.config());
+    let (id, name) = env.application().await;
+
+    let (first, ..) = eventually("Synced and Healthy recorded", || async {
+        env.state(id).await.filter(|(_, sync, health, _)| {
+            sync.as_deref() == Some("Synced") && health.as_deref() == Some("Healthy")
+        })
+    })
+    .await;
+
+    env.annotate(&name, HEALTH_KNOB, Some("Degraded")).await;
+    let (second, ..) = eventually("Degraded recorded", || async {
+        env.state(id).await.filter(|(_, _, health, _)| health.as_deref() == Some("Degraded"))
+    })
+    .await;
+    assert!(second > first, "a change takes a new sequence number: {first} then {second}");
+
+    env.annotate(&name, COMPARISON_ERROR_KNOB, Some("repository not found")).await;
+    let (third, sync, ..) = eventually("ComparisonError recorded", || async {
+        env.state(id).await.filter(|(_, sync, _, conditions)| {
+            sync.as_deref() == Some("Unknown")
+                && conditions.as_array().is_some_and(|c| c.iter().any(|c| c["type"] == "ComparisonError"))
+        })
+    })
+    .await;
+    assert!(third > second, "{second} then {third}");
+    assert_eq!(sync.as_deref(), Some("Unknown"));
+
+    // Nothing changes any more: sweeps re-apply the Application and the stand-in
+    // re-reports, but no row is written (the sequence number stays).
+    agent.wait_sweeps(3).await;
+    assert_eq!(env.state(id).await.expect("state").0, third, "unchanged status is not written again");
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn agent_sweep_restores_drift_removes_orphans_and_leaves_foreign_objects() {
+    let mut env = env("agent-drift").await;
+    let agent = env.start(env.config());
+    let (id, name) = env.application().await;
+    let original = env.wait_object(&name, "the Application", |_| true).await;
+
+    // Deleted behind the agent's back: back, as a new object.
+    env.apps().delete(&name, &DeleteParams::default()).await.expect("delete");
+    let old_uid = original.metadata.uid.clone();
+    env.wait_object(&name, "the Application restored", |o| o.metadata.uid != old_uid).await;
+
+    // Edited behind the agent's back: put right.
+    let edit = json!({"spec": {"source": {"path": "tampered"}}});
+    env.apps().patch(&name, &PatchParams::default(), &Patch::Merge(&edit)).await.expect("edit");
+    env.wait_object(&name, "the edit undone", |o| o.data["spec"]["source"]["path"] == "deploy/app").await;
+
+    // An orphan (our labels, no row) goes; a foreign look-alike stays.
+    let orphan = names::application_name(Uuid::new_v4());
+    env.create_app(&orphan, owned_labels(id + 1000, env.tenant)).await;
+    let foreign = names::application_name(Uuid::new_v4());
+    let mut foreign_labels = owned_labels(id + 2000, env.tenant);
+    foreign_labels.insert(MANAGED_BY_LABEL.to_owned(), "someone-else".to_owned());
+    env.create_app(&foreign, foreign_labels).await;
+    eventually("the orphan deleted", || async { env.object(&orphan).await.is_none().then_some(()) }).await;
+    agent.wait_sweeps(2).await;
+    assert!(env.object(&foreign).await.is_some(), "a foreign object is never touched");
+    assert!(env.object(&name).await.is_some(), "the owned Application stays");
+    assert!(agent.handle.metrics.sweep_deletions_enqueued.load(Ordering::Relaxed) >= 1);
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn agent_sweep_deletion_cap_and_dry_run_hold() {
+    let mut env = env("agent-cap").await;
+    let orphans: Vec<String> = (0..2).map(|_| names::application_name(Uuid::new_v4())).collect();
+    for (i, orphan) in orphans.iter().enumerate() {
+        env.create_app(orphan, owned_labels(9000 + i as i64, env.tenant)).await;
+    }
+
+    // A cap of 1 with two orphans: the sweep refuses both.
+    let mut config = env.config();
+    config.sweep.max_deletions = 1;
+    let agent = env.start(config);
+    agent.wait_sweeps(3).await;
+    assert!(agent.handle.metrics.sweep_deletions_refused.load(Ordering::Relaxed) >= 2);
+    assert_eq!(agent.handle.metrics.sweep_deletions_enqueued.load(Ordering::Relaxed), 0);
+    for orphan in &orphans {
+        assert!(env.object(orphan).await.is_some(), "nothing beyond the cap is deleted");
+    }
+    let metrics = get(agent.handle.http_address().expect("bound"), "/metrics").await.1;
+    assert!(metrics.contains("gitops_agent_sweep_deletions_refused_total"), "{metrics}");
+    agent.stop().await;
+
+    // Dry run: reported, nothing enqueued, nothing deleted.
+    let mut config = env.config();
+    config.sweep.dry_run = true;
+    let agent = env.start(config);
+    let (_, name) = env.application().await;
+    agent.wait_sweeps(3).await;
+    assert!(agent.handle.metrics.sweep_dry_run_skipped.load(Ordering::Relaxed) >= 2);
+    let queued: i64 = env
+        .client
+        .query_one("SELECT count(*) FROM operation WHERE resource_id >= 9000", &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(queued, 0, "a dry run enqueues nothing");
+    for orphan in &orphans {
+        assert!(env.object(orphan).await.is_some(), "a dry run deletes nothing");
+    }
+    // The writer's own operation is still handled in dry-run mode.
+    env.wait_object(&name, "the Application", |_| true).await;
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn agent_restart_during_a_held_sync_completes_it_once() {
+    let mut env = env("agent-restart").await;
+    let agent = env.start(env.config());
+    let (id, name) = env.application().await;
+    env.wait_object(&name, "the Application", |_| true).await;
+    env.annotate(&name, SYNC_KNOB, Some("hold")).await;
+
+    let row = env
+        .client
+        .query_one(
+            "INSERT INTO sync_operation (tenant_id, resource_uid, resource_name, generation, deployment_name,
+                                         application_id, revision)
+             VALUES ($1, $2, 'run-1', 1, 'app', $3, 'v2') RETURNING id, correlation_id",
+            &[&env.tenant.0, &Uuid::new_v4(), &id],
+        )
+        .await
+        .expect("sync row");
+    let sync_id: i64 = row.get(0);
+    let txn = env.client.transaction().await.expect("begin");
+    operation_enqueue_in_txn(&txn, env.instance, env.tenant, ResourceType::SyncOperation, sync_id).await.expect("enqueue");
+    txn.commit().await.expect("commit");
+
+    env.wait_object(&name, "a held, running sync", |o| o.data["status"]["operationState"]["phase"] == "Running").await;
+    eventually("the sync recorded running", || async {
+        (sync_state(&env.client, sync_id).await.0 == "running").then_some(())
+    })
+    .await;
+
+    // Stop the agent while the sync is held, release it while the agent is away.
+    agent.stop().await;
+    env.annotate(&name, SYNC_KNOB, None).await;
+    env.wait_object(&name, "the sync finished", |o| o.data["status"]["operationState"]["phase"] == "Succeeded").await;
+
+    let agent = env.start(env.config());
+    let (state, revision) = eventually("the sync recorded succeeded", || async {
+        let (state, revision) = sync_state(&env.client, sync_id).await;
+        (state == "succeeded").then_some((state, revision))
+    })
+    .await;
+    assert_eq!(state, "succeeded");
+    assert_eq!(revision.as_deref(), Some(argocd::fake_revision("https://git.example.invalid/team/repo.git", "deploy/app", "v2").as_str()));
+    agent.wait_sweeps(2).await;
+    let object = env.object(&name).await.expect("Application");
+    let history = object.data["status"]["history"].as_array().cloned().unwrap_or_default();
+    let ours: Vec<_> = history
+        .iter()
+        .filter(|h| h["revision"] == revision.clone().map(Value::String).unwrap_or(Value::Null))
+        .collect();
+    assert_eq!(ours.len(), 1, "the sync ran once: {history:?}");
+    assert!(object.data.get("operation").is_none(), "no sync requested again");
+    let failed: i64 = env
+        .client
+        .query_one("SELECT count(*) FROM operation WHERE state = 'failed'", &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(failed, 0);
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn agent_endpoints_answer_and_cancel_exits_cleanly() {
+    let env = env("agent-http").await;
+    let agent = env.start(env.config());
+    let address = eventually("the HTTP endpoints bound", || async { agent.handle.http_address() }).await;
+    assert_eq!(get(address, "/healthz").await, (200, "ok\n".to_owned()));
+    eventually("ready", || async { (get(address, "/readyz").await.0 == 200).then_some(()) }).await;
+    agent.wait_sweeps(1).await;
+    let (status, metrics) = get(address, "/metrics").await;
+    assert_eq!(status, 200);
+    for name in [
+        "gitops_agent_operations_claimed_total{resource_type=\"application\"}",
+        "gitops_agent_reconcile_duration_seconds_bucket",
+        "gitops_agent_claim_lag_seconds_count",
+        "gitops_agent_queue_depth",
+        "gitops_agent_listen_reconnects_total",
+        "gitops_agent_sweep_runs_total",
+        "gitops_agent_sweep_deletions_refused_total",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from:\n{metrics}");
+    }
+    assert_eq!(get(address, "/nope").await.0, 404);
+    agent.stop().await;
+    assert!(tokio::net::TcpStream::connect(address).await.is_err(), "the endpoints are gone after shutdown");
+
+    // An unknown instance is refused at start.
+    let mut config = env.config();
+    config.instance = "nope".into();
+    let refused = run_agent(config, CancellationToken::new()).await;
+    assert!(matches!(refused, Err(gitops_agent::AgentError::UnknownInstance { .. })), "{refused:?}");
+}
