@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use gitops_shared::config::{self, redact_database_url};
 use gitops_shared::crypto::{CryptoError, SecretBox};
 use gitops_shared::db::{self, DbError};
@@ -124,6 +124,17 @@ pub enum AgentError {
     KubeClient { source: kube::Error },
 }
 
+/// Every environment variable `gitops-agent run` reads: its flags' and the
+/// encryption keys' (read by `SecretBox::from_env`). Deployment manifests are
+/// checked against this list.
+pub fn run_env_vars() -> Vec<String> {
+    let mut names = vec![config::ENCRYPTION_KEYS.to_owned(), config::ENCRYPTION_ACTIVE_KEY.to_owned()];
+    if let Some(run) = Cli::command().find_subcommand("run") {
+        names.extend(run.get_arguments().filter_map(|arg| arg.get_env()).map(|env| env.to_string_lossy().into_owned()));
+    }
+    names
+}
+
 /// Runs one command.
 pub async fn execute(command: Command) -> Result<(), AgentError> {
     match command {
@@ -195,5 +206,13 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
         assert!(parse_duration("5 days").is_err());
+    }
+
+    #[test]
+    fn run_reads_its_flags_and_keys_from_the_environment() {
+        let names = run_env_vars();
+        for name in [config::DATABASE_URL, ENGINE_INSTANCE, "GITOPS_AGENT_METRICS_ADDRESS", config::ENCRYPTION_KEYS] {
+            assert!(names.iter().any(|n| n == name), "{name} missing from {names:?}");
+        }
     }
 }

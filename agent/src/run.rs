@@ -129,8 +129,7 @@ pub async fn run_agent(config: AgentConfig, cancel: CancellationToken) -> Result
     tasks.spawn(crate::http::serve(http, endpoints, background.clone()));
     tasks.spawn(heartbeat_loop(pool.clone(), instance.clone(), config.heartbeat_interval, metrics.clone(), background.clone()));
     tasks.spawn(crate::status::run_status_watcher(
-        kube,
-        instance.argocd_namespace.clone(),
+        engine.clone(),
         instance.id,
         pool.clone(),
         metrics.clone(),

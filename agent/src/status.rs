@@ -1,12 +1,14 @@
-//! Status back: watches the instance's Argo CD Applications that carry the
-//! service's managed-by label and copies what Argo CD reports into
-//! `application_state` (only when something changed) and the progress of requested
-//! syncs into their `sync_operation` rows.
+//! Status back: consumes the engine's status stream (`Engine::status_events`) and
+//! copies what the engine reports about the service's applications into
+//! `application_state` (only when something changed) and the progress of
+//! requested syncs into their `sync_operation` rows. Engine-neutral: the engine
+//! parses its own objects; this maps observations to rows.
 //!
-//! Argo CD's Application has no status subresource, so every status write arrives
-//! here as an ordinary watch event; an unchanged observation is dropped in memory
-//! first and by the database's `IS DISTINCT FROM` second, so the writers are woken
-//! only for real changes.
+//! An engine may report an application many times without a change (Argo CD's
+//! Application has no status subresource, so every status write is a watch
+//! event); an unchanged observation is dropped in memory first and by the
+//! database's `IS DISTINCT FROM` second, so the writers are woken only for real
+//! changes.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,38 +19,30 @@ use futures_util::StreamExt;
 use gitops_shared::db::{DbError, DbPool, pooled};
 use gitops_shared::model::{ApplicationId, EngineInstanceId, SyncOperationState};
 use gitops_shared::observed::{
-    ApplicationOwner, ObservedApplication, ObservedSync, application_owner_by_id, application_owner_by_uid,
-    application_state_upsert, sync_operation_progress,
+    self, ApplicationOwner, ObservedSync, application_owner_by_id, application_owner_by_uid, application_state_upsert,
+    sync_operation_progress,
 };
-use kube::api::{Api, DynamicObject};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
-use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::engine::OperationPhase;
-use crate::engine::argocd::{application_resource, objects::operation_view};
+use crate::engine::{Engine, ObservedApplication, OperationPhase, StatusEvent};
 use crate::metrics::Metrics;
-use crate::names::{APPLICATION_ID_LABEL, MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+use crate::names::APPLICATION_ID_LABEL;
 
 /// Prefix of `names::application_name`: `gitops-<resource uid>`.
 const APPLICATION_NAME_PREFIX: &str = "gitops-";
 
-/// Watches Applications in `namespace` until `cancel` fires. Watch errors are
-/// retried with kube's default backoff; database errors are logged and the event
-/// is seen again on the watch's next relist.
+/// Records `engine`'s status events until `cancel` fires. Stream errors are logged
+/// (the engine retries); database errors are logged and the application is seen
+/// again on the stream's next report.
 pub async fn run_status_watcher(
-    client: kube::Client,
-    namespace: String,
+    engine: Arc<dyn Engine>,
     instance: EngineInstanceId,
     pool: DbPool,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
 ) {
-    let api: Api<DynamicObject> = Api::namespaced_with(client, &namespace, &application_resource());
-    let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
-    let mut events = watcher::watcher(api, config).default_backoff().boxed();
+    let mut events = engine.status_events();
     let mut writer = StatusWriter { instance, pool, metrics, last: HashMap::new() };
     loop {
         let event = tokio::select! {
@@ -57,13 +51,12 @@ pub async fn run_status_watcher(
         };
         match event {
             None => return,
-            Some(Err(error)) => tracing::warn!(%error, argocd.ns = %namespace, "Application watch failed; retrying"),
-            Some(Ok(Event::Init)) => writer.last.clear(),
-            Some(Ok(Event::Apply(object) | Event::InitApply(object))) => writer.observe(&object).await,
-            Some(Ok(Event::Delete(object))) => {
-                writer.forget(&object);
+            Some(Err(error)) => tracing::warn!(%error, engine = ?engine, "status stream failed; retrying"),
+            Some(Ok(StatusEvent::Restarted)) => writer.last.clear(),
+            Some(Ok(StatusEvent::Applied(observed))) => writer.observe(&observed).await,
+            Some(Ok(StatusEvent::Deleted(name))) => {
+                writer.last.remove(&name);
             }
-            Some(Ok(Event::InitDone)) => {}
         }
     }
 }
@@ -73,21 +66,21 @@ struct StatusWriter {
     pool: DbPool,
     metrics: Arc<Metrics>,
     /// What was last written (or found unchanged) per Application name.
-    last: HashMap<String, ObservedApplication>,
+    last: HashMap<String, observed::ObservedApplication>,
 }
 
 impl StatusWriter {
-    async fn observe(&mut self, object: &DynamicObject) {
+    async fn observe(&mut self, application: &ObservedApplication) {
         self.metrics.status_events.fetch_add(1, Ordering::Relaxed);
-        let name = object.metadata.name.clone().unwrap_or_default();
+        let name = application.name.clone();
         let result = async {
             let client = pooled(&self.pool).await?;
-            let Some(owner) = self.owner(&client, object).await? else {
+            let Some(owner) = self.owner(&client, application).await? else {
                 self.metrics.status_unmatched.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(argocd.application = %name, "no application row for this Application");
+                tracing::debug!(engine.application = %name, "no application row for this engine application");
                 return Ok::<_, DbError>(());
             };
-            let observed = observe_application(owner, &object.data);
+            let observed = observe_application(owner, application);
             if self.last.get(&name) == Some(&observed) {
                 return Ok(());
             }
@@ -98,7 +91,7 @@ impl StatusWriter {
                     sync = ?observed.sync_status, health = ?observed.health_status, "application state recorded"
                 );
             }
-            if let Some(sync) = observe_sync(owner.application_id, &object.data)
+            if let Some(sync) = observe_sync(owner.application_id, application)
                 && sync_operation_progress(&client, &sync).await?
             {
                 self.metrics.sync_progress_writes.fetch_add(1, Ordering::Relaxed);
@@ -114,27 +107,21 @@ impl StatusWriter {
         if let Err(error) = result {
             self.metrics.status_errors.fetch_add(1, Ordering::Relaxed);
             self.last.remove(&name);
-            tracing::warn!(%error, argocd.application = %name, "could not record an Application's status");
+            tracing::warn!(%error, engine.application = %name, "could not record an application's status");
         }
     }
 
-    fn forget(&mut self, object: &DynamicObject) {
-        if let Some(name) = &object.metadata.name {
-            self.last.remove(name);
-        }
-    }
-
-    /// The row behind `object`: by its application-id label, else by its name.
+    /// The row behind `application`: by its application-id label, else by its name.
     async fn owner(
         &self,
         client: &tokio_postgres::Client,
-        object: &DynamicObject,
+        application: &ObservedApplication,
     ) -> Result<Option<ApplicationOwner>, DbError> {
-        let labelled = object.metadata.labels.as_ref().and_then(|l| l.get(APPLICATION_ID_LABEL));
+        let labelled = application.labels.get(APPLICATION_ID_LABEL);
         if let Some(id) = labelled.and_then(|v| v.parse::<i64>().ok()) {
             return application_owner_by_id(client, self.instance, id).await;
         }
-        match object.metadata.name.as_deref().and_then(uid_from_name) {
+        match uid_from_name(&application.name) {
             Some(uid) => application_owner_by_uid(client, self.instance, uid).await,
             None => Ok(None),
         }
@@ -146,35 +133,26 @@ pub fn uid_from_name(name: &str) -> Option<Uuid> {
     name.strip_prefix(APPLICATION_NAME_PREFIX).and_then(|rest| Uuid::parse_str(rest).ok())
 }
 
-fn text(value: &Value, pointer: &str) -> Option<String> {
-    value.pointer(pointer).and_then(Value::as_str).map(str::to_owned)
-}
-
-fn array(value: &Value, pointer: &str) -> Value {
-    value.pointer(pointer).filter(|v| v.is_array()).cloned().unwrap_or_else(|| json!([]))
-}
-
-/// What an Application's status says, for the row of `owner`. Timestamps that move
-/// without anything changing (`reconciledAt`, `observedAt`) are left out.
-pub fn observe_application(owner: ApplicationOwner, application: &Value) -> ObservedApplication {
-    ObservedApplication {
+/// The `application_state` content of `application` for the row of `owner`.
+pub fn observe_application(owner: ApplicationOwner, application: &ObservedApplication) -> observed::ObservedApplication {
+    observed::ObservedApplication {
         application_id: owner.application_id,
         tenant_id: owner.tenant_id,
-        sync_status: text(application, "/status/sync/status"),
-        sync_revision: text(application, "/status/sync/revision"),
-        health_status: text(application, "/status/health/status"),
-        health_message: text(application, "/status/health/message"),
-        resources: array(application, "/status/resources"),
-        conditions: array(application, "/status/conditions"),
-        operation_state: application.pointer("/status/operationState").filter(|v| v.is_object()).cloned(),
-        reconciled_state: application.pointer("/status/sync/comparedTo").filter(|v| v.is_object()).cloned(),
+        sync_status: application.sync_status.clone(),
+        sync_revision: application.sync_revision.clone(),
+        health_status: application.health_status.clone(),
+        health_message: application.health_message.clone(),
+        resources: application.resources.clone(),
+        conditions: application.conditions.clone(),
+        operation_state: application.operation_state.clone(),
+        reconciled_state: application.reconciled_state.clone(),
     }
 }
 
-/// The progress of the service-requested sync in `status.operationState`, if the
-/// operation carries a correlation id.
-pub fn observe_sync(application_id: ApplicationId, application: &Value) -> Option<ObservedSync> {
-    let state = operation_view(application).state?;
+/// The progress of the service-requested sync in the application's operation, if
+/// the operation carries a correlation id.
+pub fn observe_sync(application_id: ApplicationId, application: &ObservedApplication) -> Option<ObservedSync> {
+    let state = application.operation.as_ref()?;
     let correlation_id = Uuid::parse_str(state.correlation_id.as_deref()?).ok()?;
     let sync_state = match state.phase {
         OperationPhase::Running => SyncOperationState::Running,
@@ -188,9 +166,9 @@ pub fn observe_sync(application_id: ApplicationId, application: &Value) -> Optio
         application_id,
         correlation_id,
         state: sync_state,
-        synced_revision: if finished { state.synced_revision } else { None },
-        message: state.message,
-        started_at: time(text(application, "/status/operationState/startedAt").as_deref()),
+        synced_revision: if finished { state.synced_revision.clone() } else { None },
+        message: state.message.clone(),
+        started_at: time(state.started_at.as_deref()),
         finished_at: if finished { time(state.finished_at.as_deref()) } else { None },
     })
 }
@@ -203,44 +181,67 @@ fn time(text: Option<&str>) -> Option<SystemTime> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use gitops_shared::model::TenantId;
+    use serde_json::json;
 
     use super::*;
+    use crate::engine::ObservedOperation;
 
     const OWNER: ApplicationOwner = ApplicationOwner { application_id: ApplicationId(7), tenant_id: TenantId(3) };
 
+    fn application(operation: Option<ObservedOperation>) -> ObservedApplication {
+        ObservedApplication {
+            name: "gitops-x".into(),
+            labels: BTreeMap::new(),
+            sync_status: Some("Synced".into()),
+            sync_revision: Some("abc".into()),
+            health_status: Some("Degraded".into()),
+            health_message: Some("boom".into()),
+            resources: json!([{"kind": "Deployment", "name": "web"}]),
+            conditions: json!([]),
+            operation_state: operation.as_ref().map(|_| json!({"phase": "Succeeded"})),
+            operation,
+            reconciled_state: Some(json!({"source": {"repoURL": "r"}})),
+        }
+    }
+
+    fn operation(phase: OperationPhase, correlation_id: Option<String>) -> ObservedOperation {
+        ObservedOperation {
+            correlation_id,
+            phase,
+            synced_revision: Some("r1".into()),
+            message: Some("ok".into()),
+            started_at: Some("2025-01-01T00:00:00Z".into()),
+            finished_at: Some("2025-01-01T00:00:05Z".into()),
+        }
+    }
+
     #[test]
-    fn status_fields_map_and_volatile_timestamps_do_not_matter() {
-        let app = json!({"status": {
-            "sync": {"status": "Synced", "revision": "abc", "comparedTo": {"source": {"repoURL": "r"}}},
-            "health": {"status": "Degraded", "message": "boom"},
-            "resources": [{"kind": "Deployment", "name": "web"}],
-            "reconciledAt": "2025-01-01T00:00:00Z",
-        }});
-        let observed = observe_application(OWNER, &app);
+    fn status_fields_map_to_the_row() {
+        let observed = observe_application(OWNER, &application(None));
+        assert_eq!((observed.application_id, observed.tenant_id), (ApplicationId(7), TenantId(3)));
         assert_eq!(observed.sync_status.as_deref(), Some("Synced"));
         assert_eq!(observed.health_message.as_deref(), Some("boom"));
         assert_eq!(observed.conditions, json!([]));
         assert_eq!(observed.reconciled_state, Some(json!({"source": {"repoURL": "r"}})));
-        let mut later = app.clone();
-        later["status"]["reconciledAt"] = json!("2025-01-01T00:03:00Z");
-        assert_eq!(observe_application(OWNER, &later), observed);
+        assert_eq!(observed.operation_state, None);
     }
 
     #[test]
     fn sync_progress_needs_a_correlation_id() {
         let id = Uuid::new_v4();
-        let app = json!({"status": {"operationState": {
-            "phase": "Succeeded", "message": "ok", "startedAt": "2025-01-01T00:00:00Z",
-            "finishedAt": "2025-01-01T00:00:05Z", "syncResult": {"revision": "r1"},
-            "operation": {"info": [{"name": "correlation-id", "value": id.to_string()}]},
-        }}});
-        let sync = observe_sync(ApplicationId(7), &app).expect("a sync");
+        let done = application(Some(operation(OperationPhase::Succeeded, Some(id.to_string()))));
+        let sync = observe_sync(ApplicationId(7), &done).expect("a sync");
         assert_eq!(sync.correlation_id, id);
         assert_eq!(sync.state, SyncOperationState::Succeeded);
         assert_eq!(sync.synced_revision.as_deref(), Some("r1"));
         assert!(sync.started_at.is_some() && sync.finished_at.is_some());
-        let automated = json!({"status": {"operationState": {"phase": "Running", "operation": {}}}});
+        let running = application(Some(operation(OperationPhase::Running, Some(id.to_string()))));
+        let sync = observe_sync(ApplicationId(7), &running).expect("a sync");
+        assert_eq!((sync.state, sync.synced_revision, sync.finished_at), (SyncOperationState::Running, None, None));
+        let automated = application(Some(operation(OperationPhase::Running, None)));
         assert!(observe_sync(ApplicationId(7), &automated).is_none());
         assert_eq!(uid_from_name(&format!("gitops-{id}")), Some(id));
         assert_eq!(uid_from_name("gitops-tenant-1"), None);

@@ -2,7 +2,8 @@
 //! engine's own terms but without its API types. The reconciler reads rows and
 //! builds these specs; an engine (today only Argo CD, `argocd`) turns them into
 //! objects. A second engine implements this trait without touching the queue or
-//! the rows. Application status is read by the agent's status watcher, not here.
+//! the rows. Application status comes back as a stream of engine-neutral
+//! `StatusEvent`s, which the agent's status watcher (`crate::status`) maps to rows.
 
 pub mod argocd;
 
@@ -10,6 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use futures_util::future::BoxFuture;
+use futures_util::stream::BoxStream;
 use gitops_shared::credential::{ClusterCredentials, RepositoryCredentials};
 
 /// A boxed error source.
@@ -103,6 +105,8 @@ pub struct ObservedOperation {
     pub synced_revision: Option<String>,
     pub message: Option<String>,
     /// RFC 3339.
+    pub started_at: Option<String>,
+    /// RFC 3339.
     pub finished_at: Option<String>,
 }
 
@@ -121,6 +125,43 @@ impl OperationPhase {
     pub fn is_finished(self) -> bool {
         matches!(self, OperationPhase::Succeeded | OperationPhase::Failed | OperationPhase::Error)
     }
+}
+
+/// What the engine reports about one of its applications, in neutral terms: the
+/// labels and name that lead back to the row, and the fields the agent records in
+/// `application_state` and `sync_operation`. Timestamps that move without anything
+/// changing (Argo CD's `reconciledAt`, `observedAt`) are left out, so two
+/// observations are equal when nothing a reader cares about changed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObservedApplication {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub sync_status: Option<String>,
+    pub sync_revision: Option<String>,
+    pub health_status: Option<String>,
+    pub health_message: Option<String>,
+    /// A JSON array of the resources the application manages.
+    pub resources: serde_json::Value,
+    /// A JSON array of the application's conditions.
+    pub conditions: serde_json::Value,
+    /// The current or last operation, as the engine reports it (JSON, stored as is).
+    pub operation_state: Option<serde_json::Value>,
+    /// The same operation, parsed (phase, correlation id, revision, times).
+    pub operation: Option<ObservedOperation>,
+    /// The source and destination the engine last reconciled against (JSON).
+    pub reconciled_state: Option<serde_json::Value>,
+}
+
+/// One change in the engine's applications of the service.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StatusEvent {
+    /// An application was created or its status changed (or it was relisted).
+    Applied(Box<ObservedApplication>),
+    /// The application of this name is gone.
+    Deleted(String),
+    /// The stream (re)started: every application will be reported again, so
+    /// whatever a consumer remembers from before may be stale.
+    Restarted,
 }
 
 /// Kinds of objects an engine keeps for the service.
@@ -183,4 +224,8 @@ pub trait Engine: Send + Sync + fmt::Debug + 'static {
     fn terminate<'a>(&'a self, application: &'a str) -> BoxFuture<'a, Result<(), EngineError>>;
     /// Every object of the service in the engine (by the managed-by label).
     fn list_owned(&self) -> BoxFuture<'_, Result<Vec<OwnedObject>, EngineError>>;
+    /// The status of the service's applications, as a stream that never ends on its
+    /// own: errors are reported as items (always transient) and the stream retries
+    /// with backoff; after a restart it begins with `StatusEvent::Restarted`.
+    fn status_events(&self) -> BoxStream<'_, Result<StatusEvent, EngineError>>;
 }

@@ -4,6 +4,7 @@
 
 mod support;
 
+mod agent_deploy;
 mod agent_reconcile;
 mod agent_run;
 mod crypto_store;

@@ -3,13 +3,16 @@
 //! `gitops-agent`, `force`), syncs requested through a merge patch on `.operation`
 //! under their own field manager, terminations as the Argo CD CLI does them.
 //! Errors are classified here: 409/429/5xx and connection failures are transient;
-//! 400/403/422 and other refusals are permanent.
+//! 400/403/422 and other refusals are permanent. Application status is watched
+//! and read in `status`.
 
 pub mod objects;
+pub mod status;
 
 use std::collections::BTreeMap;
 
 use futures_util::future::BoxFuture;
+use futures_util::stream::BoxStream;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use kube::{Client, Resource};
@@ -19,7 +22,7 @@ use serde_json::json;
 
 use super::{
     ApplicationSpec, ClusterSpec, Engine, EngineError, ObjectKind, OperationPhase, OperationView, OwnedObject,
-    ProjectSpec, Removal, RepositorySpec, SyncRequest,
+    ProjectSpec, Removal, RepositorySpec, StatusEvent, SyncRequest,
 };
 use crate::names::{FIELD_MANAGER, MANAGED_BY_LABEL, MANAGED_BY_VALUE, SYNC_FIELD_MANAGER};
 
@@ -269,5 +272,9 @@ impl Engine for ArgoCdEngine {
             }
             Ok(out)
         })
+    }
+
+    fn status_events(&self) -> BoxStream<'_, Result<StatusEvent, EngineError>> {
+        status::status_events(self.client.clone(), &self.namespace)
     }
 }

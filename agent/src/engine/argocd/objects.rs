@@ -194,6 +194,7 @@ pub fn operation_view(application: &Value) -> OperationView {
             phase,
             synced_revision: text(state, "/syncResult/revision"),
             message: text(state, "/message"),
+            started_at: text(state, "/startedAt"),
             finished_at: text(state, "/finishedAt"),
         }
     });
