@@ -4,6 +4,9 @@
 //! `run` — and not yet its tenant controllers. A library so tests drive the code
 //! the binary runs.
 
+pub mod api;
+pub mod validate;
+
 use clap::{Args, Parser, Subcommand};
 use gitops_shared::config::{self, redact_database_url};
 use gitops_shared::crypto::{CryptoError, SecretBox};

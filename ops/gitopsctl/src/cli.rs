@@ -29,6 +29,16 @@ pub enum Command {
     Secrets(SecretsArgs),
     /// Benchmarks: programs that print figures as JSON on stdout.
     Bench(BenchArgs),
+    /// Write the tenant CustomResourceDefinitions, generated from the writer's
+    /// Rust types, as YAML files (one per CRD).
+    Crds(CrdsArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CrdsArgs {
+    /// Directory to write into (created if missing); existing files are replaced.
+    #[arg(long, env = "GITOPS_CRDS_DIR", default_value = "ops/crds")]
+    pub out: std::path::PathBuf,
 }
 
 /// Where the database is. Optional for clap (so it may be given before or after a

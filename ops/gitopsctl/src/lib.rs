@@ -72,6 +72,10 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
                 Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
             }
         },
+        Command::Crds(args) => {
+            let written = gitops_writer::api::write_crd_files(&args.out).map_err(|source| CtlError::Crds { source })?;
+            Ok(written.iter().map(|path| format!("wrote {}\n", path.display())).collect())
+        }
     }
 }
 

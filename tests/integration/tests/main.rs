@@ -15,3 +15,4 @@ mod queue_admin;
 mod queue_failures;
 mod queue_race;
 mod signal_race;
+mod writer_api;

@@ -1,0 +1,187 @@
+//! GitOpsDeployment rules: source (repository URL, path, revision), destination
+//! (environment name, namespace), type and sync options. The result is the
+//! validated part of shared's `ApplicationIntent`; the controller adds what needs
+//! the cluster or the database (tenant, UID, generation, the environment's row).
+
+use std::future::Future;
+
+use gitops_shared::application::ApplicationIntent;
+use gitops_shared::model::{SyncType, TenantId};
+use uuid::Uuid;
+
+use super::text::{required, text};
+use super::{Invalid, dns_label, dns_subdomain, limits, reason, repository_url};
+use crate::api::GitOpsDeploymentSpec;
+
+/// The revision used when `targetRevision` is absent or empty.
+pub const DEFAULT_REVISION: &str = "HEAD";
+
+/// A GitOpsDeployment spec that passed every rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidDeployment {
+    pub repo_url: String,
+    pub path: String,
+    pub target_revision: String,
+    /// A GitOpsDeploymentManagedEnvironment in the deployment's namespace; None:
+    /// the tenant's own namespace on the home cluster.
+    pub environment: Option<String>,
+    pub destination_namespace: Option<String>,
+    pub sync_type: SyncType,
+    pub create_namespace: bool,
+}
+
+/// Checks a GitOpsDeployment spec; the first broken rule is the answer, in field order.
+pub fn deployment(spec: &GitOpsDeploymentSpec) -> Result<ValidDeployment, Invalid> {
+    let repo_url = repository_url("spec.source.repoURL", &spec.source.repo_url)?;
+    let path = path("spec.source.path", &spec.source.path)?;
+    let target_revision = target_revision("spec.source.targetRevision", spec.source.target_revision.as_deref())?;
+    let environment = non_empty(spec.destination.environment.as_deref())
+        .map(|name| dns_subdomain("spec.destination.environment", name, reason::INVALID_ENVIRONMENT_NAME))
+        .transpose()?;
+    let destination_namespace = non_empty(spec.destination.namespace.as_deref())
+        .map(|ns| dns_label("spec.destination.namespace", ns, reason::INVALID_DESTINATION_NAMESPACE))
+        .transpose()?;
+    let sync_type = sync_type("spec.type", &spec.type_)?;
+    let options = spec.sync_policy.as_ref().map(|p| p.sync_options.as_slice()).unwrap_or_default();
+    let create_namespace = sync_options("spec.syncPolicy.syncOptions", options)?;
+    Ok(ValidDeployment { repo_url, path, target_revision, environment, destination_namespace, sync_type, create_namespace })
+}
+
+fn non_empty(value: Option<&str>) -> Option<&str> {
+    value.filter(|v| !v.is_empty())
+}
+
+/// A path inside the repository: relative, not empty, not `/`, no `..` segment.
+/// `.` is the repository's root. Other characters (quotes, `;`, `$`, spaces) are
+/// plain text.
+pub fn path(field: &str, value: &str) -> Result<String, Invalid> {
+    let value = required(field, value, limits::PATH)?;
+    if value.trim_matches('/').is_empty() {
+        return Err(Invalid::new(reason::INVALID_PATH, format!("{field} must not be '/'; use '.' for the repository's root")));
+    }
+    if value.starts_with('/') || value.starts_with('\\') {
+        return Err(Invalid::new(reason::INVALID_PATH, format!("{field} must be relative to the repository's root")));
+    }
+    if value.split(['/', '\\']).any(|segment| segment == "..") {
+        return Err(Invalid::new(reason::INVALID_PATH, format!("{field} must not contain a '..' segment")));
+    }
+    Ok(value.to_owned())
+}
+
+/// A branch, tag or commit; `HEAD` when absent or empty. Never starting with `-`
+/// (it would read as an option to `git`), no spaces.
+pub fn target_revision(field: &str, value: Option<&str>) -> Result<String, Invalid> {
+    let Some(value) = non_empty(value) else { return Ok(DEFAULT_REVISION.to_owned()) };
+    let value = text(field, value, limits::REVISION)?;
+    if value.starts_with('-') || value.chars().any(char::is_whitespace) {
+        return Err(Invalid::new(
+            reason::INVALID_TARGET_REVISION,
+            format!("{field} must be a branch, tag or commit: no spaces, not starting with '-'"),
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+/// `automated` or `manual`.
+pub fn sync_type(field: &str, value: &str) -> Result<SyncType, Invalid> {
+    match required(field, value, limits::DEPLOYMENT_TYPE)? {
+        "automated" => Ok(SyncType::Automated),
+        "manual" => Ok(SyncType::Manual),
+        _ => Err(Invalid::new(reason::INVALID_DEPLOYMENT_TYPE, format!("{field} must be 'automated' or 'manual'"))),
+    }
+}
+
+/// Only `CreateNamespace=true` or `CreateNamespace=false`, at most once each way;
+/// returns whether the namespace is created.
+pub fn sync_options(field: &str, options: &[String]) -> Result<bool, Invalid> {
+    if options.len() > limits::SYNC_OPTIONS {
+        return Err(Invalid::new(
+            reason::FIELD_TOO_LONG,
+            format!("{field} has {} entries; at most {} are allowed", options.len(), limits::SYNC_OPTIONS),
+        ));
+    }
+    let mut create = None;
+    for (i, option) in options.iter().enumerate() {
+        let item = format!("{field}[{i}]");
+        let value = match text(&item, option, limits::SYNC_OPTION)? {
+            "CreateNamespace=true" => true,
+            "CreateNamespace=false" => false,
+            _ => {
+                return Err(Invalid::new(
+                    reason::INVALID_SYNC_OPTION,
+                    format!("{item} is not a supported sync option; only CreateNamespace=true and CreateNamespace=false are"),
+                ));
+            }
+        };
+        if create.is_some_and(|c| c != value) {
+            return Err(Invalid::new(reason::INVALID_SYNC_OPTION, format!("{field} sets CreateNamespace both true and false")));
+        }
+        create = Some(value);
+    }
+    Ok(create.unwrap_or(false))
+}
+
+/// A managed environment found by the controller's lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnvironmentRef {
+    /// `managed_environment.id`.
+    pub id: i64,
+}
+
+/// How the controller finds `destination.environment`: by name, in the
+/// deployment's own namespace only (a reference never crosses namespaces).
+pub trait EnvironmentLookup {
+    type Error;
+
+    /// The active managed environment named `name` in namespace `namespace`.
+    fn environment_in_namespace(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<EnvironmentRef>, Self::Error>> + Send;
+}
+
+/// Turns the lookup's answer into the environment id, or `EnvironmentNotFound`.
+pub fn environment_resolved(name: &str, found: Option<EnvironmentRef>) -> Result<i64, Invalid> {
+    found.map(|e| e.id).ok_or_else(|| {
+        Invalid::new(
+            reason::ENVIRONMENT_NOT_FOUND,
+            format!("spec.destination.environment: no GitOpsDeploymentManagedEnvironment named {name:?} in this namespace"),
+        )
+    })
+}
+
+impl ValidDeployment {
+    /// The intent row: `destination_namespace` falls back to `default_namespace`
+    /// (the tenant's own namespace when no environment is named).
+    #[allow(clippy::too_many_arguments)]
+    pub fn into_intent(
+        self,
+        tenant_id: TenantId,
+        resource_uid: Uuid,
+        resource_name: String,
+        generation: i64,
+        managed_environment_id: Option<i64>,
+        default_namespace: &str,
+        wait_for_pruning: bool,
+    ) -> ApplicationIntent {
+        ApplicationIntent {
+            tenant_id,
+            resource_uid,
+            resource_name,
+            generation,
+            repo_url: self.repo_url,
+            path: self.path,
+            target_revision: self.target_revision,
+            managed_environment_id,
+            destination_namespace: self.destination_namespace.unwrap_or_else(|| default_namespace.to_owned()),
+            sync_type: self.sync_type,
+            create_namespace: self.create_namespace,
+            wait_for_pruning,
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "deployment_tests.rs"]
+mod tests;

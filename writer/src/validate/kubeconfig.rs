@@ -1,0 +1,271 @@
+//! A managed environment's kubeconfig, parsed as data — never handed to a client
+//! config loader, which would run exec plugins, read files or contact proxies on
+//! the writer's host. Only an inline bearer token or an inline client certificate
+//! and key, plus an inline CA, the insecure flag and the TLS server name, are
+//! accepted; every other way to authenticate or connect is refused with its own
+//! reason, in every user and cluster of the file (not only the current one).
+//!
+//! The YAML parser's own error text is never shown: it can quote the input.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use gitops_shared::credential::ClusterCredentials;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+
+use super::{Invalid, limits, reason, text::text};
+
+/// The Secret key that holds the kubeconfig.
+pub const KUBECONFIG_KEY: &str = "kubeconfig";
+
+/// The allow-listed credentials, ready to seal, and the kubeconfig's insecure flag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidKubeconfig {
+    pub credentials: ClusterCredentials,
+    pub insecure_skip_tls_verify: bool,
+}
+
+#[derive(Deserialize)]
+struct Kubeconfig {
+    #[serde(default)]
+    clusters: Option<Vec<Named<Cluster>>>,
+    #[serde(default)]
+    users: Option<Vec<Named<User>>>,
+    #[serde(default)]
+    contexts: Option<Vec<Named<Context>>>,
+    #[serde(rename = "current-context", default)]
+    current_context: Option<String>,
+}
+
+/// `{name, cluster|user|context}`: the entry's body under any of those keys.
+#[derive(Deserialize)]
+struct Named<T> {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(alias = "cluster", alias = "user", alias = "context", default)]
+    body: Option<T>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+struct Cluster {
+    certificate_authority_data: Option<String>,
+    certificate_authority: Option<String>,
+    insecure_skip_tls_verify: Option<bool>,
+    tls_server_name: Option<String>,
+    proxy_url: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+struct User {
+    token: Option<String>,
+    #[serde(rename = "tokenFile")]
+    token_file: Option<String>,
+    client_certificate_data: Option<String>,
+    client_key_data: Option<String>,
+    client_certificate: Option<String>,
+    client_key: Option<String>,
+    username: Option<String>,
+    password: Option<String>,
+    exec: Option<IgnoredAny>,
+    auth_provider: Option<IgnoredAny>,
+    #[serde(rename = "as")]
+    as_user: Option<String>,
+    as_uid: Option<String>,
+    as_groups: Option<IgnoredAny>,
+    as_user_extra: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize, Default)]
+struct Context {
+    cluster: Option<String>,
+    user: Option<String>,
+}
+
+fn set(value: &Option<String>) -> bool {
+    value.as_deref().is_some_and(|v| !v.is_empty())
+}
+
+fn malformed(what: &str) -> Invalid {
+    Invalid::new(reason::KUBECONFIG_MALFORMED, format!("the kubeconfig {what}"))
+}
+
+/// Parses and checks a kubeconfig (YAML or JSON).
+pub fn kubeconfig(input: &str) -> Result<ValidKubeconfig, Invalid> {
+    if input.len() > limits::KUBECONFIG {
+        return Err(Invalid::new(
+            reason::FIELD_TOO_LONG,
+            format!("the kubeconfig is {} bytes long; at most {} are allowed", input.len(), limits::KUBECONFIG),
+        ));
+    }
+    if input.contains('\0') {
+        return Err(Invalid::new(reason::INVALID_CHARACTERS, "the kubeconfig contains a NUL character"));
+    }
+    let config: Kubeconfig =
+        serde_saphyr::from_str(input).map_err(|_| malformed("is not a valid kubeconfig document (YAML or JSON)"))?;
+    let clusters = config.clusters.unwrap_or_default();
+    let users = config.users.unwrap_or_default();
+    let contexts = config.contexts.unwrap_or_default();
+    refuse_features(&clusters, &users)?;
+
+    let (cluster_name, user_name) = select(&contexts, config.current_context.as_deref(), &clusters, &users)?;
+    let user = find(&users, user_name.as_deref(), "user")?;
+    let cluster = match cluster_name {
+        Some(name) => find(&clusters, Some(name.as_str()), "cluster")?,
+        None if clusters.len() <= 1 => clusters.first().and_then(|c| c.body.as_ref()),
+        None => return Err(malformed("has several clusters and no context choosing one")),
+    };
+    let user = user.ok_or_else(|| Invalid::new(reason::KUBECONFIG_NO_CREDENTIALS, "the kubeconfig's user has no credentials"))?;
+    credentials(user, cluster.unwrap_or(&Cluster::default()))
+}
+
+fn refuse_features(clusters: &[Named<Cluster>], users: &[Named<User>]) -> Result<(), Invalid> {
+    let all_users = || users.iter().filter_map(|u| u.body.as_ref());
+    let all_clusters = || clusters.iter().filter_map(|c| c.body.as_ref());
+    if all_users().any(|u| u.exec.is_some()) {
+        return Err(Invalid::new(
+            reason::KUBECONFIG_EXEC_PLUGIN_NOT_ALLOWED,
+            "the kubeconfig uses an exec credential plugin; use an inline token or client certificate",
+        ));
+    }
+    if all_users().any(|u| u.auth_provider.is_some()) {
+        return Err(Invalid::new(
+            reason::KUBECONFIG_AUTH_PROVIDER_NOT_ALLOWED,
+            "the kubeconfig uses an auth-provider; use an inline token or client certificate",
+        ));
+    }
+    let file_field = all_users()
+        .find_map(|u| {
+            [("tokenFile", &u.token_file), ("client-certificate", &u.client_certificate), ("client-key", &u.client_key)]
+                .into_iter()
+                .find(|(_, v)| set(v))
+        })
+        .map(|(name, _)| name)
+        .or_else(|| all_clusters().find(|c| set(&c.certificate_authority)).map(|_| "certificate-authority"));
+    if let Some(field) = file_field {
+        return Err(Invalid::new(
+            reason::KUBECONFIG_FILE_PATH_NOT_ALLOWED,
+            format!("the kubeconfig refers to a file ({field}); inline the data instead (token, *-data fields)"),
+        ));
+    }
+    if all_users().any(|u| set(&u.username) || set(&u.password)) {
+        return Err(Invalid::new(
+            reason::KUBECONFIG_BASIC_AUTH_NOT_ALLOWED,
+            "the kubeconfig uses a username and password; use an inline token or client certificate",
+        ));
+    }
+    if all_clusters().any(|c| set(&c.proxy_url)) {
+        return Err(Invalid::new(reason::KUBECONFIG_PROXY_NOT_ALLOWED, "the kubeconfig sets a proxy-url, which is not allowed"));
+    }
+    if all_users().any(|u| set(&u.as_user) || set(&u.as_uid) || u.as_groups.is_some() || u.as_user_extra.is_some()) {
+        return Err(Invalid::new(
+            reason::KUBECONFIG_IMPERSONATION_NOT_ALLOWED,
+            "the kubeconfig impersonates another user (as, as-groups, as-uid, as-user-extra), which is not allowed",
+        ));
+    }
+    Ok(())
+}
+
+/// The (cluster, user) names the kubeconfig selects: its current context, or its
+/// only context; without contexts, its only user (and only cluster).
+fn select(
+    contexts: &[Named<Context>],
+    current: Option<&str>,
+    clusters: &[Named<Cluster>],
+    users: &[Named<User>],
+) -> Result<(Option<String>, Option<String>), Invalid> {
+    let context = match current.filter(|c| !c.is_empty()) {
+        Some(name) => Some(
+            contexts
+                .iter()
+                .find(|c| c.name.as_deref() == Some(name))
+                .ok_or_else(|| malformed("names a current-context that it does not define"))?,
+        ),
+        None if contexts.len() == 1 => contexts.first(),
+        None if contexts.is_empty() && users.len() == 1 && clusters.len() <= 1 => None,
+        None => return Err(malformed("has no current-context choosing among its contexts")),
+    };
+    match context {
+        Some(context) => {
+            let body = context.body.as_ref().ok_or_else(|| malformed("has a context without a body"))?;
+            Ok((body.cluster.clone().filter(|c| !c.is_empty()), Some(body.user.clone().unwrap_or_default())))
+        }
+        None => Ok((None, None)),
+    }
+}
+
+/// The entry named `name`; `None` name: the only entry.
+fn find<'a, T>(entries: &'a [Named<T>], name: Option<&str>, kind: &str) -> Result<Option<&'a T>, Invalid> {
+    let entry = match name {
+        Some(name) => entries.iter().find(|e| e.name.as_deref() == Some(name)),
+        None => entries.first(),
+    };
+    match entry {
+        Some(entry) => Ok(entry.body.as_ref()),
+        None if kind == "user" => {
+            Err(Invalid::new(reason::KUBECONFIG_NO_CREDENTIALS, "the kubeconfig's context names no user it defines"))
+        }
+        None => Err(malformed(&format!("names a {kind} that it does not define"))),
+    }
+}
+
+fn credentials(user: &User, cluster: &Cluster) -> Result<ValidKubeconfig, Invalid> {
+    let token = user.token.as_deref().map(str::trim).filter(|t| !t.is_empty());
+    if let Some(token) = token {
+        text("the kubeconfig's token", token, limits::CREDENTIAL_DATA)?;
+        if token.chars().any(char::is_whitespace) {
+            return Err(malformed("has a token with spaces in it"));
+        }
+    }
+    let cert = data("client-certificate-data", &user.client_certificate_data)?;
+    let key = data("client-key-data", &user.client_key_data)?;
+    let ca = data("certificate-authority-data", &cluster.certificate_authority_data)?;
+    match (&cert, &key) {
+        (Some(_), None) | (None, Some(_)) => {
+            return Err(Invalid::new(
+                reason::KUBECONFIG_NO_CREDENTIALS,
+                "the kubeconfig has only one of client-certificate-data and client-key-data; both are needed",
+            ));
+        }
+        (None, None) if token.is_none() => {
+            return Err(Invalid::new(
+                reason::KUBECONFIG_NO_CREDENTIALS,
+                "the kubeconfig's user has no inline token and no client-certificate-data with client-key-data",
+            ));
+        }
+        _ => {}
+    }
+    let tls_server_name = match user_field(&cluster.tls_server_name) {
+        Some(name) => Some(text("the kubeconfig's tls-server-name", name, limits::DNS_SUBDOMAIN)?.to_owned()),
+        None => None,
+    };
+    Ok(ValidKubeconfig {
+        credentials: ClusterCredentials {
+            bearer_token: token.map(str::to_owned),
+            client_certificate_data: cert,
+            client_key_data: key,
+            certificate_authority_data: ca,
+            tls_server_name,
+        },
+        insecure_skip_tls_verify: cluster.insecure_skip_tls_verify.unwrap_or(false),
+    })
+}
+
+fn user_field(value: &Option<String>) -> Option<&str> {
+    value.as_deref().filter(|v| !v.is_empty())
+}
+
+/// An inline `*-data` field: base64, within the size limit.
+fn data(field: &str, value: &Option<String>) -> Result<Option<String>, Invalid> {
+    let Some(value) = user_field(value).map(str::trim) else { return Ok(None) };
+    text(&format!("the kubeconfig's {field}"), value, limits::CREDENTIAL_DATA)?;
+    if STANDARD.decode(value).is_err() {
+        return Err(malformed(&format!("has a {field} that is not base64")));
+    }
+    Ok(Some(value.to_owned()))
+}
+
+#[cfg(test)]
+#[path = "kubeconfig_tests.rs"]
+mod tests;
