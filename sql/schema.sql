@@ -479,7 +479,8 @@ CREATE TABLE public.tenant (
     engine_instance_id bigint,
     row_state public.row_state DEFAULT 'active'::public.row_state NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    writer_shard integer
 );
 
 --
@@ -493,6 +494,20 @@ ALTER TABLE public.tenant ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     NO MINVALUE
     NO MAXVALUE
     CACHE 1
+);
+
+--
+-- Name: writer_shard; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.writer_shard (
+    shard integer NOT NULL,
+    writer_id text,
+    lease_expires_at timestamp with time zone,
+    status_seq bigint DEFAULT 0 NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT writer_shard_check CHECK (((writer_id IS NULL) = (lease_expires_at IS NULL))),
+    CONSTRAINT writer_shard_shard_check CHECK ((shard >= 0))
 );
 
 --
@@ -622,6 +637,13 @@ ALTER TABLE ONLY public.tenant
     ADD CONSTRAINT tenant_pkey PRIMARY KEY (id);
 
 --
+-- Name: writer_shard writer_shard_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.writer_shard
+    ADD CONSTRAINT writer_shard_pkey PRIMARY KEY (shard);
+
+--
 -- Name: application_environment_idx; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -716,6 +738,12 @@ CREATE INDEX tenant_engine_instance_idx ON public.tenant USING btree (engine_ins
 --
 
 CREATE INDEX tenant_namespace_name_idx ON public.tenant USING btree (namespace_name);
+
+--
+-- Name: tenant_writer_shard_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX tenant_writer_shard_idx ON public.tenant USING btree (writer_shard);
 
 --
 -- Name: application_state application_state_signal; Type: TRIGGER; Schema: public; Owner: -
