@@ -13,6 +13,7 @@
 //! Every row of the instance is also enqueued once per sweep, so edits made behind
 //! the agent's back are put right by the reconciler's apply.
 
+use gitops_shared::telemetry::error_chain as chain;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -340,16 +341,6 @@ impl Sweeper {
     }
 }
 
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
 
 #[cfg(test)]
 mod tests {

@@ -15,6 +15,19 @@ pub fn init_logging() {
         .init();
 }
 
+/// An error and all its sources on one line, `outer: inner: innermost` (for
+/// operator-facing messages and log fields).
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// Prints `error: …` and one `caused by: …` line per source to stderr.
 pub fn print_error_chain(error: &dyn std::error::Error) {
     eprintln!("error: {error}");

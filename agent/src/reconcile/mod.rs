@@ -11,6 +11,7 @@ mod orphans;
 mod project;
 mod sync;
 
+use gitops_shared::telemetry::error_chain as chain;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,16 +84,6 @@ impl ReconcileError {
     }
 }
 
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
 
 /// Reconciles one engine instance's operations.
 #[derive(Debug, Clone)]

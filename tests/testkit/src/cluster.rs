@@ -5,6 +5,7 @@
 //! fresh clients, randomly prefixed namespaces that are deleted when dropped, and CRDs
 //! installed once per run — never replacing a user's Argo CD CRDs unless told to.
 
+use gitops_shared::telemetry::error_chain as chain;
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -339,16 +340,6 @@ fn client(config: Config) -> Client {
 }
 
 /// An error and its sources, for a panic message.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
 
 /// Whether the tests may overwrite `existing`: anything on the emulator; on a real
 /// cluster an `argoproj.io` CRD only if the test kit installed it or replacing is allowed.
