@@ -504,8 +504,8 @@ CREATE TABLE public.writer_shard (
     shard integer NOT NULL,
     writer_id text,
     lease_expires_at timestamp with time zone,
-    status_seq bigint DEFAULT 0 NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    status_xid xid8 DEFAULT '0'::xid8 NOT NULL,
     CONSTRAINT writer_shard_check CHECK (((writer_id IS NULL) = (lease_expires_at IS NULL))),
     CONSTRAINT writer_shard_shard_check CHECK ((shard >= 0))
 );
@@ -648,6 +648,12 @@ ALTER TABLE ONLY public.writer_shard
 --
 
 CREATE INDEX application_environment_idx ON public.application USING btree (managed_environment_id) WHERE (managed_environment_id IS NOT NULL);
+
+--
+-- Name: application_state_changed_xid_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX application_state_changed_xid_idx ON public.application_state USING btree (changed_xid);
 
 --
 -- Name: application_state_seq_idx; Type: INDEX; Schema: public; Owner: -

@@ -1,10 +1,17 @@
 //! The writer: watches the tenants' resources and writes their intent, together
-//! with the operations that carry it to the agents, into PostgreSQL. This build
-//! has the writer's operational side — `migrate`, and the start-up checks of
-//! `run` — and not yet its tenant controllers. A library so tests drive the code
-//! the binary runs.
+//! with the operations that carry it to the agents, into PostgreSQL: `migrate`, and
+//! `run` (shard leases, the GitOpsDeployment and SyncRun controllers, the status
+//! loop). A library so tests drive the code the binary runs.
 
 pub mod api;
+pub mod context;
+pub mod controller;
+pub mod http;
+pub mod metrics;
+pub mod queue;
+pub mod run;
+pub mod shard;
+pub mod status;
 pub mod validate;
 
 use clap::{Args, Parser, Subcommand};
@@ -13,7 +20,7 @@ use gitops_shared::crypto::{CryptoError, SecretBox};
 use gitops_shared::db::{self, DbError, MigrationReport};
 use tokio_postgres::Client;
 
-const APPLICATION_NAME: &str = "gitops-writer";
+pub(crate) const APPLICATION_NAME: &str = "gitops-writer";
 
 #[derive(Debug, Parser)]
 #[command(name = "gitops-writer", version, about = "The GitOps service's writer: tenant intent into PostgreSQL")]
@@ -28,7 +35,35 @@ pub enum Command {
     Migrate(DbArgs),
     /// Run the writer. Needs the encryption keys (GITOPS_ENCRYPTION_KEYS,
     /// GITOPS_ENCRYPTION_ACTIVE_KEY) and a schema at least as new as this binary's.
-    Run(DbArgs),
+    Run(RunArgs),
+}
+
+/// Flags of `run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// A direct PostgreSQL URL for LISTEN when --database-url goes through a pooler.
+    #[arg(long, env = "GITOPS_LISTEN_DATABASE_URL", hide_env_values = true)]
+    pub listen_database_url: Option<String>,
+    /// Kubeconfig of the cluster with the tenant resources (default: as kube infers it).
+    #[arg(long, env = "GITOPS_KUBECONFIG")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// Concurrent reconciles.
+    #[arg(long, env = "GITOPS_WRITER_WORKERS", default_value_t = 4)]
+    pub workers: usize,
+    /// Handle only these namespaces (comma-separated; default: all).
+    #[arg(long, env = "GITOPS_WRITER_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+    /// This writer's id in the shard leases (default: host name and a random suffix).
+    #[arg(long, env = "GITOPS_WRITER_ID")]
+    pub writer_id: Option<String>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "GITOPS_WRITER_METRICS_ADDRESS", default_value = "127.0.0.1:9465")]
+    pub metrics_address: std::net::SocketAddr,
+    /// Most GitOpsDeployments per namespace.
+    #[arg(long, env = "GITOPS_WRITER_MAX_DEPLOYMENTS", default_value_t = 500)]
+    pub max_deployments: i64,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -49,15 +84,21 @@ pub enum WriterError {
     Migrate { source: DbError },
     #[error("refusing to start against this database")]
     Schema { source: DbError },
-    #[error("the writer's controllers are not implemented yet; this build only migrates and checks its prerequisites")]
-    ControllersMissing,
+    #[error("could not listen on {address}")]
+    Bind { address: std::net::SocketAddr, source: std::io::Error },
+    #[error("could not read the kubeconfig {path}")]
+    Kubeconfig { path: std::path::PathBuf, source: kube::config::KubeconfigError },
+    #[error("could not find a Kubernetes configuration")]
+    InferKube { source: kube::config::InferConfigError },
+    #[error("could not build a Kubernetes client")]
+    KubeClient { source: kube::Error },
 }
 
 /// Runs one command; returns what to print on stdout.
 pub async fn execute(command: Command) -> Result<String, WriterError> {
     match command {
         Command::Migrate(args) => Ok(render_migration(&migrate(&args.database_url).await?)),
-        Command::Run(args) => run(&args.database_url).await.map(|()| String::new()),
+        Command::Run(args) => run(args).await.map(|()| String::new()),
     }
 }
 
@@ -77,19 +118,29 @@ pub fn render_migration(report: &MigrationReport) -> String {
     out
 }
 
-/// Checks what the writer needs — keys, then a database with a schema it knows —
-/// and stops there: the controllers are not in this build.
-pub async fn run(database_url: &str) -> Result<(), WriterError> {
+/// Checks the keys, then runs the writer until SIGTERM or Ctrl-C.
+pub async fn run(args: RunArgs) -> Result<(), WriterError> {
     let secrets = SecretBox::from_env().map_err(|source| WriterError::Keys { source })?;
     tracing::info!(active_key = secrets.active_key_id(), "encryption keys loaded");
-    let client = connect(database_url).await?;
-    let schema = db::check_schema(&client).await.map_err(|source| WriterError::Schema { source })?;
-    tracing::info!(schema.found = schema.found, schema.required = schema.required, "database schema checked");
-    tracing::warn!("the tenant controllers are not part of this build");
-    Err(WriterError::ControllersMissing)
+    let writer_id = args.writer_id.unwrap_or_else(run::default_writer_id);
+    let mut config = run::WriterConfig::new(args.db.database_url, secrets, writer_id);
+    config.listen_database_url = args.listen_database_url;
+    config.kubeconfig = args.kubeconfig;
+    config.namespaces = args.namespaces;
+    config.controllers.workers = args.workers;
+    config.metrics_address = args.metrics_address;
+    config.controllers.max_deployments = args.max_deployments;
+    let cancel = tokio_util::sync::CancellationToken::new();
+    tokio::spawn({
+        let cancel = cancel.clone();
+        async move {
+            run::cancel_on_signal(cancel).await;
+        }
+    });
+    run::run_writer(config, cancel).await
 }
 
-async fn connect(url: &str) -> Result<Client, WriterError> {
+pub(crate) async fn connect(url: &str) -> Result<Client, WriterError> {
     let database = redact_database_url(url);
     tracing::debug!(%database, "connecting");
     db::connect(url, APPLICATION_NAME).await.map_err(|source| WriterError::Connect { database, source })

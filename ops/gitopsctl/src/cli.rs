@@ -32,6 +32,18 @@ pub enum Command {
     /// Write the tenant CustomResourceDefinitions, generated from the writer's
     /// Rust types, as YAML files (one per CRD).
     Crds(CrdsArgs),
+    /// Run the whole service locally for development: a throwaway PostgreSQL, the
+    /// Kubernetes emulator, the Argo CD stand-in, one writer and one agent. Prints
+    /// `ready` when a GitOpsDeployment can be applied; stops on Ctrl-C or SIGTERM.
+    Dev(DevArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DevArgs {
+    /// Directory for the kubeconfig, the env file and the children's logs
+    /// (created if missing).
+    #[arg(long, env = "GITOPS_DEV_DIR", default_value = ".gitops-dev")]
+    pub dir: std::path::PathBuf,
 }
 
 #[derive(Debug, Clone, Args)]

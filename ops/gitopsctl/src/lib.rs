@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod cli;
+pub mod dev;
 mod error;
 pub mod instance;
 pub mod migrate;
@@ -72,6 +73,20 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
                 Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
             }
         },
+        Command::Dev(args) => {
+            dev::dev(&args.dir, |info| {
+                eprintln!(
+                    "kubeconfig: {}\nenvironment: {} (set -a; . {}; set +a)",
+                    info.kubeconfig.display(),
+                    info.env_file.display(),
+                    info.env_file.display()
+                );
+                println!("ready");
+            })
+            .await
+            .map_err(|source| CtlError::Dev { source })?;
+            Ok(String::new())
+        }
         Command::Crds(args) => {
             let written = gitops_writer::api::write_crd_files(&args.out).map_err(|source| CtlError::Crds { source })?;
             Ok(written.iter().map(|path| format!("wrote {}\n", path.display())).collect())

@@ -16,3 +16,5 @@ mod queue_failures;
 mod queue_race;
 mod signal_race;
 mod writer_api;
+mod writer_e2e;
+mod writer_status;

@@ -339,8 +339,6 @@ fn client(config: Config) -> Client {
     Client::try_from(config).map_err(ClusterError::BuildClient).unwrap_or_else(|error| panic!("{}", chain(&error)))
 }
 
-/// An error and its sources, for a panic message.
-
 /// Whether the tests may overwrite `existing`: anything on the emulator; on a real
 /// cluster an `argoproj.io` CRD only if the test kit installed it or replacing is allowed.
 fn may_replace(real: bool, existing: &CustomResourceDefinition, replace_argo: bool) -> bool {

@@ -1,0 +1,335 @@
+//! `gitopsctl dev`: the whole service on a laptop, throwaway and self-contained. A
+//! PostgreSQL server in a temporary directory (durability off), the Kubernetes API
+//! emulator with TLS, the Argo CD stand-in over namespace `argocd`, one registered
+//! engine instance and a development-only encryption key, then one writer and one
+//! agent as child processes (the binaries built next to this one). It writes
+//! `DIR/kubeconfig` and `DIR/env`, reports readiness once both children serve (the
+//! writer holds shard leases, the agent's heartbeat is fresh), and on Ctrl-C or
+//! SIGTERM stops the children (SIGTERM, then a bounded wait) and everything else.
+//!
+//! Nothing here is fit for production: the key is generated, the database forgets
+//! everything on exit and the API server is an emulator.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use gitops_shared::config::{DATABASE_URL, ENCRYPTION_ACTIVE_KEY, ENCRYPTION_KEYS, ENGINE_INSTANCE};
+use gitops_shared::crypto::SecretBox;
+use gitops_shared::db;
+use gitops_shared::instance::engine_instance_add;
+use gitops_testkit::argocd::{self, ForeignCrds, StandinOptions};
+use gitops_testkit::kube_emulator::{EmulatorOptions, KubeEmulator};
+use gitops_testkit::{PgCluster, PgOptions};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::wait::{await_condition, conditions};
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+
+/// The engine instance `dev` registers and the agent serves.
+pub const DEV_INSTANCE: &str = "argocd-1";
+/// Where the stand-in (Argo CD) reads its Applications.
+pub const DEV_ARGOCD_NAMESPACE: &str = "argocd";
+/// The database `dev` creates and migrates.
+const DEV_DATABASE: &str = "gitops";
+/// The id of the generated key.
+const DEV_KEY_ID: &str = "dev";
+/// How long the children may take to become ready.
+const READY_DEADLINE: Duration = Duration::from_secs(120);
+/// How long a child may take to stop after SIGTERM before it is killed.
+const STOP_DEADLINE: Duration = Duration::from_secs(15);
+/// How long each CRD may take to be Established.
+const CRD_DEADLINE: Duration = Duration::from_secs(60);
+/// A heartbeat younger than this counts as an agent that is up.
+const HEARTBEAT_FRESH: &str = "30 seconds";
+
+const FIELD_MANAGER: &str = "gitopsctl-dev";
+
+const WRITER_READY: &str = "SELECT EXISTS (SELECT 1 FROM writer_shard WHERE lease_expires_at > now())";
+const AGENT_READY: &str =
+    "SELECT EXISTS (SELECT 1 FROM engine_instance WHERE name = $1 AND heartbeat_at > now() - $2::text::interval)";
+
+/// Why `dev` could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DevError {
+    #[error("could not prepare the directory {path}")]
+    Dir { path: PathBuf, source: std::io::Error },
+    #[error("{binary} not found next to gitopsctl (in {dir}); run `cargo build --workspace` first")]
+    BinaryMissing { binary: &'static str, dir: PathBuf },
+    #[error("could not find gitopsctl's own location")]
+    CurrentExe { source: std::io::Error },
+    #[error("could not start PostgreSQL")]
+    Postgres { source: gitops_testkit::PgError },
+    #[error("could not {action}")]
+    Db { action: &'static str, source: db::DbError },
+    #[error("could not {action}")]
+    Query { action: &'static str, source: tokio_postgres::Error },
+    #[error("could not start the Kubernetes emulator")]
+    Emulator { source: gitops_testkit::kube_emulator::EmulatorError },
+    #[error("could not set up the Argo CD stand-in")]
+    Standin { source: argocd::StandinError },
+    #[error("could not {action} in the emulator")]
+    Kube { action: String, source: kube::Error },
+    #[error("CustomResourceDefinition {name} was not Established within {CRD_DEADLINE:?}")]
+    CrdTimeout { name: String },
+    #[error("could not generate the development key")]
+    Key { source: gitops_shared::crypto::CryptoError },
+    #[error("could not start {binary}")]
+    Spawn { binary: &'static str, source: std::io::Error },
+    #[error("{binary} exited ({status}); its log is {log}")]
+    ChildExited { binary: &'static str, status: String, log: PathBuf },
+    #[error("the writer and the agent were not ready within {READY_DEADLINE:?}; their logs are in {dir}")]
+    NotReady { dir: PathBuf },
+    #[error("could not listen for SIGTERM")]
+    Signal { source: std::io::Error },
+}
+
+/// What `dev` set up, as reported when ready.
+#[derive(Debug, Clone)]
+pub struct DevInfo {
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub env_file: PathBuf,
+    pub database_url: String,
+}
+
+/// Runs the local service until Ctrl-C or SIGTERM; calls `on_ready` once a
+/// GitOpsDeployment can be applied.
+pub async fn dev(dir: &Path, on_ready: impl FnOnce(&DevInfo)) -> Result<(), DevError> {
+    std::fs::create_dir_all(dir).map_err(|source| DevError::Dir { path: dir.to_owned(), source })?;
+    let dir = dir.canonicalize().map_err(|source| DevError::Dir { path: dir.to_owned(), source })?;
+    let bin_dir = binary_dir()?;
+    let writer_bin = binary(&bin_dir, "gitops-writer")?;
+    let agent_bin = binary(&bin_dir, "gitops-agent")?;
+
+    let postgres = PgCluster::start(PgOptions::default()).await.map_err(|source| DevError::Postgres { source })?;
+    let database_url = create_database(&postgres).await?;
+    tracing::info!(port = postgres.port(), "PostgreSQL up and migrated");
+
+    let kubeconfig = dir.join("kubeconfig");
+    let emulator = KubeEmulator::start(EmulatorOptions { kubeconfig: Some(kubeconfig.clone()), tls: true, ..Default::default() })
+        .await
+        .map_err(|source| DevError::Emulator { source })?;
+    let kube = emulator.client().await;
+    install_crds(&kube).await?;
+    create_namespace(&kube, DEV_ARGOCD_NAMESPACE).await?;
+    let standin_cancel = CancellationToken::new();
+    let standin = tokio::spawn(argocd::run(
+        kube.clone(),
+        DEV_ARGOCD_NAMESPACE,
+        StandinOptions::default(),
+        standin_cancel.clone(),
+    ));
+    tracing::info!(url = emulator.url(), "Kubernetes emulator and Argo CD stand-in up");
+
+    let client = db::connect(&database_url, "gitopsctl").await.map_err(|source| DevError::Db { action: "connect", source })?;
+    engine_instance_add(&client, DEV_INSTANCE, DEV_ARGOCD_NAMESPACE, 1000)
+        .await
+        .map_err(|source| DevError::Db { action: "register the engine instance", source })?;
+    let key = SecretBox::generate_key(DEV_KEY_ID).map_err(|source| DevError::Key { source })?;
+    let env = vec![
+        (DATABASE_URL, database_url.clone()),
+        ("KUBECONFIG", kubeconfig.display().to_string()),
+        (ENCRYPTION_KEYS, key),
+        (ENCRYPTION_ACTIVE_KEY, DEV_KEY_ID.to_owned()),
+        (ENGINE_INSTANCE, DEV_INSTANCE.to_owned()),
+    ];
+    let env_file = dir.join("env");
+    write_env_file(&env_file, &env)?;
+
+    let mut children = Vec::new();
+    let started = async {
+        children.push(spawn(&dir, "gitops-writer", &writer_bin, &env, &[])?);
+        children.push(spawn(&dir, "gitops-agent", &agent_bin, &env, &[("GITOPS_AGENT_METRICS_ADDRESS", "127.0.0.1:0")])?);
+        wait_ready(&client, &dir, &mut children).await
+    }
+    .await;
+    let outcome = match started {
+        Ok(()) => {
+            on_ready(&DevInfo { dir: dir.clone(), kubeconfig, env_file, database_url });
+            serve(&mut children).await
+        }
+        Err(error) => Err(error),
+    };
+    for child in &mut children {
+        child.stop().await;
+    }
+    drop(client);
+    standin_cancel.cancel();
+    let _ = standin.await;
+    emulator.shutdown().await;
+    drop(postgres);
+    outcome
+}
+
+/// Waits for Ctrl-C or SIGTERM, or for a child to exit (an error).
+async fn serve(children: &mut [DevChild]) -> Result<(), DevError> {
+    let mut terminate = signal(SignalKind::terminate()).map_err(|source| DevError::Signal { source })?;
+    let mut poll = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = terminate.recv() => return Ok(()),
+            _ = poll.tick() => {
+                for child in children.iter_mut() {
+                    child.check()?;
+                }
+            }
+        }
+    }
+}
+
+async fn wait_ready(client: &tokio_postgres::Client, dir: &Path, children: &mut [DevChild]) -> Result<(), DevError> {
+    let deadline = Instant::now() + READY_DEADLINE;
+    loop {
+        for child in children.iter_mut() {
+            child.check()?;
+        }
+        let writer: bool = client
+            .query_one(WRITER_READY, &[])
+            .await
+            .map_err(|source| DevError::Query { action: "check the writer", source })?
+            .get(0);
+        let agent: bool = client
+            .query_one(AGENT_READY, &[&DEV_INSTANCE, &HEARTBEAT_FRESH])
+            .await
+            .map_err(|source| DevError::Query { action: "check the agent", source })?
+            .get(0);
+        if writer && agent {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(DevError::NotReady { dir: dir.to_owned() });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A child process with its log file.
+struct DevChild {
+    binary: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+fn spawn(
+    dir: &Path,
+    binary: &'static str,
+    path: &Path,
+    env: &[(&str, String)],
+    extra: &[(&str, &str)],
+) -> Result<DevChild, DevError> {
+    let log = dir.join(format!("{binary}.log"));
+    let file = std::fs::File::create(&log).map_err(|source| DevError::Dir { path: log.clone(), source })?;
+    let stderr = file.try_clone().map_err(|source| DevError::Dir { path: log.clone(), source })?;
+    let mut command = Command::new(path);
+    command.arg("run").stdin(Stdio::null()).stdout(file).stderr(stderr).kill_on_drop(true);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    for (name, value) in extra {
+        command.env(name, value);
+    }
+    if std::env::var_os("RUST_LOG").is_none() {
+        command.env("RUST_LOG", "info");
+    }
+    let child = command.spawn().map_err(|source| DevError::Spawn { binary, source })?;
+    tracing::info!(binary, log = %log.display(), "started");
+    Ok(DevChild { binary, child, log })
+}
+
+impl DevChild {
+    /// An error if the process has exited.
+    fn check(&mut self) -> Result<(), DevError> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => {
+                Err(DevError::ChildExited { binary: self.binary, status: status.to_string(), log: self.log.clone() })
+            }
+            Err(error) => {
+                Err(DevError::ChildExited { binary: self.binary, status: error.to_string(), log: self.log.clone() })
+            }
+        }
+    }
+
+    /// SIGTERM, then a bounded wait, then SIGKILL.
+    async fn stop(&mut self) {
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return;
+        }
+        if let Some(pid) = self.child.id() {
+            let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status().await;
+        }
+        if tokio::time::timeout(STOP_DEADLINE, self.child.wait()).await.is_err() {
+            tracing::warn!(binary = self.binary, "did not stop after SIGTERM; killing it");
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+fn binary_dir() -> Result<PathBuf, DevError> {
+    let exe = std::env::current_exe().map_err(|source| DevError::CurrentExe { source })?;
+    Ok(exe.parent().map(Path::to_owned).unwrap_or_default())
+}
+
+fn binary(dir: &Path, binary: &'static str) -> Result<PathBuf, DevError> {
+    let path = dir.join(binary);
+    if path.is_file() { Ok(path) } else { Err(DevError::BinaryMissing { binary, dir: dir.to_owned() }) }
+}
+
+async fn create_database(postgres: &PgCluster) -> Result<String, DevError> {
+    let admin = db::connect(&postgres.url("postgres"), "gitopsctl")
+        .await
+        .map_err(|source| DevError::Db { action: "connect", source })?;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {DEV_DATABASE}"))
+        .await
+        .map_err(|source| DevError::Query { action: "create the database", source })?;
+    let url = postgres.url(DEV_DATABASE);
+    let mut client = db::connect(&url, "gitopsctl").await.map_err(|source| DevError::Db { action: "connect", source })?;
+    db::migrate(&mut client).await.map_err(|source| DevError::Db { action: "migrate the database", source })?;
+    Ok(url)
+}
+
+/// The writer's four CRDs (applied) and Argo CD's (through the stand-in's installer).
+async fn install_crds(kube: &kube::Client) -> Result<(), DevError> {
+    argocd::install_crds(kube, ForeignCrds::Keep, CRD_DEADLINE).await.map_err(|source| DevError::Standin { source })?;
+    let api = Api::<CustomResourceDefinition>::all(kube.clone());
+    for crd in gitops_writer::api::crds() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&crd))
+            .await
+            .map_err(|source| DevError::Kube { action: format!("install CustomResourceDefinition {name}"), source })?;
+        match tokio::time::timeout(CRD_DEADLINE, await_condition(api.clone(), &name, conditions::is_crd_established())).await {
+            Ok(Ok(_)) => {}
+            _ => return Err(DevError::CrdTimeout { name }),
+        }
+    }
+    Ok(())
+}
+
+async fn create_namespace(kube: &kube::Client, name: &str) -> Result<(), DevError> {
+    let namespace: Namespace = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}
+    }))
+    .unwrap_or_default();
+    Api::<Namespace>::all(kube.clone())
+        .patch(name, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(&namespace))
+        .await
+        .map_err(|source| DevError::Kube { action: format!("create namespace {name}"), source })?;
+    Ok(())
+}
+
+/// `NAME=value` lines (read with `set -a; . DIR/env; set +a`), readable by the
+/// owner only: it holds the development key.
+fn write_env_file(path: &Path, env: &[(&str, String)]) -> Result<(), DevError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let text: String = env.iter().map(|(name, value)| format!("{name}={value}\n")).collect();
+    let io = |source| DevError::Dir { path: path.to_owned(), source };
+    let mut file =
+        std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path).map_err(io)?;
+    std::io::Write::write_all(&mut file, text.as_bytes()).map_err(io)
+}

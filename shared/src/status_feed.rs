@@ -1,0 +1,226 @@
+//! The status feed: what a writer reads to carry observed state back to tenant
+//! resources, and its durable cursor (`writer_shard.status_xid`).
+//!
+//! A writer reads, per shard it owns, the `application_state` rows changed by
+//! transactions at or after the shard's cursor, in transaction order. The cursor
+//! is a transaction id because sequence numbers are taken before commit and so
+//! become visible out of order, whereas every transaction older than a snapshot's
+//! `xmin` has finished, and its rows are visible in that snapshot. After handling
+//! a batch the cursor moves to that `xmin` (or, for a full batch, to the last
+//! handled row's transaction if that is lower): rows of transactions still in
+//! flight stay at or past the cursor and are read once they commit. Rows at the
+//! cursor may be read twice; patching only what changed makes that harmless.
+//! Only the shard's current owner, under an unexpired lease, may move the
+//! cursor, and it never moves backwards.
+
+use serde_json::Value;
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+use crate::db::DbError;
+use crate::model::SyncOperationState;
+
+/// Rows read per shard and statement.
+pub const STATUS_FEED_BATCH: i64 = 500;
+
+/// One changed `application_state` row with where its tenant resource lives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusFeedRow {
+    pub seq: i64,
+    /// The transaction that made the change (`changed_xid`).
+    pub xid: i64,
+    /// The reader's snapshot `xmin`: every transaction older has finished.
+    pub snapshot_xmin: i64,
+    pub application_id: i64,
+    pub namespace: String,
+    pub resource_name: String,
+    pub resource_uid: Uuid,
+    /// The managed environment's resource name, if the deployment names one.
+    pub environment: Option<String>,
+    pub sync_status: Option<String>,
+    pub sync_revision: Option<String>,
+    pub health_status: Option<String>,
+    pub health_message: Option<String>,
+    pub resources: Value,
+    pub conditions: Value,
+    pub operation_state: Option<Value>,
+    pub reconciled_state: Option<Value>,
+}
+
+/// One sync request of a deployment, for its GitOpsDeploymentSyncRun's status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SyncRunRow {
+    pub id: i64,
+    pub namespace: String,
+    pub resource_name: String,
+    pub resource_uid: Uuid,
+    pub state: SyncOperationState,
+    pub synced_revision: Option<String>,
+    pub message: Option<String>,
+}
+
+// The shard must be owned by $2 under a live lease: a writer that lost the shard
+// reads nothing. The snapshot's xmin comes from the same statement, so from the
+// snapshot the rows were read with. xid8 travels as text.
+const FEED_READ: &str = "
+SELECT s.seq, s.changed_xid::text::bigint,
+       pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
+       a.id, t.namespace_name, a.resource_name, a.resource_uid, m.resource_name,
+       s.sync_status, s.sync_revision, s.health_status, s.health_message,
+       s.resources, s.conditions, s.operation_state, s.reconciled_state
+  FROM writer_shard w
+  JOIN tenant t ON t.writer_shard = w.shard
+  JOIN application a ON a.tenant_id = t.id
+  JOIN application_state s ON s.application_id = a.id
+  LEFT JOIN managed_environment m ON m.id = a.managed_environment_id
+ WHERE w.shard = $1 AND w.writer_id = $2 AND w.lease_expires_at > now()
+   AND s.changed_xid >= w.status_xid
+ ORDER BY s.changed_xid, s.seq
+ LIMIT $3";
+
+const CURSOR_ADVANCE: &str = "
+UPDATE writer_shard
+   SET status_xid = $3::text::xid8, updated_at = now()
+ WHERE shard = $1 AND writer_id = $2 AND lease_expires_at > now() AND status_xid < $3::text::xid8";
+
+const SYNC_RUNS_OF: &str = "
+SELECT o.id, t.namespace_name, o.resource_name, o.resource_uid, o.state, o.synced_revision, o.message
+  FROM sync_operation o JOIN tenant t ON t.id = o.tenant_id
+ WHERE o.application_id = ANY($1) AND o.row_state = 'active'
+ ORDER BY o.id";
+
+const SYNC_RUNS_BY_ID: &str = "
+SELECT o.id, t.namespace_name, o.resource_name, o.resource_uid, o.state, o.synced_revision, o.message
+  FROM sync_operation o JOIN tenant t ON t.id = o.tenant_id
+ WHERE o.id = ANY($1) AND o.row_state = 'active'
+ ORDER BY o.id";
+
+/// Up to `limit` rows of `shard` past its cursor, in `seq` order; none unless
+/// `writer_id` holds the shard's lease.
+pub async fn status_feed_read(
+    client: &Client,
+    shard: i32,
+    writer_id: &str,
+    limit: i64,
+) -> Result<Vec<StatusFeedRow>, DbError> {
+    let rows = client
+        .query(FEED_READ, &[&shard, &writer_id, &limit])
+        .await
+        .map_err(DbError::query("read the status feed"))?;
+    Ok(rows
+        .iter()
+        .map(|row| StatusFeedRow {
+            seq: row.get(0),
+            xid: row.get(1),
+            snapshot_xmin: row.get(2),
+            application_id: row.get(3),
+            namespace: row.get(4),
+            resource_name: row.get(5),
+            resource_uid: row.get(6),
+            environment: row.get(7),
+            sync_status: row.get(8),
+            sync_revision: row.get(9),
+            health_status: row.get(10),
+            health_message: row.get(11),
+            resources: row.get(12),
+            conditions: row.get(13),
+            operation_state: row.get(14),
+            reconciled_state: row.get(15),
+        })
+        .collect())
+}
+
+/// Where the cursor may move after the first `handled` of `rows` (one read, in
+/// transaction order, of at most `batch` rows) were handled: to the snapshot's
+/// `xmin` when the read was not cut short and every row was handled; otherwise to
+/// the last handled row's transaction (inclusive: its other rows are read again),
+/// and never past the `xmin`. None when nothing was handled.
+pub fn cursor_after(rows: &[StatusFeedRow], handled: usize, batch: i64) -> Option<i64> {
+    let last = rows.get(handled.checked_sub(1)?)?;
+    let whole = handled == rows.len() && (rows.len() as i64) < batch;
+    Some(if whole { last.snapshot_xmin } else { last.xid.min(last.snapshot_xmin) })
+}
+
+/// Moves `shard`'s cursor forward to transaction `xid`. False when `writer_id` no
+/// longer holds the shard, or the cursor is already there.
+pub async fn writer_shard_advance_status(
+    client: &Client,
+    shard: i32,
+    writer_id: &str,
+    xid: i64,
+) -> Result<bool, DbError> {
+    let updated = client
+        .execute(CURSOR_ADVANCE, &[&shard, &writer_id, &xid.to_string()])
+        .await
+        .map_err(DbError::query("advance the status cursor"))?;
+    Ok(updated == 1)
+}
+
+/// The active sync requests of `applications`.
+pub async fn sync_runs_of_applications(client: &Client, applications: &[i64]) -> Result<Vec<SyncRunRow>, DbError> {
+    sync_runs(client, SYNC_RUNS_OF, applications).await
+}
+
+/// The active sync requests with these ids.
+pub async fn sync_runs_by_id(client: &Client, ids: &[i64]) -> Result<Vec<SyncRunRow>, DbError> {
+    sync_runs(client, SYNC_RUNS_BY_ID, ids).await
+}
+
+async fn sync_runs(client: &Client, statement: &str, ids: &[i64]) -> Result<Vec<SyncRunRow>, DbError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = client.query(statement, &[&ids]).await.map_err(DbError::query("read sync requests"))?;
+    Ok(rows
+        .iter()
+        .map(|row| SyncRunRow {
+            id: row.get(0),
+            namespace: row.get(1),
+            resource_name: row.get(2),
+            resource_uid: row.get(3),
+            state: row.get(4),
+            synced_revision: row.get(5),
+            message: row.get(6),
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(xid: i64, snapshot_xmin: i64) -> StatusFeedRow {
+        StatusFeedRow {
+            seq: xid,
+            xid,
+            snapshot_xmin,
+            application_id: 1,
+            namespace: "ns".into(),
+            resource_name: "app".into(),
+            resource_uid: Uuid::nil(),
+            environment: None,
+            sync_status: None,
+            sync_revision: None,
+            health_status: None,
+            health_message: None,
+            resources: Value::Array(Vec::new()),
+            conditions: Value::Array(Vec::new()),
+            operation_state: None,
+            reconciled_state: None,
+        }
+    }
+
+    #[test]
+    fn the_cursor_never_passes_the_snapshot_xmin_or_an_unhandled_row() {
+        // A whole read: to the xmin, even when rows of later transactions were seen.
+        assert_eq!(cursor_after(&[row(3, 9), row(5, 9)], 2, 500), Some(9));
+        assert_eq!(cursor_after(&[row(3, 4), row(7, 4)], 2, 500), Some(4));
+        // A full batch: the last row's transaction, at most the xmin.
+        assert_eq!(cursor_after(&[row(3, 9), row(5, 9)], 2, 2), Some(5));
+        assert_eq!(cursor_after(&[row(3, 4), row(7, 4)], 2, 2), Some(4));
+        // A failure part-way: the last handled row's transaction.
+        assert_eq!(cursor_after(&[row(3, 9), row(5, 9), row(6, 9)], 2, 500), Some(5));
+        assert_eq!(cursor_after(&[row(3, 9)], 0, 500), None);
+        assert_eq!(cursor_after(&[], 0, 500), None);
+    }
+}

@@ -1,0 +1,70 @@
+//! Sync operations: the intent behind a GitOpsDeploymentSyncRun, written by the
+//! writer with its operation; progress is the agent's (see `observed`).
+
+use tokio_postgres::Transaction;
+use uuid::Uuid;
+
+use crate::db::DbError;
+use crate::model::TenantId;
+
+/// A validated sync request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncIntent {
+    pub tenant_id: TenantId,
+    pub resource_uid: Uuid,
+    pub resource_name: String,
+    pub generation: i64,
+    pub deployment_name: String,
+    pub application_id: i64,
+    pub revision: String,
+}
+
+// Guarded by generation; a changed spec asks for a new sync (new correlation id).
+const UPSERT: &str = "
+INSERT INTO sync_operation (tenant_id, resource_uid, resource_name, generation, deployment_name,
+                            application_id, revision)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (resource_uid) DO UPDATE
+   SET generation = EXCLUDED.generation, deployment_name = EXCLUDED.deployment_name,
+       application_id = EXCLUDED.application_id, revision = EXCLUDED.revision,
+       correlation_id = gen_random_uuid(), state = 'pending', synced_revision = NULL,
+       message = NULL, started_at = NULL, finished_at = NULL, updated_at = now()
+ WHERE sync_operation.generation < EXCLUDED.generation
+   AND sync_operation.tenant_id = EXCLUDED.tenant_id
+   AND sync_operation.row_state = 'active'
+RETURNING id";
+
+const TERMINATE: &str = "
+UPDATE sync_operation SET terminate_requested = true, row_state = 'deleting', updated_at = now()
+ WHERE resource_uid = $1 AND row_state = 'active'
+RETURNING id, tenant_id";
+
+/// Writes the request if newer than the stored one; the row id when it changed.
+pub async fn sync_operation_upsert_in_txn(txn: &Transaction<'_>, intent: &SyncIntent) -> Result<Option<i64>, DbError> {
+    let row = txn
+        .query_opt(
+            UPSERT,
+            &[
+                &intent.tenant_id.0,
+                &intent.resource_uid,
+                &intent.resource_name,
+                &intent.generation,
+                &intent.deployment_name,
+                &intent.application_id,
+                &intent.revision,
+            ],
+        )
+        .await
+        .map_err(DbError::query("upsert a sync operation"))?;
+    Ok(row.map(|row| row.get(0)))
+}
+
+/// Marks the sync of a deleted SyncRun for termination and removal; its `(id,
+/// tenant)` when the row was active.
+pub async fn sync_operation_terminate_in_txn(
+    txn: &Transaction<'_>,
+    resource_uid: Uuid,
+) -> Result<Option<(i64, TenantId)>, DbError> {
+    let row = txn.query_opt(TERMINATE, &[&resource_uid]).await.map_err(DbError::query("terminate a sync operation"))?;
+    Ok(row.map(|row| (row.get(0), TenantId(row.get(1)))))
+}

@@ -1,0 +1,529 @@
+//! The writer end to end: `run_writer` in-process with an in-process agent and the
+//! Argo CD stand-in on the test tier's API server. A GitOpsDeployment becomes an
+//! Argo CD Application; invalid ones get their condition and write nothing;
+//! deletion releases the finalizer and the Application goes; two writers share the
+//! shards. Tests wait on conditions and rows with deadlines, never on time.
+
+use std::time::Duration;
+
+use gitops_agent::engine::argocd::application_resource;
+use gitops_agent::names;
+use gitops_agent::{AgentConfig, run_agent};
+use gitops_shared::crypto::SecretBox;
+use gitops_shared::instance::engine_instance_add;
+use gitops_testkit::TestDb;
+use gitops_testkit::argocd::{self, StandinOptions, app_project_crd, application_crd};
+use gitops_testkit::cluster::{TestCluster, TestNamespace};
+use gitops_writer::api::{GitOpsDeployment, GitOpsDeploymentSyncRun, crds};
+use gitops_writer::controller::{
+    CONDITION, FINALIZER, REASON_ACCEPTED, REASON_DEPLOYMENT_AUTOMATED, REASON_DEPLOYMENT_NOT_FOUND, REASON_QUOTA_EXCEEDED,
+    WAIT_FOR_PRUNING,
+};
+use gitops_writer::run::{WriterConfig, run_writer};
+use gitops_writer::shard::ShardConfig;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio_postgres::Client;
+use tokio_util::sync::CancellationToken;
+
+use crate::support::eventually;
+
+const INSTANCE: &str = "argocd-1";
+
+struct Env {
+    db: TestDb,
+    client: Client,
+    kube: kube::Client,
+    kubeconfig: std::path::PathBuf,
+    argocd: TestNamespace,
+    tenant: TestNamespace,
+    secrets: SecretBox,
+    cancel: CancellationToken,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+async fn env(purpose: &str) -> Env {
+    let cluster = TestCluster::get().await;
+    let mut all = crds();
+    all.push(application_crd());
+    all.push(app_project_crd());
+    cluster.install_crds(all).await.expect("install the CRDs");
+    let argocd_ns = cluster.namespace(&format!("{purpose}-argo")).await;
+    let tenant = cluster.namespace(purpose).await;
+    let kube = cluster.admin().await;
+    let cancel = CancellationToken::new();
+    tokio::spawn({
+        let (kube, name, cancel) = (kube.clone(), argocd_ns.name().to_owned(), cancel.clone());
+        async move { argocd::run(kube, &name, StandinOptions::default(), cancel).await }
+    });
+    let db = TestDb::migrated().await;
+    let client = db.connect().await;
+    engine_instance_add(&client, INSTANCE, argocd_ns.name(), 1000).await.expect("add instance");
+    let key = SecretBox::generate_key("k1").expect("key");
+    let secrets = SecretBox::from_config(Some(&key), Some("k1")).expect("secrets");
+    let kubeconfig =
+        cluster.namespace_identity(argocd_ns.name(), "gitops-agent", crate::support::agent_rbac_rules()).await.kubeconfig;
+    let mut agent = AgentConfig::new(db.url(), INSTANCE.into(), secrets.clone());
+    agent.kubeconfig = Some(kubeconfig);
+    agent.metrics_address = "127.0.0.1:0".parse().expect("address");
+    agent.poll_interval = Duration::from_secs(1);
+    tokio::spawn(run_agent(agent, cancel.clone()));
+    let admin_kubeconfig = cluster.kubeconfig_path().to_owned();
+    let env = Env { db, client, kube, kubeconfig: admin_kubeconfig, argocd: argocd_ns, tenant, secrets, cancel };
+    // Placement needs a heartbeat; the agent's first one comes at start.
+    eventually("the agent's heartbeat", || async {
+        let row = env.client.query_one("SELECT heartbeat_at IS NOT NULL FROM engine_instance", &[]).await.ok()?;
+        row.get::<_, bool>(0).then_some(())
+    })
+    .await;
+    env
+}
+
+impl Env {
+    fn writer(&self, id: &str) -> CancellationToken {
+        self.writer_for(id, vec![self.tenant.name().to_owned()], |_| {})
+    }
+
+    /// A writer for `namespaces`, its config adjusted by `adjust`.
+    fn writer_for(&self, id: &str, namespaces: Vec<String>, adjust: impl FnOnce(&mut WriterConfig)) -> CancellationToken {
+        let mut config = WriterConfig::new(self.db.url(), self.secrets.clone(), id.to_owned());
+        config.namespaces = namespaces;
+        config.kubeconfig = Some(self.kubeconfig.clone());
+        config.metrics_address = "127.0.0.1:0".parse().expect("address");
+        config.shards = ShardConfig { lease: Duration::from_secs(3), interval: Duration::from_millis(300) };
+        config.controllers.retry_delay = Duration::from_millis(500);
+        config.controllers.prune_poll = Duration::from_millis(300);
+        adjust(&mut config);
+        let cancel = self.cancel.child_token();
+        let task = tokio::spawn(run_writer(config, cancel.clone()));
+        tokio::spawn(async move {
+            if let Ok(Err(error)) = task.await {
+                panic!("the writer stopped: {error:?}");
+            }
+        });
+        cancel
+    }
+
+    fn deployments(&self) -> Api<GitOpsDeployment> {
+        Api::namespaced(self.kube.clone(), self.tenant.name())
+    }
+
+    fn apps(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.kube.clone(), self.argocd.name(), &application_resource())
+    }
+
+    async fn create(&self, name: &str, spec: serde_json::Value) -> GitOpsDeployment {
+        let object: GitOpsDeployment = serde_json::from_value(json!({
+            "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeployment",
+            "metadata": {"name": name}, "spec": spec,
+        }))
+        .expect("GitOpsDeployment");
+        self.deployments().create(&PostParams::default(), &object).await.expect("create GitOpsDeployment")
+    }
+
+    /// Waits for the writer's condition at the object's current generation.
+    async fn condition(&self, name: &str) -> (String, String, String) {
+        eventually("the writer's condition", || async {
+            let object = self.deployments().get_opt(name).await.ok()??;
+            let status = object.status.as_ref()?;
+            let condition = status.conditions.iter().find(|c| c.type_ == CONDITION)?;
+            (condition.observed_generation == object.metadata.generation).then(|| {
+                (
+                    condition.status.clone(),
+                    condition.reason.clone().unwrap_or_default(),
+                    condition.message.clone().unwrap_or_default(),
+                )
+            })
+        })
+        .await
+    }
+
+    async fn rows(&self, name: &str) -> i64 {
+        self.client
+            .query_one("SELECT count(*) FROM application WHERE resource_name = $1", &[&name])
+            .await
+            .expect("count")
+            .get(0)
+    }
+}
+
+/// A minimal HTTP/1.1 GET: (status code, body).
+async fn get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.expect("connect to the writer");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: writer\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    let code = response.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("status code");
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+    (code, body)
+}
+
+fn spec(repo: &str, path: &str) -> serde_json::Value {
+    json!({"source": {"repoURL": repo, "path": path}, "destination": {}, "type": "automated"})
+}
+
+#[tokio::test]
+async fn writer_e2e_deployment_becomes_an_application_and_goes_on_delete() {
+    let env = env("we-deploy").await;
+    let address = std::sync::Arc::new(std::sync::OnceLock::new());
+    let _writer =
+        env.writer_for("writer-a", vec![env.tenant.name().to_owned()], |c| c.http_address = address.clone());
+    let created = env.create("web", spec("https://git.example.invalid/org/repo.git", "apps/web")).await;
+    let (status, reason, _) = env.condition("web").await;
+    assert_eq!((status.as_str(), reason.as_str()), ("False", REASON_ACCEPTED));
+    let uid = uuid::Uuid::parse_str(created.metadata.uid.as_deref().expect("uid")).expect("uuid");
+    let app_name = names::application_name(uid);
+    eventually("the Application", || async { env.apps().get_opt(&app_name).await.ok()? }).await;
+    let object = env.deployments().get("web").await.expect("read");
+    assert!(object.metadata.finalizers.unwrap_or_default().iter().any(|f| f == FINALIZER));
+    let address = *address.get().expect("the endpoint is bound");
+    eventually("/readyz answers 200", || async { (get(address, "/readyz").await.0 == 200).then_some(()) }).await;
+    let (code, metrics) = get(address, "/metrics").await;
+    assert_eq!(code, 200);
+    assert!(metrics.contains("gitops_writer_reconciles_total{outcome=\"ok\"}"), "{metrics}");
+    assert!(metrics.contains("gitops_writer_shards_owned 64"), "{metrics}");
+    assert_eq!(get(address, "/healthz").await.0, 200);
+
+    env.deployments().delete("web", &DeleteParams::default()).await.expect("delete");
+    eventually("the GitOpsDeployment gone", || async {
+        env.deployments().get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    eventually("the Application gone", || async { env.apps().get_opt(&app_name).await.ok()?.is_none().then_some(()) })
+        .await;
+}
+
+#[tokio::test]
+async fn writer_e2e_invalid_inputs_get_their_condition_and_write_nothing() {
+    let env = env("we-invalid").await;
+    let _writer = env.writer("writer-a");
+    let repo = "https://git.example.invalid/org/repo.git";
+    let cases: Vec<(&str, serde_json::Value, &str)> = vec![
+        ("bad-url", spec("ftp://git.example.invalid/x", "p"), "InvalidRepositoryURL"),
+        ("root-path", spec(repo, "/"), "InvalidPath"),
+        ("dotdot", spec(repo, "a/../../etc"), "InvalidPath"),
+        (
+            "sync-option",
+            json!({"source": {"repoURL": repo, "path": "p"}, "type": "manual",
+                   "syncPolicy": {"syncOptions": ["Prune=false"]}}),
+            "InvalidSyncOption",
+        ),
+        ("nul", spec(repo, "a\u{0}b"), "InvalidCharacters"),
+        ("control", spec(repo, "a\u{7}b"), "InvalidCharacters"),
+        ("too-long", spec(repo, &"a".repeat(2000)), "FieldTooLong"),
+        (
+            "no-env",
+            json!({"source": {"repoURL": repo, "path": "p"}, "destination": {"environment": "elsewhere"},
+                   "type": "automated"}),
+            "EnvironmentNotFound",
+        ),
+    ];
+    for (name, spec, _) in &cases {
+        env.create(name, spec.clone()).await;
+    }
+    for (name, _, want) in &cases {
+        let (status, reason, message) = env.condition(name).await;
+        assert_eq!((status.as_str(), reason.as_str()), ("True", *want), "{name}: {message}");
+        assert_eq!(env.rows(name).await, 0, "{name} wrote nothing");
+    }
+    // Metacharacters are plain text where the field allows them.
+    env.create("meta", spec(repo, "apps/x;$(rm -rf)'--")).await;
+    let (status, reason, _) = env.condition("meta").await;
+    assert_eq!((status.as_str(), reason.as_str()), ("False", REASON_ACCEPTED));
+    assert_eq!(env.rows("meta").await, 1);
+}
+
+fn manual(repo: &str, path: &str) -> serde_json::Value {
+    json!({"source": {"repoURL": repo, "path": path}, "destination": {}, "type": "manual"})
+}
+
+impl Env {
+    fn sync_runs(&self) -> Api<GitOpsDeploymentSyncRun> {
+        Api::namespaced(self.kube.clone(), self.tenant.name())
+    }
+
+    async fn create_sync_run(&self, name: &str, deployment: &str, revision: &str) {
+        let object: GitOpsDeploymentSyncRun = serde_json::from_value(json!({
+            "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeploymentSyncRun",
+            "metadata": {"name": name}, "spec": {"gitopsDeploymentName": deployment, "revisionID": revision},
+        }))
+        .expect("GitOpsDeploymentSyncRun");
+        self.sync_runs().create(&PostParams::default(), &object).await.expect("create GitOpsDeploymentSyncRun");
+    }
+
+    /// Waits for the writer's condition on a SyncRun to have `reason`.
+    async fn sync_run_reason(&self, name: &str, reason: &str) {
+        eventually(&format!("SyncRun {name} condition {reason}"), || async {
+            let object = self.sync_runs().get_opt(name).await.ok()??;
+            let condition = object.status?.conditions.into_iter().find(|c| c.type_ == CONDITION)?;
+            (condition.reason.as_deref() == Some(reason)).then_some(())
+        })
+        .await;
+    }
+
+    async fn sync_state(&self, name: &str) -> Option<(String, Option<String>)> {
+        let row = self
+            .client
+            .query_opt("SELECT state::text, synced_revision FROM sync_operation WHERE resource_name = $1", &[&name])
+            .await
+            .expect("read sync_operation")?;
+        Some((row.get(0), row.get(1)))
+    }
+
+    async fn application_of(&self, name: &str) -> String {
+        let object = self.deployments().get(name).await.expect("read");
+        let uid = uuid::Uuid::parse_str(object.metadata.uid.as_deref().expect("uid")).expect("uuid");
+        names::application_name(uid)
+    }
+}
+
+#[tokio::test]
+async fn writer_e2e_update_changes_the_application_and_recreate_is_a_new_row() {
+    let env = env("we-update").await;
+    let _writer = env.writer("writer-a");
+    let repo = "https://git.example.invalid/org/repo.git";
+    env.create("web", spec(repo, "apps/v1")).await;
+    env.condition("web").await;
+    let app = env.application_of("web").await;
+    let patch = json!({"spec": {"source": {"path": "apps/v2"}}});
+    env.deployments().patch("web", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("update");
+    let (status, reason, _) = env.condition("web").await;
+    assert_eq!((status.as_str(), reason.as_str()), ("False", REASON_ACCEPTED));
+    eventually("the Application at the new path", || async {
+        let object = env.apps().get_opt(&app).await.ok()??;
+        (object.data.pointer("/spec/source/path")?.as_str()? == "apps/v2").then_some(())
+    })
+    .await;
+    let generation: i64 = env
+        .client
+        .query_one("SELECT generation FROM application WHERE resource_name = 'web'", &[])
+        .await
+        .expect("generation")
+        .get(0);
+    assert_eq!(generation, 2);
+
+    env.deployments().delete("web", &DeleteParams::default()).await.expect("delete");
+    eventually("the GitOpsDeployment gone", || async {
+        env.deployments().get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    env.create("web", spec(repo, "apps/v1")).await;
+    env.condition("web").await;
+    let rows = env
+        .client
+        .query("SELECT row_state::text FROM application WHERE resource_name = 'web' ORDER BY id", &[])
+        .await
+        .expect("rows");
+    let states: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(states.len(), 2, "the recreated resource is a new row: {states:?}");
+    assert_ne!(states[0], "active", "the first row is tombstoned: {states:?}");
+    assert_eq!(states[1], "active");
+    assert_ne!(env.application_of("web").await, app, "a new Application for the new UID");
+}
+
+#[tokio::test]
+async fn writer_e2e_wait_for_pruning_keeps_the_finalizer_until_the_row_is_deleted() {
+    let env = env("we-prune").await;
+    let _writer = env.writer("writer-a");
+    let object: GitOpsDeployment = serde_json::from_value(json!({
+        "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeployment",
+        "metadata": {"name": "web", "annotations": {WAIT_FOR_PRUNING: "true"}},
+        "spec": spec("https://git.example.invalid/org/repo.git", "apps/web"),
+    }))
+    .expect("GitOpsDeployment");
+    env.deployments().create(&PostParams::default(), &object).await.expect("create");
+    env.condition("web").await;
+    let app = env.application_of("web").await;
+    eventually("the Application", || async { env.apps().get_opt(&app).await.ok()? }).await;
+    env.deployments().delete("web", &DeleteParams::default()).await.expect("delete");
+    eventually("the GitOpsDeployment gone", || async {
+        env.deployments().get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let state: String = env
+        .client
+        .query_one("SELECT row_state::text FROM application WHERE resource_name = 'web'", &[])
+        .await
+        .expect("row")
+        .get(0);
+    assert_eq!(state, "deleted", "the finalizer went only after the agent confirmed the prune");
+    assert!(env.apps().get_opt(&app).await.expect("read").is_none());
+}
+
+#[tokio::test]
+async fn writer_e2e_sync_run_syncs_a_manual_deployment_and_is_refused_for_an_automated_one() {
+    let env = env("we-sync").await;
+    let _writer = env.writer("writer-a");
+    let repo = "https://git.example.invalid/org/repo.git";
+    // A run that arrives before its deployment waits.
+    env.create_sync_run("early", "web", "main").await;
+    env.sync_run_reason("early", REASON_DEPLOYMENT_NOT_FOUND).await;
+    assert!(env.sync_state("early").await.is_none());
+    env.create("web", manual(repo, "apps/web")).await;
+    env.condition("web").await;
+    env.sync_run_reason("early", REASON_ACCEPTED).await;
+    eventually("the sync succeeded", || async {
+        let (state, revision) = env.sync_state("early").await?;
+        (state == "succeeded").then_some(revision)
+    })
+    .await;
+
+    env.create("auto", spec(repo, "apps/auto")).await;
+    env.condition("auto").await;
+    env.create_sync_run("refused", "auto", "main").await;
+    env.sync_run_reason("refused", REASON_DEPLOYMENT_AUTOMATED).await;
+    assert!(env.sync_state("refused").await.is_none(), "a refused run writes nothing");
+
+    env.sync_runs().delete("early", &DeleteParams::default()).await.expect("delete");
+    eventually("the SyncRun gone", || async { env.sync_runs().get_opt("early").await.ok()?.is_none().then_some(()) })
+        .await;
+    let terminate: bool = env
+        .client
+        .query_one("SELECT terminate_requested FROM sync_operation WHERE resource_name = 'early'", &[])
+        .await
+        .expect("row")
+        .get(0);
+    assert!(terminate);
+}
+
+#[tokio::test]
+async fn writer_e2e_quota_is_counted_per_namespace() {
+    let env = env("we-quota").await;
+    let namespaces = vec![env.tenant.name().to_owned()];
+    let _writer = env.writer_for("writer-a", namespaces, |config| config.controllers.max_deployments = 2);
+    let repo = "https://git.example.invalid/org/repo.git";
+    for name in ["one", "two"] {
+        env.create(name, spec(repo, name)).await;
+        let (status, reason, _) = env.condition(name).await;
+        assert_eq!((status.as_str(), reason.as_str()), ("False", REASON_ACCEPTED), "{name}");
+    }
+    env.create("three", spec(repo, "three")).await;
+    let (status, reason, _) = env.condition("three").await;
+    assert_eq!((status.as_str(), reason.as_str()), ("True", REASON_QUOTA_EXCEEDED));
+    assert_eq!(env.rows("three").await, 0);
+    // Room again once one goes.
+    env.deployments().delete("one", &DeleteParams::default()).await.expect("delete");
+    eventually("the row of 'one' deleted", || async {
+        let row = env
+            .client
+            .query_one("SELECT row_state::text FROM application WHERE resource_name = 'one'", &[])
+            .await
+            .ok()?;
+        (row.get::<_, String>(0) == "deleted").then_some(())
+    })
+    .await;
+    eventually("'three' accepted", || async {
+        let (_, reason, _) = env.condition("three").await;
+        (reason == REASON_ACCEPTED).then_some(())
+    })
+    .await;
+    assert_eq!(env.rows("three").await, 1);
+}
+
+#[tokio::test]
+async fn writer_e2e_two_writers_share_the_shards_and_handle_each_namespace_once() {
+    let env = env("we-two").await;
+    let cluster = TestCluster::get().await;
+    let mut extra = Vec::new();
+    for i in 0..5 {
+        extra.push(cluster.namespace(&format!("we-two-{i}")).await);
+    }
+    let mut namespaces: Vec<String> = extra.iter().map(|ns| ns.name().to_owned()).collect();
+    namespaces.push(env.tenant.name().to_owned());
+    let metrics_a = std::sync::Arc::new(gitops_writer::metrics::WriterMetrics::default());
+    let metrics_b = std::sync::Arc::new(gitops_writer::metrics::WriterMetrics::default());
+    let _a = env.writer_for("writer-a", namespaces.clone(), |c| c.metrics = metrics_a.clone());
+    let b = env.writer_for("writer-b", namespaces.clone(), |c| c.metrics = metrics_b.clone());
+    eventually("the shards split evenly", || async {
+        let rows = env
+            .client
+            .query(
+                "SELECT writer_id, count(*) FROM writer_shard WHERE lease_expires_at > now() GROUP BY writer_id ORDER BY 1",
+                &[],
+            )
+            .await
+            .ok()?;
+        let split: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        (split == [("writer-a".to_owned(), 32), ("writer-b".to_owned(), 32)]).then_some(())
+    })
+    .await;
+    let repo = "https://git.example.invalid/org/repo.git";
+    for namespace in &namespaces {
+        let api: Api<GitOpsDeployment> = Api::namespaced(env.kube.clone(), namespace);
+        let object: GitOpsDeployment = serde_json::from_value(json!({
+            "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeployment",
+            "metadata": {"name": "web"}, "spec": spec(repo, "apps/web"),
+        }))
+        .expect("GitOpsDeployment");
+        api.create(&PostParams::default(), &object).await.expect("create");
+    }
+    for namespace in &namespaces {
+        let api: Api<GitOpsDeployment> = Api::namespaced(env.kube.clone(), namespace);
+        eventually("accepted", || async {
+            let object = api.get_opt("web").await.ok()??;
+            let condition = object.status?.conditions.into_iter().find(|c| c.type_ == CONDITION)?;
+            (condition.reason.as_deref() == Some(REASON_ACCEPTED)).then_some(())
+        })
+        .await;
+    }
+    // One tenant and one application per namespace, each on the shard of its name,
+    // and exactly one operation per application (generation 1 was written once).
+    let rows = env
+        .client
+        .query(
+            "SELECT t.namespace_name, t.writer_shard, count(DISTINCT a.id), count(o.id)
+               FROM tenant t JOIN application a ON a.tenant_id = t.id
+               LEFT JOIN operation o ON o.resource_type = 'application' AND o.resource_id = a.id
+              GROUP BY t.namespace_name, t.writer_shard ORDER BY 1",
+            &[],
+        )
+        .await
+        .expect("tenants");
+    assert_eq!(rows.len(), namespaces.len());
+    for row in rows {
+        let (namespace, shard, apps, operations): (String, Option<i32>, i64, i64) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
+        assert_eq!(shard, Some(gitops_writer::shard::shard_of(&namespace)), "{namespace}");
+        assert_eq!((apps, operations), (1, 1), "{namespace} handled once");
+    }
+    // A writer reconciles only the namespaces on its shards: one that owns none of
+    // them reconciled nothing.
+    let owners = env
+        .client
+        .query("SELECT shard, writer_id FROM writer_shard", &[])
+        .await
+        .expect("owners");
+    let owner_of = |namespace: &str| -> String {
+        let shard = gitops_writer::shard::shard_of(namespace);
+        owners.iter().find(|r| r.get::<_, i32>(0) == shard).map(|r| r.get(1)).expect("owned")
+    };
+    for (id, metrics) in [("writer-a", &metrics_a), ("writer-b", &metrics_b)] {
+        let mine = namespaces.iter().filter(|ns| owner_of(ns) == id).count() as u64;
+        let reconciled = metrics.reconciles_ok.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(reconciled >= mine, "{id}: {reconciled} reconciles for {mine} namespaces");
+        if mine == 0 {
+            assert_eq!(reconciled, 0, "{id} owns none of the namespaces");
+        }
+    }
+    // A writer that stops gives its shards back; the other takes them all.
+    b.cancel();
+    eventually("writer-a holds every shard", || async {
+        let row = env
+            .client
+            .query_one(
+                "SELECT count(*) FILTER (WHERE writer_id = 'writer-a' AND lease_expires_at > now()) FROM writer_shard",
+                &[],
+            )
+            .await
+            .ok()?;
+        (row.get::<_, i64>(0) == 64).then_some(())
+    })
+    .await;
+}

@@ -1,0 +1,301 @@
+//! The writer's status loop (`run_status_loop`) against PostgreSQL and the test
+//! tier's API server: observed state arrives in GitOpsDeployment status, an
+//! unchanged row is not patched again, the cursor waits for transactions still in
+//! flight, shards this writer does not own are left alone, and an object
+//! recreated under the same name (another UID) is not patched. Shard ownership is
+//! claimed directly in SQL; tests wait on rows and objects, never on time.
+
+use std::sync::Arc;
+
+use gitops_shared::application::application_upsert_in_txn;
+use gitops_shared::crypto::SecretBox;
+use gitops_shared::instance::engine_instance_add;
+use gitops_shared::listen::Listener;
+use gitops_shared::model::{EngineInstanceId, TenantId};
+use gitops_shared::signal::Signal;
+use gitops_shared::tenant::tenant_upsert_locked_in_txn;
+use gitops_testkit::TestDb;
+use gitops_testkit::cluster::{TestCluster, TestNamespace};
+use gitops_writer::api::{GitOpsDeployment, GitOpsDeploymentSpec, GitOpsDeploymentStatus};
+use gitops_writer::context::WriterContext;
+use gitops_writer::status::{InFlightSyncs, run_status_loop, scan_shards};
+use kube::api::{Api, PostParams};
+use tokio_postgres::Client;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::support::{eventually, intent};
+
+const WRITER: &str = "writer-under-test";
+const OWNED: i32 = 7;
+const FOREIGN: i32 = 8;
+
+struct Env {
+    db: TestDb,
+    client: Client,
+    ns: TestNamespace,
+    kube: kube::Client,
+    instance: EngineInstanceId,
+    cancel: CancellationToken,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+impl Env {
+    async fn start() -> Env {
+        let db = TestDb::migrated().await;
+        let client = db.connect().await;
+        let cluster = TestCluster::get().await;
+        cluster.install_crds(gitops_writer::api::crds()).await.expect("install the writer's CRDs");
+        let ns = cluster.namespace("status").await;
+        let kube = cluster.admin().await;
+        let instance = engine_instance_add(&client, "argocd-1", "argocd", 1000).await.expect("add instance");
+        client
+            .execute(
+                "UPDATE writer_shard SET writer_id = $2, lease_expires_at = now() + interval '1 hour' WHERE shard = $1",
+                &[&OWNED, &WRITER],
+            )
+            .await
+            .expect("claim the shard");
+        client
+            .execute(
+                "UPDATE writer_shard SET writer_id = 'another-writer', lease_expires_at = now() + interval '1 hour'
+                  WHERE shard = $1",
+                &[&FOREIGN],
+            )
+            .await
+            .expect("give a shard to another writer");
+        Env { db, client, ns, kube, instance, cancel: CancellationToken::new() }
+    }
+
+    fn context(&self) -> Arc<WriterContext> {
+        let key = SecretBox::generate_key("k1").expect("a key");
+        Arc::new(WriterContext {
+            pool: self.db.pool(4),
+            kube: self.kube.clone(),
+            secrets: SecretBox::from_config(Some(&key), Some("k1")).expect("keys"),
+            writer_id: WRITER.to_owned(),
+            metrics: Arc::default(),
+        })
+    }
+
+    /// Starts the loop over `shards` (the shard list as the ownership task would
+    /// publish it; ownership itself is checked in SQL).
+    async fn run_loop(&self, shards: Vec<i32>) {
+        let listener = Listener::start(&self.db.url(), &[Signal::status()], self.cancel.clone()).expect("listener");
+        let (_tx, rx) = tokio::sync::watch::channel(shards);
+        let ctx = self.context();
+        let cancel = self.cancel.clone();
+        tokio::spawn(async move {
+            let _keep = _tx;
+            run_status_loop(ctx, rx, listener, cancel).await.expect("the status loop ends cleanly");
+        });
+    }
+
+    async fn tenant(&mut self, shard: i32) -> TenantId {
+        let txn = self.client.transaction().await.expect("begin");
+        let tenant =
+            tenant_upsert_locked_in_txn(&txn, Uuid::new_v4(), self.ns.name(), Some(self.instance)).await.expect("tenant");
+        txn.execute("UPDATE tenant SET writer_shard = $1 WHERE id = $2", &[&shard, &tenant.id.0]).await.expect("shard");
+        txn.commit().await.expect("commit");
+        tenant.id
+    }
+
+    fn deployments(&self) -> Api<GitOpsDeployment> {
+        Api::namespaced(self.kube.clone(), self.ns.name())
+    }
+
+    /// A GitOpsDeployment object and its application row (keyed by `row_uid`, the
+    /// object's own UID unless given).
+    async fn deployment(&mut self, tenant: TenantId, name: &str, row_uid: Option<Uuid>) -> i64 {
+        let spec = GitOpsDeploymentSpec { type_: "automated".into(), ..GitOpsDeploymentSpec::default() };
+        let object =
+            self.deployments().create(&PostParams::default(), &GitOpsDeployment::new(name, spec)).await.expect("create");
+        let uid = object.metadata.uid.as_deref().and_then(|u| u.parse().ok()).expect("a UID");
+        let mut app = intent(tenant, row_uid.unwrap_or(uid), 1);
+        app.resource_name = name.to_owned();
+        let txn = self.client.transaction().await.expect("begin");
+        let id = application_upsert_in_txn(&txn, &app).await.expect("upsert").expect("a new row");
+        txn.commit().await.expect("commit");
+        id.0
+    }
+
+    async fn status(&self, name: &str) -> (Option<GitOpsDeploymentStatus>, String) {
+        let object = self.deployments().get(name).await.expect("get");
+        (object.status, object.metadata.resource_version.unwrap_or_default())
+    }
+
+    async fn cursor(&self, shard: i32) -> i64 {
+        self.client
+            .query_one("SELECT status_xid::text::bigint FROM writer_shard WHERE shard = $1", &[&shard])
+            .await
+            .expect("cursor")
+            .get(0)
+    }
+
+    /// Waits until the cursor has passed transaction `xid`.
+    async fn wait_cursor(&self, shard: i32, xid: i64) {
+        eventually("the status cursor", || async { (self.cursor(shard).await > xid).then_some(()) }).await;
+    }
+}
+
+const STATE_UPSERT: &str = "
+INSERT INTO application_state (application_id, tenant_id, sync_status, sync_revision, health_status, health_message)
+SELECT id, tenant_id, $2, 'abc123', $3, $4 FROM application WHERE id = $1
+ON CONFLICT (application_id) DO UPDATE
+   SET sync_status = EXCLUDED.sync_status, health_status = EXCLUDED.health_status,
+       health_message = EXCLUDED.health_message, updated_at = now()
+RETURNING changed_xid::text::bigint";
+
+async fn observe(client: &Client, application: i64, sync: &str, health: &str) -> i64 {
+    client.query_one(STATE_UPSERT, &[&application, &sync, &health, &None::<String>]).await.expect("state").get(0)
+}
+
+fn sync_of(status: &Option<GitOpsDeploymentStatus>) -> Option<(String, String)> {
+    let status = status.as_ref()?;
+    Some((status.sync.as_ref()?.status.clone(), status.health.as_ref()?.status.clone()))
+}
+
+#[tokio::test]
+async fn status_arrives_once_and_only_for_owned_shards_and_matching_objects() {
+    let mut env = Env::start().await;
+    let mine = env.tenant(OWNED).await;
+    let theirs = env.tenant(FOREIGN).await;
+    let web = env.deployment(mine, "web", None).await;
+    let other = env.deployment(theirs, "other", None).await;
+    let stale = env.deployment(mine, "stale", Some(Uuid::new_v4())).await;
+    env.run_loop(vec![FOREIGN, OWNED]).await;
+
+    observe(&env.client, other, "Synced", "Healthy").await;
+    observe(&env.client, stale, "Synced", "Healthy").await;
+    let seq = observe(&env.client, web, "Synced", "Healthy").await;
+    let status = eventually("status on web", || async {
+        let (status, _) = env.status("web").await;
+        sync_of(&status).filter(|s| s.0 == "Synced").map(|_| status)
+    })
+    .await;
+    let status = status.expect("a status");
+    assert_eq!(status.sync.and_then(|s| s.revision).as_deref(), Some("abc123"));
+    env.wait_cursor(OWNED, seq).await;
+
+    // Unchanged content in a new transaction: read, compared, not patched.
+    let (_, version) = env.status("web").await;
+    let again: i64 = env
+        .client
+        .query_one(
+            "UPDATE application_state SET updated_at = now() WHERE application_id = $1 RETURNING changed_xid::text::bigint",
+            &[&web],
+        )
+        .await
+        .expect("touch")
+        .get(0);
+    assert!(again > seq);
+    env.wait_cursor(OWNED, again).await;
+    assert_eq!(env.status("web").await.1, version, "an unchanged status is not patched");
+
+    // A row whose object was recreated (another UID) is passed over, not patched.
+    assert_eq!(env.status("stale").await.0, None);
+    // Nothing of a shard another writer owns, even when listed.
+    assert_eq!(env.status("other").await.0, None);
+    assert_eq!(env.cursor(FOREIGN).await, 0);
+    let report = scan_shards(&env.context(), &[FOREIGN], &mut InFlightSyncs::default()).await.expect("scan");
+    assert_eq!(report.rows, 0, "a shard not owned is not read");
+}
+
+#[tokio::test]
+async fn the_cursor_waits_for_transactions_in_flight() {
+    let mut env = Env::start().await;
+    let mine = env.tenant(OWNED).await;
+    let early = env.deployment(mine, "early", None).await;
+    let late = env.deployment(mine, "late", None).await;
+    let first = observe(&env.client, early, "OutOfSync", "Progressing").await;
+    env.run_loop(vec![OWNED]).await;
+    env.wait_cursor(OWNED, first).await;
+
+    // The interleaving that defeats a sequence-number cursor: a transaction that got
+    // its id first commits a higher sequence number while a younger one, which took
+    // a lower sequence number, is still open.
+    let mut older = env.db.connect().await;
+    let older_txn = older.transaction().await.expect("begin");
+    older_txn.query_one("SELECT pg_current_xact_id()", &[]).await.expect("take an xid");
+    let mut holder = env.db.connect().await;
+    let txn = holder.transaction().await.expect("begin");
+    let held: i64 = txn.query_one(STATE_UPSERT, &[&early, &"Synced", &"Degraded", &Some("boom")]).await.expect("held").get(0);
+    let held_seq: i64 = txn
+        .query_one("SELECT seq FROM application_state WHERE application_id = $1", &[&early])
+        .await
+        .expect("held seq")
+        .get(0);
+    let committed: i64 = older_txn.query_one(STATE_UPSERT, &[&late, &"Synced", &"Healthy", &None::<String>]).await.expect("late").get(0);
+    let committed_seq: i64 = older_txn
+        .query_one("SELECT seq FROM application_state WHERE application_id = $1", &[&late])
+        .await
+        .expect("late seq")
+        .get(0);
+    older_txn.commit().await.expect("commit the older transaction");
+    assert!(committed < held && committed_seq > held_seq, "older xid {committed} with the higher seq");
+    eventually("status on late", || async { sync_of(&env.status("late").await.0).filter(|s| s.1 == "Healthy") })
+        .await;
+    // Handled, but the cursor stays at or before the open transaction.
+    let cursor = env.cursor(OWNED).await;
+    assert!(cursor <= held, "cursor {cursor} passed the transaction {held} still in flight");
+    assert_eq!(sync_of(&env.status("early").await.0).map(|s| s.1).as_deref(), Some("Progressing"));
+
+    txn.commit().await.expect("commit the held transaction");
+    eventually("status on early", || async { sync_of(&env.status("early").await.0).filter(|s| s.1 == "Degraded") })
+        .await;
+    env.wait_cursor(OWNED, held).await;
+}
+
+#[tokio::test]
+async fn sync_runs_follow_their_sync_request_to_the_end() {
+    use gitops_writer::api::{GitOpsDeploymentSyncRun, GitOpsDeploymentSyncRunSpec};
+    use gitops_writer::status::render::SYNC_RUN_CONDITION;
+
+    let mut env = Env::start().await;
+    let mine = env.tenant(OWNED).await;
+    let web = env.deployment(mine, "web", None).await;
+    let runs: Api<GitOpsDeploymentSyncRun> = Api::namespaced(env.kube.clone(), env.ns.name());
+    let spec = GitOpsDeploymentSyncRunSpec { gitops_deployment_name: "web".into(), revision_id: "main".into() };
+    let run = runs.create(&PostParams::default(), &GitOpsDeploymentSyncRun::new("sync-1", spec)).await.expect("create");
+    let uid: Uuid = run.metadata.uid.as_deref().and_then(|u| u.parse().ok()).expect("a UID");
+    let sync: i64 = env
+        .client
+        .query_one(
+            "INSERT INTO sync_operation (tenant_id, resource_uid, resource_name, generation, deployment_name,
+                                         application_id, revision, state)
+             VALUES ($1, $2, 'sync-1', 1, 'web', $3, 'main', 'running') RETURNING id",
+            &[&mine.0, &uid, &web],
+        )
+        .await
+        .expect("sync request")
+        .get(0);
+    env.run_loop(vec![OWNED]).await;
+    observe(&env.client, web, "OutOfSync", "Progressing").await;
+
+    let condition = |reason: &'static str| {
+        let runs = runs.clone();
+        async move {
+            let run = runs.get("sync-1").await.expect("get");
+            let conditions = run.status.map(|s| s.conditions).unwrap_or_default();
+            conditions.into_iter().find(|c| c.type_ == SYNC_RUN_CONDITION && c.reason.as_deref() == Some(reason))
+        }
+    };
+    let running = eventually("a Running condition", || condition("Running")).await;
+    assert_eq!(running.status, "False");
+    // The agent records the end of a sync after the application state announced it:
+    // no new application_state row here, yet the SyncRun must still finish.
+    env.client
+        .execute(
+            "UPDATE sync_operation SET state = 'succeeded', synced_revision = 'abc123' WHERE id = $1",
+            &[&sync],
+        )
+        .await
+        .expect("finish the sync");
+    let done = eventually("a Succeeded condition", || condition("Succeeded")).await;
+    assert_eq!((done.status.as_str(), done.message.as_deref()), ("True", Some("synced to revision abc123")));
+}

@@ -1,0 +1,21 @@
+//! What every part of a running writer shares: the database pool, the Kubernetes
+//! client, the encryption keys, this writer's identity (the shard leases are held in
+//! its name) and its metrics. Built once by `run` and passed around in an `Arc`.
+
+use std::sync::Arc;
+
+use gitops_shared::crypto::SecretBox;
+use gitops_shared::db::DbPool;
+
+use crate::metrics::WriterMetrics;
+
+/// The shared state of one running writer.
+#[derive(Clone)]
+pub struct WriterContext {
+    pub pool: DbPool,
+    pub kube: kube::Client,
+    pub secrets: SecretBox,
+    /// Names this writer in `writer_shard.owner`; unique per process.
+    pub writer_id: String,
+    pub metrics: Arc<WriterMetrics>,
+}

@@ -1,0 +1,215 @@
+//! GitOpsDeployment reconcile: finalizer, validation, then the intent — tenant
+//! (placed on first use), application row and operation — in one transaction under
+//! the tenant's row lock, where the quota is counted. An invalid spec gets a
+//! condition and writes nothing. Deletion tombstones the row and enqueues; the
+//! finalizer goes at once, or once the agent confirmed the prune when the tenant
+//! asked to wait.
+
+use std::sync::Arc;
+
+use gitops_shared::application::application_upsert_in_txn;
+use gitops_shared::db::{DbError, in_txn_retrying, pooled};
+use gitops_shared::model::{EngineInstanceId, ResourceType, RowState, TenantId};
+use gitops_shared::placement::placement_choose_in_txn;
+use gitops_shared::queue::operation_enqueue_in_txn;
+use gitops_shared::tenant::tenant_upsert_locked_in_txn;
+use kube::api::Api;
+use uuid::Uuid;
+
+use super::object::{REASON_ACCEPTED, add_finalizer, has_finalizer, remove_finalizer};
+use super::{Controllers, Next, ReconcileError, Settled, set_condition};
+use crate::api::GitOpsDeployment;
+use crate::shard::{shard_fence_in_txn, shard_of};
+use crate::validate::{self, Invalid, environment_resolved};
+
+/// The annotation by which a tenant asks the finalizer to stay until Argo CD pruned.
+pub const WAIT_FOR_PRUNING: &str = "managed-gitops.redhat.com/wait-for-pruning";
+pub const REASON_QUOTA_EXCEEDED: &str = "QuotaExceeded";
+pub const REASON_NO_ENGINE: &str = "NoEngineInstanceAvailable";
+
+const TOMBSTONE: &str = "
+UPDATE application SET row_state = 'deleting', updated_at = now()
+ WHERE resource_uid = $1 AND row_state = 'active'
+RETURNING id, tenant_id";
+
+const ROW_STATE: &str = "SELECT row_state FROM application WHERE resource_uid = $1";
+
+const TENANT_INSTANCE: &str = "SELECT engine_instance_id FROM tenant WHERE id = $1";
+
+const SET_SHARD: &str = "
+UPDATE tenant SET writer_shard = $2, updated_at = now() WHERE id = $1 AND writer_shard IS DISTINCT FROM $2";
+
+const PLACED: &str = "SELECT engine_instance_id FROM tenant WHERE namespace_uid = $1";
+
+const COUNT: &str = "
+SELECT count(*) FROM application WHERE tenant_id = $1 AND row_state <> 'deleted' AND resource_uid <> $2";
+
+const ENVIRONMENT: &str = "
+SELECT e.id FROM managed_environment e JOIN tenant t ON t.id = e.tenant_id
+ WHERE t.namespace_uid = $1 AND e.resource_name = $2 AND e.row_state = 'active'";
+
+/// What the intent transaction decided.
+enum Written {
+    Stored,
+    Quota(i64),
+    NoEngine,
+    NotOwner,
+}
+
+pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
+    let api: Api<GitOpsDeployment> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
+    let Some(object) = api.get_opt(name).await.map_err(|source| ReconcileError::Kube { action: "read", source })? else {
+        return Ok(Next::Done);
+    };
+    let uid = super::uid(&object.metadata)?;
+    if object.metadata.deletion_timestamp.is_some() {
+        if !has_finalizer(&object) {
+            return Ok(Next::Done);
+        }
+        return delete(ctl, &api, &object, uid).await;
+    }
+    let object = if has_finalizer(&object) { object } else { add_finalizer(&api, &object).await? };
+    let generation = object.metadata.generation;
+    let valid = match validate::deployment(&object.spec) {
+        Ok(valid) => valid,
+        Err(invalid) => return invalid_condition(&api, &object, &invalid).await,
+    };
+    let namespace_uid = ctl.namespace_uid(namespace).await?;
+    let environment_id = match &valid.environment {
+        None => None,
+        Some(env) => {
+            let client = pooled(&ctl.ctx.pool).await?;
+            let row = client
+                .query_opt(ENVIRONMENT, &[&namespace_uid, env])
+                .await
+                .map_err(DbError::query("look up a managed environment"))?;
+            match environment_resolved(env, row.map(|r| validate::EnvironmentRef { id: r.get(0) })) {
+                Ok(id) => Some(id),
+                Err(invalid) => return invalid_condition(&api, &object, &invalid).await,
+            }
+        }
+    };
+    let wait = wait_for_pruning(&object);
+    let intent = valid.into_intent(
+        TenantId(0),
+        uid,
+        name.to_owned(),
+        generation.unwrap_or(0),
+        environment_id,
+        namespace,
+        wait,
+    );
+    let shard = shard_of(namespace);
+    let settings = ctl.settings;
+    let writer_id = ctl.ctx.writer_id.clone();
+    let ns_name = namespace.to_owned();
+    let mut client = pooled(&ctl.ctx.pool).await?;
+    let written = in_txn_retrying(&mut client, |txn| {
+        let (intent, writer_id, ns_name) = (intent.clone(), writer_id.clone(), ns_name.clone());
+        Box::pin(async move {
+            if !shard_fence_in_txn(txn, shard, &writer_id).await? {
+                return Ok(Written::NotOwner);
+            }
+            let placed: Option<Option<i64>> =
+                txn.query_opt(PLACED, &[&namespace_uid]).await.map_err(DbError::query("read a tenant"))?.map(|r| r.get(0));
+            let place_on = match placed.flatten() {
+                Some(_) => None,
+                None => match placement_choose_in_txn(txn, settings.healthy_within).await? {
+                    Some(instance) => Some(instance),
+                    None => return Ok(Written::NoEngine),
+                },
+            };
+            let tenant = tenant_upsert_locked_in_txn(txn, namespace_uid, &ns_name, place_on).await?;
+            let Some(instance) = tenant.engine_instance_id else { return Ok(Written::NoEngine) };
+            txn.execute(SET_SHARD, &[&tenant.id.0, &shard]).await.map_err(DbError::query("record a tenant's shard"))?;
+            let count: i64 =
+                txn.query_one(COUNT, &[&tenant.id.0, &intent.resource_uid]).await.map_err(DbError::query("count deployments"))?.get(0);
+            if count >= settings.max_deployments {
+                return Ok(Written::Quota(count));
+            }
+            let intent = gitops_shared::application::ApplicationIntent { tenant_id: tenant.id, ..intent };
+            if let Some(id) = application_upsert_in_txn(txn, &intent).await? {
+                operation_enqueue_in_txn(txn, instance, tenant.id, ResourceType::Application, id.0).await?;
+            }
+            Ok(Written::Stored)
+        })
+    })
+    .await?;
+    drop(client);
+    match written {
+        Written::NotOwner => Ok(Next::Done),
+        Written::Stored => {
+            set_condition(&api, &object, false, REASON_ACCEPTED, "the deployment is stored and handed to the GitOps engine").await?;
+            Ok(Next::Settled(Settled::Ok))
+        }
+        Written::Quota(count) => {
+            let message = format!(
+                "this namespace has {count} GitOpsDeployments; at most {} are allowed",
+                settings.max_deployments
+            );
+            set_condition(&api, &object, true, REASON_QUOTA_EXCEEDED, &message).await?;
+            Ok(Next::Retry(settings.retry_delay))
+        }
+        Written::NoEngine => {
+            set_condition(&api, &object, true, REASON_NO_ENGINE, "no GitOps engine instance is available; retrying").await?;
+            Ok(Next::Retry(settings.retry_delay))
+        }
+    }
+}
+
+async fn invalid_condition(
+    api: &Api<GitOpsDeployment>,
+    object: &GitOpsDeployment,
+    invalid: &Invalid,
+) -> Result<Next, ReconcileError> {
+    tracing::debug!(reason = invalid.reason, "invalid GitOpsDeployment");
+    set_condition(api, object, true, invalid.reason, &invalid.message).await?;
+    Ok(Next::Settled(Settled::Invalid))
+}
+
+fn wait_for_pruning(object: &GitOpsDeployment) -> bool {
+    object.metadata.annotations.as_ref().and_then(|a| a.get(WAIT_FOR_PRUNING)).is_some_and(|v| v == "true")
+}
+
+async fn delete(
+    ctl: &Arc<Controllers>,
+    api: &Api<GitOpsDeployment>,
+    object: &GitOpsDeployment,
+    uid: Uuid,
+) -> Result<Next, ReconcileError> {
+    let namespace = object.metadata.namespace.clone().unwrap_or_default();
+    let shard = shard_of(&namespace);
+    let writer_id = ctl.ctx.writer_id.clone();
+    let mut client = pooled(&ctl.ctx.pool).await?;
+    let owner = in_txn_retrying(&mut client, |txn| {
+        let writer_id = writer_id.clone();
+        Box::pin(async move {
+            if !shard_fence_in_txn(txn, shard, &writer_id).await? {
+                return Ok(false);
+            }
+            if let Some(row) = txn.query_opt(TOMBSTONE, &[&uid]).await.map_err(DbError::query("tombstone an application"))? {
+                let (id, tenant): (i64, i64) = (row.get(0), row.get(1));
+                let instance: Option<i64> =
+                    txn.query_one(TENANT_INSTANCE, &[&tenant]).await.map_err(DbError::query("read a tenant"))?.get(0);
+                if let Some(instance) = instance {
+                    operation_enqueue_in_txn(txn, EngineInstanceId(instance), TenantId(tenant), ResourceType::Application, id)
+                        .await?;
+                }
+            }
+            Ok(true)
+        })
+    })
+    .await?;
+    if !owner {
+        return Ok(Next::Done);
+    }
+    let state: Option<RowState> =
+        client.query_opt(ROW_STATE, &[&uid]).await.map_err(DbError::query("read an application"))?.map(|r| r.get(0));
+    drop(client);
+    let pruned = matches!(state, None | Some(RowState::Deleted));
+    if wait_for_pruning(object) && !pruned {
+        return Ok(Next::Retry(ctl.settings.prune_poll));
+    }
+    remove_finalizer(api, object).await?;
+    Ok(Next::Settled(Settled::Ok))
+}

@@ -1,0 +1,321 @@
+//! The writer's controllers: a watcher per kind feeds the work queue with the keys
+//! of objects in namespaces whose shard this writer owns (and, when configured, in
+//! the allowed namespaces only); N workers reconcile them. When the owned shards
+//! change, every known object of a newly owned shard is queued again, so a shard
+//! that moves here is reconciled from the current objects.
+
+mod deployment;
+mod object;
+mod sync_run;
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use gitops_shared::db::DbError;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+pub use deployment::{REASON_NO_ENGINE, REASON_QUOTA_EXCEEDED, WAIT_FOR_PRUNING};
+pub use object::{CONDITION, FINALIZER, REASON_ACCEPTED};
+pub use sync_run::{REASON_DEPLOYMENT_AUTOMATED, REASON_DEPLOYMENT_NOT_FOUND};
+
+use crate::api::{GitOpsDeployment, GitOpsDeploymentSyncRun};
+use crate::context::WriterContext;
+use crate::queue::{Key, Kind, WorkQueue};
+use crate::shard::shard_of;
+
+/// Why a reconcile did not finish; it is retried.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("could not {action} through the Kubernetes API")]
+    Kube { action: &'static str, source: kube::Error },
+    #[error("could not {what}")]
+    Patch { what: &'static str, source: serde_json::Error },
+    #[error("the object has no UID")]
+    NoUid,
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+/// How a reconcile ended.
+pub enum Next {
+    /// Nothing to do (gone, or not this writer's).
+    Done,
+    /// Finished; the outcome is counted.
+    Settled(Settled),
+    /// Look again after this long.
+    Retry(Duration),
+}
+
+pub enum Settled {
+    Ok,
+    Invalid,
+}
+
+/// The controllers' tunables.
+#[derive(Debug, Clone, Copy)]
+pub struct ControllerSettings {
+    pub workers: usize,
+    /// Most GitOpsDeployments per namespace (counted under the tenant's row lock).
+    pub max_deployments: i64,
+    /// An engine instance is healthy when its agents reported within this window.
+    pub healthy_within: Duration,
+    /// When to look again at a resource that waits (quota, no instance, missing deployment).
+    pub retry_delay: Duration,
+    /// How often a deletion that waits for pruning looks at the row.
+    pub prune_poll: Duration,
+}
+
+impl Default for ControllerSettings {
+    fn default() -> Self {
+        ControllerSettings {
+            workers: 4,
+            max_deployments: 500,
+            healthy_within: Duration::from_secs(120),
+            retry_delay: Duration::from_secs(10),
+            prune_poll: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The running controllers' shared state.
+pub struct Controllers {
+    pub ctx: Arc<WriterContext>,
+    pub settings: ControllerSettings,
+    queue: WorkQueue,
+    shards: watch::Receiver<Vec<i32>>,
+    /// Empty: every namespace.
+    namespaces: BTreeSet<String>,
+    /// Every object the watchers have seen and not seen deleted.
+    known: Mutex<HashSet<Key>>,
+    /// Watchers that have not finished their first listing.
+    unsynced: AtomicUsize,
+}
+
+impl Controllers {
+    fn owns(&self, namespace: &str) -> bool {
+        (self.namespaces.is_empty() || self.namespaces.contains(namespace))
+            && self.shards.borrow().contains(&shard_of(namespace))
+    }
+
+    fn offer(&self, key: Key) {
+        if self.owns(&key.namespace) {
+            self.queue.push(key);
+            self.ctx.metrics.queue_depth.store(self.queue.len() as u64, Ordering::Relaxed);
+        }
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, HashSet<Key>> {
+        self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    async fn namespace_uid(&self, namespace: &str) -> Result<Uuid, ReconcileError> {
+        let api: Api<Namespace> = Api::all(self.ctx.kube.clone());
+        let object = api.get(namespace).await.map_err(|source| ReconcileError::Kube { action: "read the namespace", source })?;
+        uid(&object.metadata)
+    }
+}
+
+pub(crate) fn uid(meta: &ObjectMeta) -> Result<Uuid, ReconcileError> {
+    meta.uid.as_deref().and_then(|u| Uuid::parse_str(u).ok()).ok_or(ReconcileError::NoUid)
+}
+
+/// Sets the writer's condition (and `observedGeneration`) when it changed.
+async fn set_condition<K>(api: &Api<K>, object: &K, error: bool, reason: &str, message: &str) -> Result<(), ReconcileError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + HasConditions,
+{
+    let generation = object.meta().generation;
+    let now = object::now_rfc3339();
+    let new = object::condition(error, reason, message, generation, &now);
+    let existing = object.conditions();
+    let unchanged_generation = object.observed_generation() == generation;
+    match object::merged_conditions(&existing, new) {
+        None if unchanged_generation => Ok(()),
+        None => object::patch_status(api, &object.meta().name.clone().unwrap_or_default(), existing, generation).await,
+        Some(conditions) => {
+            object::patch_status(api, &object.meta().name.clone().unwrap_or_default(), conditions, generation).await
+        }
+    }
+}
+
+/// Read access to the status the writer patches.
+pub(crate) trait HasConditions {
+    fn conditions(&self) -> Vec<crate::api::Condition>;
+    fn observed_generation(&self) -> Option<i64>;
+}
+
+impl HasConditions for GitOpsDeployment {
+    fn conditions(&self) -> Vec<crate::api::Condition> {
+        self.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default()
+    }
+    fn observed_generation(&self) -> Option<i64> {
+        self.status.as_ref().and_then(|s| s.observed_generation)
+    }
+}
+
+impl HasConditions for GitOpsDeploymentSyncRun {
+    fn conditions(&self) -> Vec<crate::api::Condition> {
+        self.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default()
+    }
+    fn observed_generation(&self) -> Option<i64> {
+        self.status.as_ref().and_then(|s| s.observed_generation)
+    }
+}
+
+/// Runs the watchers and workers until `cancel`; workers finish their current item.
+pub async fn run_controllers(
+    ctx: Arc<WriterContext>,
+    settings: ControllerSettings,
+    shards: watch::Receiver<Vec<i32>>,
+    namespaces: Vec<String>,
+    cancel: CancellationToken,
+) {
+    let scopes: Vec<Option<String>> =
+        if namespaces.is_empty() { vec![None] } else { namespaces.iter().cloned().map(Some).collect() };
+    let ctl = Arc::new(Controllers {
+        unsynced: AtomicUsize::new(scopes.len() * 2),
+        ctx,
+        settings,
+        queue: WorkQueue::new(),
+        shards: shards.clone(),
+        namespaces: namespaces.into_iter().collect(),
+        known: Mutex::new(HashSet::new()),
+    });
+    let mut tasks = JoinSet::new();
+    for scope in &scopes {
+        tasks.spawn(watch_kind::<GitOpsDeployment>(ctl.clone(), scope.clone(), Kind::Deployment, cancel.clone()));
+        tasks.spawn(watch_kind::<GitOpsDeploymentSyncRun>(ctl.clone(), scope.clone(), Kind::SyncRun, cancel.clone()));
+    }
+    tasks.spawn(requeue_on_shard_change(ctl.clone(), shards, cancel.clone()));
+    for _ in 0..settings.workers.max(1) {
+        tasks.spawn(worker(ctl.clone(), cancel.clone()));
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+async fn watch_kind<K>(ctl: Arc<Controllers>, scope: Option<String>, kind: Kind, cancel: CancellationToken)
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let api: Api<K> = match &scope {
+        Some(namespace) => Api::namespaced(ctl.ctx.kube.clone(), namespace),
+        None => Api::all(ctl.ctx.kube.clone()),
+    };
+    let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
+    let mut synced = false;
+    loop {
+        let event = tokio::select! {
+            () = cancel.cancelled() => return,
+            event = events.next() => event,
+        };
+        let Some(event) = event else { return };
+        let key = |object: &K| Key {
+            kind,
+            namespace: object.meta().namespace.clone().unwrap_or_default(),
+            name: object.meta().name.clone().unwrap_or_default(),
+        };
+        match event {
+            Ok(Event::Apply(object) | Event::InitApply(object)) => {
+                let key = key(&object);
+                ctl.known().insert(key.clone());
+                ctl.offer(key);
+            }
+            Ok(Event::Delete(object)) => {
+                let key = key(&object);
+                ctl.known().remove(&key);
+                ctl.offer(key);
+            }
+            Ok(Event::InitDone) if !synced => {
+                synced = true;
+                if ctl.unsynced.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    ctl.ctx.metrics.ready.store(true, Ordering::Relaxed);
+                }
+            }
+            Ok(Event::InitDone) => {}
+            Ok(Event::Init) => {}
+            Err(error) => tracing::warn!(%error, ?kind, "watch failed; retrying"),
+        }
+    }
+}
+
+async fn requeue_on_shard_change(ctl: Arc<Controllers>, mut shards: watch::Receiver<Vec<i32>>, cancel: CancellationToken) {
+    let mut before: BTreeSet<i32> = BTreeSet::new();
+    loop {
+        let now: BTreeSet<i32> = shards.borrow_and_update().iter().copied().collect();
+        ctl.ctx.metrics.shards_owned.store(now.len() as u64, Ordering::Relaxed);
+        let gained: BTreeSet<i32> = now.difference(&before).copied().collect();
+        if !gained.is_empty() {
+            let keys: Vec<Key> =
+                ctl.known().iter().filter(|k| gained.contains(&shard_of(&k.namespace))).cloned().collect();
+            for key in keys {
+                ctl.offer(key);
+            }
+        }
+        before = now;
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            changed = shards.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+async fn worker(ctl: Arc<Controllers>, cancel: CancellationToken) {
+    while let Some(key) = ctl.queue.pop(&cancel).await {
+        ctl.ctx.metrics.queue_depth.store(ctl.queue.len() as u64, Ordering::Relaxed);
+        let outcome = if ctl.owns(&key.namespace) {
+            match key.kind {
+                Kind::Deployment => deployment::reconcile(&ctl, &key.namespace, &key.name).await,
+                Kind::SyncRun => sync_run::reconcile(&ctl, &key.namespace, &key.name).await,
+            }
+        } else {
+            Ok(Next::Done)
+        };
+        let metrics = &ctl.ctx.metrics;
+        match outcome {
+            Ok(Next::Done) => {}
+            Ok(Next::Settled(Settled::Ok)) => {
+                metrics.reconciles_ok.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Next::Settled(Settled::Invalid)) => {
+                metrics.reconciles_invalid.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Next::Retry(delay)) => ctl.queue.push_after(key.clone(), delay, &cancel),
+            Err(error) => {
+                metrics.reconciles_failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %error_chain(&error), tenant.ns = %key.namespace, object = %key.name, "reconcile failed; retrying");
+                ctl.queue.push_after(key.clone(), Duration::from_secs(1), &cancel);
+            }
+        }
+        ctl.queue.done(&key);
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(next) = source {
+        out.push_str(": ");
+        out.push_str(&next.to_string());
+        source = next.source();
+    }
+    out
+}

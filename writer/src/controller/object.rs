@@ -1,0 +1,120 @@
+//! What both controllers do to a tenant object: keep the writer's finalizer on it
+//! (JSON patches guarded by `resourceVersion`, as `kube::runtime::finalizer` does),
+//! and set the writer's condition in its status without touching the other
+//! conditions, which the status loop owns.
+
+use kube::api::{Api, Patch, PatchParams};
+use kube::Resource;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use super::ReconcileError;
+use crate::api::Condition;
+
+/// The writer's finalizer on every resource it manages.
+pub const FINALIZER: &str = "managed-gitops.redhat.com/writer";
+/// The condition type the writer sets: `True` with the reason when the resource is
+/// not (yet) in effect, `False` once its intent is stored.
+pub const CONDITION: &str = "ErrorOccurred";
+/// The reason of the writer's condition when all is well.
+pub const REASON_ACCEPTED: &str = "Accepted";
+
+pub fn has_finalizer<K: Resource>(object: &K) -> bool {
+    object.meta().finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == FINALIZER))
+}
+
+fn version_guard<K: Resource>(object: &K) -> serde_json::Value {
+    json!({"op": "test", "path": "/metadata/resourceVersion", "value": object.meta().resource_version})
+}
+
+/// Adds the finalizer; returns the patched object.
+pub async fn add_finalizer<K>(api: &Api<K>, object: &K) -> Result<K, ReconcileError>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let name = object.meta().name.clone().unwrap_or_default();
+    let add = match &object.meta().finalizers {
+        Some(list) if !list.is_empty() => json!({"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}),
+        _ => json!({"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}),
+    };
+    let patch: json_patch::Patch = serde_json::from_value(json!([version_guard(object), add]))
+        .map_err(|source| ReconcileError::Patch { what: "build a finalizer patch", source })?;
+    api.patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
+        .await
+        .map_err(|source| ReconcileError::Kube { action: "add the finalizer", source })
+}
+
+/// Removes the finalizer; NotFound means the object is gone already.
+pub async fn remove_finalizer<K>(api: &Api<K>, object: &K) -> Result<(), ReconcileError>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let name = object.meta().name.clone().unwrap_or_default();
+    let Some(index) = object.meta().finalizers.as_ref().and_then(|f| f.iter().position(|f| f == FINALIZER)) else {
+        return Ok(());
+    };
+    let path = format!("/metadata/finalizers/{index}");
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": path, "value": FINALIZER},
+        {"op": "remove", "path": path},
+    ]))
+    .map_err(|source| ReconcileError::Patch { what: "build a finalizer patch", source })?;
+    match api.patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(source) => Err(ReconcileError::Kube { action: "remove the finalizer", source }),
+    }
+}
+
+/// The writer's condition for `generation`.
+pub fn condition(error: bool, reason: &str, message: &str, generation: Option<i64>, now: &str) -> Condition {
+    Condition {
+        type_: CONDITION.to_owned(),
+        status: if error { "True" } else { "False" }.to_owned(),
+        reason: Some(reason.to_owned()),
+        message: Some(message.to_owned()),
+        last_transition_time: Some(now.to_owned()),
+        observed_generation: generation,
+    }
+}
+
+/// `existing` with the writer's condition replaced by `new`; the transition time is
+/// kept when the status did not change. None when nothing would change.
+pub fn merged_conditions(existing: &[Condition], mut new: Condition) -> Option<Vec<Condition>> {
+    let old = existing.iter().find(|c| c.type_ == CONDITION);
+    if let Some(old) = old {
+        if old.status == new.status {
+            new.last_transition_time.clone_from(&old.last_transition_time);
+        }
+        if *old == new {
+            return None;
+        }
+    }
+    let mut out: Vec<Condition> = existing.iter().filter(|c| c.type_ != CONDITION).cloned().collect();
+    out.push(new);
+    Some(out)
+}
+
+/// Writes `conditions` and `observedGeneration` into the status subresource.
+pub async fn patch_status<K>(
+    api: &Api<K>,
+    name: &str,
+    conditions: Vec<Condition>,
+    generation: Option<i64>,
+) -> Result<(), ReconcileError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let patch = json!({"status": {"conditions": conditions, "observedGeneration": generation}});
+    match api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(source) => Err(ReconcileError::Kube { action: "update the status", source }),
+    }
+}
+
+/// RFC 3339 UTC time of now, second precision.
+pub fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}

@@ -1,0 +1,145 @@
+//! GitOpsDeploymentSyncRun reconcile: finalizer, validation, then — once the named
+//! deployment's row exists and is manual — the sync_operation row and its operation
+//! in one transaction. A run for an automated deployment is refused with a
+//! condition; one that arrives before its deployment waits and is retried.
+//! Deletion asks the agent to terminate the sync and releases the finalizer.
+
+use std::sync::Arc;
+
+use gitops_shared::db::{DbError, in_txn_retrying, pooled};
+use gitops_shared::model::{EngineInstanceId, ResourceType, SyncType, TenantId};
+use gitops_shared::queue::operation_enqueue_in_txn;
+use gitops_shared::sync_run::{SyncIntent, sync_operation_terminate_in_txn, sync_operation_upsert_in_txn};
+use kube::api::Api;
+
+use super::object::{REASON_ACCEPTED, add_finalizer, has_finalizer, remove_finalizer};
+use super::{Controllers, Next, ReconcileError, Settled, set_condition};
+use crate::api::{GitOpsDeployment, GitOpsDeploymentSyncRun};
+use crate::shard::{shard_fence_in_txn, shard_of};
+use crate::validate;
+
+pub const REASON_DEPLOYMENT_NOT_FOUND: &str = "DeploymentNotFound";
+pub const REASON_DEPLOYMENT_AUTOMATED: &str = "DeploymentAutomated";
+
+const APPLICATION: &str = "
+SELECT a.id, a.tenant_id, a.sync_type, t.engine_instance_id
+  FROM application a JOIN tenant t ON t.id = a.tenant_id
+ WHERE a.resource_uid = $1 AND a.row_state = 'active'";
+
+const TENANT_LOCK: &str = "SELECT engine_instance_id FROM tenant WHERE id = $1 FOR UPDATE";
+
+pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
+    let api: Api<GitOpsDeploymentSyncRun> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
+    let Some(object) = api.get_opt(name).await.map_err(|source| ReconcileError::Kube { action: "read", source })? else {
+        return Ok(Next::Done);
+    };
+    let uid = super::uid(&object.metadata)?;
+    let shard = shard_of(namespace);
+    let writer_id = ctl.ctx.writer_id.clone();
+    if object.metadata.deletion_timestamp.is_some() {
+        if !has_finalizer(&object) {
+            return Ok(Next::Done);
+        }
+        let mut client = pooled(&ctl.ctx.pool).await?;
+        let owner = in_txn_retrying(&mut client, |txn| {
+            let writer_id = writer_id.clone();
+            Box::pin(async move {
+                if !shard_fence_in_txn(txn, shard, &writer_id).await? {
+                    return Ok(false);
+                }
+                if let Some((id, tenant)) = sync_operation_terminate_in_txn(txn, uid).await? {
+                    let instance: Option<i64> =
+                        txn.query_one(TENANT_LOCK, &[&tenant.0]).await.map_err(DbError::query("lock a tenant"))?.get(0);
+                    if let Some(instance) = instance {
+                        operation_enqueue_in_txn(txn, EngineInstanceId(instance), tenant, ResourceType::SyncOperation, id)
+                            .await?;
+                    }
+                }
+                Ok(true)
+            })
+        })
+        .await?;
+        if owner {
+            remove_finalizer(&api, &object).await?;
+            return Ok(Next::Settled(Settled::Ok));
+        }
+        return Ok(Next::Done);
+    }
+    let object = if has_finalizer(&object) { object } else { add_finalizer(&api, &object).await? };
+    let valid = match validate::sync_run(&object.spec) {
+        Ok(valid) => valid,
+        Err(invalid) => {
+            set_condition(&api, &object, true, invalid.reason, &invalid.message).await?;
+            return Ok(Next::Settled(Settled::Invalid));
+        }
+    };
+    let deployments: Api<GitOpsDeployment> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
+    let deployment = deployments
+        .get_opt(&valid.deployment_name)
+        .await
+        .map_err(|source| ReconcileError::Kube { action: "read the GitOpsDeployment", source })?;
+    let deployment_uid = match deployment.as_ref().map(|d| super::uid(&d.metadata)).transpose()? {
+        Some(uid) => uid,
+        None => return wait_for_deployment(ctl, &api, &object, &valid.deployment_name).await,
+    };
+    let row = {
+        let client = pooled(&ctl.ctx.pool).await?;
+        client.query_opt(APPLICATION, &[&deployment_uid]).await.map_err(DbError::query("read an application"))?
+    };
+    let Some(row) = row else { return wait_for_deployment(ctl, &api, &object, &valid.deployment_name).await };
+    let (application_id, tenant, sync_type): (i64, i64, SyncType) = (row.get(0), row.get(1), row.get(2));
+    if sync_type == SyncType::Automated {
+        let message = format!(
+            "GitOpsDeployment {:?} is automated; sync runs are only for manual deployments",
+            valid.deployment_name
+        );
+        set_condition(&api, &object, true, REASON_DEPLOYMENT_AUTOMATED, &message).await?;
+        return Ok(Next::Settled(Settled::Invalid));
+    }
+    let intent = SyncIntent {
+        tenant_id: TenantId(tenant),
+        resource_uid: uid,
+        resource_name: name.to_owned(),
+        generation: object.metadata.generation.unwrap_or(0),
+        deployment_name: valid.deployment_name.clone(),
+        application_id,
+        revision: valid.revision.clone(),
+    };
+    let mut client = pooled(&ctl.ctx.pool).await?;
+    let owner = in_txn_retrying(&mut client, |txn| {
+        let (intent, writer_id) = (intent.clone(), writer_id.clone());
+        Box::pin(async move {
+            if !shard_fence_in_txn(txn, shard, &writer_id).await? {
+                return Ok(false);
+            }
+            let instance: Option<i64> = txn
+                .query_one(TENANT_LOCK, &[&intent.tenant_id.0])
+                .await
+                .map_err(DbError::query("lock a tenant"))?
+                .get(0);
+            if let (Some(id), Some(instance)) = (sync_operation_upsert_in_txn(txn, &intent).await?, instance) {
+                operation_enqueue_in_txn(txn, EngineInstanceId(instance), intent.tenant_id, ResourceType::SyncOperation, id)
+                    .await?;
+            }
+            Ok(true)
+        })
+    })
+    .await?;
+    drop(client);
+    if !owner {
+        return Ok(Next::Done);
+    }
+    set_condition(&api, &object, false, REASON_ACCEPTED, "the sync run is stored and handed to the GitOps engine").await?;
+    Ok(Next::Settled(Settled::Ok))
+}
+
+async fn wait_for_deployment(
+    ctl: &Arc<Controllers>,
+    api: &Api<GitOpsDeploymentSyncRun>,
+    object: &GitOpsDeploymentSyncRun,
+    deployment: &str,
+) -> Result<Next, ReconcileError> {
+    let message = format!("waiting for GitOpsDeployment {deployment:?} in this namespace");
+    set_condition(api, object, true, REASON_DEPLOYMENT_NOT_FOUND, &message).await?;
+    Ok(Next::Retry(ctl.settings.retry_delay))
+}

@@ -1,0 +1,160 @@
+//! `gitops-writer run`: checks keys and schema, then runs the shard keeper, the
+//! controllers and the status loop until cancelled. Tests call [`run_writer`] with a
+//! config to run the same code in-process.
+
+use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+
+use gitops_shared::crypto::SecretBox;
+use gitops_shared::db;
+use gitops_shared::listen::Listener;
+use gitops_shared::signal::Signal;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::context::WriterContext;
+use crate::controller::{ControllerSettings, run_controllers};
+use crate::metrics::WriterMetrics;
+use crate::shard::{ShardConfig, ShardKeeper};
+use crate::{APPLICATION_NAME, WriterError, connect};
+
+/// The default port of the writer's HTTP endpoint.
+pub const DEFAULT_METRICS_PORT: u16 = 9465;
+
+/// Everything `run` needs.
+#[derive(Clone)]
+pub struct WriterConfig {
+    pub database_url: String,
+    /// For LISTEN (a direct connection when the pool goes through a pooler).
+    pub listen_database_url: Option<String>,
+    pub kubeconfig: Option<PathBuf>,
+    pub secrets: SecretBox,
+    /// Names this process in the shard leases.
+    pub writer_id: String,
+    /// Only these namespaces (empty: all).
+    pub namespaces: Vec<String>,
+    pub pool_size: usize,
+    pub shards: ShardConfig,
+    pub controllers: ControllerSettings,
+    /// The metrics of this writer (tests read them).
+    pub metrics: Arc<WriterMetrics>,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (port 0: any).
+    pub metrics_address: SocketAddr,
+    /// Set to the address actually bound (tests use port 0).
+    pub http_address: Arc<OnceLock<SocketAddr>>,
+}
+
+impl WriterConfig {
+    pub fn new(database_url: String, secrets: SecretBox, writer_id: String) -> Self {
+        WriterConfig {
+            database_url,
+            listen_database_url: None,
+            kubeconfig: None,
+            secrets,
+            writer_id,
+            namespaces: Vec::new(),
+            pool_size: 8,
+            shards: ShardConfig::default(),
+            controllers: ControllerSettings::default(),
+            metrics: Arc::new(WriterMetrics::default()),
+            metrics_address: SocketAddr::from(([127, 0, 0, 1], DEFAULT_METRICS_PORT)),
+            http_address: Arc::new(OnceLock::new()),
+        }
+    }
+}
+
+/// Runs the writer until `cancel` fires.
+pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Result<(), WriterError> {
+    let client = connect(&config.database_url).await?;
+    let schema = db::check_schema(&client).await.map_err(|source| WriterError::Schema { source })?;
+    tracing::info!(schema.found = schema.found, schema.required = schema.required, "database schema checked");
+    drop(client);
+    let pool = db::pool(&config.database_url, config.pool_size, APPLICATION_NAME)
+        .map_err(|source| WriterError::Connect { database: db_name(&config.database_url), source })?;
+    let kube = kube_client(config.kubeconfig.as_ref()).await?;
+    let ctx = Arc::new(WriterContext {
+        pool: pool.clone(),
+        kube,
+        secrets: config.secrets.clone(),
+        writer_id: config.writer_id.clone(),
+        metrics: config.metrics.clone(),
+    });
+    let listen_url = config.listen_database_url.as_deref().unwrap_or(&config.database_url);
+    let listener = Listener::start(listen_url, &[Signal::status()], cancel.clone())
+        .map_err(|source| WriterError::Connect { database: db_name(listen_url), source })?;
+    let http = TcpListener::bind(config.metrics_address)
+        .await
+        .map_err(|source| WriterError::Bind { address: config.metrics_address, source })?;
+    let bound = http.local_addr().map_err(|source| WriterError::Bind { address: config.metrics_address, source })?;
+    let _ = config.http_address.set(bound);
+    tracing::info!(address = %bound, "serving /metrics, /healthz and /readyz");
+    let endpoints = crate::http::Endpoints { metrics: config.metrics.clone(), listener: listener.clone(), pool: pool.clone() };
+    let (keeper, shards) = ShardKeeper::new(pool, config.writer_id.clone(), config.shards);
+    let mut tasks = JoinSet::new();
+    tasks.spawn(crate::http::serve(http, endpoints, cancel.clone()));
+    // The keeper releases its leases after the others stopped writing.
+    let keeper_cancel = CancellationToken::new();
+    let keeper_task = tokio::spawn(keeper.run(keeper_cancel.clone()));
+    tasks.spawn(run_controllers(ctx.clone(), config.controllers, shards.clone(), config.namespaces.clone(), cancel.clone()));
+    tasks.spawn({
+        let (ctx, shards, cancel) = (ctx.clone(), shards.clone(), cancel.clone());
+        async move {
+            if let Err(error) = crate::status::run_status_loop(ctx, shards, listener, cancel.clone()).await {
+                tracing::error!(%error, "the status loop stopped");
+                cancel.cancel();
+            }
+        }
+    });
+    tracing::info!(writer.id = %config.writer_id, "writer running");
+    while tasks.join_next().await.is_some() {}
+    keeper_cancel.cancel();
+    let _ = keeper_task.await;
+    Ok(())
+}
+
+fn db_name(url: &str) -> String {
+    gitops_shared::config::redact_database_url(url)
+}
+
+async fn kube_client(path: Option<&PathBuf>) -> Result<kube::Client, WriterError> {
+    let config = match path {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)
+                .map_err(|source| WriterError::Kubeconfig { path: path.clone(), source })?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map_err(|source| WriterError::Kubeconfig { path: path.clone(), source })?
+        }
+        None => kube::Config::infer().await.map_err(|source| WriterError::InferKube { source })?,
+    };
+    kube::Client::try_from(config).map_err(|source| WriterError::KubeClient { source })
+}
+
+/// A writer id for this process: host name (when set) and a random suffix.
+pub fn default_writer_id() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "writer".to_owned());
+    format!("{host}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
+}
+
+/// Cancels `cancel` on SIGTERM or SIGINT (as the agent's; small enough to repeat).
+pub(crate) async fn cancel_on_signal(cancel: CancellationToken) {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot watch for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        () = terminate => tracing::info!("SIGTERM: shutting down"),
+    }
+    cancel.cancel();
+}

@@ -1,0 +1,262 @@
+//! Status back: the loop that carries what the agents observed
+//! (`application_state`, `sync_operation`) to the tenants' GitOpsDeployments and
+//! GitOpsDeploymentSyncRuns.
+//!
+//! For each shard this writer owns, it reads the `application_state` rows past the
+//! shard's durable cursor (`writer_shard.status_xid`), patches the matching
+//! GitOpsDeployment's status when it differs, refreshes the SyncRuns of those
+//! deployments, and moves the cursor past what it handled, never past a
+//! transaction still in flight (see `gitops_shared::status_feed`). It scans on start, on every `status`
+//! notification and reconnect of the listener, when the owned shards change and
+//! on a timer; it never polls every deployment. Sync requests still in flight are
+//! looked at again on each scan until they finish, because the agent records a
+//! sync's end after the application state that announced it.
+//!
+//! Signal protocol: the loop never marks the `status` signal awake, so it stays
+//! `sleeping` and every agent commit notifies all writers (several writers share
+//! the one signal; one marking it awake would silence the others). Before each
+//! wait the loop re-asserts `sleeping` with `try_sleep`, scanning again if an
+//! agent is in flight, as the protocol in `gitops_shared::signal` requires.
+
+mod patch;
+pub mod render;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gitops_shared::db::{DbError, pooled};
+use gitops_shared::listen::Listener;
+use gitops_shared::signal::{Signal, SleepAttempt};
+use gitops_shared::status_feed::{
+    STATUS_FEED_BATCH, SyncRunRow, cursor_after, status_feed_read, sync_runs_by_id,
+    sync_runs_of_applications, writer_shard_advance_status,
+};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+pub use patch::{PatchOutcome, patch_deployment, patch_sync_run};
+
+use crate::context::WriterContext;
+
+/// Scan this often even without a notification.
+pub const STATUS_SCAN_INTERVAL: Duration = Duration::from_secs(30);
+/// Scan again this soon while rows of transactions in flight hold a cursor back,
+/// or after a failure.
+const RETRY_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Why the status loop stopped or a scan failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error("the listener does not carry the status signal")]
+    NotSubscribed,
+    #[error("status feed database access failed")]
+    Db {
+        #[from]
+        source: DbError,
+    },
+    #[error("could not {action} a tenant resource")]
+    Kube { action: &'static str, source: kube::Error },
+    #[error("the status of {name} kept changing under the patch")]
+    Contended { name: String },
+}
+
+/// What one scan of the owned shards found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ScanReport {
+    pub rows: usize,
+    pub patched: usize,
+    /// Rows whose cursor could not move yet (transactions in flight, or a failure).
+    pub held_back: bool,
+}
+
+/// Runs until `cancel` fires. `shards` carries the shards this writer owns now;
+/// `listener` must have been started with [`Signal::status`].
+pub async fn run_status_loop(
+    ctx: Arc<WriterContext>,
+    mut shards: watch::Receiver<Vec<i32>>,
+    listener: Listener,
+    cancel: CancellationToken,
+) -> Result<(), StatusError> {
+    let signal = Signal::status();
+    let mut wake = listener.subscribe(&signal).ok_or(StatusError::NotSubscribed)?;
+    let mut syncs = InFlightSyncs::default();
+    loop {
+        // Arm before scanning: a notification during the scan is not lost.
+        wake.borrow_and_update();
+        let owned = shards.borrow_and_update().clone();
+        let pause = match scan_until_asleep(&ctx, &signal, &owned, &mut syncs).await {
+            Ok(report) if report.held_back || !syncs.is_empty() => RETRY_INTERVAL,
+            Ok(_) => STATUS_SCAN_INTERVAL,
+            Err(error) => {
+                tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "status scan failed");
+                RETRY_INTERVAL
+            }
+        };
+        tokio::select! {
+            () = cancel.cancelled() => return Ok(()),
+            changed = wake.changed() => {
+                if changed.is_err() {
+                    return Ok(()); // the listener stopped: shutting down
+                }
+            }
+            changed = shards.changed() => {
+                if changed.is_err() {
+                    return Ok(());
+                }
+            }
+            () = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
+/// Scans, then asserts `sleeping` on the signal, scanning again while an agent
+/// holds it and once more after it is set.
+async fn scan_until_asleep(
+    ctx: &WriterContext,
+    signal: &Signal,
+    owned: &[i32],
+    syncs: &mut InFlightSyncs,
+) -> Result<ScanReport, StatusError> {
+    loop {
+        let report = scan_shards(ctx, owned, syncs).await?;
+        let mut client = pooled(&ctx.pool).await?;
+        let txn = client.transaction().await.map_err(DbError::query("begin"))?;
+        let attempt = signal.try_sleep_in_txn(&txn).await?;
+        txn.commit().await.map_err(DbError::query("commit a signal"))?;
+        if attempt == SleepAttempt::Asleep {
+            let last = scan_shards(ctx, owned, syncs).await?;
+            return Ok(ScanReport {
+                rows: report.rows + last.rows,
+                patched: report.patched + last.patched,
+                held_back: last.held_back,
+            });
+        }
+    }
+}
+
+/// One pass over the owned shards and the sync requests still in flight.
+pub async fn scan_shards(
+    ctx: &WriterContext,
+    owned: &[i32],
+    syncs: &mut InFlightSyncs,
+) -> Result<ScanReport, StatusError> {
+    let mut report = ScanReport::default();
+    let mut first_error = None;
+    for &shard in owned {
+        match scan_shard(ctx, shard, syncs).await {
+            Ok(shard_report) => {
+                report.rows += shard_report.rows;
+                report.patched += shard_report.patched;
+                report.held_back |= shard_report.held_back;
+            }
+            Err(error) => {
+                report.held_back = true;
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+    let client = pooled(&ctx.pool).await?;
+    let pending = sync_runs_by_id(&client, &syncs.ids()).await?;
+    syncs.clear_missing(&pending);
+    drop(client);
+    for run in &pending {
+        syncs.refresh(ctx, run).await?;
+    }
+    match first_error {
+        Some(error) => Err(error),
+        None => Ok(report),
+    }
+}
+
+/// Reads `shard` past its cursor batch by batch, patching and advancing.
+async fn scan_shard(ctx: &WriterContext, shard: i32, syncs: &mut InFlightSyncs) -> Result<ScanReport, StatusError> {
+    let mut report = ScanReport::default();
+    loop {
+        let client = pooled(&ctx.pool).await?;
+        let rows = status_feed_read(&client, shard, &ctx.writer_id, STATUS_FEED_BATCH).await?;
+        drop(client); // no connection held across Kubernetes calls
+        if rows.is_empty() {
+            return Ok(report);
+        }
+        report.rows += rows.len();
+        let mut handled = 0;
+        let mut failure = None;
+        for row in &rows {
+            match patch_deployment(&ctx.kube, row).await {
+                Ok(outcome) => {
+                    if outcome == PatchOutcome::Patched {
+                        report.patched += 1;
+                        tracing::debug!(tenant.ns = %row.namespace, deployment = %row.resource_name, seq = row.seq, "status patched");
+                    }
+                    handled += 1;
+                }
+                Err(error) => {
+                    failure = Some(error);
+                    break;
+                }
+            }
+        }
+        let done = &rows[..handled];
+        let client = pooled(&ctx.pool).await?;
+        let applications: Vec<i64> = done.iter().map(|row| row.application_id).collect();
+        let runs = sync_runs_of_applications(&client, &applications).await?;
+        drop(client);
+        for run in &runs {
+            syncs.refresh(ctx, run).await?;
+        }
+        let end = cursor_after(&rows, handled, STATUS_FEED_BATCH);
+        // Complete when the cursor passed every row read: nothing is waiting on a
+        // transaction still in flight.
+        let complete = handled == rows.len() && end.zip(rows.last()).is_some_and(|(end, last)| end > last.xid);
+        let mut moved = false;
+        if let Some(xid) = end {
+            let client = pooled(&ctx.pool).await?;
+            moved = writer_shard_advance_status(&client, shard, &ctx.writer_id, xid).await?;
+        }
+        if let Some(error) = failure {
+            return Err(error);
+        }
+        if !complete {
+            report.held_back = true;
+            return Ok(report);
+        }
+        // Read on only after a full batch that moved the cursor (else the same rows
+        // would come back).
+        if (rows.len() as i64) < STATUS_FEED_BATCH || !moved {
+            return Ok(report);
+        }
+    }
+}
+
+/// Sync requests seen pending, running or terminating: looked at on every scan
+/// until they finish (or their row goes).
+#[derive(Debug, Default)]
+pub struct InFlightSyncs {
+    ids: HashSet<i64>,
+}
+
+impl InFlightSyncs {
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    fn ids(&self) -> Vec<i64> {
+        self.ids.iter().copied().collect()
+    }
+
+    fn clear_missing(&mut self, present: &[SyncRunRow]) {
+        self.ids.retain(|id| present.iter().any(|run| run.id == *id));
+    }
+
+    /// Patches the SyncRun of `run` and remembers whether it can still change.
+    async fn refresh(&mut self, ctx: &WriterContext, run: &SyncRunRow) -> Result<(), StatusError> {
+        let outcome = patch_sync_run(&ctx.kube, run).await?;
+        if outcome == PatchOutcome::Gone || !render::sync_in_flight(run.state) {
+            self.ids.remove(&run.id);
+        } else {
+            self.ids.insert(run.id);
+        }
+        Ok(())
+    }
+}

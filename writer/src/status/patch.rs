@@ -1,0 +1,95 @@
+//! Writing a status back: read the tenant resource, check it is the one the row
+//! belongs to (same UID), and merge-patch its status subresource only when the
+//! owned fields differ. The patch carries the object's UID and resourceVersion as
+//! preconditions, so a recreated object or a concurrent status write (the
+//! writer's validation conditions) is never overwritten; a conflict reads again.
+
+use gitops_shared::status_feed::{StatusFeedRow, SyncRunRow};
+use kube::api::{Api, Patch, PatchParams};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use super::StatusError;
+use super::render::{deployment_status, merge_diff, sync_run_conditions};
+use crate::api::{GitOpsDeployment, GitOpsDeploymentSyncRun};
+
+/// Attempts per object when its resourceVersion moved between read and patch.
+const CONFLICT_ATTEMPTS: u32 = 5;
+
+/// What happened to one tenant resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PatchOutcome {
+    Patched,
+    /// Its status already said so.
+    Unchanged,
+    /// No object with the row's UID: deleted, or recreated as a new resource.
+    Gone,
+}
+
+/// Brings a GitOpsDeployment's status in line with its feed row.
+pub async fn patch_deployment(client: &kube::Client, row: &StatusFeedRow) -> Result<PatchOutcome, StatusError> {
+    let api = Api::<GitOpsDeployment>::namespaced(client.clone(), &row.namespace);
+    patch_status(&api, &row.resource_name, row.resource_uid, |object: &GitOpsDeployment| {
+        let current = object.status.clone().unwrap_or_default();
+        let desired = deployment_status(row, &current, &now());
+        (to_json(&current), to_json(&desired))
+    })
+    .await
+}
+
+/// Brings a GitOpsDeploymentSyncRun's condition in line with its sync request.
+pub async fn patch_sync_run(client: &kube::Client, row: &SyncRunRow) -> Result<PatchOutcome, StatusError> {
+    let api = Api::<GitOpsDeploymentSyncRun>::namespaced(client.clone(), &row.namespace);
+    patch_status(&api, &row.resource_name, row.resource_uid, |object: &GitOpsDeploymentSyncRun| {
+        let current = object.status.clone().unwrap_or_default();
+        let mut desired = current.clone();
+        desired.conditions = sync_run_conditions(row, &current.conditions, &now());
+        (to_json(&current), to_json(&desired))
+    })
+    .await
+}
+
+async fn patch_status<K>(
+    api: &Api<K>,
+    name: &str,
+    uid: uuid::Uuid,
+    render: impl Fn(&K) -> (Value, Value),
+) -> Result<PatchOutcome, StatusError>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + DeserializeOwned + Serialize,
+{
+    let uid = uid.to_string();
+    for _ in 0..CONFLICT_ATTEMPTS {
+        let object = api.get_opt(name).await.map_err(|source| StatusError::Kube { action: "read", source })?;
+        let Some(object) = object else { return Ok(PatchOutcome::Gone) };
+        let meta = object.meta();
+        if meta.uid.as_deref() != Some(uid.as_str()) {
+            return Ok(PatchOutcome::Gone);
+        }
+        let (current, desired) = render(&object);
+        let diff = merge_diff(&current, &desired);
+        if diff.as_object().is_some_and(serde_json::Map::is_empty) {
+            return Ok(PatchOutcome::Unchanged);
+        }
+        let patch = json!({
+            "metadata": {"uid": uid, "resourceVersion": meta.resource_version},
+            "status": diff,
+        });
+        match api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => return Ok(PatchOutcome::Patched),
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(PatchOutcome::Gone),
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(source) => return Err(StatusError::Kube { action: "patch the status of", source }),
+        }
+    }
+    Err(StatusError::Contended { name: name.to_owned() })
+}
+
+fn to_json<T: Serialize>(value: &T) -> Value {
+    serde_json::to_value(value).unwrap_or(Value::Null)
+}
+
+fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}

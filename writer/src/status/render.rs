@@ -1,0 +1,272 @@
+//! Pure mapping from observed-state rows to the tenant resources' `.status`: what a
+//! GitOpsDeployment's status should be after a feed row, and the condition a
+//! GitOpsDeploymentSyncRun gets from its sync request's state.
+//!
+//! Condition ownership. Several writers of one `.status.conditions` list share it
+//! by type: the status loop owns exactly the types in [`ENGINE_CONDITION_TYPES`]
+//! (Argo CD's application condition types; an engine condition of any other type is
+//! reported as `UnknownError`) on a GitOpsDeployment, and [`SYNC_RUN_CONDITION`] on
+//! a GitOpsDeploymentSyncRun. Every other condition (the writer's validation and
+//! placement conditions) is kept untouched, in place.
+
+use gitops_shared::model::SyncOperationState;
+use gitops_shared::status_feed::{StatusFeedRow, SyncRunRow};
+use serde_json::Value;
+
+use crate::api::{
+    Condition, DeploymentDestination, DeploymentHealth, DeploymentSource, DeploymentSync,
+    GitOpsDeploymentStatus, ReconciledState,
+};
+
+/// The condition types the status loop owns on a GitOpsDeployment.
+pub const ENGINE_CONDITION_TYPES: &[&str] = &[
+    "InvalidSpecError",
+    "UnknownError",
+    "ComparisonError",
+    "SharedResourceWarning",
+    "SyncError",
+    "OrphanedResourceWarning",
+    "ExcludedResourceWarning",
+    "OperationError",
+    "RepeatedResourceWarning",
+    "DeletionError",
+];
+
+/// The one condition type the status loop owns on a GitOpsDeploymentSyncRun:
+/// `False` while the sync is pending, running or terminating, `True` once it
+/// succeeded, failed or was terminated; `reason` names the state.
+pub const SYNC_RUN_CONDITION: &str = "SyncCompleted";
+
+/// Engine conditions of a type outside [`ENGINE_CONDITION_TYPES`] are shown as this.
+const FALLBACK_CONDITION: &str = "UnknownError";
+
+/// The status fields the loop owns, as the row says they should be; the rest of
+/// `current` (validation conditions, `observedGeneration`) is kept. `now` (RFC
+/// 3339) stamps conditions that appear without a transition time of their own.
+pub fn deployment_status(row: &StatusFeedRow, current: &GitOpsDeploymentStatus, now: &str) -> GitOpsDeploymentStatus {
+    let mut status = current.clone();
+    status.sync = row
+        .sync_status
+        .as_ref()
+        .map(|s| DeploymentSync { status: s.clone(), revision: row.sync_revision.clone() });
+    status.health = row
+        .health_status
+        .as_ref()
+        .map(|s| DeploymentHealth { status: s.clone(), message: row.health_message.clone() });
+    status.resources = row
+        .resources
+        .as_array()
+        .map(|items| items.iter().filter_map(|item| serde_json::from_value(item.clone()).ok()).collect())
+        .unwrap_or_default();
+    status.reconciled_state = row.reconciled_state.as_ref().map(|compared| reconciled_state(compared, row));
+    status.operation_state = row.operation_state.clone();
+    status.conditions = merge_conditions(&current.conditions, engine_conditions(&row.conditions), |t| {
+        ENGINE_CONDITION_TYPES.contains(&t)
+    }, now);
+    status
+}
+
+/// The JSON merge patch (RFC 7386) that turns `current` into `desired`: keys gone
+/// from `desired` become `null`, nested objects are diffed, anything else that
+/// differs is replaced whole. Empty when the two are equal.
+pub fn merge_diff(current: &Value, desired: &Value) -> Value {
+    match (current, desired) {
+        (Value::Object(old), Value::Object(new)) => {
+            let mut patch = serde_json::Map::new();
+            for key in old.keys().filter(|key| !new.contains_key(*key)) {
+                patch.insert(key.clone(), Value::Null);
+            }
+            for (key, value) in new {
+                match old.get(key) {
+                    Some(previous) if previous == value => {}
+                    Some(previous @ Value::Object(_)) if value.is_object() => {
+                        patch.insert(key.clone(), merge_diff(previous, value));
+                    }
+                    _ => {
+                        patch.insert(key.clone(), value.clone());
+                    }
+                }
+            }
+            Value::Object(patch)
+        }
+        _ => desired.clone(),
+    }
+}
+
+/// The SyncRun's conditions after its sync request's current state.
+pub fn sync_run_conditions(row: &SyncRunRow, current: &[Condition], now: &str) -> Vec<Condition> {
+    let (status, reason) = match row.state {
+        SyncOperationState::Pending => ("False", "Pending"),
+        SyncOperationState::Running => ("False", "Running"),
+        SyncOperationState::Terminating => ("False", "Terminating"),
+        SyncOperationState::Succeeded => ("True", "Succeeded"),
+        SyncOperationState::Failed => ("True", "Failed"),
+        SyncOperationState::Terminated => ("True", "Terminated"),
+        SyncOperationState::Unknown => ("Unknown", "Unknown"),
+    };
+    let message = match (&row.message, &row.synced_revision) {
+        (Some(message), _) => Some(message.clone()),
+        (None, Some(revision)) => Some(format!("synced to revision {revision}")),
+        (None, None) => None,
+    };
+    let condition = Condition {
+        type_: SYNC_RUN_CONDITION.to_owned(),
+        status: status.to_owned(),
+        reason: Some(reason.to_owned()),
+        message,
+        ..Condition::default()
+    };
+    merge_conditions(current, vec![condition], |t| t == SYNC_RUN_CONDITION, now)
+}
+
+/// Whether a sync request can still change (its SyncRun must be looked at again).
+pub fn sync_in_flight(state: SyncOperationState) -> bool {
+    matches!(state, SyncOperationState::Pending | SyncOperationState::Running | SyncOperationState::Terminating)
+}
+
+fn reconciled_state(compared: &Value, row: &StatusFeedRow) -> ReconciledState {
+    let source: DeploymentSource =
+        compared.get("source").and_then(|s| serde_json::from_value(s.clone()).ok()).unwrap_or_default();
+    let namespace = compared.pointer("/destination/namespace").and_then(Value::as_str).map(str::to_owned);
+    ReconciledState { source, destination: DeploymentDestination { environment: row.environment.clone(), namespace } }
+}
+
+/// The engine's conditions (`{type, message, lastTransitionTime}`) as ours.
+fn engine_conditions(conditions: &Value) -> Vec<Condition> {
+    let Some(items) = conditions.as_array() else { return Vec::new() };
+    items
+        .iter()
+        .filter_map(|item| {
+            let kind = item.get("type")?.as_str()?;
+            let message = item.get("message").and_then(Value::as_str).unwrap_or_default();
+            let (type_, message) = if ENGINE_CONDITION_TYPES.contains(&kind) {
+                (kind.to_owned(), message.to_owned())
+            } else {
+                (FALLBACK_CONDITION.to_owned(), format!("{kind}: {message}"))
+            };
+            Some(Condition {
+                reason: Some(type_.clone()),
+                type_,
+                status: "True".to_owned(),
+                message: Some(message),
+                last_transition_time: item.get("lastTransitionTime").and_then(Value::as_str).map(str::to_owned),
+                observed_generation: None,
+            })
+        })
+        .collect()
+}
+
+/// `current` with every condition of an owned type replaced by `ours`. A
+/// condition whose status did not change keeps its transition time; one without a
+/// time gets `now`. Conditions of other types keep their place.
+fn merge_conditions(
+    current: &[Condition],
+    ours: Vec<Condition>,
+    owned: impl Fn(&str) -> bool,
+    now: &str,
+) -> Vec<Condition> {
+    let mut merged: Vec<Condition> = current.iter().filter(|c| !owned(&c.type_)).cloned().collect();
+    for mut condition in ours {
+        if merged.iter().any(|c| c.type_ == condition.type_) {
+            continue; // one condition per type; the first reported wins
+        }
+        let previous = current.iter().find(|c| c.type_ == condition.type_ && c.status == condition.status);
+        if condition.last_transition_time.is_none() {
+            condition.last_transition_time =
+                Some(previous.and_then(|c| c.last_transition_time.clone()).unwrap_or_else(|| now.to_owned()));
+        }
+        merged.push(condition);
+    }
+    merged
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use uuid::Uuid;
+
+    use super::*;
+
+    fn row() -> StatusFeedRow {
+        StatusFeedRow {
+            seq: 1,
+            xid: 1,
+            snapshot_xmin: 2,
+            application_id: 1,
+            namespace: "team".into(),
+            resource_name: "web".into(),
+            resource_uid: Uuid::nil(),
+            environment: None,
+            sync_status: Some("Synced".into()),
+            sync_revision: Some("abc".into()),
+            health_status: Some("Healthy".into()),
+            health_message: None,
+            resources: json!([{"kind": "ConfigMap", "name": "demo", "status": "Synced", "extra": 1}]),
+            conditions: json!([{"type": "ComparisonError", "message": "boom"}, {"type": "Odd", "message": "x"}]),
+            operation_state: Some(json!({"phase": "Succeeded"})),
+            reconciled_state: Some(json!({"source": {"repoURL": "r", "path": "p"}, "destination": {"namespace": "n"}})),
+        }
+    }
+
+    fn validation() -> Condition {
+        Condition { type_: "ErrorOccurred".into(), status: "False".into(), ..Condition::default() }
+    }
+
+    #[test]
+    fn owned_fields_follow_the_row_and_validation_conditions_stay() {
+        let current = GitOpsDeploymentStatus { conditions: vec![validation()], observed_generation: Some(3), ..Default::default() };
+        let status = deployment_status(&row(), &current, "2026-01-01T00:00:00Z");
+        assert_eq!(status.sync.as_ref().map(|s| s.status.as_str()), Some("Synced"));
+        assert_eq!(status.resources[0].name, "demo");
+        assert_eq!(status.reconciled_state.as_ref().and_then(|r| r.destination.namespace.as_deref()), Some("n"));
+        assert_eq!(status.observed_generation, Some(3));
+        let types: Vec<&str> = status.conditions.iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(types, ["ErrorOccurred", "ComparisonError", "UnknownError"]);
+        assert_eq!(status.conditions[2].message.as_deref(), Some("Odd: x"));
+    }
+
+    #[test]
+    fn rendering_twice_changes_nothing() {
+        let first = deployment_status(&row(), &GitOpsDeploymentStatus::default(), "2026-01-01T00:00:00Z");
+        let second = deployment_status(&row(), &first, "2026-02-02T00:00:00Z");
+        assert_eq!(first, second);
+    }
+
+    #[test]
+    fn gone_engine_conditions_are_removed() {
+        let first = deployment_status(&row(), &GitOpsDeploymentStatus::default(), "t");
+        let mut clean = row();
+        clean.conditions = json!([]);
+        assert!(deployment_status(&clean, &first, "t").conditions.is_empty());
+    }
+
+    #[test]
+    fn merge_diffs_remove_what_is_gone() {
+        let current = json!({"a": {"x": 1, "y": 2}, "b": [1], "c": 3});
+        let desired = json!({"a": {"x": 1}, "b": [1, 2], "d": 4});
+        assert_eq!(merge_diff(&current, &desired), json!({"a": {"y": null}, "b": [1, 2], "c": null, "d": 4}));
+        assert_eq!(merge_diff(&desired, &desired), json!({}));
+    }
+
+    #[test]
+    fn sync_runs_get_one_condition_per_state() {
+        let mut run = SyncRunRow {
+            id: 1,
+            namespace: "team".into(),
+            resource_name: "run".into(),
+            resource_uid: Uuid::nil(),
+            state: SyncOperationState::Running,
+            synced_revision: None,
+            message: None,
+        };
+        let running = sync_run_conditions(&run, &[validation()], "t1");
+        assert_eq!(running[1].status, "False");
+        assert_eq!(running[1].reason.as_deref(), Some("Running"));
+        run.state = SyncOperationState::Succeeded;
+        run.synced_revision = Some("abc".into());
+        let done = sync_run_conditions(&run, &running, "t2");
+        assert_eq!(done.len(), 2);
+        assert_eq!((done[1].status.as_str(), done[1].last_transition_time.as_deref()), ("True", Some("t2")));
+        assert_eq!(sync_run_conditions(&run, &done, "t3"), done);
+    }
+}
