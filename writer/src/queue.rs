@@ -18,6 +18,8 @@ use tokio_util::sync::CancellationToken;
 pub enum Kind {
     Deployment,
     SyncRun,
+    Environment,
+    RepositoryCredential,
 }
 
 /// One object: kind, namespace and name.

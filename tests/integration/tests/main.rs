@@ -16,5 +16,6 @@ mod queue_failures;
 mod queue_race;
 mod signal_race;
 mod writer_api;
+mod writer_credentials;
 mod writer_e2e;
 mod writer_status;

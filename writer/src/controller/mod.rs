@@ -3,22 +3,29 @@
 //! the allowed namespaces only); N workers reconcile them. When the owned shards
 //! change, every known object of a newly owned shard is queued again, so a shard
 //! that moves here is reconciled from the current objects.
+//!
+//! Credential Secrets are watched in the same scope, but a Secret event only
+//! queues the environments and repository credentials whose last reconcile named
+//! it (an in-memory index built by those reconciles); other Secrets are ignored.
 
 mod deployment;
+mod environment;
 mod object;
+mod repository_credential;
 mod sync_run;
+mod tenant;
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use gitops_shared::db::DbError;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
-use kube::api::Api;
+use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
@@ -27,11 +34,15 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+pub use environment::{CONNECTION_CONDITION, REASON_CONNECTION_CHECK_DISABLED, REASON_SECRET_NOT_FOUND};
 pub use deployment::{REASON_NO_ENGINE, REASON_QUOTA_EXCEEDED, WAIT_FOR_PRUNING};
 pub use object::{CONDITION, FINALIZER, REASON_ACCEPTED};
 pub use sync_run::{REASON_DEPLOYMENT_AUTOMATED, REASON_DEPLOYMENT_NOT_FOUND};
 
-use crate::api::{GitOpsDeployment, GitOpsDeploymentSyncRun};
+use crate::api::{
+    Condition, GitOpsDeployment, GitOpsDeploymentManagedEnvironment, GitOpsDeploymentRepositoryCredential,
+    GitOpsDeploymentSyncRun,
+};
 use crate::context::WriterContext;
 use crate::queue::{Key, Kind, WorkQueue};
 use crate::shard::shard_of;
@@ -102,6 +113,8 @@ pub struct Controllers {
     known: Mutex<HashSet<Key>>,
     /// Watchers that have not finished their first listing.
     unsynced: AtomicUsize,
+    /// Environment and repository credential keys → the Secret name they read last.
+    secret_refs: Mutex<HashMap<Key, String>>,
 }
 
 impl Controllers {
@@ -121,6 +134,42 @@ impl Controllers {
         self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn secret_refs(&self) -> std::sync::MutexGuard<'_, HashMap<Key, String>> {
+        self.secret_refs.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records that `key` reads the Secret `secret` in its namespace.
+    fn refer(&self, key: Key, secret: &str) {
+        self.secret_refs().insert(key, secret.to_owned());
+    }
+
+    fn unrefer(&self, key: &Key) {
+        self.secret_refs().remove(key);
+    }
+
+    /// Queues the referrers of a Secret that changed.
+    fn secret_changed(&self, namespace: &str, name: &str) {
+        let referrers: Vec<Key> = self
+            .secret_refs()
+            .iter()
+            .filter(|(key, secret)| key.namespace == namespace && secret.as_str() == name)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in referrers {
+            self.offer(key);
+        }
+    }
+
+    /// Queues every known GitOpsDeployment of `namespace` (an environment they may
+    /// name appeared, changed or went).
+    fn deployments_again(&self, namespace: &str) {
+        let keys: Vec<Key> =
+            self.known().iter().filter(|k| k.kind == Kind::Deployment && k.namespace == namespace).cloned().collect();
+        for key in keys {
+            self.offer(key);
+        }
+    }
+
     async fn namespace_uid(&self, namespace: &str) -> Result<Uuid, ReconcileError> {
         let api: Api<Namespace> = Api::all(self.ctx.kube.clone());
         let object = api.get(namespace).await.map_err(|source| ReconcileError::Kube { action: "read the namespace", source })?;
@@ -137,12 +186,34 @@ async fn set_condition<K>(api: &Api<K>, object: &K, error: bool, reason: &str, m
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + HasConditions,
 {
+    set_conditions(api, object, error, reason, message, None).await
+}
+
+/// [`set_condition`], with one more condition of another type set in the same patch.
+async fn set_conditions<K>(
+    api: &Api<K>,
+    object: &K,
+    error: bool,
+    reason: &str,
+    message: &str,
+    extra: Option<Condition>,
+) -> Result<(), ReconcileError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + HasConditions,
+{
     let generation = object.meta().generation;
     let now = object::now_rfc3339();
     let new = object::condition(error, reason, message, generation, &now);
     let existing = object.conditions();
     let unchanged_generation = object.observed_generation() == generation;
-    match object::merged_conditions(&existing, new) {
+    let mut merged = object::merged_conditions(&existing, new);
+    if let Some(extra) = extra {
+        let base = merged.clone().unwrap_or_else(|| existing.clone());
+        if let Some(next) = object::merged_conditions(&base, extra) {
+            merged = Some(next);
+        }
+    }
+    match merged {
         None if unchanged_generation => Ok(()),
         None => object::patch_status(api, &object.meta().name.clone().unwrap_or_default(), existing, generation).await,
         Some(conditions) => {
@@ -158,6 +229,24 @@ pub(crate) trait HasConditions {
 }
 
 impl HasConditions for GitOpsDeployment {
+    fn conditions(&self) -> Vec<crate::api::Condition> {
+        self.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default()
+    }
+    fn observed_generation(&self) -> Option<i64> {
+        self.status.as_ref().and_then(|s| s.observed_generation)
+    }
+}
+
+impl HasConditions for GitOpsDeploymentManagedEnvironment {
+    fn conditions(&self) -> Vec<crate::api::Condition> {
+        self.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default()
+    }
+    fn observed_generation(&self) -> Option<i64> {
+        self.status.as_ref().and_then(|s| s.observed_generation)
+    }
+}
+
+impl HasConditions for GitOpsDeploymentRepositoryCredential {
     fn conditions(&self) -> Vec<crate::api::Condition> {
         self.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default()
     }
@@ -186,18 +275,32 @@ pub async fn run_controllers(
     let scopes: Vec<Option<String>> =
         if namespaces.is_empty() { vec![None] } else { namespaces.iter().cloned().map(Some).collect() };
     let ctl = Arc::new(Controllers {
-        unsynced: AtomicUsize::new(scopes.len() * 2),
+        unsynced: AtomicUsize::new(scopes.len() * 4),
         ctx,
         settings,
         queue: WorkQueue::new(),
         shards: shards.clone(),
         namespaces: namespaces.into_iter().collect(),
         known: Mutex::new(HashSet::new()),
+        secret_refs: Mutex::new(HashMap::new()),
     });
     let mut tasks = JoinSet::new();
     for scope in &scopes {
         tasks.spawn(watch_kind::<GitOpsDeployment>(ctl.clone(), scope.clone(), Kind::Deployment, cancel.clone()));
         tasks.spawn(watch_kind::<GitOpsDeploymentSyncRun>(ctl.clone(), scope.clone(), Kind::SyncRun, cancel.clone()));
+        tasks.spawn(watch_kind::<GitOpsDeploymentManagedEnvironment>(
+            ctl.clone(),
+            scope.clone(),
+            Kind::Environment,
+            cancel.clone(),
+        ));
+        tasks.spawn(watch_kind::<GitOpsDeploymentRepositoryCredential>(
+            ctl.clone(),
+            scope.clone(),
+            Kind::RepositoryCredential,
+            cancel.clone(),
+        ));
+        tasks.spawn(watch_secrets(ctl.clone(), scope.clone(), cancel.clone()));
     }
     tasks.spawn(requeue_on_shard_change(ctl.clone(), shards, cancel.clone()));
     for _ in 0..settings.workers.max(1) {
@@ -257,6 +360,33 @@ where
     }
 }
 
+/// Queues the referrers of each Secret that is created, changed or deleted.
+async fn watch_secrets(ctl: Arc<Controllers>, scope: Option<String>, cancel: CancellationToken) {
+    // Only names matter here (metadata-only requests); the reconcile reads the Secret.
+    let api: Api<PartialObjectMeta<Secret>> = match &scope {
+        Some(namespace) => Api::namespaced(ctl.ctx.kube.clone(), namespace),
+        None => Api::all(ctl.ctx.kube.clone()),
+    };
+    let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
+    loop {
+        let event = tokio::select! {
+            () = cancel.cancelled() => return,
+            event = events.next() => event,
+        };
+        let Some(event) = event else { return };
+        match event {
+            Ok(Event::Apply(object) | Event::InitApply(object) | Event::Delete(object)) => {
+                let namespace = object.metadata.namespace.unwrap_or_default();
+                if ctl.owns(&namespace) {
+                    ctl.secret_changed(&namespace, &object.metadata.name.unwrap_or_default());
+                }
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "Secret watch failed; retrying"),
+        }
+    }
+}
+
 async fn requeue_on_shard_change(ctl: Arc<Controllers>, mut shards: watch::Receiver<Vec<i32>>, cancel: CancellationToken) {
     let mut before: BTreeSet<i32> = BTreeSet::new();
     loop {
@@ -285,6 +415,8 @@ async fn worker(ctl: Arc<Controllers>, cancel: CancellationToken) {
             match key.kind {
                 Kind::Deployment => deployment::reconcile(&ctl, &key.namespace, &key.name).await,
                 Kind::SyncRun => sync_run::reconcile(&ctl, &key.namespace, &key.name).await,
+                Kind::Environment => environment::reconcile(&ctl, &key.namespace, &key.name).await,
+                Kind::RepositoryCredential => repository_credential::reconcile(&ctl, &key.namespace, &key.name).await,
             }
         } else {
             Ok(Next::Done)

@@ -79,10 +79,10 @@ pub fn condition(error: bool, reason: &str, message: &str, generation: Option<i6
     }
 }
 
-/// `existing` with the writer's condition replaced by `new`; the transition time is
+/// `existing` with the condition of `new`'s type replaced by `new`; the transition time is
 /// kept when the status did not change. None when nothing would change.
 pub fn merged_conditions(existing: &[Condition], mut new: Condition) -> Option<Vec<Condition>> {
-    let old = existing.iter().find(|c| c.type_ == CONDITION);
+    let old = existing.iter().find(|c| c.type_ == new.type_);
     if let Some(old) = old {
         if old.status == new.status {
             new.last_transition_time.clone_from(&old.last_transition_time);
@@ -91,7 +91,7 @@ pub fn merged_conditions(existing: &[Condition], mut new: Condition) -> Option<V
             return None;
         }
     }
-    let mut out: Vec<Condition> = existing.iter().filter(|c| c.type_ != CONDITION).cloned().collect();
+    let mut out: Vec<Condition> = existing.iter().filter(|c| c.type_ != new.type_).cloned().collect();
     out.push(new);
     Some(out)
 }

@@ -1,0 +1,198 @@
+//! GitOpsDeploymentManagedEnvironment reconcile: finalizer, validation of the spec
+//! and of the kubeconfig in the referenced Secret (same namespace only), then the
+//! environment row, its sealed cluster credential and an operation in one
+//! transaction. The writer never contacts `apiURL`: connection checks are off, which
+//! the `ConnectionInitializationSucceeded` condition says. When the environment is
+//! stored, changed or deleted, the namespace's GitOpsDeployments are queued again so
+//! those that name it pick it up (or learn it is gone). Deletion tombstones the row
+//! and enqueues; the finalizer goes at once. A refusal writes nothing: an
+//! environment stored before keeps its last valid credentials until the tenant
+//! fixes or deletes it.
+
+use std::sync::Arc;
+
+use gitops_shared::credential::managed_environment_upsert_in_txn;
+use gitops_shared::db::{DbError, in_txn_retrying, pooled};
+use gitops_shared::model::{EngineInstanceId, ResourceType, TenantId};
+use gitops_shared::queue::operation_enqueue_in_txn;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use uuid::Uuid;
+
+use super::object::{REASON_ACCEPTED, add_finalizer, has_finalizer, now_rfc3339, remove_finalizer};
+use super::tenant::{Tenancy, credential_error, tenant_placed_in_txn};
+use super::{Controllers, Next, ReconcileError, Settled, set_condition, set_conditions};
+use crate::api::{Condition, GitOpsDeploymentManagedEnvironment};
+use crate::queue::{Key, Kind};
+use crate::shard::{shard_fence_in_txn, shard_of};
+use crate::validate::{self, Invalid};
+
+/// The credentials Secret does not exist in the environment's namespace.
+pub const REASON_SECRET_NOT_FOUND: &str = "SecretNotFound";
+/// The condition about reaching the environment's API server.
+pub const CONNECTION_CONDITION: &str = "ConnectionInitializationSucceeded";
+/// Its reason while connection checks are off (the default).
+pub const REASON_CONNECTION_CHECK_DISABLED: &str = "ConnectionCheckDisabled";
+
+const TOMBSTONE: &str = "
+UPDATE managed_environment SET row_state = 'deleting', updated_at = now()
+ WHERE resource_uid = $1 AND row_state = 'active'
+RETURNING id, tenant_id";
+
+const TENANT_INSTANCE: &str = "SELECT engine_instance_id FROM tenant WHERE id = $1";
+
+enum Written {
+    Stored { changed: bool },
+    NoEngine,
+    NotOwner,
+}
+
+pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
+    let key = Key { kind: Kind::Environment, namespace: namespace.to_owned(), name: name.to_owned() };
+    let api: Api<GitOpsDeploymentManagedEnvironment> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
+    let Some(object) = api.get_opt(name).await.map_err(|source| ReconcileError::Kube { action: "read", source })? else {
+        ctl.unrefer(&key);
+        return Ok(Next::Done);
+    };
+    let uid = super::uid(&object.metadata)?;
+    if object.metadata.deletion_timestamp.is_some() {
+        ctl.unrefer(&key);
+        if !has_finalizer(&object) {
+            return Ok(Next::Done);
+        }
+        return delete(ctl, &api, &object, uid).await;
+    }
+    let object = if has_finalizer(&object) { object } else { add_finalizer(&api, &object).await? };
+    let valid = match validate::environment(&object.spec) {
+        Ok(valid) => valid,
+        Err(invalid) => return refused(&api, &object, &invalid).await,
+    };
+    ctl.refer(key, &valid.credentials_secret);
+    let secrets: Api<Secret> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
+    let secret = secrets
+        .get_opt(&valid.credentials_secret)
+        .await
+        .map_err(|source| ReconcileError::Kube { action: "read the credentials Secret", source })?;
+    let Some(secret) = secret else {
+        let message = format!("the Secret {:?} does not exist in this namespace", valid.credentials_secret);
+        return refused(&api, &object, &Invalid::new(REASON_SECRET_NOT_FOUND, message)).await;
+    };
+    let kubeconfig = match validate::environment_secret(&secret) {
+        Ok(kubeconfig) => kubeconfig,
+        Err(invalid) => return refused(&api, &object, &invalid).await,
+    };
+    let namespace_uid = ctl.namespace_uid(namespace).await?;
+    let intent = valid.into_intent(
+        TenantId(0),
+        uid,
+        name.to_owned(),
+        object.metadata.generation.unwrap_or(0),
+        secret.metadata.resource_version.clone(),
+        kubeconfig,
+    );
+    let shard = shard_of(namespace);
+    let healthy_within = ctl.settings.healthy_within;
+    let (writer_id, ns_name, sealer) = (ctl.ctx.writer_id.clone(), namespace.to_owned(), ctl.ctx.secrets.clone());
+    let mut client = pooled(&ctl.ctx.pool).await?;
+    let written = in_txn_retrying(&mut client, |txn| {
+        let (intent, writer_id, ns_name, sealer) = (intent.clone(), writer_id.clone(), ns_name.clone(), sealer.clone());
+        Box::pin(async move {
+            let (tenant, instance) =
+                match tenant_placed_in_txn(txn, namespace_uid, &ns_name, shard, &writer_id, healthy_within).await? {
+                    Tenancy::Placed(tenant, instance) => (tenant, instance),
+                    Tenancy::NotOwner => return Ok(Written::NotOwner),
+                    Tenancy::NoEngine => return Ok(Written::NoEngine),
+                };
+            let intent = gitops_shared::credential::ManagedEnvironmentIntent { tenant_id: tenant, ..intent };
+            let changed = managed_environment_upsert_in_txn(txn, &sealer, &intent).await.map_err(credential_error)?;
+            if let Some(id) = changed {
+                operation_enqueue_in_txn(txn, instance, tenant, ResourceType::ManagedEnvironment, id).await?;
+            }
+            Ok(Written::Stored { changed: changed.is_some() })
+        })
+    })
+    .await?;
+    drop(client);
+    match written {
+        Written::NotOwner => Ok(Next::Done),
+        Written::Stored { changed } => {
+            if changed {
+                ctl.deployments_again(namespace);
+            }
+            let connection = Condition {
+                type_: CONNECTION_CONDITION.to_owned(),
+                status: "Unknown".to_owned(),
+                reason: Some(REASON_CONNECTION_CHECK_DISABLED.to_owned()),
+                message: Some("the writer does not contact the API server; connection checks are disabled".to_owned()),
+                last_transition_time: Some(now_rfc3339()),
+                observed_generation: object.metadata.generation,
+            };
+            let message = "the environment and its credentials are stored and handed to the GitOps engine";
+            set_conditions(&api, &object, false, REASON_ACCEPTED, message, Some(connection)).await?;
+            Ok(Next::Settled(Settled::Ok))
+        }
+        Written::NoEngine => {
+            let message = "no GitOps engine instance is available; retrying";
+            set_condition(&api, &object, true, super::REASON_NO_ENGINE, message).await?;
+            Ok(Next::Retry(ctl.settings.retry_delay))
+        }
+    }
+}
+
+/// Sets the refusal's condition; nothing is written. A Secret event or an edit
+/// queues the environment again.
+async fn refused(
+    api: &Api<GitOpsDeploymentManagedEnvironment>,
+    object: &GitOpsDeploymentManagedEnvironment,
+    invalid: &Invalid,
+) -> Result<Next, ReconcileError> {
+    tracing::debug!(reason = invalid.reason, "invalid GitOpsDeploymentManagedEnvironment");
+    set_condition(api, object, true, invalid.reason, &invalid.message).await?;
+    Ok(Next::Settled(Settled::Invalid))
+}
+
+async fn delete(
+    ctl: &Arc<Controllers>,
+    api: &Api<GitOpsDeploymentManagedEnvironment>,
+    object: &GitOpsDeploymentManagedEnvironment,
+    uid: Uuid,
+) -> Result<Next, ReconcileError> {
+    let namespace = object.metadata.namespace.clone().unwrap_or_default();
+    let shard = shard_of(&namespace);
+    let writer_id = ctl.ctx.writer_id.clone();
+    let mut client = pooled(&ctl.ctx.pool).await?;
+    let owner = in_txn_retrying(&mut client, |txn| {
+        let writer_id = writer_id.clone();
+        Box::pin(async move {
+            if !shard_fence_in_txn(txn, shard, &writer_id).await? {
+                return Ok(false);
+            }
+            let tombstoned =
+                txn.query_opt(TOMBSTONE, &[&uid]).await.map_err(DbError::query("tombstone a managed environment"))?;
+            if let Some(row) = tombstoned {
+                let (id, tenant): (i64, i64) = (row.get(0), row.get(1));
+                let instance: Option<i64> =
+                    txn.query_one(TENANT_INSTANCE, &[&tenant]).await.map_err(DbError::query("read a tenant"))?.get(0);
+                if let Some(instance) = instance {
+                    operation_enqueue_in_txn(
+                        txn,
+                        EngineInstanceId(instance),
+                        TenantId(tenant),
+                        ResourceType::ManagedEnvironment,
+                        id,
+                    )
+                    .await?;
+                }
+            }
+            Ok(true)
+        })
+    })
+    .await?;
+    drop(client);
+    if !owner {
+        return Ok(Next::Done);
+    }
+    ctl.deployments_again(&namespace);
+    remove_finalizer(api, object).await?;
+    Ok(Next::Settled(Settled::Ok))
+}

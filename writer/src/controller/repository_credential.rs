@@ -1,0 +1,174 @@
+//! GitOpsDeploymentRepositoryCredential reconcile: finalizer, validation of the spec
+//! and of the referenced Secret (same namespace only), then the row with its sealed
+//! credentials and an operation in one transaction. An invalid spec writes nothing;
+//! a missing or invalid Secret stores the row without credentials (so the engine
+//! drops credentials the tenant withdrew) and sets the refusal's condition. A
+//! rotated Secret has a new `resourceVersion`, which re-seals. Deletion tombstones
+//! the row and enqueues; the finalizer goes at once.
+
+use std::sync::Arc;
+
+use gitops_shared::credential::{RepositoryCredentialIntent, repository_credential_upsert_in_txn};
+use gitops_shared::db::{DbError, in_txn_retrying, pooled};
+use gitops_shared::model::{EngineInstanceId, ResourceType, TenantId};
+use gitops_shared::queue::operation_enqueue_in_txn;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use uuid::Uuid;
+
+use super::environment::REASON_SECRET_NOT_FOUND;
+use super::object::{REASON_ACCEPTED, add_finalizer, has_finalizer, remove_finalizer};
+use super::tenant::{Tenancy, credential_error, tenant_placed_in_txn};
+use super::{Controllers, Next, ReconcileError, Settled, set_condition};
+use crate::api::GitOpsDeploymentRepositoryCredential;
+use crate::queue::{Key, Kind};
+use crate::shard::{shard_fence_in_txn, shard_of};
+use crate::validate::{self, Invalid};
+
+const TOMBSTONE: &str = "
+UPDATE repository_credential SET row_state = 'deleting', updated_at = now()
+ WHERE resource_uid = $1 AND row_state = 'active'
+RETURNING id, tenant_id";
+
+const TENANT_INSTANCE: &str = "SELECT engine_instance_id FROM tenant WHERE id = $1";
+
+enum Written {
+    Stored,
+    NoEngine,
+    NotOwner,
+}
+
+pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
+    let key = Key { kind: Kind::RepositoryCredential, namespace: namespace.to_owned(), name: name.to_owned() };
+    let api: Api<GitOpsDeploymentRepositoryCredential> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
+    let Some(object) = api.get_opt(name).await.map_err(|source| ReconcileError::Kube { action: "read", source })? else {
+        ctl.unrefer(&key);
+        return Ok(Next::Done);
+    };
+    let uid = super::uid(&object.metadata)?;
+    if object.metadata.deletion_timestamp.is_some() {
+        ctl.unrefer(&key);
+        if !has_finalizer(&object) {
+            return Ok(Next::Done);
+        }
+        return delete(ctl, &api, &object, uid).await;
+    }
+    let object = if has_finalizer(&object) { object } else { add_finalizer(&api, &object).await? };
+    let valid = match validate::repository_credential(&object.spec) {
+        Ok(valid) => valid,
+        Err(invalid) => {
+            tracing::debug!(reason = invalid.reason, "invalid GitOpsDeploymentRepositoryCredential");
+            set_condition(&api, &object, true, invalid.reason, &invalid.message).await?;
+            return Ok(Next::Settled(Settled::Invalid));
+        }
+    };
+    ctl.refer(key, &valid.secret);
+    let secrets: Api<Secret> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
+    let secret = secrets
+        .get_opt(&valid.secret)
+        .await
+        .map_err(|source| ReconcileError::Kube { action: "read the credentials Secret", source })?;
+    let (secret_resource_version, credentials) = match &secret {
+        None => {
+            let message = format!("the Secret {:?} does not exist in this namespace", valid.secret);
+            (None, Err(Invalid::new(REASON_SECRET_NOT_FOUND, message)))
+        }
+        Some(secret) => (secret.metadata.resource_version.clone(), validate::repository_secret(secret)),
+    };
+    let namespace_uid = ctl.namespace_uid(namespace).await?;
+    let intent = RepositoryCredentialIntent {
+        tenant_id: TenantId(0),
+        resource_uid: uid,
+        resource_name: name.to_owned(),
+        generation: object.metadata.generation.unwrap_or(0),
+        repo_url: valid.repository,
+        secret_name: valid.secret,
+        secret_resource_version,
+        credentials: credentials.as_ref().ok().cloned(),
+    };
+    let shard = shard_of(namespace);
+    let healthy_within = ctl.settings.healthy_within;
+    let (writer_id, ns_name, sealer) = (ctl.ctx.writer_id.clone(), namespace.to_owned(), ctl.ctx.secrets.clone());
+    let mut client = pooled(&ctl.ctx.pool).await?;
+    let written = in_txn_retrying(&mut client, |txn| {
+        let (intent, writer_id, ns_name, sealer) = (intent.clone(), writer_id.clone(), ns_name.clone(), sealer.clone());
+        Box::pin(async move {
+            let (tenant, instance) =
+                match tenant_placed_in_txn(txn, namespace_uid, &ns_name, shard, &writer_id, healthy_within).await? {
+                    Tenancy::Placed(tenant, instance) => (tenant, instance),
+                    Tenancy::NotOwner => return Ok(Written::NotOwner),
+                    Tenancy::NoEngine => return Ok(Written::NoEngine),
+                };
+            let intent = RepositoryCredentialIntent { tenant_id: tenant, ..intent };
+            if let Some(id) = repository_credential_upsert_in_txn(txn, &sealer, &intent).await.map_err(credential_error)? {
+                operation_enqueue_in_txn(txn, instance, tenant, ResourceType::RepositoryCredential, id).await?;
+            }
+            Ok(Written::Stored)
+        })
+    })
+    .await?;
+    drop(client);
+    match (written, credentials) {
+        (Written::NotOwner, _) => Ok(Next::Done),
+        (Written::NoEngine, _) => {
+            let message = "no GitOps engine instance is available; retrying";
+            set_condition(&api, &object, true, super::REASON_NO_ENGINE, message).await?;
+            Ok(Next::Retry(ctl.settings.retry_delay))
+        }
+        (Written::Stored, Ok(_)) => {
+            let message = "the credentials are stored and handed to the GitOps engine";
+            set_condition(&api, &object, false, REASON_ACCEPTED, message).await?;
+            Ok(Next::Settled(Settled::Ok))
+        }
+        (Written::Stored, Err(invalid)) => {
+            tracing::debug!(reason = invalid.reason, "GitOpsDeploymentRepositoryCredential without usable Secret");
+            set_condition(&api, &object, true, invalid.reason, &invalid.message).await?;
+            Ok(Next::Settled(Settled::Invalid))
+        }
+    }
+}
+
+async fn delete(
+    ctl: &Arc<Controllers>,
+    api: &Api<GitOpsDeploymentRepositoryCredential>,
+    object: &GitOpsDeploymentRepositoryCredential,
+    uid: Uuid,
+) -> Result<Next, ReconcileError> {
+    let namespace = object.metadata.namespace.clone().unwrap_or_default();
+    let shard = shard_of(&namespace);
+    let writer_id = ctl.ctx.writer_id.clone();
+    let mut client = pooled(&ctl.ctx.pool).await?;
+    let owner = in_txn_retrying(&mut client, |txn| {
+        let writer_id = writer_id.clone();
+        Box::pin(async move {
+            if !shard_fence_in_txn(txn, shard, &writer_id).await? {
+                return Ok(false);
+            }
+            let tombstoned =
+                txn.query_opt(TOMBSTONE, &[&uid]).await.map_err(DbError::query("tombstone a repository credential"))?;
+            if let Some(row) = tombstoned {
+                let (id, tenant): (i64, i64) = (row.get(0), row.get(1));
+                let instance: Option<i64> =
+                    txn.query_one(TENANT_INSTANCE, &[&tenant]).await.map_err(DbError::query("read a tenant"))?.get(0);
+                if let Some(instance) = instance {
+                    operation_enqueue_in_txn(
+                        txn,
+                        EngineInstanceId(instance),
+                        TenantId(tenant),
+                        ResourceType::RepositoryCredential,
+                        id,
+                    )
+                    .await?;
+                }
+            }
+            Ok(true)
+        })
+    })
+    .await?;
+    drop(client);
+    if !owner {
+        return Ok(Next::Done);
+    }
+    remove_finalizer(api, object).await?;
+    Ok(Next::Settled(Settled::Ok))
+}

@@ -1,0 +1,63 @@
+//! The tenant step of the credential controllers' intent transactions: fence the
+//! shard, then find the namespace's tenant (placing it on an engine instance on
+//! first use) under its row lock and record its shard, as the deployment
+//! controller does before storing an application.
+
+use std::time::Duration;
+
+use gitops_shared::credential::CredentialError;
+use gitops_shared::db::DbError;
+use gitops_shared::model::{EngineInstanceId, TenantId};
+use gitops_shared::placement::placement_choose_in_txn;
+use gitops_shared::tenant::tenant_upsert_locked_in_txn;
+use tokio_postgres::Transaction;
+use uuid::Uuid;
+
+use crate::shard::shard_fence_in_txn;
+
+const PLACED: &str = "SELECT engine_instance_id FROM tenant WHERE namespace_uid = $1";
+
+const SET_SHARD: &str = "
+UPDATE tenant SET writer_shard = $2, updated_at = now() WHERE id = $1 AND writer_shard IS DISTINCT FROM $2";
+
+/// Where the intent goes, or why it cannot be written now.
+pub(super) enum Tenancy {
+    Placed(TenantId, EngineInstanceId),
+    NotOwner,
+    NoEngine,
+}
+
+pub(super) async fn tenant_placed_in_txn(
+    txn: &Transaction<'_>,
+    namespace_uid: Uuid,
+    namespace: &str,
+    shard: i32,
+    writer_id: &str,
+    healthy_within: Duration,
+) -> Result<Tenancy, DbError> {
+    if !shard_fence_in_txn(txn, shard, writer_id).await? {
+        return Ok(Tenancy::NotOwner);
+    }
+    let placed: Option<Option<i64>> =
+        txn.query_opt(PLACED, &[&namespace_uid]).await.map_err(DbError::query("read a tenant"))?.map(|r| r.get(0));
+    let place_on = match placed.flatten() {
+        Some(_) => None,
+        None => match placement_choose_in_txn(txn, healthy_within).await? {
+            Some(instance) => Some(instance),
+            None => return Ok(Tenancy::NoEngine),
+        },
+    };
+    let tenant = tenant_upsert_locked_in_txn(txn, namespace_uid, namespace, place_on).await?;
+    let Some(instance) = tenant.engine_instance_id else { return Ok(Tenancy::NoEngine) };
+    txn.execute(SET_SHARD, &[&tenant.id.0, &shard]).await.map_err(DbError::query("record a tenant's shard"))?;
+    Ok(Tenancy::Placed(tenant.id, instance))
+}
+
+/// A credential upsert's error as the transaction's; the message never carries
+/// secret material.
+pub(super) fn credential_error(error: CredentialError) -> DbError {
+    match error {
+        CredentialError::Db(error) => error,
+        other => DbError::Invalid(other.to_string()),
+    }
+}
