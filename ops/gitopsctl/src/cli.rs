@@ -159,6 +159,51 @@ pub enum BenchCommand {
     /// Measure the Kubernetes API emulator with many Argo CD Applications:
     /// create, list (whole, paged, by label) and watch.
     Kube(KubeBenchArgs),
+    /// Measure the whole service on the emulator (as `dev` runs it): GitOpsDeployments
+    /// to Argo CD Applications and back to a sync status, and, with `--noisy`,
+    /// quiet tenants' latency while one tenant floods updates.
+    E2e(E2eBenchArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct E2eBenchArgs {
+    /// Tenant namespaces the deployments are spread over.
+    #[arg(long, env = "GITOPS_BENCH_TENANTS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub tenants: u64,
+    /// GitOpsDeployments to create (at least one per tenant).
+    #[arg(long, env = "GITOPS_BENCH_DEPLOYMENTS", default_value_t = 2500,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub deployments: u64,
+    /// Updates one noisy tenant makes while quiet tenants' changes are timed.
+    #[arg(long, env = "GITOPS_BENCH_NOISY", value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub noisy: Option<u64>,
+    /// Requests in flight while creating and flooding.
+    #[arg(long, env = "GITOPS_BENCH_CONCURRENCY", default_value_t = 32,
+          value_parser = clap::value_parser!(u64).range(1..=512))]
+    pub concurrency: u64,
+    /// Seconds to wait for every Application, and again for every sync status.
+    #[arg(long, env = "GITOPS_BENCH_DEADLINE", default_value_t = 600,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub deadline_s: u64,
+    /// Run directory: kubeconfig, env file and the writer's and agent's logs.
+    #[arg(long, env = "GITOPS_BENCH_DIR", default_value = ".gitops-bench-e2e")]
+    pub dir: std::path::PathBuf,
+}
+
+impl From<E2eBenchArgs> for crate::bench::e2e::E2eBenchConfig {
+    fn from(args: E2eBenchArgs) -> Self {
+        // Bounded by the parsers above.
+        let size = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
+        crate::bench::e2e::E2eBenchConfig {
+            tenants: size(args.tenants),
+            deployments: size(args.deployments),
+            noisy: args.noisy.map(size),
+            concurrency: size(args.concurrency),
+            deadline: std::time::Duration::from_secs(args.deadline_s),
+            dir: args.dir,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -264,6 +309,20 @@ mod tests {
         assert!(Cli::try_parse_from(["gitopsctl", "queue", "retry"]).is_err());
         assert!(Cli::try_parse_from(["gitopsctl", "queue", "retry", "3", "--all-failed"]).is_err());
         assert!(Cli::try_parse_from(["gitopsctl", "queue", "retry", "--all-failed"]).is_ok());
+    }
+
+    #[test]
+    fn bench_e2e_reads_tenants_deployments_and_noisy() {
+        let cli = Cli::try_parse_from([
+            "gitopsctl", "bench", "e2e", "--tenants", "100", "--deployments", "500", "--noisy", "5000",
+        ])
+        .expect("parses");
+        let Command::Bench(BenchArgs { command: BenchCommand::E2e(args) }) = cli.command else {
+            panic!("not bench e2e")
+        };
+        let config = crate::bench::e2e::E2eBenchConfig::from(args);
+        assert_eq!((config.tenants, config.deployments, config.noisy), (100, 500, Some(5000)));
+        assert!(Cli::try_parse_from(["gitopsctl", "bench", "e2e", "--tenants", "0"]).is_err());
     }
 
     #[test]

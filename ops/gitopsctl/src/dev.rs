@@ -99,70 +99,116 @@ pub struct DevInfo {
 /// Runs the local service until Ctrl-C or SIGTERM; calls `on_ready` once a
 /// GitOpsDeployment can be applied.
 pub async fn dev(dir: &Path, on_ready: impl FnOnce(&DevInfo)) -> Result<(), DevError> {
-    std::fs::create_dir_all(dir).map_err(|source| DevError::Dir { path: dir.to_owned(), source })?;
-    let dir = dir.canonicalize().map_err(|source| DevError::Dir { path: dir.to_owned(), source })?;
-    let bin_dir = binary_dir()?;
-    let writer_bin = binary(&bin_dir, "gitops-writer")?;
-    let agent_bin = binary(&bin_dir, "gitops-agent")?;
-
-    let postgres = PgCluster::start(PgOptions::default()).await.map_err(|source| DevError::Postgres { source })?;
-    let database_url = create_database(&postgres).await?;
-    tracing::info!(port = postgres.port(), "PostgreSQL up and migrated");
-
-    let kubeconfig = dir.join("kubeconfig");
-    let emulator = KubeEmulator::start(EmulatorOptions { kubeconfig: Some(kubeconfig.clone()), tls: true, ..Default::default() })
-        .await
-        .map_err(|source| DevError::Emulator { source })?;
-    let kube = emulator.client().await;
-    install_crds(&kube).await?;
-    create_namespace(&kube, DEV_ARGOCD_NAMESPACE).await?;
-    let standin_cancel = CancellationToken::new();
-    let standin = tokio::spawn(argocd::run(
-        kube.clone(),
-        DEV_ARGOCD_NAMESPACE,
-        StandinOptions::default(),
-        standin_cancel.clone(),
-    ));
-    tracing::info!(url = emulator.url(), "Kubernetes emulator and Argo CD stand-in up");
-
-    let client = db::connect(&database_url, "gitopsctl").await.map_err(|source| DevError::Db { action: "connect", source })?;
-    engine_instance_add(&client, DEV_INSTANCE, DEV_ARGOCD_NAMESPACE, 1000)
-        .await
-        .map_err(|source| DevError::Db { action: "register the engine instance", source })?;
-    let key = SecretBox::generate_key(DEV_KEY_ID).map_err(|source| DevError::Key { source })?;
-    let env = vec![
-        (DATABASE_URL, database_url.clone()),
-        ("KUBECONFIG", kubeconfig.display().to_string()),
-        (ENCRYPTION_KEYS, key),
-        (ENCRYPTION_ACTIVE_KEY, DEV_KEY_ID.to_owned()),
-        (ENGINE_INSTANCE, DEV_INSTANCE.to_owned()),
-    ];
-    let env_file = dir.join("env");
-    write_env_file(&env_file, &env)?;
-
-    let mut children = Vec::new();
-    let started = async {
-        children.push(spawn(&dir, "gitops-writer", &writer_bin, &env, &[])?);
-        children.push(spawn(&dir, "gitops-agent", &agent_bin, &env, &[("GITOPS_AGENT_METRICS_ADDRESS", "127.0.0.1:0")])?);
-        wait_ready(&client, &dir, &mut children).await
-    }
-    .await;
-    let outcome = match started {
-        Ok(()) => {
-            on_ready(&DevInfo { dir: dir.clone(), kubeconfig, env_file, database_url });
-            serve(&mut children).await
-        }
-        Err(error) => Err(error),
-    };
-    for child in &mut children {
-        child.stop().await;
-    }
-    drop(client);
-    standin_cancel.cancel();
-    let _ = standin.await;
-    emulator.shutdown().await;
-    drop(postgres);
+    let mut stack = DevStack::start(dir, StandinOptions::default()).await?;
+    on_ready(&stack.info);
+    let outcome = serve(&mut stack.children).await;
+    stack.stop().await;
     outcome
+}
+
+/// The whole local service, up and ready: what `dev` serves and what `bench e2e`
+/// measures. Stop it with [`DevStack::stop`].
+pub struct DevStack {
+    pub info: DevInfo,
+    /// A client of the emulator (the tenants' and Argo CD's API server).
+    pub kube: kube::Client,
+    client: tokio_postgres::Client,
+    children: Vec<DevChild>,
+    standin_cancel: CancellationToken,
+    standin: tokio::task::JoinHandle<Result<(), argocd::StandinError>>,
+    emulator: KubeEmulator,
+    postgres: PgCluster,
+}
+
+impl DevStack {
+    /// Starts everything in `dir` and returns once the writer holds shard leases
+    /// and the agent's heartbeat is fresh; on failure, stops what it started.
+    pub async fn start(dir: &Path, standin_options: StandinOptions) -> Result<DevStack, DevError> {
+        std::fs::create_dir_all(dir).map_err(|source| DevError::Dir { path: dir.to_owned(), source })?;
+        let dir = dir.canonicalize().map_err(|source| DevError::Dir { path: dir.to_owned(), source })?;
+        let bin_dir = binary_dir()?;
+        let writer_bin = binary(&bin_dir, "gitops-writer")?;
+        let agent_bin = binary(&bin_dir, "gitops-agent")?;
+
+        let postgres =
+            PgCluster::start(PgOptions::default()).await.map_err(|source| DevError::Postgres { source })?;
+        let database_url = create_database(&postgres).await?;
+        tracing::info!(port = postgres.port(), "PostgreSQL up and migrated");
+
+        let kubeconfig = dir.join("kubeconfig");
+        let emulator =
+            KubeEmulator::start(EmulatorOptions { kubeconfig: Some(kubeconfig.clone()), tls: true, ..Default::default() })
+                .await
+                .map_err(|source| DevError::Emulator { source })?;
+        let kube = emulator.client().await;
+        install_crds(&kube).await?;
+        create_namespace(&kube, DEV_ARGOCD_NAMESPACE).await?;
+        let standin_cancel = CancellationToken::new();
+        let standin =
+            tokio::spawn(argocd::run(kube.clone(), DEV_ARGOCD_NAMESPACE, standin_options, standin_cancel.clone()));
+        tracing::info!(url = emulator.url(), "Kubernetes emulator and Argo CD stand-in up");
+
+        let client =
+            db::connect(&database_url, "gitopsctl").await.map_err(|source| DevError::Db { action: "connect", source })?;
+        let info = DevInfo { dir: dir.clone(), kubeconfig: kubeconfig.clone(), env_file: dir.join("env"), database_url };
+        let mut stack =
+            DevStack { info, kube, client, children: Vec::new(), standin_cancel, standin, emulator, postgres };
+        match stack.start_children(&writer_bin, &agent_bin).await {
+            Ok(()) => Ok(stack),
+            Err(error) => {
+                stack.stop().await;
+                Err(error)
+            }
+        }
+    }
+
+    async fn start_children(&mut self, writer_bin: &Path, agent_bin: &Path) -> Result<(), DevError> {
+        engine_instance_add(&self.client, DEV_INSTANCE, DEV_ARGOCD_NAMESPACE, 1000)
+            .await
+            .map_err(|source| DevError::Db { action: "register the engine instance", source })?;
+        let key = SecretBox::generate_key(DEV_KEY_ID).map_err(|source| DevError::Key { source })?;
+        let env = vec![
+            (DATABASE_URL, self.info.database_url.clone()),
+            ("KUBECONFIG", self.info.kubeconfig.display().to_string()),
+            (ENCRYPTION_KEYS, key),
+            (ENCRYPTION_ACTIVE_KEY, DEV_KEY_ID.to_owned()),
+            (ENGINE_INSTANCE, DEV_INSTANCE.to_owned()),
+        ];
+        write_env_file(&self.info.env_file, &env)?;
+        let dir = self.info.dir.clone();
+        self.children.push(spawn(&dir, "gitops-writer", writer_bin, &env, &[])?);
+        self.children.push(spawn(
+            &dir,
+            "gitops-agent",
+            agent_bin,
+            &env,
+            &[("GITOPS_AGENT_METRICS_ADDRESS", "127.0.0.1:0")],
+        )?);
+        wait_ready(&self.client, &dir, &mut self.children).await
+    }
+
+    /// An error if the writer or the agent has exited.
+    pub fn check_children(&mut self) -> Result<(), DevError> {
+        self.children.iter_mut().try_for_each(DevChild::check)
+    }
+
+    /// The process id of a running child (`gitops-writer` or `gitops-agent`).
+    pub fn pid(&self, binary: &str) -> Option<u32> {
+        self.children.iter().find(|child| child.binary == binary).and_then(|child| child.child.id())
+    }
+
+    /// Stops the children (SIGTERM, then a bounded wait), the stand-in, the
+    /// emulator and PostgreSQL.
+    pub async fn stop(mut self) {
+        for child in &mut self.children {
+            child.stop().await;
+        }
+        drop(self.client);
+        self.standin_cancel.cancel();
+        let _ = self.standin.await;
+        self.emulator.shutdown().await;
+        drop(self.postgres);
+    }
 }
 
 /// Waits for Ctrl-C or SIGTERM, or for a child to exit (an error).

@@ -27,6 +27,8 @@ pub enum CtlError {
     Bench { source: BenchError },
     #[error("the Kubernetes benchmark failed")]
     KubeBench { source: crate::bench::kube::KubeBenchError },
+    #[error("the end-to-end benchmark failed")]
+    E2eBench { source: crate::bench::e2e::E2eBenchError },
     #[error("the local development service failed")]
     Dev { source: crate::dev::DevError },
     #[error("could not write the CustomResourceDefinitions")]

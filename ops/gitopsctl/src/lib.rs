@@ -72,6 +72,10 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
                 let report = bench::kube::kube_bench(&args.into()).await.map_err(|source| CtlError::KubeBench { source })?;
                 Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
             }
+            BenchCommand::E2e(args) => {
+                let report = bench::e2e::e2e_bench(&args.into()).await.map_err(|source| CtlError::E2eBench { source })?;
+                Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
+            }
         },
         Command::Dev(args) => {
             dev::dev(&args.dir, |info| {

@@ -1,0 +1,409 @@
+//! `gitopsctl bench e2e`: the whole service, measured from the tenant's side. The
+//! `dev` stack (PostgreSQL, the emulator, the Argo CD stand-in without resync, a
+//! writer and an agent as child processes) receives D GitOpsDeployments over T
+//! tenant namespaces; watches time how long until every one has its Argo CD
+//! Application and until every one shows a sync status. With `--noisy N`, one
+//! tenant floods N updates while quiet tenants change one deployment at a time,
+//! and each quiet change is timed until its Application shows the new path. The
+//! children's peak RSS closes the report.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use futures_util::{StreamExt, TryStreamExt, stream};
+use gitops_testkit::argocd::{StandinOptions, application_resource};
+use gitops_writer::api::GitOpsDeployment;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::dev::{DEV_ARGOCD_NAMESPACE, DevError, DevStack};
+
+/// The repository every deployment names; the stand-in never fetches it.
+const REPO_URL: &str = "https://git.example.invalid/bench/repo.git";
+/// Quiet changes made at least.
+const QUIET_CHANGES_MIN: usize = 100;
+/// How long one quiet change may take to reach its Application.
+const QUIET_DEADLINE: Duration = Duration::from_secs(60);
+/// How often progress is printed while waiting.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct E2eBenchConfig {
+    pub tenants: usize,
+    pub deployments: usize,
+    /// Updates the noisy tenant makes; none: no noisy phase.
+    pub noisy: Option<usize>,
+    /// Requests in flight while creating and flooding.
+    pub concurrency: usize,
+    /// How long to wait for all Applications, and for all statuses.
+    pub deadline: Duration,
+    /// The run directory: kubeconfig, env file, the children's logs.
+    pub dir: PathBuf,
+}
+
+/// Why the benchmark stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum E2eBenchError {
+    #[error("{0}")]
+    Usage(&'static str),
+    #[error("could not start the service")]
+    Start { source: DevError },
+    #[error("a child process stopped")]
+    Child { source: DevError },
+    #[error("Kubernetes request failed: {step}")]
+    Kube { step: &'static str, source: kube::Error },
+    #[error("only {got} of {want} {what} within {deadline:?}; the logs are in {dir}")]
+    Timeout { what: &'static str, got: usize, want: usize, deadline: Duration, dir: PathBuf },
+    #[error("the quiet change to {path} did not reach its Application within {QUIET_DEADLINE:?}")]
+    QuietTimeout { path: String },
+}
+
+fn kube(step: &'static str) -> impl FnOnce(kube::Error) -> E2eBenchError {
+    move |source| E2eBenchError::Kube { step, source }
+}
+
+/// Quiet-tenant latency percentiles.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Latency {
+    pub p50: f64,
+    pub p99: f64,
+}
+
+/// The figures, printed as one JSON object.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct E2eBenchReport {
+    pub tenants: usize,
+    pub deployments: usize,
+    pub apply_to_argocd_s: f64,
+    pub apply_to_status_s: f64,
+    pub per_s: f64,
+    pub quiet_tenant_latency_ms: Option<Latency>,
+    pub writer_rss_mb: f64,
+    pub agent_rss_mb: f64,
+}
+
+/// What the watches have seen.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Applications by name.
+    applications: HashSet<String>,
+    /// When each `spec.source.path` first appeared on an Application.
+    paths: HashMap<String, Instant>,
+    /// GitOpsDeployments (namespace/name) with a sync status.
+    synced: HashSet<String>,
+}
+
+/// Runs the benchmark; the stack is stopped whatever the outcome.
+pub async fn e2e_bench(config: &E2eBenchConfig) -> Result<E2eBenchReport, E2eBenchError> {
+    if config.tenants == 0 || config.deployments < config.tenants {
+        return Err(E2eBenchError::Usage("need at least one tenant and a deployment per tenant"));
+    }
+    if config.noisy.is_some() && config.tenants < 2 {
+        return Err(E2eBenchError::Usage("--noisy needs a second (quiet) tenant"));
+    }
+    let options = StandinOptions { resync: Duration::ZERO, ..StandinOptions::default() };
+    let mut stack = DevStack::start(&config.dir, options).await.map_err(|source| E2eBenchError::Start { source })?;
+    eprintln!("service up; run directory {}", stack.info.dir.display());
+    let cancel = CancellationToken::new();
+    let outcome = measure(config, &mut stack, &cancel).await;
+    let writer_rss_mb = stack.pid("gitops-writer").map(peak_rss_mb).unwrap_or_default();
+    let agent_rss_mb = stack.pid("gitops-agent").map(peak_rss_mb).unwrap_or_default();
+    cancel.cancel();
+    stack.stop().await;
+    let (apply_to_argocd_s, apply_to_status_s, quiet_tenant_latency_ms) = outcome?;
+    Ok(E2eBenchReport {
+        tenants: config.tenants,
+        deployments: config.deployments,
+        apply_to_argocd_s,
+        apply_to_status_s,
+        per_s: config.deployments as f64 / apply_to_status_s,
+        quiet_tenant_latency_ms,
+        writer_rss_mb,
+        agent_rss_mb,
+    })
+}
+
+type Measured = (f64, f64, Option<Latency>);
+
+async fn measure(
+    config: &E2eBenchConfig,
+    stack: &mut DevStack,
+    cancel: &CancellationToken,
+) -> Result<Measured, E2eBenchError> {
+    let client = stack.kube.clone();
+    let (seen_tx, seen) = watch::channel(Seen::default());
+    let seen_tx = std::sync::Arc::new(seen_tx);
+    tokio::spawn(watch_applications(client.clone(), seen_tx.clone(), cancel.clone()));
+    tokio::spawn(watch_deployments(client.clone(), seen_tx, cancel.clone()));
+
+    let namespaces: Vec<String> = (0..config.tenants).map(|t| format!("bench-t{t:04}")).collect();
+    stream::iter(namespaces.iter().map(|name| create_namespace(&client, name)))
+        .buffer_unordered(config.concurrency)
+        .try_collect::<Vec<()>>()
+        .await?;
+    eprintln!("{} namespaces created; creating {} GitOpsDeployments", config.tenants, config.deployments);
+
+    let deployments: Vec<(String, String)> =
+        (0..config.deployments).map(|d| (namespaces[d % config.tenants].clone(), format!("d{d:05}"))).collect();
+    let started = Instant::now();
+    stream::iter(deployments.iter().map(|(namespace, name)| create_deployment(&client, namespace, name)))
+        .buffer_unordered(config.concurrency)
+        .try_collect::<Vec<()>>()
+        .await?;
+    eprintln!("created in {:.1}s", started.elapsed().as_secs_f64());
+
+    let want = config.deployments;
+    let applied = wait(stack, config, seen.clone(), "Applications", |s| s.applications.len(), want).await?;
+    let apply_to_argocd_s = applied.duration_since(started).as_secs_f64();
+    eprintln!("every Application in Argo CD after {apply_to_argocd_s:.2}s");
+    let statused = wait(stack, config, seen.clone(), "sync statuses", |s| s.synced.len(), want).await?;
+    let apply_to_status_s = statused.duration_since(started).as_secs_f64();
+    eprintln!("every sync status back after {apply_to_status_s:.2}s");
+
+    let latency = match config.noisy {
+        None => None,
+        Some(updates) => Some(noisy_phase(config, stack, &deployments, &namespaces[0], updates, seen).await?),
+    };
+    Ok((apply_to_argocd_s, apply_to_status_s, latency))
+}
+
+/// Waits until `count` reaches `want`; returns when. Prints progress, and fails if
+/// a child exits or the deadline passes.
+async fn wait(
+    stack: &mut DevStack,
+    config: &E2eBenchConfig,
+    mut seen: watch::Receiver<Seen>,
+    what: &'static str,
+    count: fn(&Seen) -> usize,
+    want: usize,
+) -> Result<Instant, E2eBenchError> {
+    let deadline = tokio::time::Instant::now() + config.deadline;
+    let mut progress = tokio::time::interval(PROGRESS_EVERY);
+    loop {
+        let mut report = false;
+        tokio::select! {
+            done = seen.wait_for(|s| count(s) >= want) => {
+                if done.is_ok() {
+                    return Ok(Instant::now());
+                }
+            }
+            _ = progress.tick() => report = true,
+            () = tokio::time::sleep_until(deadline) => {}
+        }
+        if report {
+            stack.check_children().map_err(|source| E2eBenchError::Child { source })?;
+            let s = seen.borrow();
+            eprintln!("  {} Applications, {} sync statuses", s.applications.len(), s.synced.len());
+        }
+        if tokio::time::Instant::now() >= deadline || seen.has_changed().is_err() {
+            let got = count(&seen.borrow());
+            let dir = stack.info.dir.clone();
+            return Err(E2eBenchError::Timeout { what, got, want, deadline: config.deadline, dir });
+        }
+    }
+}
+
+/// The noisy tenant floods `updates` path changes while quiet tenants change one
+/// deployment at a time; returns the quiet changes' latency.
+async fn noisy_phase(
+    config: &E2eBenchConfig,
+    stack: &mut DevStack,
+    deployments: &[(String, String)],
+    noisy_namespace: &str,
+    updates: usize,
+    mut seen: watch::Receiver<Seen>,
+) -> Result<Latency, E2eBenchError> {
+    let client = stack.kube.clone();
+    let (noisy, quiet): (Vec<_>, Vec<_>) = deployments.iter().partition(|(namespace, _)| namespace == noisy_namespace);
+    eprintln!("noisy tenant {noisy_namespace}: {updates} updates over {} deployments", noisy.len());
+    let flood = {
+        let client = client.clone();
+        let noisy: Vec<(String, String)> = noisy.into_iter().cloned().collect();
+        let concurrency = config.concurrency;
+        tokio::spawn(async move {
+            stream::iter((0..updates).map(|k| {
+                let (namespace, name) = &noisy[k % noisy.len()];
+                let path = format!("noisy/{name}/{k}");
+                let client = client.clone();
+                async move { set_path(&client, namespace, name, &path).await }
+            }))
+            .buffer_unordered(concurrency)
+            .try_collect::<Vec<()>>()
+            .await
+        })
+    };
+    let flood_started = Instant::now();
+    let mut latencies = Vec::new();
+    let mut flood_done = false;
+    let mut next = 0;
+    while !flood_done || latencies.len() < QUIET_CHANGES_MIN {
+        if !flood_done && flood.is_finished() {
+            let sent_s = flood_started.elapsed().as_secs_f64();
+            eprintln!("flood of {updates} updates sent in {sent_s:.1}s; {} quiet changes during it", latencies.len());
+            flood_done = true;
+        }
+        let (namespace, name) = quiet[next % quiet.len()];
+        let path = format!("quiet/{namespace}/{name}/{next}");
+        next += 1;
+        let sent = Instant::now();
+        set_path(&client, namespace, name, &path).await?;
+        let shown = tokio::time::timeout(QUIET_DEADLINE, seen.wait_for(|s| s.paths.contains_key(&path))).await;
+        let at = match shown {
+            Ok(Ok(s)) => s.paths.get(&path).copied().unwrap_or_else(Instant::now),
+            _ => {
+                stack.check_children().map_err(|source| E2eBenchError::Child { source })?;
+                return Err(E2eBenchError::QuietTimeout { path });
+            }
+        };
+        latencies.push(at.saturating_duration_since(sent).as_secs_f64() * 1000.0);
+        if latencies.len() % 25 == 0 {
+            eprintln!("  {} quiet changes", latencies.len());
+        }
+    }
+    match flood.await {
+        Ok(result) => drop(result?),
+        Err(join) => eprintln!("the flood task failed: {join}"),
+    }
+    eprintln!("{} quiet changes measured", latencies.len());
+    latencies.sort_by(f64::total_cmp);
+    Ok(Latency { p50: percentile(&latencies, 0.50), p99: percentile(&latencies, 0.99) })
+}
+
+/// Nearest-rank percentile of sorted values.
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+async fn watch_applications(
+    client: kube::Client,
+    seen: std::sync::Arc<watch::Sender<Seen>>,
+    cancel: CancellationToken,
+) {
+    let api: Api<DynamicObject> = Api::namespaced_with(client, DEV_ARGOCD_NAMESPACE, &application_resource());
+    let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().applied_objects().boxed();
+    loop {
+        let next = tokio::select! {
+            () = cancel.cancelled() => return,
+            next = events.next() => next,
+        };
+        match next {
+            Some(Ok(app)) => {
+                let now = Instant::now();
+                let path = app.data.pointer("/spec/source/path").and_then(|p| p.as_str()).map(str::to_owned);
+                seen.send_modify(|s| {
+                    if let Some(name) = app.metadata.name {
+                        s.applications.insert(name);
+                    }
+                    if let Some(path) = path {
+                        s.paths.entry(path).or_insert(now);
+                    }
+                });
+            }
+            Some(Err(error)) => tracing::warn!(%error, "Application watch"),
+            None => return,
+        }
+    }
+}
+
+async fn watch_deployments(
+    client: kube::Client,
+    seen: std::sync::Arc<watch::Sender<Seen>>,
+    cancel: CancellationToken,
+) {
+    let api: Api<GitOpsDeployment> = Api::all(client);
+    let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().applied_objects().boxed();
+    loop {
+        let next = tokio::select! {
+            () = cancel.cancelled() => return,
+            next = events.next() => next,
+        };
+        match next {
+            Some(Ok(object)) => {
+                let synced = object.status.as_ref().and_then(|s| s.sync.as_ref()).is_some_and(|s| !s.status.is_empty());
+                if synced {
+                    let key = format!(
+                        "{}/{}",
+                        object.metadata.namespace.unwrap_or_default(),
+                        object.metadata.name.unwrap_or_default()
+                    );
+                    seen.send_if_modified(|s| s.synced.insert(key));
+                }
+            }
+            Some(Err(error)) => tracing::warn!(%error, "GitOpsDeployment watch"),
+            None => return,
+        }
+    }
+}
+
+async fn create_namespace(client: &kube::Client, name: &str) -> Result<(), E2eBenchError> {
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": name}})).map_err(|_| E2eBenchError::Usage("namespace"))?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .map_err(kube("create a namespace"))?;
+    Ok(())
+}
+
+async fn create_deployment(client: &kube::Client, namespace: &str, name: &str) -> Result<(), E2eBenchError> {
+    let object: GitOpsDeployment = serde_json::from_value(json!({
+        "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeployment",
+        "metadata": {"name": name},
+        "spec": {"source": {"repoURL": REPO_URL, "path": format!("apps/{namespace}/{name}")},
+                 "destination": {}, "type": "automated"},
+    }))
+    .map_err(|_| E2eBenchError::Usage("GitOpsDeployment"))?;
+    Api::<GitOpsDeployment>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &object)
+        .await
+        .map_err(kube("create a GitOpsDeployment"))?;
+    Ok(())
+}
+
+async fn set_path(client: &kube::Client, namespace: &str, name: &str, path: &str) -> Result<(), E2eBenchError> {
+    let patch = json!({"spec": {"source": {"path": path}}});
+    Api::<GitOpsDeployment>::namespaced(client.clone(), namespace)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(kube("update a GitOpsDeployment"))?;
+    Ok(())
+}
+
+/// Peak resident set size (VmHWM) of a process, in MiB; 0 if unreadable.
+fn peak_rss_mb(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let values: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&values, 0.50), 50.0);
+        assert_eq!(percentile(&values, 0.99), 99.0);
+        assert_eq!(percentile(&[7.0], 0.99), 7.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+    }
+
+    #[test]
+    fn our_own_peak_rss_is_read() {
+        assert!(peak_rss_mb(std::process::id()) > 0.0);
+    }
+}
