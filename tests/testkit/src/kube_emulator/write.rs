@@ -355,9 +355,21 @@ fn spec_part(info: &ResourceInfo, object: &Value) -> Value {
     copy
 }
 
+/// The object as no-op detection compares it: without its resourceVersion and
+/// without the times of managedFields entries (a write that changes nothing but
+/// the clock is a no-op, as kube-apiserver treats it; otherwise the outcome
+/// would depend on whether two writes fall in the same second).
 fn without_rv(object: &Value) -> Value {
     let mut copy = object.clone();
-    meta::metadata_mut(&mut copy).remove("resourceVersion");
+    let metadata = meta::metadata_mut(&mut copy);
+    metadata.remove("resourceVersion");
+    if let Some(Value::Array(entries)) = metadata.get_mut("managedFields") {
+        for entry in entries.iter_mut() {
+            if let Some(entry) = entry.as_object_mut() {
+                entry.remove("time");
+            }
+        }
+    }
     copy
 }
 
