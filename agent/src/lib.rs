@@ -156,29 +156,10 @@ pub async fn run(args: &RunArgs) -> Result<(), AgentError> {
     config.lease = args.lease;
     config.concurrency = args.concurrency;
     let cancel = CancellationToken::new();
-    tokio::spawn(cancel_on_signal(cancel.clone()));
+    tokio::spawn(gitops_shared::serve::cancel_on_signal(cancel.clone()));
     run_agent(config, cancel).await
 }
 
-/// Cancels `cancel` on SIGTERM or SIGINT.
-async fn cancel_on_signal(cancel: CancellationToken) {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot watch for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-        () = terminate => tracing::info!("SIGTERM: shutting down"),
-    }
-    cancel.cancel();
-}
 
 /// The registered instance called `name`; an unknown name is refused.
 pub async fn instance(client: &Client, name: &str) -> Result<EngineInstance, AgentError> {

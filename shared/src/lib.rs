@@ -17,6 +17,7 @@ pub mod observed;
 pub mod placement;
 pub mod queue;
 pub mod sanitize;
+pub mod serve;
 pub mod signal;
 pub mod sync_run;
 pub mod status_feed;

@@ -131,12 +131,7 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
     config.metrics_address = args.metrics_address;
     config.controllers.max_deployments = args.max_deployments;
     let cancel = tokio_util::sync::CancellationToken::new();
-    tokio::spawn({
-        let cancel = cancel.clone();
-        async move {
-            run::cancel_on_signal(cancel).await;
-        }
-    });
+    tokio::spawn(gitops_shared::serve::cancel_on_signal(cancel.clone()));
     run::run_writer(config, cancel).await
 }
 

@@ -138,23 +138,3 @@ pub fn default_writer_id() -> String {
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "writer".to_owned());
     format!("{host}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
 }
-
-/// Cancels `cancel` on SIGTERM or SIGINT (as the agent's; small enough to repeat).
-pub(crate) async fn cancel_on_signal(cancel: CancellationToken) {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot watch for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-        () = terminate => tracing::info!("SIGTERM: shutting down"),
-    }
-    cancel.cancel();
-}

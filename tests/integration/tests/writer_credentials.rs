@@ -8,99 +8,46 @@
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use gitops_agent::names;
-use gitops_agent::{AgentConfig, run_agent};
-use gitops_shared::crypto::SecretBox;
-use gitops_shared::instance::engine_instance_add;
-use gitops_testkit::TestDb;
-use gitops_testkit::argocd::{self, StandinOptions, app_project_crd, application_crd};
 use gitops_testkit::cluster::{TestCluster, TestNamespace};
-use gitops_writer::api::{GitOpsDeploymentManagedEnvironment, GitOpsDeploymentRepositoryCredential, crds};
+use gitops_writer::api::{GitOpsDeploymentManagedEnvironment, GitOpsDeploymentRepositoryCredential};
 use gitops_writer::controller::{
     CONDITION, CONNECTION_CONDITION, REASON_ACCEPTED, REASON_CONNECTION_CHECK_DISABLED, REASON_SECRET_NOT_FOUND,
 };
-use gitops_writer::run::{WriterConfig, run_writer};
-use gitops_writer::shard::ShardConfig;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio_postgres::Client;
-use tokio_util::sync::CancellationToken;
 
 use crate::support::eventually;
 
-const INSTANCE: &str = "argocd-1";
 const TOKEN: &str = "tok3n-s3cret-value";
 const CA: &str = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==";
 
 /// A Secret's data as text.
 type Data = std::collections::BTreeMap<String, String>;
 
+/// The writer end-to-end environment plus a second tenant namespace.
 struct Env {
-    _db: TestDb,
-    client: Client,
-    kube: kube::Client,
-    argocd: TestNamespace,
-    tenant: TestNamespace,
+    base: crate::writer_e2e::Env,
     other: TestNamespace,
-    cancel: CancellationToken,
 }
 
-impl Drop for Env {
-    fn drop(&mut self) {
-        self.cancel.cancel();
+impl std::ops::Deref for Env {
+    type Target = crate::writer_e2e::Env;
+
+    fn deref(&self) -> &Self::Target {
+        &self.base
     }
 }
 
 /// Stand-in, agent and one writer for the tenant and the other namespace.
 async fn env(purpose: &str) -> Env {
-    let cluster = TestCluster::get().await;
-    let mut all = crds();
-    all.push(application_crd());
-    all.push(app_project_crd());
-    cluster.install_crds(all).await.expect("install the CRDs");
-    let argocd_ns = cluster.namespace(&format!("{purpose}-argo")).await;
-    let tenant = cluster.namespace(purpose).await;
-    let other = cluster.namespace(&format!("{purpose}-other")).await;
-    let kube = cluster.admin().await;
-    let cancel = CancellationToken::new();
-    tokio::spawn({
-        let (kube, name, cancel) = (kube.clone(), argocd_ns.name().to_owned(), cancel.clone());
-        async move { argocd::run(kube, &name, StandinOptions::default(), cancel).await }
-    });
-    let db = TestDb::migrated().await;
-    let client = db.connect().await;
-    engine_instance_add(&client, INSTANCE, argocd_ns.name(), 1000).await.expect("add instance");
-    let key = SecretBox::generate_key("k1").expect("key");
-    let secrets = SecretBox::from_config(Some(&key), Some("k1")).expect("secrets");
-    let agent_kubeconfig =
-        cluster.namespace_identity(argocd_ns.name(), "gitops-agent", crate::support::agent_rbac_rules()).await.kubeconfig;
-    let mut agent = AgentConfig::new(db.url(), INSTANCE.into(), secrets.clone());
-    agent.kubeconfig = Some(agent_kubeconfig);
-    agent.metrics_address = "127.0.0.1:0".parse().expect("address");
-    agent.poll_interval = Duration::from_secs(1);
-    tokio::spawn(run_agent(agent, cancel.clone()));
-    eventually("the agent's heartbeat", || async {
-        let row = client.query_one("SELECT heartbeat_at IS NOT NULL FROM engine_instance", &[]).await.ok()?;
-        row.get::<_, bool>(0).then_some(())
-    })
-    .await;
-    let mut config = WriterConfig::new(db.url(), secrets, "writer-a".to_owned());
-    config.namespaces = vec![tenant.name().to_owned(), other.name().to_owned()];
-    config.kubeconfig = Some(cluster.kubeconfig_path().to_owned());
-    config.metrics_address = "127.0.0.1:0".parse().expect("address");
-    config.shards = ShardConfig { lease: Duration::from_secs(3), interval: Duration::from_millis(300) };
-    config.controllers.retry_delay = Duration::from_millis(500);
-    config.controllers.prune_poll = Duration::from_millis(300);
-    let task = tokio::spawn(run_writer(config, cancel.child_token()));
-    tokio::spawn(async move {
-        if let Ok(Err(error)) = task.await {
-            panic!("the writer stopped: {error:?}");
-        }
-    });
-    Env { _db: db, client, kube, argocd: argocd_ns, tenant, other, cancel }
+    let base = crate::writer_e2e::env(purpose).await;
+    let other = TestCluster::get().await.namespace(&format!("{purpose}-other")).await;
+    base.writer_for("writer-a", vec![base.tenant.name().to_owned(), other.name().to_owned()], |_| {});
+    Env { base, other }
 }
 
 fn kubeconfig(user: &str, cluster_extra: &str) -> String {

@@ -30,15 +30,17 @@ use crate::support::eventually;
 
 const INSTANCE: &str = "argocd-1";
 
-struct Env {
-    db: TestDb,
-    client: Client,
-    kube: kube::Client,
+/// Stand-in, agent (heartbeat seen) and a tenant namespace; writers start with
+/// `writer`/`writer_for`. Shared with `writer_credentials`.
+pub(crate) struct Env {
+    pub(crate) db: TestDb,
+    pub(crate) client: Client,
+    pub(crate) kube: kube::Client,
     kubeconfig: std::path::PathBuf,
-    argocd: TestNamespace,
-    tenant: TestNamespace,
+    pub(crate) argocd: TestNamespace,
+    pub(crate) tenant: TestNamespace,
     secrets: SecretBox,
-    cancel: CancellationToken,
+    pub(crate) cancel: CancellationToken,
 }
 
 impl Drop for Env {
@@ -47,7 +49,7 @@ impl Drop for Env {
     }
 }
 
-async fn env(purpose: &str) -> Env {
+pub(crate) async fn env(purpose: &str) -> Env {
     let cluster = TestCluster::get().await;
     let mut all = crds();
     all.push(application_crd());
@@ -90,7 +92,12 @@ impl Env {
     }
 
     /// A writer for `namespaces`, its config adjusted by `adjust`.
-    fn writer_for(&self, id: &str, namespaces: Vec<String>, adjust: impl FnOnce(&mut WriterConfig)) -> CancellationToken {
+    pub(crate) fn writer_for(
+        &self,
+        id: &str,
+        namespaces: Vec<String>,
+        adjust: impl FnOnce(&mut WriterConfig),
+    ) -> CancellationToken {
         let mut config = WriterConfig::new(self.db.url(), self.secrets.clone(), id.to_owned());
         config.namespaces = namespaces;
         config.kubeconfig = Some(self.kubeconfig.clone());

@@ -12,19 +12,19 @@
 use std::sync::Arc;
 
 use gitops_shared::credential::managed_environment_upsert_in_txn;
-use gitops_shared::db::{DbError, in_txn_retrying, pooled};
-use gitops_shared::model::{EngineInstanceId, ResourceType, TenantId};
+use gitops_shared::db::{in_txn_retrying, pooled};
+use gitops_shared::model::{ResourceType, TenantId};
 use gitops_shared::queue::operation_enqueue_in_txn;
-use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use uuid::Uuid;
 
+use super::credential::{secret_read, tombstone_and_enqueue};
 use super::object::{REASON_ACCEPTED, add_finalizer, has_finalizer, now_rfc3339, remove_finalizer};
 use super::tenant::{Tenancy, credential_error, tenant_placed_in_txn};
 use super::{Controllers, Next, ReconcileError, Settled, set_condition, set_conditions};
 use crate::api::{Condition, GitOpsDeploymentManagedEnvironment};
 use crate::queue::{Key, Kind};
-use crate::shard::{shard_fence_in_txn, shard_of};
+use crate::shard::shard_of;
 use crate::validate::{self, Invalid};
 
 /// The credentials Secret does not exist in the environment's namespace.
@@ -38,8 +38,6 @@ const TOMBSTONE: &str = "
 UPDATE managed_environment SET row_state = 'deleting', updated_at = now()
  WHERE resource_uid = $1 AND row_state = 'active'
 RETURNING id, tenant_id";
-
-const TENANT_INSTANCE: &str = "SELECT engine_instance_id FROM tenant WHERE id = $1";
 
 enum Written {
     Stored { changed: bool },
@@ -68,14 +66,9 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         Err(invalid) => return refused(&api, &object, &invalid).await,
     };
     ctl.refer(key, &valid.credentials_secret);
-    let secrets: Api<Secret> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
-    let secret = secrets
-        .get_opt(&valid.credentials_secret)
-        .await
-        .map_err(|source| ReconcileError::Kube { action: "read the credentials Secret", source })?;
-    let Some(secret) = secret else {
-        let message = format!("the Secret {:?} does not exist in this namespace", valid.credentials_secret);
-        return refused(&api, &object, &Invalid::new(REASON_SECRET_NOT_FOUND, message)).await;
+    let secret = match secret_read(ctl, namespace, &valid.credentials_secret).await? {
+        Ok(secret) => secret,
+        Err(invalid) => return refused(&api, &object, &invalid).await,
     };
     let kubeconfig = match validate::environment_secret(&secret) {
         Ok(kubeconfig) => kubeconfig,
@@ -158,38 +151,8 @@ async fn delete(
     uid: Uuid,
 ) -> Result<Next, ReconcileError> {
     let namespace = object.metadata.namespace.clone().unwrap_or_default();
-    let shard = shard_of(&namespace);
-    let writer_id = ctl.ctx.writer_id.clone();
-    let mut client = pooled(&ctl.ctx.pool).await?;
-    let owner = in_txn_retrying(&mut client, |txn| {
-        let writer_id = writer_id.clone();
-        Box::pin(async move {
-            if !shard_fence_in_txn(txn, shard, &writer_id).await? {
-                return Ok(false);
-            }
-            let tombstoned =
-                txn.query_opt(TOMBSTONE, &[&uid]).await.map_err(DbError::query("tombstone a managed environment"))?;
-            if let Some(row) = tombstoned {
-                let (id, tenant): (i64, i64) = (row.get(0), row.get(1));
-                let instance: Option<i64> =
-                    txn.query_one(TENANT_INSTANCE, &[&tenant]).await.map_err(DbError::query("read a tenant"))?.get(0);
-                if let Some(instance) = instance {
-                    operation_enqueue_in_txn(
-                        txn,
-                        EngineInstanceId(instance),
-                        TenantId(tenant),
-                        ResourceType::ManagedEnvironment,
-                        id,
-                    )
-                    .await?;
-                }
-            }
-            Ok(true)
-        })
-    })
-    .await?;
-    drop(client);
-    if !owner {
+    let action = "tombstone a managed environment";
+    if !tombstone_and_enqueue(ctl, &namespace, uid, TOMBSTONE, ResourceType::ManagedEnvironment, action).await? {
         return Ok(Next::Done);
     }
     ctl.deployments_again(&namespace);

@@ -8,6 +8,7 @@
 //! queues the environments and repository credentials whose last reconcile named
 //! it (an in-memory index built by those reconciles); other Secrets are ignored.
 
+mod credential;
 mod deployment;
 mod environment;
 mod object;

@@ -9,28 +9,25 @@
 use std::sync::Arc;
 
 use gitops_shared::credential::{RepositoryCredentialIntent, repository_credential_upsert_in_txn};
-use gitops_shared::db::{DbError, in_txn_retrying, pooled};
-use gitops_shared::model::{EngineInstanceId, ResourceType, TenantId};
+use gitops_shared::db::{in_txn_retrying, pooled};
+use gitops_shared::model::{ResourceType, TenantId};
 use gitops_shared::queue::operation_enqueue_in_txn;
-use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use uuid::Uuid;
 
-use super::environment::REASON_SECRET_NOT_FOUND;
+use super::credential::{secret_read, tombstone_and_enqueue};
 use super::object::{REASON_ACCEPTED, add_finalizer, has_finalizer, remove_finalizer};
 use super::tenant::{Tenancy, credential_error, tenant_placed_in_txn};
 use super::{Controllers, Next, ReconcileError, Settled, set_condition};
 use crate::api::GitOpsDeploymentRepositoryCredential;
 use crate::queue::{Key, Kind};
-use crate::shard::{shard_fence_in_txn, shard_of};
-use crate::validate::{self, Invalid};
+use crate::shard::shard_of;
+use crate::validate;
 
 const TOMBSTONE: &str = "
 UPDATE repository_credential SET row_state = 'deleting', updated_at = now()
  WHERE resource_uid = $1 AND row_state = 'active'
 RETURNING id, tenant_id";
-
-const TENANT_INSTANCE: &str = "SELECT engine_instance_id FROM tenant WHERE id = $1";
 
 enum Written {
     Stored,
@@ -63,17 +60,9 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         }
     };
     ctl.refer(key, &valid.secret);
-    let secrets: Api<Secret> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
-    let secret = secrets
-        .get_opt(&valid.secret)
-        .await
-        .map_err(|source| ReconcileError::Kube { action: "read the credentials Secret", source })?;
-    let (secret_resource_version, credentials) = match &secret {
-        None => {
-            let message = format!("the Secret {:?} does not exist in this namespace", valid.secret);
-            (None, Err(Invalid::new(REASON_SECRET_NOT_FOUND, message)))
-        }
-        Some(secret) => (secret.metadata.resource_version.clone(), validate::repository_secret(secret)),
+    let (secret_resource_version, credentials) = match secret_read(ctl, namespace, &valid.secret).await? {
+        Err(invalid) => (None, Err(invalid)),
+        Ok(secret) => (secret.metadata.resource_version.clone(), validate::repository_secret(&secret)),
     };
     let namespace_uid = ctl.namespace_uid(namespace).await?;
     let intent = RepositoryCredentialIntent {
@@ -135,38 +124,8 @@ async fn delete(
     uid: Uuid,
 ) -> Result<Next, ReconcileError> {
     let namespace = object.metadata.namespace.clone().unwrap_or_default();
-    let shard = shard_of(&namespace);
-    let writer_id = ctl.ctx.writer_id.clone();
-    let mut client = pooled(&ctl.ctx.pool).await?;
-    let owner = in_txn_retrying(&mut client, |txn| {
-        let writer_id = writer_id.clone();
-        Box::pin(async move {
-            if !shard_fence_in_txn(txn, shard, &writer_id).await? {
-                return Ok(false);
-            }
-            let tombstoned =
-                txn.query_opt(TOMBSTONE, &[&uid]).await.map_err(DbError::query("tombstone a repository credential"))?;
-            if let Some(row) = tombstoned {
-                let (id, tenant): (i64, i64) = (row.get(0), row.get(1));
-                let instance: Option<i64> =
-                    txn.query_one(TENANT_INSTANCE, &[&tenant]).await.map_err(DbError::query("read a tenant"))?.get(0);
-                if let Some(instance) = instance {
-                    operation_enqueue_in_txn(
-                        txn,
-                        EngineInstanceId(instance),
-                        TenantId(tenant),
-                        ResourceType::RepositoryCredential,
-                        id,
-                    )
-                    .await?;
-                }
-            }
-            Ok(true)
-        })
-    })
-    .await?;
-    drop(client);
-    if !owner {
+    let action = "tombstone a repository credential";
+    if !tombstone_and_enqueue(ctl, &namespace, uid, TOMBSTONE, ResourceType::RepositoryCredential, action).await? {
         return Ok(Next::Done);
     }
     remove_finalizer(api, object).await?;
