@@ -27,8 +27,12 @@ async fn a_new_crd_is_served_at_once_and_takes_its_objects_when_deleted() {
     });
     established.await;
 
-    // Discovery lists the resource and its status subresource.
-    let resources = env.client.list_api_group_resources(&format!("{group}/v1")).await.unwrap();
+    // Discovery lists the resource and its status subresource. kube-apiserver
+    // updates discovery shortly after Established (404 until then), so wait for it.
+    let resources = eventually("the new group in discovery", || async {
+        env.client.list_api_group_resources(&format!("{group}/v1")).await.ok()
+    })
+    .await;
     let gadgets = resources.resources.iter().find(|r| r.name == "gadgets").expect("gadgets in discovery");
     assert!(gadgets.namespaced);
     assert_eq!(gadgets.kind, "Gadget");
