@@ -142,6 +142,9 @@ impl PgCluster {
     }
 }
 
+/// How often teardown checks whether the server has exited (within its deadline).
+const EXIT_POLL: Duration = Duration::from_millis(20);
+
 impl Drop for PgCluster {
     fn drop(&mut self) {
         // SIGINT to the watchdog's process group reaches the postmaster too: a fast
@@ -153,7 +156,7 @@ impl Drop for PgCluster {
             if matches!(self.watchdog.try_wait(), Ok(Some(_)) | Err(_)) {
                 break;
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(EXIT_POLL);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
