@@ -16,7 +16,7 @@ use gitops_shared::tenant::tenant_upsert_locked_in_txn;
 use kube::api::Api;
 use uuid::Uuid;
 
-use super::object::{REASON_ACCEPTED, add_finalizer, has_finalizer, remove_finalizer};
+use super::object::{Live, REASON_ACCEPTED, live, remove_finalizer};
 use super::{Controllers, Next, ReconcileError, Settled, set_condition};
 use crate::api::GitOpsDeployment;
 use crate::shard::{shard_fence_in_txn, shard_of};
@@ -58,17 +58,11 @@ enum Written {
 
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
     let api: Api<GitOpsDeployment> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
-    let Some(object) = api.get_opt(name).await.map_err(|source| ReconcileError::Kube { action: "read", source })? else {
-        return Ok(Next::Done);
+    let (object, uid) = match live(&api, name).await? {
+        Live::Present(object, uid) => (object, uid),
+        Live::Gone => return Ok(Next::Done),
+        Live::Deleting(object, uid) => return delete(ctl, &api, &object, uid).await,
     };
-    let uid = super::uid(&object.metadata)?;
-    if object.metadata.deletion_timestamp.is_some() {
-        if !has_finalizer(&object) {
-            return Ok(Next::Done);
-        }
-        return delete(ctl, &api, &object, uid).await;
-    }
-    let object = if has_finalizer(&object) { object } else { add_finalizer(&api, &object).await? };
     let generation = object.metadata.generation;
     let valid = match validate::deployment(&object.spec) {
         Ok(valid) => valid,

@@ -19,7 +19,7 @@ use kube::api::Api;
 use uuid::Uuid;
 
 use super::credential::{secret_read, tombstone_and_enqueue};
-use super::object::{REASON_ACCEPTED, add_finalizer, has_finalizer, now_rfc3339, remove_finalizer};
+use super::object::{Live, REASON_ACCEPTED, live, now_rfc3339, remove_finalizer};
 use super::tenant::{Tenancy, credential_error, tenant_placed_in_txn};
 use super::{Controllers, Next, ReconcileError, Settled, set_condition, set_conditions};
 use crate::api::{Condition, GitOpsDeploymentManagedEnvironment};
@@ -48,19 +48,17 @@ enum Written {
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
     let key = Key { kind: Kind::Environment, namespace: namespace.to_owned(), name: name.to_owned() };
     let api: Api<GitOpsDeploymentManagedEnvironment> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
-    let Some(object) = api.get_opt(name).await.map_err(|source| ReconcileError::Kube { action: "read", source })? else {
-        ctl.unrefer(&key);
-        return Ok(Next::Done);
-    };
-    let uid = super::uid(&object.metadata)?;
-    if object.metadata.deletion_timestamp.is_some() {
-        ctl.unrefer(&key);
-        if !has_finalizer(&object) {
+    let (object, uid) = match live(&api, name).await? {
+        Live::Present(object, uid) => (object, uid),
+        Live::Gone => {
+            ctl.unrefer(&key);
             return Ok(Next::Done);
         }
-        return delete(ctl, &api, &object, uid).await;
-    }
-    let object = if has_finalizer(&object) { object } else { add_finalizer(&api, &object).await? };
+        Live::Deleting(object, uid) => {
+            ctl.unrefer(&key);
+            return delete(ctl, &api, &object, uid).await;
+        }
+    };
     let valid = match validate::environment(&object.spec) {
         Ok(valid) => valid,
         Err(invalid) => return refused(&api, &object, &invalid).await,

@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::ReconcileError;
+use uuid::Uuid;
 use crate::api::Condition;
 
 /// The writer's finalizer on every resource it manages.
@@ -46,6 +47,33 @@ where
 }
 
 /// Removes the finalizer; NotFound means the object is gone already.
+/// Where a managed resource stands when a reconcile starts.
+pub enum Live<K> {
+    /// Gone, or being deleted with our finalizer already released: nothing to do.
+    Gone,
+    /// Being deleted and still holding our finalizer: tombstone, then release it.
+    Deleting(K, Uuid),
+    /// Present and carrying our finalizer (added now if it was missing).
+    Present(K, Uuid),
+}
+
+/// Reads `name` and sorts it into `Live`, adding the writer's finalizer to a live
+/// object that lacks it — the opening every controller's reconcile shares.
+pub async fn live<K>(api: &Api<K>, name: &str) -> Result<Live<K>, ReconcileError>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+{
+    let Some(object) = api.get_opt(name).await.map_err(|source| ReconcileError::Kube { action: "read", source })? else {
+        return Ok(Live::Gone);
+    };
+    let uid = super::uid(object.meta())?;
+    if object.meta().deletion_timestamp.is_some() {
+        return Ok(if has_finalizer(&object) { Live::Deleting(object, uid) } else { Live::Gone });
+    }
+    let object = if has_finalizer(&object) { object } else { add_finalizer(api, &object).await? };
+    Ok(Live::Present(object, uid))
+}
+
 pub async fn remove_finalizer<K>(api: &Api<K>, object: &K) -> Result<(), ReconcileError>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,

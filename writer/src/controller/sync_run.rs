@@ -12,7 +12,7 @@ use gitops_shared::queue::operation_enqueue_in_txn;
 use gitops_shared::sync_run::{SyncIntent, sync_operation_terminate_in_txn, sync_operation_upsert_in_txn};
 use kube::api::Api;
 
-use super::object::{REASON_ACCEPTED, add_finalizer, has_finalizer, remove_finalizer};
+use super::object::{Live, REASON_ACCEPTED, live, remove_finalizer};
 use super::{Controllers, Next, ReconcileError, Settled, set_condition};
 use crate::api::{GitOpsDeployment, GitOpsDeploymentSyncRun};
 use crate::shard::{shard_fence_in_txn, shard_of};
@@ -30,42 +30,13 @@ const TENANT_LOCK: &str = "SELECT engine_instance_id FROM tenant WHERE id = $1 F
 
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
     let api: Api<GitOpsDeploymentSyncRun> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
-    let Some(object) = api.get_opt(name).await.map_err(|source| ReconcileError::Kube { action: "read", source })? else {
-        return Ok(Next::Done);
+    let (object, uid) = match live(&api, name).await? {
+        Live::Present(object, uid) => (object, uid),
+        Live::Gone => return Ok(Next::Done),
+        Live::Deleting(object, uid) => return delete(ctl, &api, &object, uid, namespace).await,
     };
-    let uid = super::uid(&object.metadata)?;
     let shard = shard_of(namespace);
     let writer_id = ctl.ctx.writer_id.clone();
-    if object.metadata.deletion_timestamp.is_some() {
-        if !has_finalizer(&object) {
-            return Ok(Next::Done);
-        }
-        let mut client = pooled(&ctl.ctx.pool).await?;
-        let owner = in_txn_retrying(&mut client, |txn| {
-            let writer_id = writer_id.clone();
-            Box::pin(async move {
-                if !shard_fence_in_txn(txn, shard, &writer_id).await? {
-                    return Ok(false);
-                }
-                if let Some((id, tenant)) = sync_operation_terminate_in_txn(txn, uid).await? {
-                    let instance: Option<i64> =
-                        txn.query_one(TENANT_LOCK, &[&tenant.0]).await.map_err(DbError::query("lock a tenant"))?.get(0);
-                    if let Some(instance) = instance {
-                        operation_enqueue_in_txn(txn, EngineInstanceId(instance), tenant, ResourceType::SyncOperation, id)
-                            .await?;
-                    }
-                }
-                Ok(true)
-            })
-        })
-        .await?;
-        if owner {
-            remove_finalizer(&api, &object).await?;
-            return Ok(Next::Settled(Settled::Ok));
-        }
-        return Ok(Next::Done);
-    }
-    let object = if has_finalizer(&object) { object } else { add_finalizer(&api, &object).await? };
     let valid = match validate::sync_run(&object.spec) {
         Ok(valid) => valid,
         Err(invalid) => {
@@ -142,4 +113,41 @@ async fn wait_for_deployment(
     let message = format!("waiting for GitOpsDeployment {deployment:?} in this namespace");
     set_condition(api, object, true, REASON_DEPLOYMENT_NOT_FOUND, &message).await?;
     Ok(Next::Retry(ctl.settings.retry_delay))
+}
+
+/// A deleted SyncRun: its sync is asked to terminate (and re-enqueued) in one
+/// transaction under the shard fence, then the finalizer is released.
+async fn delete(
+    ctl: &Arc<Controllers>,
+    api: &Api<GitOpsDeploymentSyncRun>,
+    object: &GitOpsDeploymentSyncRun,
+    uid: uuid::Uuid,
+    namespace: &str,
+) -> Result<Next, ReconcileError> {
+    let shard = shard_of(namespace);
+    let writer_id = ctl.ctx.writer_id.clone();
+    let mut client = pooled(&ctl.ctx.pool).await?;
+    let owner = in_txn_retrying(&mut client, |txn| {
+        let writer_id = writer_id.clone();
+        Box::pin(async move {
+            if !shard_fence_in_txn(txn, shard, &writer_id).await? {
+                return Ok(false);
+            }
+            if let Some((id, tenant)) = sync_operation_terminate_in_txn(txn, uid).await? {
+                let instance: Option<i64> =
+                    txn.query_one(TENANT_LOCK, &[&tenant.0]).await.map_err(DbError::query("lock a tenant"))?.get(0);
+                if let Some(instance) = instance {
+                    operation_enqueue_in_txn(txn, EngineInstanceId(instance), tenant, ResourceType::SyncOperation, id)
+                        .await?;
+                }
+            }
+            Ok(true)
+        })
+    })
+    .await?;
+    if owner {
+        remove_finalizer(api, object).await?;
+        return Ok(Next::Settled(Settled::Ok));
+    }
+    Ok(Next::Done)
 }
