@@ -259,7 +259,8 @@ CREATE TABLE public.cluster_credential (
     secret_resource_version text,
     key_id text NOT NULL,
     ciphertext bytea NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone
 );
 
 --
@@ -320,7 +321,8 @@ CREATE TABLE public.managed_environment (
     cluster_resources boolean DEFAULT false NOT NULL,
     row_state public.row_state DEFAULT 'active'::public.row_state NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    home boolean DEFAULT false NOT NULL
 );
 
 --
@@ -668,10 +670,22 @@ CREATE INDEX application_state_seq_idx ON public.application_state USING btree (
 CREATE INDEX application_tenant_idx ON public.application USING btree (tenant_id);
 
 --
+-- Name: cluster_credential_expires_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX cluster_credential_expires_idx ON public.cluster_credential USING btree (expires_at) WHERE (expires_at IS NOT NULL);
+
+--
 -- Name: cluster_credential_tenant_idx; Type: INDEX; Schema: public; Owner: -
 --
 
 CREATE INDEX cluster_credential_tenant_idx ON public.cluster_credential USING btree (tenant_id);
+
+--
+-- Name: managed_environment_home_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE UNIQUE INDEX managed_environment_home_idx ON public.managed_environment USING btree (tenant_id) WHERE (home AND (row_state = 'active'::public.row_state));
 
 --
 -- Name: managed_environment_tenant_idx; Type: INDEX; Schema: public; Owner: -

@@ -26,10 +26,6 @@ pub const MANAGED_ENVIRONMENT_ID_LABEL: &str = "gitops.managed-gitops.redhat.com
 /// The `repository_credential.id` behind a repository Secret.
 pub const REPOSITORY_CREDENTIAL_ID_LABEL: &str = "gitops.managed-gitops.redhat.com/repository-credential-id";
 
-/// Argo CD's own cluster, where a deployment without an environment goes (into the
-/// tenant's own namespace only).
-pub const HOME_SERVER: &str = "https://kubernetes.default.svc";
-
 /// The query parameter that makes each environment's server string distinct.
 pub const ENVIRONMENT_QUERY: &str = "managed-environment";
 

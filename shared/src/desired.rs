@@ -335,6 +335,18 @@ pub async fn application_mark_deleted(client: &Client, id: i64) -> Result<bool, 
     resource_mark_deleted(client, ResourceType::Application, id).await
 }
 
+const TENANT_ROWS_PENDING: &str = "
+SELECT (SELECT count(*) FROM application WHERE tenant_id = $1 AND row_state <> 'deleted')
+     + (SELECT count(*) FROM managed_environment WHERE tenant_id = $1 AND row_state <> 'deleted')
+     + (SELECT count(*) FROM repository_credential WHERE tenant_id = $1 AND row_state <> 'deleted')";
+
+/// How many of a tenant's Argo CD-backed rows are not confirmed deleted yet (its
+/// project must outlive them).
+pub async fn tenant_rows_pending(client: &Client, tenant: TenantId) -> Result<i64, DbError> {
+    let row = client.query_one(TENANT_ROWS_PENDING, &[&tenant.0]).await.map_err(DbError::query("count a tenant's rows"))?;
+    Ok(row.get(0))
+}
+
 const DELETION_MESSAGE: &str = "
 UPDATE application SET deletion_message = $2
  WHERE id = $1 AND row_state = 'deleting' AND deletion_message IS DISTINCT FROM $2";

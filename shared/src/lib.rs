@@ -15,6 +15,7 @@ pub mod listen;
 pub mod model;
 pub mod observed;
 pub mod placement;
+pub mod purge;
 pub mod queue;
 pub mod sanitize;
 pub mod serve;

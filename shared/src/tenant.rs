@@ -4,13 +4,15 @@ use tokio_postgres::Transaction;
 use uuid::Uuid;
 
 use crate::db::DbError;
-use crate::model::{EngineInstanceId, TenantId};
+use crate::model::{EngineInstanceId, RowState, TenantId};
 
 /// A tenant row as the writer needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tenant {
     pub id: TenantId,
     pub engine_instance_id: Option<EngineInstanceId>,
+    /// Not `active` once its namespace went: nothing new may be written for it.
+    pub row_state: RowState,
 }
 
 const UPSERT: &str = "
@@ -22,7 +24,7 @@ ON CONFLICT (namespace_uid) DO UPDATE
 RETURNING id, engine_instance_id";
 
 const GET_LOCKED: &str = "
-SELECT id, engine_instance_id FROM tenant WHERE namespace_uid = $1 FOR UPDATE";
+SELECT id, engine_instance_id, row_state FROM tenant WHERE namespace_uid = $1 FOR UPDATE";
 
 /// Finds or creates the tenant of a namespace and locks its row for the rest of
 /// `txn` (quotas are counted under this lock). A tenant without an instance is
@@ -40,5 +42,9 @@ pub async fn tenant_upsert_locked_in_txn(
         .query_one(GET_LOCKED, &[&namespace_uid])
         .await
         .map_err(DbError::query("lock a tenant"))?;
-    Ok(Tenant { id: TenantId(row.get(0)), engine_instance_id: row.get::<_, Option<i64>>(1).map(EngineInstanceId) })
+    Ok(Tenant {
+        id: TenantId(row.get(0)),
+        engine_instance_id: row.get::<_, Option<i64>>(1).map(EngineInstanceId),
+        row_state: row.get(2),
+    })
 }

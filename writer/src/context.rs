@@ -7,6 +7,8 @@ use std::sync::Arc;
 use gitops_shared::crypto::SecretBox;
 use gitops_shared::db::DbPool;
 
+use crate::connection::ConnectionPolicy;
+use crate::controller::HomeSettings;
 use crate::metrics::WriterMetrics;
 
 /// The shared state of one running writer.
@@ -18,4 +20,8 @@ pub struct WriterContext {
     /// Names this writer in `writer_shard.owner`; unique per process.
     pub writer_id: String,
     pub metrics: Arc<WriterMetrics>,
+    /// How Argo CD reaches tenants' own namespaces.
+    pub home: HomeSettings,
+    /// Where environment connection checks may go; `None`: checks are off.
+    pub connection_check: Option<ConnectionPolicy>,
 }

@@ -4,10 +4,12 @@
 //! loop). A library so tests drive the code the binary runs.
 
 pub mod api;
+pub mod connection;
 pub mod context;
 pub mod controller;
 pub mod http;
 pub mod metrics;
+pub mod purge;
 pub mod queue;
 pub mod run;
 pub mod shard;
@@ -35,7 +37,7 @@ pub enum Command {
     Migrate(DbArgs),
     /// Run the writer. Needs the encryption keys (GITOPS_ENCRYPTION_KEYS,
     /// GITOPS_ENCRYPTION_ACTIVE_KEY) and a schema at least as new as this binary's.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 /// Flags of `run`.
@@ -64,6 +66,35 @@ pub struct RunArgs {
     /// Most GitOpsDeployments per namespace.
     #[arg(long, env = "GITOPS_WRITER_MAX_DEPLOYMENTS", default_value_t = 500)]
     pub max_deployments: i64,
+    /// The home cluster's API server as Argo CD reaches it (for deployments into the
+    /// tenant's own namespace).
+    #[arg(long, env = "GITOPS_WRITER_HOME_API_URL", default_value = "https://kubernetes.default.svc")]
+    pub home_api_url: String,
+    /// PEM CA bundle that verifies --home-api-url (default: the CA the writer trusts
+    /// for its own Kubernetes API).
+    #[arg(long, env = "GITOPS_WRITER_HOME_CA_FILE")]
+    pub home_ca_file: Option<std::path::PathBuf>,
+    /// Lifetime of the tokens of tenants' home ServiceAccounts, in seconds (at least
+    /// 600); a token is renewed when a third of it is left.
+    #[arg(long, env = "GITOPS_WRITER_HOME_TOKEN_SECONDS", default_value_t = 3600,
+          value_parser = clap::value_parser!(u64).range(600..))]
+    pub home_token_seconds: u64,
+    /// Seconds a row stays confirmed deleted before it is purged from the database.
+    #[arg(long, env = "GITOPS_WRITER_PURGE_AFTER_SECONDS", default_value_t = 600)]
+    pub purge_after: u64,
+    /// Check that each GitOpsDeploymentManagedEnvironment's apiURL answers with its
+    /// credentials (GET /version), reported in its ConnectionInitializationSucceeded
+    /// condition. Off by default: the writer then contacts no tenant API server.
+    #[arg(long, env = "GITOPS_WRITER_CONNECTION_CHECK")]
+    pub connection_check: bool,
+    /// Destinations connection checks may contact (comma-separated): `host`,
+    /// `*.domain`, `10.0.0.0/8`, `[fd00::/8]`, `*`, each optionally with `:port`.
+    /// Matched on the URL's host as written, without DNS. Empty: nothing is contacted.
+    #[arg(long, env = "GITOPS_WRITER_CONNECTION_CHECK_ALLOW", value_delimiter = ',')]
+    pub connection_check_allow: Vec<connection::Destination>,
+    /// Destinations connection checks never contact, even when allowed (same syntax).
+    #[arg(long, env = "GITOPS_WRITER_CONNECTION_CHECK_DENY", value_delimiter = ',')]
+    pub connection_check_deny: Vec<connection::Destination>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -92,13 +123,15 @@ pub enum WriterError {
     InferKube { source: kube::config::InferConfigError },
     #[error("could not build a Kubernetes client")]
     KubeClient { source: kube::Error },
+    #[error("could not read the home CA file {path}")]
+    HomeCa { path: std::path::PathBuf, source: std::io::Error },
 }
 
 /// Runs one command; returns what to print on stdout.
 pub async fn execute(command: Command) -> Result<String, WriterError> {
     match command {
         Command::Migrate(args) => Ok(render_migration(&migrate(&args.database_url).await?)),
-        Command::Run(args) => run(args).await.map(|()| String::new()),
+        Command::Run(args) => run(*args).await.map(|()| String::new()),
     }
 }
 
@@ -130,6 +163,18 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
     config.controllers.workers = args.workers;
     config.metrics_address = args.metrics_address;
     config.controllers.max_deployments = args.max_deployments;
+    config.home.api_url = args.home_api_url;
+    config.home.token_lifetime = std::time::Duration::from_secs(args.home_token_seconds);
+    config.home.renew_before = config.home.token_lifetime / 3;
+    if let Some(path) = args.home_ca_file {
+        use base64::Engine as _;
+        let pem = std::fs::read(&path).map_err(|source| WriterError::HomeCa { path: path.clone(), source })?;
+        config.home.ca_data = Some(base64::engine::general_purpose::STANDARD.encode(pem));
+    }
+    config.purge.after = std::time::Duration::from_secs(args.purge_after);
+    config.connection_check = args
+        .connection_check
+        .then(|| connection::ConnectionPolicy::new(args.connection_check_allow, args.connection_check_deny));
     let cancel = tokio_util::sync::CancellationToken::new();
     tokio::spawn(gitops_shared::serve::cancel_on_signal(cancel.clone()));
     run::run_writer(config, cancel).await

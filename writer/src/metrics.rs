@@ -1,23 +1,146 @@
 //! The writer's metrics, kept in atomics and rendered by hand in the Prometheus text
-//! format, as the agent does: a few counters and gauges do not justify a metrics
-//! framework. Tests read the same counters to wait on events instead of on time.
+//! format, as the agent does: a few counters, gauges and one histogram do not justify
+//! a metrics framework. Tests read the same counters to wait on events instead of on
+//! time.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, Weak};
+use std::time::Duration;
+
+use crate::queue::Kind;
+
+/// Upper bounds (seconds) of the intent-transaction buckets.
+const TRANSACTION_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+/// How a reconcile ended, as counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Settled: the resource is stored (or its deletion finished).
+    Ok,
+    /// Settled: refused, with a condition the tenant can read.
+    Invalid,
+    /// An error; retried with backoff.
+    Failed,
+    /// Waits (quota, no engine instance, pruning, a missing deployment) and looks again.
+    Retry,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 4] = [Outcome::Ok, Outcome::Invalid, Outcome::Failed, Outcome::Retry];
+
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Invalid => "invalid",
+            Outcome::Failed => "failed",
+            Outcome::Retry => "retry",
+        }
+    }
+}
+
+/// What the controllers know now, read when rendering (cheaper than keeping a
+/// gauge in step with every watch event).
+pub trait Inventory: Send + Sync {
+    /// (namespaces, GitOpsDeployments) known in the shards this writer owns.
+    fn owned_counts(&self) -> (u64, u64);
+}
+
+/// The registered inventory; gone (counts 0) once the controllers stop.
+#[derive(Default)]
+struct InventorySource(Option<Weak<dyn Inventory>>);
+
+impl std::fmt::Debug for InventorySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "InventorySource(registered)" } else { "InventorySource(none)" })
+    }
+}
+
+/// A histogram with fixed buckets; the sum kept in microseconds.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    buckets: Vec<AtomicU64>,
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, value: Duration) {
+        let secs = value.as_secs_f64();
+        if let Some(i) = self.bounds.iter().position(|bound| secs <= *bound) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros.fetch_add(u64::try_from(value.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    fn render(&self, out: &mut String, name: &str) {
+        let mut cumulative = 0;
+        for (bound, bucket) in self.bounds.iter().zip(&self.buckets) {
+            cumulative += bucket.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+        }
+        let count = self.count();
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}");
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+}
 
 /// Counters and gauges of one writer.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct WriterMetrics {
-    /// Reconciles that finished, by outcome.
-    pub reconciles_ok: AtomicU64,
-    pub reconciles_invalid: AtomicU64,
-    pub reconciles_failed: AtomicU64,
+    /// Finished reconciles, by kind (`Kind::ALL` order) and outcome (`Outcome::ALL` order).
+    reconciles: [[AtomicU64; Outcome::ALL.len()]; Kind::ALL.len()],
+    /// Refusals by (kind, reason); both are constants, so the map stays small.
+    validation_failures: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    /// Intent transactions, retries of conflicts included.
+    pub transaction: Histogram,
     /// Objects waiting in the work queue.
     pub queue_depth: AtomicU64,
     /// Shards this writer holds a lease on.
     pub shards_owned: AtomicU64,
     /// Whether the watchers have listed their resources once.
     pub ready: AtomicBool,
+    inventory: Mutex<InventorySource>,
+}
+
+impl Default for WriterMetrics {
+    fn default() -> Self {
+        WriterMetrics {
+            reconciles: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            validation_failures: Mutex::default(),
+            transaction: Histogram::new(TRANSACTION_BUCKETS),
+            queue_depth: AtomicU64::new(0),
+            shards_owned: AtomicU64::new(0),
+            ready: AtomicBool::new(false),
+            inventory: Mutex::default(),
+        }
+    }
+}
+
+fn kind_index(kind: Kind) -> usize {
+    Kind::ALL.iter().position(|k| *k == kind).unwrap_or(0)
+}
+
+fn outcome_index(outcome: Outcome) -> usize {
+    Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0)
 }
 
 impl WriterMetrics {
@@ -25,22 +148,75 @@ impl WriterMetrics {
         self.ready.load(Ordering::Relaxed)
     }
 
+    /// Counts a finished reconcile.
+    pub fn reconciled(&self, kind: Kind, outcome: Outcome) {
+        self.reconciles[kind_index(kind)][outcome_index(outcome)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a refusal of a `kind` object for `reason` (its condition's reason).
+    pub fn validation_failed(&self, kind: Kind, reason: &'static str) {
+        let mut failures = self.validation_failures.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *failures.entry((kind.name(), reason)).or_insert(0) += 1;
+    }
+
+    /// Reconciles of `kind` that ended with `outcome`.
+    pub fn reconciles(&self, kind: Kind, outcome: Outcome) -> u64 {
+        self.reconciles[kind_index(kind)][outcome_index(outcome)].load(Ordering::Relaxed)
+    }
+
+    /// Reconciles of every kind that ended with `outcome`.
+    pub fn reconciles_total(&self, outcome: Outcome) -> u64 {
+        Kind::ALL.iter().map(|kind| self.reconciles(*kind, outcome)).sum()
+    }
+
+    /// Shows what `inventory` knows as the tenant and deployment gauges while it lives.
+    pub fn set_inventory(&self, inventory: Weak<dyn Inventory>) {
+        self.inventory.lock().unwrap_or_else(std::sync::PoisonError::into_inner).0 = Some(inventory);
+    }
+
+    fn owned_counts(&self) -> (u64, u64) {
+        let source = self.inventory.lock().unwrap_or_else(std::sync::PoisonError::into_inner).0.clone();
+        source.and_then(|weak| weak.upgrade()).map_or((0, 0), |inventory| inventory.owned_counts())
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(out, "# HELP gitops_writer_reconciles_total Reconciles of tenant resources, by outcome.");
+        let _ = writeln!(out, "# HELP gitops_writer_reconciles_total Reconciles of tenant resources, by kind and outcome.");
         let _ = writeln!(out, "# TYPE gitops_writer_reconciles_total counter");
-        for (outcome, counter) in [
-            ("ok", &self.reconciles_ok),
-            ("invalid", &self.reconciles_invalid),
-            ("failed", &self.reconciles_failed),
-        ] {
-            let _ = writeln!(
-                out,
-                "gitops_writer_reconciles_total{{outcome=\"{outcome}\"}} {}",
-                counter.load(Ordering::Relaxed)
-            );
+        for kind in Kind::ALL {
+            for outcome in Outcome::ALL {
+                let _ = writeln!(
+                    out,
+                    "gitops_writer_reconciles_total{{kind=\"{}\",outcome=\"{}\"}} {}",
+                    kind.name(),
+                    outcome.label(),
+                    self.reconciles(kind, outcome)
+                );
+            }
         }
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_validation_failures_total Tenant resources refused, by kind and condition reason."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_validation_failures_total counter");
+        let failures = self.validation_failures.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        for ((kind, reason), count) in failures {
+            let _ = writeln!(out, "gitops_writer_validation_failures_total{{kind=\"{kind}\",reason=\"{reason}\"}} {count}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_transaction_seconds Duration of the writer's intent transactions, conflict retries included."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_transaction_seconds histogram");
+        self.transaction.render(&mut out, "gitops_writer_transaction_seconds");
+        let (tenants, deployments) = self.owned_counts();
+        let _ = writeln!(out, "# HELP gitops_writer_tenants Namespaces with resources the writer knows, in its shards.");
+        let _ = writeln!(out, "# TYPE gitops_writer_tenants gauge");
+        let _ = writeln!(out, "gitops_writer_tenants {tenants}");
+        let _ = writeln!(out, "# HELP gitops_writer_deployments GitOpsDeployments the writer knows, in its shards.");
+        let _ = writeln!(out, "# TYPE gitops_writer_deployments gauge");
+        let _ = writeln!(out, "gitops_writer_deployments {deployments}");
         let _ = writeln!(out, "# HELP gitops_writer_queue_depth Objects waiting in the work queue.");
         let _ = writeln!(out, "# TYPE gitops_writer_queue_depth gauge");
         let _ = writeln!(out, "gitops_writer_queue_depth {}", self.queue_depth.load(Ordering::Relaxed));
@@ -51,5 +227,113 @@ impl WriterMetrics {
         let _ = writeln!(out, "# TYPE gitops_writer_ready gauge");
         let _ = writeln!(out, "gitops_writer_ready {}", u8::from(self.is_ready()));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    struct Fixed(u64, u64);
+
+    impl Inventory for Fixed {
+        fn owned_counts(&self) -> (u64, u64) {
+            (self.0, self.1)
+        }
+    }
+
+    /// The samples of `out`: (series with labels, value), comments left out.
+    fn samples(out: &str) -> Vec<(&str, &str)> {
+        out.lines()
+            .filter(|line| !line.starts_with('#'))
+            .map(|line| line.rsplit_once(' ').expect("a series and a value"))
+            .collect()
+    }
+
+    fn value<'a>(out: &'a str, series: &str) -> &'a str {
+        samples(out).into_iter().find(|(s, _)| *s == series).map(|(_, v)| v).unwrap_or_else(|| panic!("no {series} in\n{out}"))
+    }
+
+    #[test]
+    fn render_shows_every_series_with_help_and_type() {
+        let metrics = WriterMetrics::default();
+        metrics.reconciled(Kind::Deployment, Outcome::Ok);
+        metrics.reconciled(Kind::Deployment, Outcome::Ok);
+        metrics.reconciled(Kind::SyncRun, Outcome::Retry);
+        metrics.reconciled(Kind::Environment, Outcome::Failed);
+        metrics.reconciled(Kind::Deployment, Outcome::Invalid);
+        metrics.validation_failed(Kind::Deployment, "InvalidPath");
+        metrics.validation_failed(Kind::Deployment, "InvalidPath");
+        metrics.validation_failed(Kind::RepositoryCredential, "SecretNotFound");
+        metrics.transaction.observe(Duration::from_millis(3));
+        metrics.transaction.observe(Duration::from_millis(40));
+        metrics.transaction.observe(Duration::from_secs(60));
+        let inventory: Arc<dyn Inventory> = Arc::new(Fixed(3, 7));
+        metrics.set_inventory(Arc::downgrade(&inventory));
+        let out = metrics.render();
+
+        let r = |kind: &str, outcome: &str| format!("gitops_writer_reconciles_total{{kind=\"{kind}\",outcome=\"{outcome}\"}}");
+        assert_eq!(value(&out, &r("GitOpsDeployment", "ok")), "2");
+        assert_eq!(value(&out, &r("GitOpsDeployment", "invalid")), "1");
+        assert_eq!(value(&out, &r("GitOpsDeploymentSyncRun", "retry")), "1");
+        assert_eq!(value(&out, &r("GitOpsDeploymentManagedEnvironment", "failed")), "1");
+        assert_eq!(value(&out, &r("GitOpsDeploymentRepositoryCredential", "ok")), "0", "every series, zeros too");
+        let series = samples(&out).iter().filter(|(s, _)| s.starts_with("gitops_writer_reconciles_total{")).count();
+        assert_eq!(series, Kind::ALL.len() * Outcome::ALL.len());
+        assert_eq!(metrics.reconciles_total(Outcome::Ok), 2);
+
+        let v = |kind: &str, reason: &str| {
+            format!("gitops_writer_validation_failures_total{{kind=\"{kind}\",reason=\"{reason}\"}}")
+        };
+        assert_eq!(value(&out, &v("GitOpsDeployment", "InvalidPath")), "2");
+        assert_eq!(value(&out, &v("GitOpsDeploymentRepositoryCredential", "SecretNotFound")), "1");
+
+        let h = "gitops_writer_transaction_seconds";
+        assert_eq!(value(&out, &format!("{h}_bucket{{le=\"0.001\"}}")), "0");
+        assert_eq!(value(&out, &format!("{h}_bucket{{le=\"0.005\"}}")), "1", "buckets are cumulative");
+        assert_eq!(value(&out, &format!("{h}_bucket{{le=\"0.05\"}}")), "2");
+        assert_eq!(value(&out, &format!("{h}_bucket{{le=\"10\"}}")), "2");
+        assert_eq!(value(&out, &format!("{h}_bucket{{le=\"+Inf\"}}")), "3", "over the last bound only in +Inf");
+        assert_eq!(value(&out, &format!("{h}_count")), "3");
+        assert_eq!(value(&out, &format!("{h}_sum")), "60.043");
+
+        assert_eq!(value(&out, "gitops_writer_tenants"), "3");
+        assert_eq!(value(&out, "gitops_writer_deployments"), "7");
+        assert_eq!(value(&out, "gitops_writer_ready"), "0");
+
+        // Every family is introduced once by HELP and TYPE, before its samples.
+        for family in [
+            "gitops_writer_reconciles_total counter",
+            "gitops_writer_validation_failures_total counter",
+            "gitops_writer_transaction_seconds histogram",
+            "gitops_writer_tenants gauge",
+            "gitops_writer_deployments gauge",
+            "gitops_writer_queue_depth gauge",
+            "gitops_writer_shards_owned gauge",
+            "gitops_writer_ready gauge",
+        ] {
+            let name = family.split(' ').next().expect("a name");
+            assert_eq!(out.matches(&format!("# TYPE {family}\n")).count(), 1, "{family}");
+            assert_eq!(out.matches(&format!("# HELP {name} ")).count(), 1, "{name}");
+            let lines: Vec<&str> = out.lines().collect();
+            let type_at = lines.iter().position(|l| l.starts_with(&format!("# TYPE {name} "))).expect("TYPE");
+            let sample_at = lines.iter().position(|l| !l.starts_with('#') && l.starts_with(name)).expect("a sample");
+            assert!(type_at < sample_at, "{name}: TYPE before samples");
+        }
+    }
+
+    #[test]
+    fn gauges_read_zero_once_the_inventory_is_gone() {
+        let metrics = WriterMetrics::default();
+        let out = metrics.render();
+        assert_eq!(value(&out, "gitops_writer_tenants"), "0", "nothing registered");
+        let inventory: Arc<dyn Inventory> = Arc::new(Fixed(1, 2));
+        metrics.set_inventory(Arc::downgrade(&inventory));
+        assert_eq!(value(&metrics.render(), "gitops_writer_deployments"), "2");
+        drop(inventory);
+        let out = metrics.render();
+        assert_eq!((value(&out, "gitops_writer_tenants"), value(&out, "gitops_writer_deployments")), ("0", "0"));
     }
 }

@@ -15,9 +15,11 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::connection::ConnectionPolicy;
 use crate::context::WriterContext;
-use crate::controller::{ControllerSettings, run_controllers};
+use crate::controller::{ControllerSettings, HomeSettings, run_controllers};
 use crate::metrics::WriterMetrics;
+use crate::purge::PurgeSettings;
 use crate::shard::{ShardConfig, ShardKeeper};
 use crate::{APPLICATION_NAME, WriterError, connect};
 
@@ -39,12 +41,19 @@ pub struct WriterConfig {
     pub pool_size: usize,
     pub shards: ShardConfig,
     pub controllers: ControllerSettings,
+    /// Home-cluster access for tenants' own namespaces; without a CA, the CA the
+    /// writer itself trusts for its Kubernetes API is used.
+    pub home: HomeSettings,
     /// The metrics of this writer (tests read them).
     pub metrics: Arc<WriterMetrics>,
     /// Where `/metrics`, `/healthz` and `/readyz` are served (port 0: any).
     pub metrics_address: SocketAddr,
     /// Set to the address actually bound (tests use port 0).
     pub http_address: Arc<OnceLock<SocketAddr>>,
+    /// When rows confirmed deleted are purged from the owned shards.
+    pub purge: PurgeSettings,
+    /// Where environment connection checks may go; `None` (the default): checks are off.
+    pub connection_check: Option<ConnectionPolicy>,
 }
 
 impl WriterConfig {
@@ -59,9 +68,12 @@ impl WriterConfig {
             pool_size: 8,
             shards: ShardConfig::default(),
             controllers: ControllerSettings::default(),
+            home: HomeSettings::default(),
             metrics: Arc::new(WriterMetrics::default()),
             metrics_address: SocketAddr::from(([127, 0, 0, 1], DEFAULT_METRICS_PORT)),
             http_address: Arc::new(OnceLock::new()),
+            purge: PurgeSettings::default(),
+            connection_check: None,
         }
     }
 }
@@ -74,13 +86,19 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
     drop(client);
     let pool = db::pool(&config.database_url, config.pool_size, APPLICATION_NAME)
         .map_err(|source| WriterError::Connect { database: db_name(&config.database_url), source })?;
-    let kube = kube_client(config.kubeconfig.as_ref()).await?;
+    let (kube, kube_ca) = kube_client(config.kubeconfig.as_ref()).await?;
+    let mut home = config.home.clone();
+    if home.ca_data.is_none() {
+        home.ca_data = kube_ca.as_deref().and_then(HomeSettings::ca_from_der);
+    }
     let ctx = Arc::new(WriterContext {
         pool: pool.clone(),
         kube,
         secrets: config.secrets.clone(),
         writer_id: config.writer_id.clone(),
         metrics: config.metrics.clone(),
+        home,
+        connection_check: config.connection_check.clone(),
     });
     let listen_url = config.listen_database_url.as_deref().unwrap_or(&config.database_url);
     let listener = Listener::start(listen_url, &[Signal::status()], cancel.clone())
@@ -108,6 +126,7 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
             }
         }
     });
+    tasks.spawn(crate::purge::run_purge_loop(ctx.pool.clone(), shards.clone(), config.purge, cancel.clone()));
     tracing::info!(writer.id = %config.writer_id, "writer running");
     while tasks.join_next().await.is_some() {}
     keeper_cancel.cancel();
@@ -119,7 +138,8 @@ fn db_name(url: &str) -> String {
     gitops_shared::config::redact_database_url(url)
 }
 
-async fn kube_client(path: Option<&PathBuf>) -> Result<kube::Client, WriterError> {
+/// The client, and the CA certificates (DER) it trusts, if any were configured.
+async fn kube_client(path: Option<&PathBuf>) -> Result<(kube::Client, Option<Vec<Vec<u8>>>), WriterError> {
     let config = match path {
         Some(path) => {
             let kubeconfig = Kubeconfig::read_from(path)
@@ -130,7 +150,9 @@ async fn kube_client(path: Option<&PathBuf>) -> Result<kube::Client, WriterError
         }
         None => kube::Config::infer().await.map_err(|source| WriterError::InferKube { source })?,
     };
-    kube::Client::try_from(config).map_err(|source| WriterError::KubeClient { source })
+    let ca = config.root_cert.clone();
+    let client = kube::Client::try_from(config).map_err(|source| WriterError::KubeClient { source })?;
+    Ok((client, ca))
 }
 
 /// A writer id for this process: host name (when set) and a random suffix.

@@ -9,7 +9,7 @@ use gitops_shared::model::{RowState, SyncType, TenantId};
 
 use super::{ReconcileError, Reconciler, same_tenant};
 use crate::engine::{ApplicationSpec, ObjectKind, Removal};
-use crate::names::{APPLICATION_ID_LABEL, HOME_SERVER, application_name, environment_server, labels, project_name};
+use crate::names::{APPLICATION_ID_LABEL, application_name, environment_server, labels, project_name};
 
 /// The Application a row calls for; Err when its environment cannot be used.
 pub fn application_spec(app: &DesiredApplication) -> Result<ApplicationSpec, ReconcileError> {
@@ -29,8 +29,15 @@ pub fn application_spec(app: &DesiredApplication) -> Result<ApplicationSpec, Rec
                 "the deployment's managed environment does not exist in this namespace",
             ));
         }
-        // No environment: the tenant's own namespace on the home cluster, nothing else.
-        (None, None) => (HOME_SERVER.to_owned(), app.tenant_namespace.clone()),
+        // Every deployment reaches its destination through an environment's
+        // credentials (the tenant's home environment for its own namespace); Argo
+        // CD's own, cluster-wide credentials are never used for a tenant.
+        (None, None) => {
+            return Err(ReconcileError::refused(
+                format!("application {} has no managed environment", app.id),
+                "the deployment has no destination credentials",
+            ));
+        }
     };
     Ok(ApplicationSpec {
         name: application_name(app.resource_uid),

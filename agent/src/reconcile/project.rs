@@ -1,16 +1,17 @@
 //! The tenant's AppProject: rebuilt from the tenant's rows whenever one of its
 //! applications, environments or repository credentials changes, and removed when
-//! the tenant goes. It lists only that tenant's repositories, its environments'
-//! server strings with explicit namespaces, and its own namespace on the home
-//! cluster — never a wildcard namespace.
+//! the tenant goes (after its other rows are gone). It lists only that tenant's
+//! repositories and its environments' server strings with explicit namespaces —
+//! never a wildcard namespace. The tenant's own namespace is one of them: its home
+//! environment's, reached with credentials scoped to that namespace.
 
 use gitops_shared::db::pooled;
-use gitops_shared::desired::{TenantProject, resource_mark_deleted, tenant_project_load};
+use gitops_shared::desired::{TenantProject, resource_mark_deleted, tenant_project_load, tenant_rows_pending};
 use gitops_shared::model::{ResourceType, RowState, TenantId};
 
 use super::{ReconcileError, Reconciler};
 use crate::engine::{ProjectSpec, Removal};
-use crate::names::{HOME_SERVER, environment_server, labels, project_name};
+use crate::names::{environment_server, labels, project_name};
 
 /// Characters that Argo CD reads as patterns in project fields; values holding them
 /// are left out rather than widening what the project permits.
@@ -20,7 +21,9 @@ fn is_literal(value: &str) -> bool {
 
 /// The project a tenant's rows call for.
 pub fn project_spec(project: &TenantProject) -> ProjectSpec {
-    let mut destinations = vec![(HOME_SERVER.to_owned(), project.namespace_name.clone())];
+    // Only environments' destinations: the tenant's own namespace is its home
+    // environment's, reached with credentials scoped to that namespace.
+    let mut destinations = Vec::new();
     for environment in &project.environments {
         let server = environment_server(&environment.api_url, environment.id);
         let namespaces =
@@ -47,17 +50,34 @@ impl Reconciler {
             let client = pooled(&self.pool).await?;
             tenant_project_load(&client, tenant).await?
         };
-        let Some(project) = project else {
-            return Err(ReconcileError::refused(format!("tenant {tenant} does not exist"), "the tenant is unknown"));
-        };
-        if project.row_state != RowState::Active {
-            return Ok(());
+        // No tenant row: it was purged after its deletion, which removed the project.
+        let Some(project) = project else { return Ok(()) };
+        match project.row_state {
+            RowState::Active => {
+                self.engine().apply_project(&project_spec(&project)).await?;
+                Ok(())
+            }
+            RowState::Deleting => self.remove_project_when_empty(tenant).await,
+            RowState::Deleted | RowState::Unknown => Ok(()),
         }
-        self.engine().apply_project(&project_spec(&project)).await?;
-        Ok(())
     }
 
-    /// A tenant operation: keep its project, or remove it once the tenant is deleting.
+    /// Removes a deleting tenant's project once none of its rows is left to delete.
+    /// Each row's deletion is confirmed before this count, so whichever agent
+    /// confirms the last one sees none pending and removes the project.
+    async fn remove_project_when_empty(&self, tenant: TenantId) -> Result<(), ReconcileError> {
+        let pending = {
+            let client = pooled(&self.pool).await?;
+            tenant_rows_pending(&client, tenant).await?
+        };
+        if pending > 0 {
+            return Ok(());
+        }
+        self.remove_project(tenant).await
+    }
+
+    /// A tenant operation: keep its project, or remove it once the tenant is deleting
+    /// and its other rows are gone (else the last of their deletions removes it).
     pub(super) async fn tenant(&self, tenant: TenantId) -> Result<(), ReconcileError> {
         let project = {
             let client = pooled(&self.pool).await?;
@@ -66,18 +86,22 @@ impl Reconciler {
         let Some(project) = project else { return Ok(()) };
         match project.row_state {
             RowState::Active => self.engine().apply_project(&project_spec(&project)).await.map_err(Into::into),
-            RowState::Deleting => match self.engine().delete_project(&project_name(tenant)).await? {
-                Removal::Gone => {
-                    let client = pooled(&self.pool).await?;
-                    resource_mark_deleted(&client, ResourceType::Tenant, tenant.0).await?;
-                    Ok(())
-                }
-                Removal::Pending => Err(ReconcileError::not_yet(
-                    format!("AppProject of tenant {tenant} still present"),
-                    "waiting for Argo CD to remove the project",
-                )),
-            },
+            RowState::Deleting => self.remove_project_when_empty(tenant).await,
             RowState::Deleted | RowState::Unknown => Ok(()),
+        }
+    }
+
+    async fn remove_project(&self, tenant: TenantId) -> Result<(), ReconcileError> {
+        match self.engine().delete_project(&project_name(tenant)).await? {
+            Removal::Gone => {
+                let client = pooled(&self.pool).await?;
+                resource_mark_deleted(&client, ResourceType::Tenant, tenant.0).await?;
+                Ok(())
+            }
+            Removal::Pending => Err(ReconcileError::not_yet(
+                format!("AppProject of tenant {tenant} still present"),
+                "waiting for Argo CD to remove the project",
+            )),
         }
     }
 }
@@ -119,7 +143,6 @@ mod tests {
             [
                 ("https://c.example.invalid?managed-environment=1".to_owned(), "dev".to_owned()),
                 ("https://c.example.invalid?managed-environment=2".to_owned(), "prod".to_owned()),
-                (HOME_SERVER.to_owned(), "team-a".to_owned()),
             ]
         );
         assert!(!spec.cluster_resources);

@@ -30,7 +30,7 @@ use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::support::{eventually, intent};
+use crate::support::{HOME_API_URL, eventually, home_environment, intent};
 
 const REPO_A: &str = "https://git.example.invalid/team-a/private.git";
 const API_URL: &str = "https://cluster.example.invalid:6443";
@@ -44,6 +44,8 @@ struct Env {
     secrets: SecretBox,
     reconciler: Reconciler,
     cancel: CancellationToken,
+    /// Each tenant's home environment (every application row has an environment).
+    homes: std::collections::HashMap<TenantId, i64>,
 }
 
 impl Drop for Env {
@@ -74,7 +76,7 @@ async fn env(purpose: &str, stuck_after: Duration) -> Env {
     let engine = Arc::new(ArgoCdEngine::new(agent_kube, ns.name()));
     let reconciler = Reconciler::new(db.pool(4), engine, secrets.clone(), instance.clone())
         .with_stuck_deletion_after(stuck_after);
-    Env { _db: db, client, kube, ns, instance, secrets, reconciler, cancel }
+    Env { _db: db, client, kube, ns, instance, secrets, reconciler, cancel, homes: Default::default() }
 }
 
 impl Env {
@@ -94,7 +96,14 @@ impl Env {
         let txn = self.client.transaction().await.expect("begin");
         let tenant = tenant_upsert_locked_in_txn(&txn, Uuid::new_v4(), namespace, Some(self.instance.id)).await.expect("tenant");
         txn.commit().await.expect("commit");
+        let home = home_environment(&mut self.client, &self.secrets, self.instance.id, tenant.id, namespace).await;
+        self.homes.insert(tenant.id, home);
         tenant.id
+    }
+
+    /// The server string of a tenant's home environment.
+    fn home_server(&self, tenant: TenantId) -> String {
+        names::environment_server(HOME_API_URL, self.homes[&tenant])
     }
 
     async fn enqueue(&mut self, tenant: TenantId, resource_type: ResourceType, id: i64) {
@@ -133,6 +142,7 @@ impl Env {
 
     async fn application(&mut self, tenant: TenantId, generation: i64, uid: Uuid, change: impl FnOnce(&mut gitops_shared::application::ApplicationIntent)) -> i64 {
         let mut intent = intent(tenant, uid, generation);
+        intent.managed_environment_id = self.homes.get(&tenant).copied();
         change(&mut intent);
         let txn = self.client.transaction().await.expect("begin");
         let id = application_upsert_in_txn(&txn, &intent).await.expect("upsert").expect("changed").0;
@@ -247,13 +257,13 @@ async fn agent_application_create_update_delete() {
     assert_eq!(app["metadata"]["labels"][names::TENANT_ID_LABEL], tenant.0.to_string());
     assert_eq!(app["metadata"]["finalizers"], json!(["resources-finalizer.argocd.argoproj.io"]));
     assert_eq!(app["spec"]["project"], project.as_str());
-    assert_eq!(app["spec"]["destination"], json!({"server": names::HOME_SERVER, "namespace": "team-a"}));
+    assert_eq!(app["spec"]["destination"], json!({"server": env.home_server(tenant), "namespace": "team-a"}));
     assert_eq!(app["spec"]["source"]["repoURL"], "https://git.example.invalid/team/repo.git");
     assert_eq!(app["spec"]["syncPolicy"], json!({}));
     assert!(app.get("operation").is_none());
     let proj = env.get(&env.projects(), &project).await.expect("AppProject");
     assert_eq!(proj["spec"]["sourceRepos"], json!(["https://git.example.invalid/team/repo.git"]));
-    assert_eq!(destinations(&proj), [(names::HOME_SERVER.to_owned(), "team-a".to_owned())]);
+    assert_eq!(destinations(&proj), [(env.home_server(tenant), "team-a".to_owned())]);
     assert_eq!(proj["spec"]["clusterResourceWhitelist"], json!([]));
 
     // Update: automated with CreateNamespace.
@@ -319,11 +329,11 @@ async fn agent_credentials_and_destinations_stay_with_their_tenant() {
     let project_b = env.get(&env.projects(), &names::project_name(b)).await.expect("project B");
     assert_eq!(
         destinations(&project_a),
-        [(server_a.clone(), "team-a-dev".to_owned()), (names::HOME_SERVER.to_owned(), "team-a".to_owned())]
+        [(server_a.clone(), "team-a-dev".to_owned()), (env.home_server(a), "team-a".to_owned())]
     );
     assert_eq!(
         destinations(&project_b),
-        [(server_b.clone(), "team-b-dev".to_owned()), (names::HOME_SERVER.to_owned(), "team-b".to_owned())]
+        [(server_b.clone(), "team-b-dev".to_owned()), (env.home_server(b), "team-b".to_owned())]
     );
     let app = env.wait_app(&names::application_name(app_b), "B's Application Synced", |a| a["status"]["sync"]["status"] == "Synced").await;
     assert_eq!(app["spec"]["project"], names::project_name(b));
@@ -349,7 +359,7 @@ async fn agent_credentials_and_destinations_stay_with_their_tenant() {
     assert!(env.secret_api().get_opt(&names::cluster_secret_name(env_a_uid)).await.expect("read").is_none());
     assert_eq!(env.row_state("SELECT row_state::text FROM managed_environment WHERE id = $1", env_a).await, "deleted");
     let project_a = env.get(&env.projects(), &names::project_name(a)).await.expect("project A");
-    assert_eq!(destinations(&project_a), [(names::HOME_SERVER.to_owned(), "team-a".to_owned())]);
+    assert_eq!(destinations(&project_a), [(env.home_server(a), "team-a".to_owned())]);
 }
 
 #[tokio::test]

@@ -40,6 +40,8 @@ struct Env {
     ns: TestNamespace,
     instance: EngineInstanceId,
     tenant: TenantId,
+    /// The tenant's home environment (every application row has one).
+    home: i64,
     secrets: SecretBox,
     kubeconfig: std::path::PathBuf,
     standin: CancellationToken,
@@ -96,9 +98,10 @@ async fn env(purpose: &str) -> Env {
     txn.commit().await.expect("commit");
     let key = SecretBox::generate_key("k1").expect("key");
     let secrets = SecretBox::from_config(Some(&key), Some("k1")).expect("secrets");
+    let home = crate::support::home_environment(&mut client, &secrets, instance, tenant, "team-a").await;
     // The agent acts with an identity that may touch only its Argo CD namespace.
     let kubeconfig = cluster.namespace_identity(ns.name(), "gitops-agent", crate::support::agent_rbac_rules()).await.kubeconfig;
-    Env { db, client, kube, ns, instance, tenant, secrets, kubeconfig, standin }
+    Env { db, client, kube, ns, instance, tenant, home, secrets, kubeconfig, standin }
 }
 
 impl Env {
@@ -129,6 +132,7 @@ impl Env {
         let uid = Uuid::new_v4();
         let mut intent = intent(self.tenant, uid, 1);
         intent.sync_type = SyncType::Manual;
+        intent.managed_environment_id = Some(self.home);
         let txn = self.client.transaction().await.expect("begin");
         let id = application_upsert_in_txn(&txn, &intent).await.expect("upsert").expect("new row").0;
         operation_enqueue_in_txn(&txn, self.instance, self.tenant, ResourceType::Application, id).await.expect("enqueue");

@@ -67,6 +67,41 @@ pub fn intent(tenant: TenantId, uid: Uuid, generation: i64) -> ApplicationIntent
     }
 }
 
+/// The API URL of the home environments that tests write directly.
+pub const HOME_API_URL: &str = "https://home.example.invalid";
+
+/// A home environment for `tenant` with its operation, as the writer makes one for
+/// deployments into the tenant's own `namespace` (every application row has an
+/// environment; the agent refuses one without).
+pub async fn home_environment(
+    client: &mut Client,
+    secrets: &gitops_shared::crypto::SecretBox,
+    instance: EngineInstanceId,
+    tenant: TenantId,
+    namespace: &str,
+) -> i64 {
+    use gitops_shared::credential::{ClusterCredentials, ManagedEnvironmentIntent, managed_environment_upsert_in_txn};
+    let intent = ManagedEnvironmentIntent {
+        tenant_id: tenant,
+        resource_uid: Uuid::new_v4(),
+        resource_name: namespace.to_owned(),
+        generation: 1,
+        api_url: HOME_API_URL.into(),
+        allow_insecure_skip_tls_verify: false,
+        namespaces: vec![namespace.to_owned()],
+        cluster_resources: false,
+        secret_name: "gitops-service-argocd".into(),
+        secret_resource_version: Some("1".into()),
+        credentials: ClusterCredentials { bearer_token: Some("home-token".into()), ..Default::default() },
+    };
+    let txn = client.transaction().await.expect("begin");
+    let id = managed_environment_upsert_in_txn(&txn, secrets, &intent).await.expect("upsert").expect("new");
+    txn.execute("UPDATE managed_environment SET home = true WHERE id = $1", &[&id]).await.expect("home");
+    operation_enqueue_in_txn(&txn, instance, tenant, ResourceType::ManagedEnvironment, id).await.expect("enqueue");
+    txn.commit().await.expect("commit");
+    id
+}
+
 /// Writes a new application intent with its operation, as the writer does.
 pub async fn new_application(client: &mut Client, fx: &Fixture) -> i64 {
     let txn = client.transaction().await.expect("begin");
@@ -188,5 +223,31 @@ pub fn agent_rbac_rules() -> serde_json::Value {
     serde_json::json!([
         {"apiGroups": ["argoproj.io"], "resources": ["applications", "appprojects"], "verbs": ["*"]},
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["*"]}
+    ])
+}
+
+/// What the writer may do, cluster-wide (a ClusterRole: its tenants are in every
+/// namespace): the tenant resources and their status, the credential Secrets and
+/// namespaces it reads, and, in each tenant namespace, the ServiceAccount, Role and
+/// RoleBinding it makes for Argo CD and the tokens it requests for them. The Role
+/// grants rights the writer does not hold, hence `escalate` and `bind` on roles.
+/// `ops/deploy/writer-clusterrole.yaml` grants exactly these.
+pub fn writer_rbac_rules() -> serde_json::Value {
+    let resources = [
+        "gitopsdeployments",
+        "gitopsdeploymentsyncruns",
+        "gitopsdeploymentmanagedenvironments",
+        "gitopsdeploymentrepositorycredentials",
+    ];
+    let status: Vec<String> = resources.iter().map(|r| format!("{r}/status")).collect();
+    serde_json::json!([
+        {"apiGroups": ["managed-gitops.redhat.com"], "resources": resources, "verbs": ["get", "list", "watch", "patch", "update"]},
+        {"apiGroups": ["managed-gitops.redhat.com"], "resources": status, "verbs": ["get", "patch", "update"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create", "patch", "delete"]},
+        {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]},
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": ["get", "create", "patch", "delete"]},
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["bind", "escalate"]}
     ])
 }

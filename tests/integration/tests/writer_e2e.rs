@@ -116,15 +116,15 @@ impl Env {
         cancel
     }
 
-    fn deployments(&self) -> Api<GitOpsDeployment> {
+    pub(crate) fn deployments(&self) -> Api<GitOpsDeployment> {
         Api::namespaced(self.kube.clone(), self.tenant.name())
     }
 
-    fn apps(&self) -> Api<DynamicObject> {
+    pub(crate) fn apps(&self) -> Api<DynamicObject> {
         Api::namespaced_with(self.kube.clone(), self.argocd.name(), &application_resource())
     }
 
-    async fn create(&self, name: &str, spec: serde_json::Value) -> GitOpsDeployment {
+    pub(crate) async fn create(&self, name: &str, spec: serde_json::Value) -> GitOpsDeployment {
         let object: GitOpsDeployment = serde_json::from_value(json!({
             "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeployment",
             "metadata": {"name": name}, "spec": spec,
@@ -134,7 +134,7 @@ impl Env {
     }
 
     /// Waits for the writer's condition at the object's current generation.
-    async fn condition(&self, name: &str) -> (String, String, String) {
+    pub(crate) async fn condition(&self, name: &str) -> (String, String, String) {
         eventually("the writer's condition", || async {
             let object = self.deployments().get_opt(name).await.ok()??;
             let status = object.status.as_ref()?;
@@ -150,7 +150,7 @@ impl Env {
         .await
     }
 
-    async fn rows(&self, name: &str) -> i64 {
+    pub(crate) async fn rows(&self, name: &str) -> i64 {
         self.client
             .query_one("SELECT count(*) FROM application WHERE resource_name = $1", &[&name])
             .await
@@ -172,7 +172,17 @@ async fn get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
     (code, body)
 }
 
-fn spec(repo: &str, path: &str) -> serde_json::Value {
+/// The value of the sample `series` (name and labels, exactly) in a Prometheus text body.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.rsplit_once(' '))
+        .find(|(name, _)| *name == series)
+        .and_then(|(_, value)| value.parse().ok())
+}
+
+pub(crate) fn spec(repo: &str, path: &str) -> serde_json::Value {
     json!({"source": {"repoURL": repo, "path": path}, "destination": {}, "type": "automated"})
 }
 
@@ -192,10 +202,35 @@ async fn writer_e2e_deployment_becomes_an_application_and_goes_on_delete() {
     assert!(object.metadata.finalizers.unwrap_or_default().iter().any(|f| f == FINALIZER));
     let address = *address.get().expect("the endpoint is bound");
     eventually("/readyz answers 200", || async { (get(address, "/readyz").await.0 == 200).then_some(()) }).await;
-    let (code, metrics) = get(address, "/metrics").await;
-    assert_eq!(code, 200);
-    assert!(metrics.contains("gitops_writer_reconciles_total{outcome=\"ok\"}"), "{metrics}");
+    // One refusal, so the validation series has a sample.
+    env.create("bad", spec("https://git.example.invalid/org/repo.git", "/")).await;
+    assert_eq!(env.condition("bad").await.1, "InvalidPath");
+    let deployment_ok = "gitops_writer_reconciles_total{kind=\"GitOpsDeployment\",outcome=\"ok\"}";
+    let invalid_path = "gitops_writer_validation_failures_total{kind=\"GitOpsDeployment\",reason=\"InvalidPath\"}";
+    // Counters move just after the condition is written: scrape until they did.
+    let metrics = eventually("both reconciles counted", || async {
+        let (code, metrics) = get(address, "/metrics").await;
+        assert_eq!(code, 200);
+        (sample(&metrics, deployment_ok)? >= 1.0 && sample(&metrics, invalid_path)? >= 1.0).then_some(metrics)
+    })
+    .await;
     assert!(metrics.contains("gitops_writer_shards_owned 64"), "{metrics}");
+    let value = |series: &str| sample(&metrics, series).unwrap_or_else(|| panic!("no {series} in\n{metrics}"));
+    // Each status write is a watch event, so an object may be reconciled more than once.
+    assert!(value("gitops_writer_reconciles_total{kind=\"GitOpsDeployment\",outcome=\"invalid\"}") >= 1.0);
+    for outcome in ["failed", "retry"] {
+        // Every outcome has its series, zero or not (`value` panics on a missing one).
+        value(&format!("gitops_writer_reconciles_total{{kind=\"GitOpsDeployment\",outcome=\"{outcome}\"}}"));
+    }
+    assert_eq!(value("gitops_writer_tenants"), 1.0, "the one tenant namespace");
+    assert_eq!(value("gitops_writer_deployments"), 2.0, "'web' and 'bad'");
+    // 'web' wrote its intent in at least one timed transaction.
+    let transactions = value("gitops_writer_transaction_seconds_count");
+    assert!(transactions >= 1.0, "{metrics}");
+    assert_eq!(value("gitops_writer_transaction_seconds_bucket{le=\"+Inf\"}"), transactions);
+    let sum = value("gitops_writer_transaction_seconds_sum");
+    assert!(sum > 0.0 && sum < 60.0 * transactions, "{sum} s for {transactions} transactions");
+    assert!(value("gitops_writer_transaction_seconds_bucket{le=\"10\"}") <= transactions);
     assert_eq!(get(address, "/healthz").await.0, 200);
 
     env.deployments().delete("web", &DeleteParams::default()).await.expect("delete");
@@ -513,7 +548,7 @@ async fn writer_e2e_two_writers_share_the_shards_and_handle_each_namespace_once(
     };
     for (id, metrics) in [("writer-a", &metrics_a), ("writer-b", &metrics_b)] {
         let mine = namespaces.iter().filter(|ns| owner_of(ns) == id).count() as u64;
-        let reconciled = metrics.reconciles_ok.load(std::sync::atomic::Ordering::Relaxed);
+        let reconciled = metrics.reconciles_total(gitops_writer::metrics::Outcome::Ok);
         assert!(reconciled >= mine, "{id}: {reconciled} reconciles for {mine} namespaces");
         if mine == 0 {
             assert_eq!(reconciled, 0, "{id} owns none of the namespaces");
@@ -533,4 +568,187 @@ async fn writer_e2e_two_writers_share_the_shards_and_handle_each_namespace_once(
         (row.get::<_, i64>(0) == 64).then_some(())
     })
     .await;
+}
+
+/// A writer identity as `ops/deploy` makes it: a ServiceAccount bound by a
+/// ClusterRoleBinding to a ClusterRole with exactly `support::writer_rbac_rules()`.
+/// Cluster-scoped, so [`WriterIdentity::remove`] deletes the role and binding.
+pub(crate) struct WriterIdentity {
+    name: String,
+}
+
+impl WriterIdentity {
+    /// Deletes the ClusterRole and ClusterRoleBinding (the ServiceAccount goes with
+    /// its namespace).
+    pub(crate) async fn remove(self, kube: &kube::Client) {
+        use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+        let params = DeleteParams::default();
+        let _ = Api::<ClusterRoleBinding>::all(kube.clone()).delete(&self.name, &params).await;
+        let _ = Api::<ClusterRole>::all(kube.clone()).delete(&self.name, &params).await;
+    }
+}
+
+impl Env {
+    /// A writer for the tenant namespace that runs as a ServiceAccount (in the Argo CD
+    /// namespace of this test) allowed exactly `support::writer_rbac_rules()`
+    /// cluster-wide, instead of as the admin. Opt-in: the other tests keep the admin.
+    pub(crate) async fn writer_as_service_account(&self, id: &str) -> (CancellationToken, WriterIdentity) {
+        use k8s_openapi::api::authentication::v1::TokenRequest;
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+
+        let name = format!("gitops-writer-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let namespace = self.argocd.name();
+        let post = PostParams::default();
+        let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}})).expect("a ServiceAccount");
+        Api::<ServiceAccount>::namespaced(self.kube.clone(), namespace)
+            .create(&post, &account)
+            .await
+            .expect("create the writer's ServiceAccount");
+        let role: ClusterRole =
+            serde_json::from_value(json!({"metadata": {"name": name}, "rules": crate::support::writer_rbac_rules()}))
+                .expect("a ClusterRole");
+        Api::<ClusterRole>::all(self.kube.clone()).create(&post, &role).await.expect("create the writer's ClusterRole");
+        let binding: ClusterRoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
+        }))
+        .expect("a ClusterRoleBinding");
+        Api::<ClusterRoleBinding>::all(self.kube.clone())
+            .create(&post, &binding)
+            .await
+            .expect("create the writer's ClusterRoleBinding");
+        let request: TokenRequest =
+            serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}})).expect("a TokenRequest");
+        let token = Api::<ServiceAccount>::namespaced(self.kube.clone(), namespace)
+            .create_token_request(&name, &post, &request)
+            .await
+            .expect("a token for the writer's ServiceAccount")
+            .status
+            .map(|status| status.token)
+            .expect("a token");
+        let mut kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("the admin kubeconfig");
+        for user in &mut kubeconfig.auth_infos {
+            user.auth_info = serde_json::from_value(json!({ "token": token })).ok();
+        }
+        let path = std::env::temp_dir().join(format!("kubeconfig-{namespace}-{name}"));
+        std::fs::write(&path, serde_json::to_string(&kubeconfig).expect("a kubeconfig serialises"))
+            .expect("write the writer's kubeconfig");
+        let cancel = self.writer_for(id, vec![self.tenant.name().to_owned()], |config| config.kubeconfig = Some(path));
+        (cancel, WriterIdentity { name })
+    }
+}
+
+#[tokio::test]
+async fn writer_e2e_runs_with_exactly_its_deployed_rbac_rules() {
+    let env = env("we-rbac").await;
+    let (writer, identity) = env.writer_as_service_account("writer-sa").await;
+    let created = env.create("web", spec("https://git.example.invalid/org/repo.git", "apps/web")).await;
+    let (status, reason, message) = env.condition("web").await;
+    assert_eq!((status.as_str(), reason.as_str()), ("False", REASON_ACCEPTED), "{message}");
+    let uid = uuid::Uuid::parse_str(created.metadata.uid.as_deref().expect("uid")).expect("uuid");
+    let app_name = names::application_name(uid);
+    eventually("the Application", || async { env.apps().get_opt(&app_name).await.ok()? }).await;
+    // Deletion patches the finalizer away with the same rights.
+    env.deployments().delete("web", &DeleteParams::default()).await.expect("delete");
+    eventually("the GitOpsDeployment gone", || async {
+        env.deployments().get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    writer.cancel();
+    identity.remove(&env.kube).await;
+}
+
+/// The writer's manifests in `ops/deploy/` (`writer-*.yaml`), by kind; JSON-compatible
+/// YAML as the agent's (see `agent_deploy`).
+fn writer_manifests() -> std::collections::BTreeMap<String, serde_json::Value> {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../ops/deploy");
+    let mut by_kind = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(dir).expect("ops/deploy exists") {
+        let path = entry.expect("a directory entry").path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if !(name.starts_with("writer-") && name.ends_with(".yaml")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("a readable manifest");
+        let object: serde_json::Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{} is not JSON-compatible YAML: {e}", path.display()));
+        let kind = object["kind"].as_str().expect("a kind").to_owned();
+        assert!(by_kind.insert(kind.clone(), object).is_none(), "two writer manifests of kind {kind}");
+    }
+    by_kind
+}
+
+#[test]
+fn writer_e2e_deploy_cluster_role_grants_exactly_the_tested_rules() {
+    let m = writer_manifests();
+    let kinds: Vec<&str> = m.keys().map(String::as_str).collect();
+    assert_eq!(kinds, ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]);
+    assert_eq!(m["ClusterRole"]["rules"], crate::support::writer_rbac_rules());
+
+    let namespace = &m["ServiceAccount"]["metadata"]["namespace"];
+    assert!(namespace.is_string(), "the ServiceAccount has a namespace");
+    assert_eq!(&m["Deployment"]["metadata"]["namespace"], namespace);
+    let binding = &m["ClusterRoleBinding"];
+    assert_eq!(binding["roleRef"]["kind"], "ClusterRole");
+    assert_eq!(binding["roleRef"]["name"], m["ClusterRole"]["metadata"]["name"]);
+    let subjects = binding["subjects"].as_array().expect("subjects");
+    assert_eq!(subjects.len(), 1, "bound to the writer only");
+    assert_eq!(subjects[0]["kind"], "ServiceAccount");
+    assert_eq!(subjects[0]["name"], m["ServiceAccount"]["metadata"]["name"]);
+    assert_eq!(&subjects[0]["namespace"], namespace);
+    assert_eq!(m["Deployment"]["spec"]["template"]["spec"]["serviceAccountName"], m["ServiceAccount"]["metadata"]["name"]);
+}
+
+/// The environment variables `gitops-writer run` reads: its flags' `env = "…"` in
+/// `writer/src/lib.rs` (the integration tests have no clap to ask), the database URL
+/// and the encryption keys.
+fn writer_env_vars() -> Vec<String> {
+    use gitops_shared::config;
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../writer/src/lib.rs");
+    let source = std::fs::read_to_string(path).expect("the writer's lib.rs");
+    let mut names: Vec<String> = source
+        .split("env = \"")
+        .skip(1)
+        .filter_map(|rest| rest.split_once('"').map(|(name, _)| name.to_owned()))
+        .collect();
+    names.extend([config::DATABASE_URL, config::ENCRYPTION_KEYS, config::ENCRYPTION_ACTIVE_KEY].map(str::to_owned));
+    names
+}
+
+#[test]
+fn writer_e2e_deploy_sets_only_variables_the_writer_reads() {
+    let m = writer_manifests();
+    let container = &m["Deployment"]["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["command"], json!(["gitops-writer", "run"]));
+
+    let known = writer_env_vars();
+    assert!(known.iter().any(|k| k == "GITOPS_WRITER_METRICS_ADDRESS"), "the flags were found: {known:?}");
+    let env = container["env"].as_array().expect("env");
+    let names: Vec<&str> = env.iter().map(|e| e["name"].as_str().expect("a name")).collect();
+    for name in &names {
+        assert!(known.iter().any(|k| k == name), "{name} is not read by gitops-writer run ({known:?})");
+    }
+    for secret in ["DATABASE_URL", "GITOPS_ENCRYPTION_KEYS", "GITOPS_ENCRYPTION_ACTIVE_KEY"] {
+        let var = env.iter().find(|e| e["name"] == secret).unwrap_or_else(|| panic!("{secret} not set"));
+        assert!(var.get("value").is_none(), "{secret} must come from a Secret");
+        assert!(var["valueFrom"]["secretKeyRef"]["name"].is_string(), "{secret} must come from a Secret");
+    }
+
+    // The probes reach the metrics listener, which must listen beyond loopback.
+    let address = env
+        .iter()
+        .find(|e| e["name"] == "GITOPS_WRITER_METRICS_ADDRESS")
+        .and_then(|e| e["value"].as_str())
+        .expect("a metrics address");
+    let port: u16 = address.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).expect("a port");
+    assert!(!address.starts_with("127.") && !address.starts_with("[::1]"), "{address} is loopback-only");
+    let ports = container["ports"].as_array().expect("ports");
+    let metrics = ports.iter().find(|p| p["name"] == "metrics").expect("a metrics port");
+    assert_eq!(metrics["containerPort"], u64::from(port));
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(container["livenessProbe"]["httpGet"]["port"], "metrics");
+    assert_eq!(container["readinessProbe"]["httpGet"]["port"], "metrics");
 }

@@ -80,6 +80,8 @@ impl Env {
             secrets: SecretBox::from_config(Some(&key), Some("k1")).expect("keys"),
             writer_id: WRITER.to_owned(),
             metrics: Arc::default(),
+            connection_check: None,
+            home: Default::default(),
         })
     }
 

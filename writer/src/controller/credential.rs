@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use gitops_shared::db::{DbError, in_txn_retrying, pooled};
+use gitops_shared::db::{DbError, pooled};
 use gitops_shared::model::{EngineInstanceId, ResourceType, TenantId};
 use gitops_shared::queue::operation_enqueue_in_txn;
 use k8s_openapi::api::core::v1::Secret;
@@ -50,7 +50,7 @@ pub(super) async fn tombstone_and_enqueue(
     let shard = shard_of(namespace);
     let writer_id = ctl.ctx.writer_id.clone();
     let mut client = pooled(&ctl.ctx.pool).await?;
-    let owner = in_txn_retrying(&mut client, |txn| {
+    let owner = ctl.in_txn(&mut client, |txn| {
         let writer_id = writer_id.clone();
         Box::pin(async move {
             if !shard_fence_in_txn(txn, shard, &writer_id).await? {

@@ -1,6 +1,8 @@
 //! GitOpsDeployment reconcile: finalizer, validation, then the intent — tenant
 //! (placed on first use), application row and operation — in one transaction under
-//! the tenant's row lock, where the quota is counted. An invalid spec gets a
+//! the tenant's row lock, where the quota is counted. A deployment that names no
+//! environment goes to the tenant's home environment (its own namespace, through
+//! credentials scoped to it: see `home`). An invalid spec gets a
 //! condition and writes nothing. Deletion tombstones the row and enqueues; the
 //! finalizer goes at once, or once the agent confirmed the prune when the tenant
 //! asked to wait.
@@ -8,15 +10,15 @@
 use std::sync::Arc;
 
 use gitops_shared::application::application_upsert_in_txn;
-use gitops_shared::db::{DbError, in_txn_retrying, pooled};
+use gitops_shared::db::{DbError, pooled};
 use gitops_shared::model::{EngineInstanceId, ResourceType, RowState, TenantId};
-use gitops_shared::placement::placement_choose_in_txn;
 use gitops_shared::queue::operation_enqueue_in_txn;
-use gitops_shared::tenant::tenant_upsert_locked_in_txn;
 use kube::api::Api;
 use uuid::Uuid;
 
+use super::home::{Home, home_environment};
 use super::object::{Live, REASON_ACCEPTED, live, remove_finalizer};
+use super::tenant::{Tenancy, tenant_placed_in_txn};
 use super::{Controllers, Next, ReconcileError, Settled, set_condition};
 use crate::api::GitOpsDeployment;
 use crate::shard::{shard_fence_in_txn, shard_of};
@@ -36,17 +38,13 @@ const ROW_STATE: &str = "SELECT row_state FROM application WHERE resource_uid = 
 
 const TENANT_INSTANCE: &str = "SELECT engine_instance_id FROM tenant WHERE id = $1";
 
-const SET_SHARD: &str = "
-UPDATE tenant SET writer_shard = $2, updated_at = now() WHERE id = $1 AND writer_shard IS DISTINCT FROM $2";
-
-const PLACED: &str = "SELECT engine_instance_id FROM tenant WHERE namespace_uid = $1";
-
 const COUNT: &str = "
 SELECT count(*) FROM application WHERE tenant_id = $1 AND row_state <> 'deleted' AND resource_uid <> $2";
 
+// Tenants name their own environments; the home environment is never one of them.
 const ENVIRONMENT: &str = "
 SELECT e.id FROM managed_environment e JOIN tenant t ON t.id = e.tenant_id
- WHERE t.namespace_uid = $1 AND e.resource_name = $2 AND e.row_state = 'active'";
+ WHERE t.namespace_uid = $1 AND e.resource_name = $2 AND e.row_state = 'active' AND NOT e.home";
 
 /// What the intent transaction decided.
 enum Written {
@@ -70,7 +68,22 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
     };
     let namespace_uid = ctl.namespace_uid(namespace).await?;
     let environment_id = match &valid.environment {
-        None => None,
+        None => {
+            if let Some(destination) = valid.destination_namespace.as_deref().filter(|d| *d != namespace) {
+                let invalid = Invalid {
+                    reason: validate::reason::INVALID_DESTINATION_NAMESPACE,
+                    message: format!(
+                        "spec.destination.namespace: without an environment a deployment goes into its own namespace {namespace:?}, not {destination:?}"
+                    ),
+                };
+                return invalid_condition(&api, &object, &invalid).await;
+            }
+            match home_environment(ctl, namespace, namespace_uid).await? {
+                Home::Ready(id) => id,
+                Home::NotOwner | Home::Gone => return Ok(Next::Done),
+                Home::NoEngine => return no_engine(&api, &object, ctl.settings.retry_delay).await,
+            }
+        }
         Some(env) => {
             let client = pooled(&ctl.ctx.pool).await?;
             let row = client
@@ -78,7 +91,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
                 .await
                 .map_err(DbError::query("look up a managed environment"))?;
             match environment_resolved(env, row.map(|r| validate::EnvironmentRef { id: r.get(0) })) {
-                Ok(id) => Some(id),
+                Ok(id) => id,
                 Err(invalid) => return invalid_condition(&api, &object, &invalid).await,
             }
         }
@@ -89,7 +102,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         uid,
         name.to_owned(),
         generation.unwrap_or(0),
-        environment_id,
+        Some(environment_id),
         namespace,
         wait,
     );
@@ -98,32 +111,23 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
     let writer_id = ctl.ctx.writer_id.clone();
     let ns_name = namespace.to_owned();
     let mut client = pooled(&ctl.ctx.pool).await?;
-    let written = in_txn_retrying(&mut client, |txn| {
+    let written = ctl.in_txn(&mut client, |txn| {
         let (intent, writer_id, ns_name) = (intent.clone(), writer_id.clone(), ns_name.clone());
         Box::pin(async move {
-            if !shard_fence_in_txn(txn, shard, &writer_id).await? {
-                return Ok(Written::NotOwner);
-            }
-            let placed: Option<Option<i64>> =
-                txn.query_opt(PLACED, &[&namespace_uid]).await.map_err(DbError::query("read a tenant"))?.map(|r| r.get(0));
-            let place_on = match placed.flatten() {
-                Some(_) => None,
-                None => match placement_choose_in_txn(txn, settings.healthy_within).await? {
-                    Some(instance) => Some(instance),
-                    None => return Ok(Written::NoEngine),
-                },
-            };
-            let tenant = tenant_upsert_locked_in_txn(txn, namespace_uid, &ns_name, place_on).await?;
-            let Some(instance) = tenant.engine_instance_id else { return Ok(Written::NoEngine) };
-            txn.execute(SET_SHARD, &[&tenant.id.0, &shard]).await.map_err(DbError::query("record a tenant's shard"))?;
+            let (tenant, instance) =
+                match tenant_placed_in_txn(txn, namespace_uid, &ns_name, shard, &writer_id, settings.healthy_within).await? {
+                    Tenancy::Placed(tenant, instance) => (tenant, instance),
+                    Tenancy::NotOwner | Tenancy::Gone => return Ok(Written::NotOwner),
+                    Tenancy::NoEngine => return Ok(Written::NoEngine),
+                };
             let count: i64 =
-                txn.query_one(COUNT, &[&tenant.id.0, &intent.resource_uid]).await.map_err(DbError::query("count deployments"))?.get(0);
+                txn.query_one(COUNT, &[&tenant.0, &intent.resource_uid]).await.map_err(DbError::query("count deployments"))?.get(0);
             if count >= settings.max_deployments {
                 return Ok(Written::Quota(count));
             }
-            let intent = gitops_shared::application::ApplicationIntent { tenant_id: tenant.id, ..intent };
+            let intent = gitops_shared::application::ApplicationIntent { tenant_id: tenant, ..intent };
             if let Some(id) = application_upsert_in_txn(txn, &intent).await? {
-                operation_enqueue_in_txn(txn, instance, tenant.id, ResourceType::Application, id.0).await?;
+                operation_enqueue_in_txn(txn, instance, tenant, ResourceType::Application, id.0).await?;
             }
             Ok(Written::Stored)
         })
@@ -144,11 +148,17 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
             set_condition(&api, &object, true, REASON_QUOTA_EXCEEDED, &message).await?;
             Ok(Next::Retry(settings.retry_delay))
         }
-        Written::NoEngine => {
-            set_condition(&api, &object, true, REASON_NO_ENGINE, "no GitOps engine instance is available; retrying").await?;
-            Ok(Next::Retry(settings.retry_delay))
-        }
+        Written::NoEngine => no_engine(&api, &object, settings.retry_delay).await,
     }
+}
+
+async fn no_engine(
+    api: &Api<GitOpsDeployment>,
+    object: &GitOpsDeployment,
+    retry: std::time::Duration,
+) -> Result<Next, ReconcileError> {
+    set_condition(api, object, true, REASON_NO_ENGINE, "no GitOps engine instance is available; retrying").await?;
+    Ok(Next::Retry(retry))
 }
 
 async fn invalid_condition(
@@ -158,7 +168,7 @@ async fn invalid_condition(
 ) -> Result<Next, ReconcileError> {
     tracing::debug!(reason = invalid.reason, "invalid GitOpsDeployment");
     set_condition(api, object, true, invalid.reason, &invalid.message).await?;
-    Ok(Next::Settled(Settled::Invalid))
+    Ok(Next::Settled(Settled::Invalid(invalid.reason)))
 }
 
 fn wait_for_pruning(object: &GitOpsDeployment) -> bool {
@@ -175,7 +185,7 @@ async fn delete(
     let shard = shard_of(&namespace);
     let writer_id = ctl.ctx.writer_id.clone();
     let mut client = pooled(&ctl.ctx.pool).await?;
-    let owner = in_txn_retrying(&mut client, |txn| {
+    let owner = ctl.in_txn(&mut client, |txn| {
         let writer_id = writer_id.clone();
         Box::pin(async move {
             if !shard_fence_in_txn(txn, shard, &writer_id).await? {

@@ -1,8 +1,12 @@
 //! GitOpsDeploymentManagedEnvironment reconcile: finalizer, validation of the spec
 //! and of the kubeconfig in the referenced Secret (same namespace only), then the
 //! environment row, its sealed cluster credential and an operation in one
-//! transaction. The writer never contacts `apiURL`: connection checks are off, which
-//! the `ConnectionInitializationSucceeded` condition says. When the environment is
+//! transaction. Then, after the commit, the optional connection check
+//! (`crate::connection`): the writer contacts `apiURL` only when the operator turned
+//! checks on and its allow/deny lists allow it, and the
+//! `ConnectionInitializationSucceeded` condition reports the outcome (disabled,
+//! denied, failed, unauthorized or succeeded); a failed check never undoes or
+//! prevents storing the environment. When the environment is
 //! stored, changed or deleted, the namespace's GitOpsDeployments are queued again so
 //! those that name it pick it up (or learn it is gone). Deletion tombstones the row
 //! and enqueues; the finalizer goes at once. A refusal writes nothing: an
@@ -11,8 +15,8 @@
 
 use std::sync::Arc;
 
-use gitops_shared::credential::managed_environment_upsert_in_txn;
-use gitops_shared::db::{in_txn_retrying, pooled};
+use gitops_shared::credential::{ManagedEnvironmentIntent, managed_environment_upsert_in_txn};
+use gitops_shared::db::pooled;
 use gitops_shared::model::{ResourceType, TenantId};
 use gitops_shared::queue::operation_enqueue_in_txn;
 use kube::api::Api;
@@ -23,6 +27,7 @@ use super::object::{Live, REASON_ACCEPTED, live, now_rfc3339, remove_finalizer};
 use super::tenant::{Tenancy, credential_error, tenant_placed_in_txn};
 use super::{Controllers, Next, ReconcileError, Settled, set_condition, set_conditions};
 use crate::api::{Condition, GitOpsDeploymentManagedEnvironment};
+use crate::connection::connection_check;
 use crate::queue::{Key, Kind};
 use crate::shard::shard_of;
 use crate::validate::{self, Invalid};
@@ -31,8 +36,9 @@ use crate::validate::{self, Invalid};
 pub const REASON_SECRET_NOT_FOUND: &str = "SecretNotFound";
 /// The condition about reaching the environment's API server.
 pub const CONNECTION_CONDITION: &str = "ConnectionInitializationSucceeded";
-/// Its reason while connection checks are off (the default).
-pub const REASON_CONNECTION_CHECK_DISABLED: &str = "ConnectionCheckDisabled";
+/// Its reason while connection checks are off (the default); the others are in
+/// `crate::connection`.
+pub use crate::connection::REASON_CONNECTION_CHECK_DISABLED;
 
 const TOMBSTONE: &str = "
 UPDATE managed_environment SET row_state = 'deleting', updated_at = now()
@@ -85,16 +91,16 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
     let healthy_within = ctl.settings.healthy_within;
     let (writer_id, ns_name, sealer) = (ctl.ctx.writer_id.clone(), namespace.to_owned(), ctl.ctx.secrets.clone());
     let mut client = pooled(&ctl.ctx.pool).await?;
-    let written = in_txn_retrying(&mut client, |txn| {
+    let written = ctl.in_txn(&mut client, |txn| {
         let (intent, writer_id, ns_name, sealer) = (intent.clone(), writer_id.clone(), ns_name.clone(), sealer.clone());
         Box::pin(async move {
             let (tenant, instance) =
                 match tenant_placed_in_txn(txn, namespace_uid, &ns_name, shard, &writer_id, healthy_within).await? {
                     Tenancy::Placed(tenant, instance) => (tenant, instance),
-                    Tenancy::NotOwner => return Ok(Written::NotOwner),
+                    Tenancy::NotOwner | Tenancy::Gone => return Ok(Written::NotOwner),
                     Tenancy::NoEngine => return Ok(Written::NoEngine),
                 };
-            let intent = gitops_shared::credential::ManagedEnvironmentIntent { tenant_id: tenant, ..intent };
+            let intent = ManagedEnvironmentIntent { tenant_id: tenant, ..intent };
             let changed = managed_environment_upsert_in_txn(txn, &sealer, &intent).await.map_err(credential_error)?;
             if let Some(id) = changed {
                 operation_enqueue_in_txn(txn, instance, tenant, ResourceType::ManagedEnvironment, id).await?;
@@ -110,14 +116,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
             if changed {
                 ctl.deployments_again(namespace);
             }
-            let connection = Condition {
-                type_: CONNECTION_CONDITION.to_owned(),
-                status: "Unknown".to_owned(),
-                reason: Some(REASON_CONNECTION_CHECK_DISABLED.to_owned()),
-                message: Some("the writer does not contact the API server; connection checks are disabled".to_owned()),
-                last_transition_time: Some(now_rfc3339()),
-                observed_generation: object.metadata.generation,
-            };
+            let connection = connection_condition(ctl, namespace, name, &intent, object.metadata.generation).await;
             let message = "the environment and its credentials are stored and handed to the GitOps engine";
             set_conditions(&api, &object, false, REASON_ACCEPTED, message, Some(connection)).await?;
             Ok(Next::Settled(Settled::Ok))
@@ -130,6 +129,35 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
     }
 }
 
+/// The connection check's outcome as a condition; logged for the operator with the
+/// error chain, which the tenant does not see.
+async fn connection_condition(
+    ctl: &Controllers,
+    namespace: &str,
+    name: &str,
+    intent: &ManagedEnvironmentIntent,
+    generation: Option<i64>,
+) -> Condition {
+    let outcome = connection_check(ctl.ctx.connection_check.as_ref(), intent).await;
+    if ctl.ctx.connection_check.is_some() {
+        tracing::info!(
+            tenant.ns = %namespace,
+            environment = %name,
+            reason = outcome.reason,
+            error = outcome.detail.as_deref().unwrap_or(""),
+            "environment connection check"
+        );
+    }
+    Condition {
+        type_: CONNECTION_CONDITION.to_owned(),
+        status: outcome.status.to_owned(),
+        reason: Some(outcome.reason.to_owned()),
+        message: Some(outcome.message),
+        last_transition_time: Some(now_rfc3339()),
+        observed_generation: generation,
+    }
+}
+
 /// Sets the refusal's condition; nothing is written. A Secret event or an edit
 /// queues the environment again.
 async fn refused(
@@ -139,7 +167,7 @@ async fn refused(
 ) -> Result<Next, ReconcileError> {
     tracing::debug!(reason = invalid.reason, "invalid GitOpsDeploymentManagedEnvironment");
     set_condition(api, object, true, invalid.reason, &invalid.message).await?;
-    Ok(Next::Settled(Settled::Invalid))
+    Ok(Next::Settled(Settled::Invalid(invalid.reason)))
 }
 
 async fn delete(

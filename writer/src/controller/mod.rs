@@ -11,6 +11,8 @@
 mod credential;
 mod deployment;
 mod environment;
+mod home;
+mod namespace;
 mod object;
 mod repository_credential;
 mod sync_run;
@@ -22,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use gitops_shared::db::DbError;
+use gitops_shared::db::{DbError, in_txn_retrying};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -35,6 +37,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+pub use home::{HOME_IDENTITY, HomeSettings, home_role};
 pub use environment::{CONNECTION_CONDITION, REASON_CONNECTION_CHECK_DISABLED, REASON_SECRET_NOT_FOUND};
 pub use deployment::{REASON_NO_ENGINE, REASON_QUOTA_EXCEEDED, WAIT_FOR_PRUNING};
 pub use object::{CONDITION, FINALIZER, REASON_ACCEPTED};
@@ -45,6 +48,7 @@ use crate::api::{
     GitOpsDeploymentSyncRun,
 };
 use crate::context::WriterContext;
+use crate::metrics::{Inventory, Outcome};
 use crate::queue::{Key, Kind, WorkQueue};
 use crate::shard::shard_of;
 
@@ -57,6 +61,11 @@ pub enum ReconcileError {
     Patch { what: &'static str, source: serde_json::Error },
     #[error("the object has no UID")]
     NoUid,
+    /// Its namespace is terminating or gone; the namespace's cleanup takes over.
+    #[error("the namespace is being deleted")]
+    NamespaceGone,
+    #[error("{0}")]
+    Unexpected(&'static str),
     #[error(transparent)]
     Db(#[from] DbError),
 }
@@ -73,7 +82,8 @@ pub enum Next {
 
 pub enum Settled {
     Ok,
-    Invalid,
+    /// Refused with a condition; the condition's reason.
+    Invalid(&'static str),
 }
 
 /// The controllers' tunables.
@@ -116,6 +126,23 @@ pub struct Controllers {
     unsynced: AtomicUsize,
     /// Environment and repository credential keys → the Secret name they read last.
     secret_refs: Mutex<HashMap<Key, String>>,
+    /// Namespaces in scope as the namespace watcher last saw them.
+    namespace_states: Mutex<HashMap<String, NamespaceState>>,
+    /// Home environments known to have a fresh token: namespace UID → (id, renew at).
+    home: Mutex<HashMap<Uuid, (i64, std::time::SystemTime)>>,
+}
+
+/// A namespace as the writer needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NamespaceState {
+    pub uid: Uuid,
+    /// Deletion has begun (`deletionTimestamp` set).
+    pub terminating: bool,
+}
+
+/// The work-queue key of a namespace's tenant cleanup.
+pub(crate) fn namespace_key(namespace: &str) -> Key {
+    Key { kind: Kind::Namespace, namespace: namespace.to_owned(), name: namespace.to_owned() }
 }
 
 impl Controllers {
@@ -171,11 +198,77 @@ impl Controllers {
         }
     }
 
-    async fn namespace_uid(&self, namespace: &str) -> Result<Uuid, ReconcileError> {
-        let api: Api<Namespace> = Api::all(self.ctx.kube.clone());
-        let object = api.get(namespace).await.map_err(|source| ReconcileError::Kube { action: "read the namespace", source })?;
-        uid(&object.metadata)
+    /// [`in_txn_retrying`], timed into the transaction histogram (retries included).
+    async fn in_txn<T, F>(&self, client: &mut tokio_postgres::Client, body: F) -> Result<T, DbError>
+    where
+        F: for<'t> FnMut(&'t tokio_postgres::Transaction<'t>) -> futures_util::future::BoxFuture<'t, Result<T, DbError>>,
+    {
+        let started = std::time::Instant::now();
+        let outcome = in_txn_retrying(client, body).await;
+        self.ctx.metrics.transaction.observe(started.elapsed());
+        outcome
     }
+
+    fn namespace_states(&self) -> std::sync::MutexGuard<'_, HashMap<String, NamespaceState>> {
+        self.namespace_states.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn home_cache(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, (i64, std::time::SystemTime)>> {
+        self.home.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Drops the cached home environments of tenants that were cleaned up.
+    fn forget_home(&self, namespace_uids: &[Uuid]) {
+        let mut cache = self.home_cache();
+        for uid in namespace_uids {
+            cache.remove(uid);
+        }
+    }
+
+    /// The namespace as the watcher last saw it.
+    fn namespace_cached(&self, namespace: &str) -> Option<NamespaceState> {
+        self.namespace_states().get(namespace).copied()
+    }
+
+    /// The namespace now: from the watcher, or read when the watcher has not seen
+    /// it yet (a namespace made a moment before its first resource). None: gone.
+    async fn namespace_state(&self, namespace: &str) -> Result<Option<NamespaceState>, ReconcileError> {
+        if let Some(state) = self.namespace_cached(namespace) {
+            return Ok(Some(state));
+        }
+        let api: Api<Namespace> = Api::all(self.ctx.kube.clone());
+        let object =
+            api.get_opt(namespace).await.map_err(|source| ReconcileError::Kube { action: "read the namespace", source })?;
+        object.map(|object| namespace_state_of(&object.metadata)).transpose()
+    }
+
+    /// The UID of a live namespace; [`ReconcileError::NamespaceGone`] once it is
+    /// terminating or gone (nothing new is written for it then).
+    async fn namespace_uid(&self, namespace: &str) -> Result<Uuid, ReconcileError> {
+        match self.namespace_state(namespace).await? {
+            Some(state) if !state.terminating => Ok(state.uid),
+            _ => Err(ReconcileError::NamespaceGone),
+        }
+    }
+}
+
+impl Inventory for Controllers {
+    fn owned_counts(&self) -> (u64, u64) {
+        let known = self.known();
+        let mut namespaces = HashSet::new();
+        let mut deployments = 0;
+        for key in known.iter().filter(|key| self.owns(&key.namespace)) {
+            namespaces.insert(key.namespace.as_str());
+            if key.kind == Kind::Deployment {
+                deployments += 1;
+            }
+        }
+        (namespaces.len() as u64, deployments)
+    }
+}
+
+fn namespace_state_of(meta: &ObjectMeta) -> Result<NamespaceState, ReconcileError> {
+    Ok(NamespaceState { uid: uid(meta)?, terminating: meta.deletion_timestamp.is_some() })
 }
 
 pub(crate) fn uid(meta: &ObjectMeta) -> Result<Uuid, ReconcileError> {
@@ -276,7 +369,7 @@ pub async fn run_controllers(
     let scopes: Vec<Option<String>> =
         if namespaces.is_empty() { vec![None] } else { namespaces.iter().cloned().map(Some).collect() };
     let ctl = Arc::new(Controllers {
-        unsynced: AtomicUsize::new(scopes.len() * 4),
+        unsynced: AtomicUsize::new(scopes.len() * 5),
         ctx,
         settings,
         queue: WorkQueue::new(),
@@ -284,6 +377,8 @@ pub async fn run_controllers(
         namespaces: namespaces.into_iter().collect(),
         known: Mutex::new(HashSet::new()),
         secret_refs: Mutex::new(HashMap::new()),
+        namespace_states: Mutex::new(HashMap::new()),
+        home: Mutex::new(HashMap::new()),
     });
     let mut tasks = JoinSet::new();
     for scope in &scopes {
@@ -302,7 +397,9 @@ pub async fn run_controllers(
             cancel.clone(),
         ));
         tasks.spawn(watch_secrets(ctl.clone(), scope.clone(), cancel.clone()));
+        tasks.spawn(watch_namespaces(ctl.clone(), scope.clone(), cancel.clone()));
     }
+    tasks.spawn(home::renew_loop(ctl.clone(), cancel.clone()));
     tasks.spawn(requeue_on_shard_change(ctl.clone(), shards, cancel.clone()));
     for _ in 0..settings.workers.max(1) {
         tasks.spawn(worker(ctl.clone(), cancel.clone()));
@@ -361,6 +458,72 @@ where
     }
 }
 
+/// Keeps `namespace_states` and queues the cleanup of each namespace that starts
+/// terminating or goes; after the first listing, looks for tenants whose namespace
+/// went while no writer watched.
+async fn watch_namespaces(ctl: Arc<Controllers>, scope: Option<String>, cancel: CancellationToken) {
+    let api: Api<PartialObjectMeta<Namespace>> = Api::all(ctl.ctx.kube.clone());
+    let config = match &scope {
+        Some(namespace) => watcher::Config::default().fields(&format!("metadata.name={namespace}")),
+        None => watcher::Config::default(),
+    };
+    let mut events = watcher::watcher(api, config).default_backoff().boxed();
+    let mut synced = false;
+    // Names seen in the listing under way (a relist drops namespaces that went meanwhile).
+    let mut listing: HashSet<String> = HashSet::new();
+    loop {
+        let event = tokio::select! {
+            () = cancel.cancelled() => return,
+            event = events.next() => event,
+        };
+        let Some(event) = event else { return };
+        match event {
+            Ok(Event::Apply(object) | Event::InitApply(object)) => {
+                let name = object.metadata.name.clone().unwrap_or_default();
+                let Ok(state) = namespace_state_of(&object.metadata) else { continue };
+                listing.insert(name.clone());
+                let before = ctl.namespace_states().insert(name.clone(), state);
+                // Terminating, or made again under the same name: the old tenant goes.
+                let replaced = before.is_some_and(|b| b.uid != state.uid);
+                if state.terminating || replaced {
+                    ctl.offer(namespace_key(&name));
+                }
+            }
+            Ok(Event::Delete(object)) => {
+                let name = object.metadata.name.clone().unwrap_or_default();
+                ctl.namespace_states().remove(&name);
+                ctl.offer(namespace_key(&name));
+            }
+            Ok(Event::Init) => listing.clear(),
+            Ok(Event::InitDone) => {
+                let gone: Vec<String> = {
+                    let mut states = ctl.namespace_states();
+                    let in_scope = |name: &String| scope.as_ref().is_none_or(|only| only == name);
+                    let gone: Vec<String> =
+                        states.keys().filter(|name| in_scope(name) && !listing.contains(*name)).cloned().collect();
+                    for name in &gone {
+                        states.remove(name);
+                    }
+                    gone
+                };
+                for name in gone {
+                    ctl.offer(namespace_key(&name));
+                }
+                if !synced {
+                    synced = true;
+                    if ctl.unsynced.fetch_sub(1, Ordering::AcqRel) == 1 {
+                        ctl.ctx.metrics.ready.store(true, Ordering::Relaxed);
+                    }
+                }
+                if let Err(error) = namespace::queue_missing(&ctl).await {
+                    tracing::warn!(error = %error_chain(&error), "could not look for tenants of deleted namespaces");
+                }
+            }
+            Err(error) => tracing::warn!(%error, "namespace watch failed; retrying"),
+        }
+    }
+}
+
 /// Queues the referrers of each Secret that is created, changed or deleted.
 async fn watch_secrets(ctl: Arc<Controllers>, scope: Option<String>, cancel: CancellationToken) {
     // Only names matter here (metadata-only requests); the reconcile reads the Secret.
@@ -400,6 +563,12 @@ async fn requeue_on_shard_change(ctl: Arc<Controllers>, mut shards: watch::Recei
             for key in keys {
                 ctl.offer(key);
             }
+            // Tenants of the new shards whose namespace went while no writer watched.
+            if ctl.ctx.metrics.is_ready()
+                && let Err(error) = namespace::queue_missing(&ctl).await
+            {
+                tracing::warn!(error = %error_chain(&error), "could not look for tenants of deleted namespaces");
+            }
         }
         before = now;
         tokio::select! {
@@ -410,6 +579,10 @@ async fn requeue_on_shard_change(ctl: Arc<Controllers>, mut shards: watch::Recei
 }
 
 async fn worker(ctl: Arc<Controllers>, cancel: CancellationToken) {
+    // The tenant and deployment gauges are read from `known` when rendered.
+    let known = Arc::downgrade(&ctl);
+    let inventory: std::sync::Weak<dyn Inventory> = known;
+    ctl.ctx.metrics.set_inventory(inventory);
     while let Some(key) = ctl.queue.pop(&cancel).await {
         ctl.ctx.metrics.queue_depth.store(ctl.queue.len() as u64, Ordering::Relaxed);
         let outcome = if ctl.owns(&key.namespace) {
@@ -418,24 +591,38 @@ async fn worker(ctl: Arc<Controllers>, cancel: CancellationToken) {
                 Kind::SyncRun => sync_run::reconcile(&ctl, &key.namespace, &key.name).await,
                 Kind::Environment => environment::reconcile(&ctl, &key.namespace, &key.name).await,
                 Kind::RepositoryCredential => repository_credential::reconcile(&ctl, &key.namespace, &key.name).await,
+                Kind::Namespace => namespace::reconcile(&ctl, &key.namespace).await,
             }
         } else {
             Ok(Next::Done)
         };
         let metrics = &ctl.ctx.metrics;
+        if outcome.is_ok() {
+            ctl.queue.forget(&key);
+        }
         match outcome {
             Ok(Next::Done) => {}
-            Ok(Next::Settled(Settled::Ok)) => {
-                metrics.reconciles_ok.fetch_add(1, Ordering::Relaxed);
+            Ok(Next::Settled(Settled::Ok)) => metrics.reconciled(key.kind, Outcome::Ok),
+            Ok(Next::Settled(Settled::Invalid(reason))) => {
+                metrics.reconciled(key.kind, Outcome::Invalid);
+                metrics.validation_failed(key.kind, reason);
             }
-            Ok(Next::Settled(Settled::Invalid)) => {
-                metrics.reconciles_invalid.fetch_add(1, Ordering::Relaxed);
+            // The namespace's own cleanup runs from its key; nothing to retry here.
+            Err(ReconcileError::NamespaceGone) => ctl.queue.forget(&key),
+            Ok(Next::Retry(delay)) => {
+                metrics.reconciled(key.kind, Outcome::Retry);
+                ctl.queue.push_after(key.clone(), delay, &cancel);
             }
-            Ok(Next::Retry(delay)) => ctl.queue.push_after(key.clone(), delay, &cancel),
             Err(error) => {
-                metrics.reconciles_failed.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %error_chain(&error), tenant.ns = %key.namespace, object = %key.name, "reconcile failed; retrying");
-                ctl.queue.push_after(key.clone(), Duration::from_secs(1), &cancel);
+                metrics.reconciled(key.kind, Outcome::Failed);
+                let retry_in = ctl.queue.retry_later(key.clone(), &cancel);
+                tracing::warn!(
+                    error = %error_chain(&error),
+                    tenant.ns = %key.namespace,
+                    object = %key.name,
+                    retry_in_ms = retry_in.as_millis() as u64,
+                    "reconcile failed; retrying"
+                );
             }
         }
         ctl.queue.done(&key);

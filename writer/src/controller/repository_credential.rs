@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use gitops_shared::credential::{RepositoryCredentialIntent, repository_credential_upsert_in_txn};
-use gitops_shared::db::{in_txn_retrying, pooled};
+use gitops_shared::db::pooled;
 use gitops_shared::model::{ResourceType, TenantId};
 use gitops_shared::queue::operation_enqueue_in_txn;
 use kube::api::Api;
@@ -54,7 +54,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         Err(invalid) => {
             tracing::debug!(reason = invalid.reason, "invalid GitOpsDeploymentRepositoryCredential");
             set_condition(&api, &object, true, invalid.reason, &invalid.message).await?;
-            return Ok(Next::Settled(Settled::Invalid));
+            return Ok(Next::Settled(Settled::Invalid(invalid.reason)));
         }
     };
     ctl.refer(key, &valid.secret);
@@ -77,13 +77,13 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
     let healthy_within = ctl.settings.healthy_within;
     let (writer_id, ns_name, sealer) = (ctl.ctx.writer_id.clone(), namespace.to_owned(), ctl.ctx.secrets.clone());
     let mut client = pooled(&ctl.ctx.pool).await?;
-    let written = in_txn_retrying(&mut client, |txn| {
+    let written = ctl.in_txn(&mut client, |txn| {
         let (intent, writer_id, ns_name, sealer) = (intent.clone(), writer_id.clone(), ns_name.clone(), sealer.clone());
         Box::pin(async move {
             let (tenant, instance) =
                 match tenant_placed_in_txn(txn, namespace_uid, &ns_name, shard, &writer_id, healthy_within).await? {
                     Tenancy::Placed(tenant, instance) => (tenant, instance),
-                    Tenancy::NotOwner => return Ok(Written::NotOwner),
+                    Tenancy::NotOwner | Tenancy::Gone => return Ok(Written::NotOwner),
                     Tenancy::NoEngine => return Ok(Written::NoEngine),
                 };
             let intent = RepositoryCredentialIntent { tenant_id: tenant, ..intent };
@@ -110,7 +110,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         (Written::Stored, Err(invalid)) => {
             tracing::debug!(reason = invalid.reason, "GitOpsDeploymentRepositoryCredential without usable Secret");
             set_condition(&api, &object, true, invalid.reason, &invalid.message).await?;
-            Ok(Next::Settled(Settled::Invalid))
+            Ok(Next::Settled(Settled::Invalid(invalid.reason)))
         }
     }
 }

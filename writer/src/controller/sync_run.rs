@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use gitops_shared::db::{DbError, in_txn_retrying, pooled};
+use gitops_shared::db::{DbError, pooled};
 use gitops_shared::model::{EngineInstanceId, ResourceType, SyncType, TenantId};
 use gitops_shared::queue::operation_enqueue_in_txn;
 use gitops_shared::sync_run::{SyncIntent, sync_operation_terminate_in_txn, sync_operation_upsert_in_txn};
@@ -41,7 +41,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         Ok(valid) => valid,
         Err(invalid) => {
             set_condition(&api, &object, true, invalid.reason, &invalid.message).await?;
-            return Ok(Next::Settled(Settled::Invalid));
+            return Ok(Next::Settled(Settled::Invalid(invalid.reason)));
         }
     };
     let deployments: Api<GitOpsDeployment> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
@@ -65,7 +65,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
             valid.deployment_name
         );
         set_condition(&api, &object, true, REASON_DEPLOYMENT_AUTOMATED, &message).await?;
-        return Ok(Next::Settled(Settled::Invalid));
+        return Ok(Next::Settled(Settled::Invalid(REASON_DEPLOYMENT_AUTOMATED)));
     }
     let intent = SyncIntent {
         tenant_id: TenantId(tenant),
@@ -77,7 +77,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         revision: valid.revision.clone(),
     };
     let mut client = pooled(&ctl.ctx.pool).await?;
-    let owner = in_txn_retrying(&mut client, |txn| {
+    let owner = ctl.in_txn(&mut client, |txn| {
         let (intent, writer_id) = (intent.clone(), writer_id.clone());
         Box::pin(async move {
             if !shard_fence_in_txn(txn, shard, &writer_id).await? {
@@ -127,7 +127,7 @@ async fn delete(
     let shard = shard_of(namespace);
     let writer_id = ctl.ctx.writer_id.clone();
     let mut client = pooled(&ctl.ctx.pool).await?;
-    let owner = in_txn_retrying(&mut client, |txn| {
+    let owner = ctl.in_txn(&mut client, |txn| {
         let writer_id = writer_id.clone();
         Box::pin(async move {
             if !shard_fence_in_txn(txn, shard, &writer_id).await? {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use gitops_shared::credential::CredentialError;
 use gitops_shared::db::DbError;
-use gitops_shared::model::{EngineInstanceId, TenantId};
+use gitops_shared::model::{EngineInstanceId, RowState, TenantId};
 use gitops_shared::placement::placement_choose_in_txn;
 use gitops_shared::tenant::tenant_upsert_locked_in_txn;
 use tokio_postgres::Transaction;
@@ -25,6 +25,8 @@ pub(super) enum Tenancy {
     Placed(TenantId, EngineInstanceId),
     NotOwner,
     NoEngine,
+    /// The tenant is being cleaned up (its namespace went): write nothing.
+    Gone,
 }
 
 pub(super) async fn tenant_placed_in_txn(
@@ -48,6 +50,9 @@ pub(super) async fn tenant_placed_in_txn(
         },
     };
     let tenant = tenant_upsert_locked_in_txn(txn, namespace_uid, namespace, place_on).await?;
+    if tenant.row_state != RowState::Active {
+        return Ok(Tenancy::Gone);
+    }
     let Some(instance) = tenant.engine_instance_id else { return Ok(Tenancy::NoEngine) };
     txn.execute(SET_SHARD, &[&tenant.id.0, &shard]).await.map_err(DbError::query("record a tenant's shard"))?;
     Ok(Tenancy::Placed(tenant.id, instance))

@@ -1,0 +1,220 @@
+//! Tenants and their namespaces, end to end (writer, agent and the Argo CD
+//! stand-in on the test tier's API server): a deployment into the tenant's own
+//! namespace reaches it through a ServiceAccount token that works in that namespace
+//! and nowhere else, renewed before it expires; a deleted tenant namespace takes its
+//! tenant with it — rows tombstoned and confirmed, Argo CD objects and project gone.
+//! Tests wait on conditions and rows with deadlines, never on time.
+
+use std::time::Duration;
+
+use gitops_agent::names;
+use gitops_testkit::cluster::TestCluster;
+use gitops_writer::api::GitOpsDeploymentRepositoryCredential;
+use gitops_writer::controller::{CONDITION, HOME_IDENTITY, REASON_ACCEPTED, home_role};
+use gitops_writer::validate::reason::INVALID_DESTINATION_NAMESPACE;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::support::eventually;
+use crate::writer_e2e::{Env, env, spec};
+
+/// The home cluster as Argo CD would reach it; never contacted by the tests.
+const HOME_URL: &str = "https://home.example.invalid";
+const REPO: &str = "https://git.example.invalid/org/repo.git";
+
+impl Env {
+    async fn namespace_uid(&self) -> Uuid {
+        let namespace = Api::<Namespace>::all(self.kube.clone()).get(self.tenant.name()).await.expect("namespace");
+        namespace.metadata.uid.as_deref().and_then(|u| u.parse().ok()).expect("a namespace UID")
+    }
+
+    /// The Argo CD cluster Secret of the tenant's home environment: (data, bearer token).
+    async fn home_secret(&self, check: impl Fn(&str) -> bool) -> (std::collections::BTreeMap<String, String>, String) {
+        let name = names::cluster_secret_name(self.namespace_uid().await);
+        let secrets: Api<Secret> = Api::namespaced(self.kube.clone(), self.argocd.name());
+        eventually("the home cluster Secret", || async {
+            let secret = secrets.get_opt(&name).await.ok()??;
+            let data: std::collections::BTreeMap<String, String> = secret
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+                .collect();
+            let config: Value = serde_json::from_str(data.get("config")?).ok()?;
+            let token = config["bearerToken"].as_str()?.to_owned();
+            check(&token).then_some((data, token))
+        })
+        .await
+    }
+
+    /// (id, expiry in seconds since the epoch) of the tenant's home environment.
+    async fn home_row(&self) -> (i64, i64) {
+        let row = self
+            .client
+            .query_one(
+                "SELECT e.id, extract(epoch FROM c.expires_at)::bigint FROM managed_environment e
+                   JOIN cluster_credential c ON c.managed_environment_id = e.id
+                  WHERE e.home AND e.row_state = 'active'",
+                &[],
+            )
+            .await
+            .expect("one home environment");
+        (row.get(0), row.get(1))
+    }
+
+    async fn tenant_id(&self) -> i64 {
+        let uid = self.namespace_uid().await;
+        self.client.query_one("SELECT id FROM tenant WHERE namespace_uid = $1", &[&uid]).await.expect("tenant").get(0)
+    }
+}
+
+/// Whether a request was refused by authorization.
+fn forbidden<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> bool {
+    matches!(result, Err(kube::Error::Api(status)) if status.code == 403)
+}
+
+#[tokio::test]
+async fn writer_tenancy_own_namespace_gets_credentials_scoped_to_it() {
+    let env = env("wt-home").await;
+    let cluster = TestCluster::get().await;
+    let other = cluster.namespace("wt-home-other").await;
+    let _writer = env.writer_for("writer-a", vec![env.tenant.name().to_owned()], |c| c.home.api_url = HOME_URL.into());
+    let tenant = env.tenant.name().to_owned();
+    let created = env.create("web", spec(REPO, "apps/web")).await;
+    let (status, reason, _) = env.condition("web").await;
+    assert_eq!((status.as_str(), reason.as_str()), ("False", REASON_ACCEPTED));
+
+    // The identity in the tenant namespace: a ServiceAccount bound to a namespace Role.
+    let accounts: Api<ServiceAccount> = Api::namespaced(env.kube.clone(), &tenant);
+    accounts.get(HOME_IDENTITY).await.expect("the home ServiceAccount");
+    let role = Api::<Role>::namespaced(env.kube.clone(), &tenant).get(HOME_IDENTITY).await.expect("the home Role");
+    assert_eq!(role.rules, home_role(&tenant).rules);
+    let binding =
+        Api::<RoleBinding>::namespaced(env.kube.clone(), &tenant).get(HOME_IDENTITY).await.expect("the home RoleBinding");
+    assert_eq!((binding.role_ref.kind.as_str(), binding.role_ref.name.as_str()), ("Role", HOME_IDENTITY));
+    let subjects = binding.subjects.expect("subjects");
+    assert_eq!(subjects.len(), 1);
+    assert_eq!((subjects[0].name.as_str(), subjects[0].namespace.as_deref()), (HOME_IDENTITY, Some(tenant.as_str())));
+
+    // The application goes through the home environment; Argo CD gets its cluster Secret.
+    let (home, _) = env.home_row().await;
+    let row = env.client.query_one("SELECT managed_environment_id FROM application", &[]).await.expect("application row");
+    assert_eq!(row.get::<_, Option<i64>>(0), Some(home));
+    let server = names::environment_server(HOME_URL, home);
+    let (data, token) = env.home_secret(|_| true).await;
+    assert_eq!((data["server"].as_str(), data["namespaces"].as_str()), (server.as_str(), tenant.as_str()));
+    assert_eq!(data["clusterResources"], "false");
+    let uid = Uuid::parse_str(created.metadata.uid.as_deref().expect("uid")).expect("uuid");
+    let app = eventually("the Application", || async {
+        let app: DynamicObject = env.apps().get_opt(&names::application_name(uid)).await.ok()??;
+        Some(serde_json::to_value(app).expect("json"))
+    })
+    .await;
+    assert_eq!(app["spec"]["destination"], json!({"server": server, "namespace": tenant}));
+
+    // The token works in the tenant namespace and nowhere else.
+    let scoped = cluster.client_with_token(&token).await;
+    Api::<ConfigMap>::namespaced(scoped.clone(), &tenant).list(&ListParams::default()).await.expect("in its namespace");
+    assert!(forbidden(Api::<ConfigMap>::namespaced(scoped.clone(), other.name()).list(&ListParams::default()).await));
+    assert!(forbidden(Api::<Namespace>::all(scoped.clone()).list(&ListParams::default()).await));
+    assert!(forbidden(Api::<ConfigMap>::all(scoped).list(&ListParams::default()).await));
+
+    // Without an environment, only the tenant's own namespace is a destination.
+    let elsewhere = json!({"source": {"repoURL": REPO, "path": "apps/x"}, "destination": {"namespace": other.name()}, "type": "automated"});
+    env.create("elsewhere", elsewhere).await;
+    let (status, reason, message) = env.condition("elsewhere").await;
+    assert_eq!((status.as_str(), reason.as_str()), ("True", INVALID_DESTINATION_NAMESPACE), "{message}");
+    assert_eq!(env.rows("elsewhere").await, 0);
+}
+
+#[tokio::test]
+async fn writer_tenancy_home_token_is_renewed_before_it_expires() {
+    let env = env("wt-renew").await;
+    // Every token is due at once: each scan renews it.
+    let _writer = env.writer_for("writer-a", vec![env.tenant.name().to_owned()], |c| {
+        c.home.api_url = HOME_URL.into();
+        c.home.renew_before = c.home.token_lifetime;
+        c.home.renew_every = Duration::from_millis(200);
+    });
+    env.create("web", spec(REPO, "apps/web")).await;
+    assert_eq!(env.condition("web").await.1, REASON_ACCEPTED);
+    let (_, first_token) = env.home_secret(|_| true).await;
+    let (home, first_expiry) = env.home_row().await;
+    eventually("a later expiry", || async { (env.home_row().await.1 > first_expiry).then_some(()) }).await;
+    let (_, renewed) = env.home_secret(|token| token != first_token).await;
+    assert_eq!(env.home_row().await.0, home, "renewal keeps the environment, only its credentials change");
+    let scoped = TestCluster::get().await.client_with_token(&renewed).await;
+    Api::<ConfigMap>::namespaced(scoped, env.tenant.name()).list(&ListParams::default()).await.expect("the new token works");
+}
+
+#[tokio::test]
+async fn writer_tenancy_deleted_namespace_takes_its_tenant_along() {
+    let env = env("wt-gone").await;
+    let _writer = env.writer_for("writer-a", vec![env.tenant.name().to_owned()], |c| c.home.api_url = HOME_URL.into());
+    let tenant = env.tenant.name().to_owned();
+    env.create("web", spec(REPO, "apps/web")).await;
+    let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "git"}, "stringData": {"username": "bot", "password": "pw"}}))
+        .expect("Secret");
+    Api::<Secret>::namespaced(env.kube.clone(), &tenant)
+        .patch("git", &PatchParams::apply("writer-tenancy-test").force(), &Patch::Apply(&secret))
+        .await
+        .expect("apply Secret");
+    let credential: GitOpsDeploymentRepositoryCredential = serde_json::from_value(json!({
+        "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeploymentRepositoryCredential",
+        "metadata": {"name": "repo"}, "spec": {"repository": REPO, "secret": "git"},
+    }))
+    .expect("credential");
+    let credentials: Api<GitOpsDeploymentRepositoryCredential> = Api::namespaced(env.kube.clone(), &tenant);
+    credentials.create(&PostParams::default(), &credential).await.expect("create credential");
+    assert_eq!(env.condition("web").await.1, REASON_ACCEPTED);
+    eventually("the credential accepted", || async {
+        let object = credentials.get_opt("repo").await.ok()??;
+        let condition = object.status?.conditions.into_iter().find(|c| c.type_ == CONDITION)?;
+        (condition.reason.as_deref() == Some(REASON_ACCEPTED)).then_some(())
+    })
+    .await;
+    let tenant_id = env.tenant_id().await;
+    let selector = format!("{}={tenant_id}", names::TENANT_ID_LABEL);
+    let argocd_secrets: Api<Secret> = Api::namespaced(env.kube.clone(), env.argocd.name());
+    let projects = Api::<DynamicObject>::namespaced_with(
+        env.kube.clone(),
+        env.argocd.name(),
+        &gitops_agent::engine::argocd::app_project_resource(),
+    );
+    let project = names::project_name(gitops_shared::model::TenantId(tenant_id));
+    eventually("the tenant's Argo CD objects", || async {
+        let secrets = argocd_secrets.list(&ListParams::default().labels(&selector)).await.ok()?;
+        let apps = env.apps().list(&ListParams::default().labels(&selector)).await.ok()?;
+        let project = projects.get_opt(&project).await.ok()?;
+        (secrets.items.len() == 2 && apps.items.len() == 1 && project.is_some()).then_some(())
+    })
+    .await;
+
+    Api::<Namespace>::all(env.kube.clone()).delete(&tenant, &DeleteParams::background()).await.expect("delete the namespace");
+
+    eventually("the tenant confirmed deleted", || async {
+        let row = env.client.query_one("SELECT row_state::text FROM tenant WHERE id = $1", &[&tenant_id]).await.ok()?;
+        (row.get::<_, String>(0) == "deleted").then_some(())
+    })
+    .await;
+    for table in ["application", "managed_environment", "repository_credential"] {
+        let live: i64 = env
+            .client
+            .query_one(&format!("SELECT count(*) FROM {table} WHERE tenant_id = $1 AND row_state <> 'deleted'"), &[&tenant_id])
+            .await
+            .expect("count")
+            .get(0);
+        assert_eq!(live, 0, "every {table} row of the tenant is confirmed deleted");
+    }
+    let secrets = argocd_secrets.list(&ListParams::default().labels(&selector)).await.expect("list Secrets");
+    assert!(secrets.items.is_empty(), "the tenant's cluster and repository Secrets are gone");
+    assert!(env.apps().list(&ListParams::default().labels(&selector)).await.expect("list").items.is_empty());
+    assert!(projects.get_opt(&project).await.expect("read").is_none(), "the tenant's AppProject is gone");
+    eventually("the namespace gone", || async {
+        Api::<Namespace>::all(env.kube.clone()).get_opt(&tenant).await.ok()?.is_none().then_some(())
+    })
+    .await;
+}
