@@ -52,7 +52,7 @@ pub struct RunArgs {
     #[arg(long, env = "GITOPS_KUBECONFIG")]
     pub kubeconfig: Option<std::path::PathBuf>,
     /// Concurrent reconciles.
-    #[arg(long, env = "GITOPS_WRITER_WORKERS", default_value_t = 4)]
+    #[arg(long, env = "GITOPS_WRITER_WORKERS", default_value_t = 16)]
     pub workers: usize,
     /// Handle only these namespaces (comma-separated; default: all).
     #[arg(long, env = "GITOPS_WRITER_NAMESPACES", value_delimiter = ',')]

@@ -65,7 +65,7 @@ impl WriterConfig {
             secrets,
             writer_id,
             namespaces: Vec::new(),
-            pool_size: 8,
+            pool_size: 16,
             shards: ShardConfig::default(),
             controllers: ControllerSettings::default(),
             home: HomeSettings::default(),

@@ -103,7 +103,7 @@ pub struct ControllerSettings {
 impl Default for ControllerSettings {
     fn default() -> Self {
         ControllerSettings {
-            workers: 4,
+            workers: 16,
             max_deployments: 500,
             healthy_within: Duration::from_secs(120),
             retry_delay: Duration::from_secs(10),
@@ -407,9 +407,24 @@ pub async fn run_controllers(
     while tasks.join_next().await.is_some() {}
 }
 
+/// Whether the writer finished with `object` as it is: not being deleted, holding
+/// the finalizer, and accepted at its current generation.
+fn settled<K: Resource + HasConditions>(object: &K) -> bool {
+    let meta = object.meta();
+    meta.deletion_timestamp.is_none()
+        && object::has_finalizer(object)
+        && object.conditions().iter().any(|c| {
+            c.type_ == CONDITION
+                && c.status == "False"
+                && c.observed_generation.is_some()
+                && c.observed_generation == meta.generation
+        })
+}
+
 async fn watch_kind<K>(ctl: Arc<Controllers>, scope: Option<String>, kind: Kind, cancel: CancellationToken)
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + HasConditions
         + Clone
         + DeserializeOwned
         + std::fmt::Debug
@@ -423,6 +438,8 @@ where
     };
     let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
     let mut synced = false;
+    // A SyncRun also waits on its deployment and its sync: always look again.
+    let filter_settled = kind != Kind::SyncRun;
     loop {
         let event = tokio::select! {
             () = cancel.cancelled() => return,
@@ -435,7 +452,19 @@ where
             name: object.meta().name.clone().unwrap_or_default(),
         };
         match event {
-            Ok(Event::Apply(object) | Event::InitApply(object)) => {
+            Ok(Event::Apply(object)) => {
+                let key = key(&object);
+                ctl.known().insert(key.clone());
+                // Our own writes (finalizer, condition) and the status loop's come
+                // back as events; an object already settled at its generation has
+                // nothing new for the writer. Other causes (a Secret, an
+                // environment, a shard move) queue keys directly.
+                if !(filter_settled && settled(&object)) {
+                    ctl.offer(key);
+                }
+            }
+            Ok(Event::InitApply(object)) => {
+                // Everything is looked at once after a (re)start.
                 let key = key(&object);
                 ctl.known().insert(key.clone());
                 ctl.offer(key);

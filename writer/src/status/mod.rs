@@ -25,6 +25,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::{FutureExt, StreamExt};
 use gitops_shared::db::{DbError, pooled};
 use gitops_shared::listen::Listener;
 use gitops_shared::signal::{Signal, SleepAttempt};
@@ -38,6 +39,9 @@ use tokio_util::sync::CancellationToken;
 pub use patch::{PatchOutcome, patch_deployment, patch_sync_run};
 
 use crate::context::WriterContext;
+
+/// Status patches in flight at once within a batch of the feed.
+const PATCHES_IN_FLIGHT: usize = 16;
 
 /// Scan this often even without a notification.
 pub const STATUS_SCAN_INTERVAL: Duration = Duration::from_secs(30);
@@ -182,8 +186,15 @@ async fn scan_shard(ctx: &WriterContext, shard: i32, syncs: &mut InFlightSyncs) 
         report.rows += rows.len();
         let mut handled = 0;
         let mut failure = None;
+        // Patches run side by side; results come back in feed order, and the
+        // cursor only passes the rows before the first failure.
+        // (Boxed: a spawned task cannot hold the closure's higher-ranked future type.)
+        let patches: Vec<futures_util::future::BoxFuture<'_, Result<PatchOutcome, StatusError>>> =
+            rows.iter().map(|row| patch_deployment(&ctx.kube, row).boxed()).collect();
+        let mut outcomes = futures_util::stream::iter(patches).buffered(PATCHES_IN_FLIGHT);
         for row in &rows {
-            match patch_deployment(&ctx.kube, row).await {
+            let Some(outcome) = outcomes.next().await else { break };
+            match outcome {
                 Ok(outcome) => {
                     if outcome == PatchOutcome::Patched {
                         report.patched += 1;
