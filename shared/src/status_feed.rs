@@ -35,7 +35,8 @@ pub struct StatusFeedRow {
     pub namespace: String,
     pub resource_name: String,
     pub resource_uid: Uuid,
-    /// The managed environment's resource name, if the deployment names one.
+    /// The managed environment's resource name, if the deployment names one (None
+    /// for the tenant's own namespace, whose home environment has no resource).
     pub environment: Option<String>,
     pub sync_status: Option<String>,
     pub sync_revision: Option<String>,
@@ -65,7 +66,8 @@ pub struct SyncRunRow {
 const FEED_READ: &str = "
 SELECT s.seq, s.changed_xid::text::bigint,
        pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
-       a.id, t.namespace_name, a.resource_name, a.resource_uid, m.resource_name,
+       a.id, t.namespace_name, a.resource_name, a.resource_uid,
+       CASE WHEN m.home THEN NULL ELSE m.resource_name END,
        s.sync_status, s.sync_revision, s.health_status, s.health_message,
        s.resources, s.conditions, s.operation_state, s.reconciled_state
   FROM writer_shard w

@@ -114,6 +114,13 @@ async fn writer_tenancy_own_namespace_gets_credentials_scoped_to_it() {
     })
     .await;
     assert_eq!(app["spec"]["destination"], json!({"server": server, "namespace": tenant}));
+    // Status back names the namespace and no environment (the home one has no resource).
+    let reconciled = eventually("the reconciled state in the status", || async {
+        env.deployments().get("web").await.ok()?.status?.reconciled_state
+    })
+    .await;
+    assert_eq!(reconciled.destination.namespace.as_deref(), Some(tenant.as_str()));
+    assert_eq!(reconciled.destination.environment, None);
 
     // The token works in the tenant namespace and nowhere else.
     let scoped = cluster.client_with_token(&token).await;
