@@ -293,11 +293,6 @@ pub async fn tenant_project_load(client: &Client, tenant: TenantId) -> Result<Op
 // One statement per table: the table name is never spliced into SQL.
 const MARK_DELETED: &[(ResourceType, &str)] = &[
     (
-        ResourceType::Application,
-        "UPDATE application SET row_state = 'deleted', deletion_message = NULL, updated_at = now()
-          WHERE id = $1 AND row_state = 'deleting'",
-    ),
-    (
         ResourceType::ManagedEnvironment,
         "UPDATE managed_environment SET row_state = 'deleted', updated_at = now()
           WHERE id = $1 AND row_state = 'deleting'",
@@ -321,6 +316,9 @@ const MARK_DELETED: &[(ResourceType, &str)] = &[
 /// Confirms a deletion: a `deleting` row of `resource_type` becomes `deleted` (the
 /// writer may then release its finalizer). Returns whether the row changed.
 pub async fn resource_mark_deleted(client: &Client, resource_type: ResourceType, id: i64) -> Result<bool, DbError> {
+    if resource_type == ResourceType::Application {
+        return application_mark_deleted(client, id).await;
+    }
     let statement = MARK_DELETED
         .iter()
         .find(|(t, _)| *t == resource_type)
@@ -330,9 +328,21 @@ pub async fn resource_mark_deleted(client: &Client, resource_type: ResourceType,
     Ok(changed > 0)
 }
 
-/// Confirms the deletion of application `id`.
+// The state row is touched in the same statement: its new change id puts the
+// confirmation into the status feed, which wakes a writer waiting for the prune.
+const APPLICATION_MARK_DELETED: &str = "
+WITH deleted AS (
+    UPDATE application SET row_state = 'deleted', deletion_message = NULL, updated_at = now()
+     WHERE id = $1 AND row_state = 'deleting'
+    RETURNING id, tenant_id)
+INSERT INTO application_state (application_id, tenant_id)
+SELECT id, tenant_id FROM deleted
+    ON CONFLICT (application_id) DO UPDATE SET updated_at = now()";
+
+/// Confirms the deletion of application `id` (and announces it in the status feed).
 pub async fn application_mark_deleted(client: &Client, id: i64) -> Result<bool, DbError> {
-    resource_mark_deleted(client, ResourceType::Application, id).await
+    let changed = client.execute(APPLICATION_MARK_DELETED, &[&id]).await.map_err(DbError::query("confirm a deletion"))?;
+    Ok(changed > 0)
 }
 
 const TENANT_ROWS_PENDING: &str = "

@@ -18,7 +18,7 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 
 use crate::db::DbError;
-use crate::model::SyncOperationState;
+use crate::model::{RowState, SyncOperationState};
 
 /// Rows read per shard and statement.
 pub const STATUS_FEED_BATCH: i64 = 500;
@@ -46,6 +46,9 @@ pub struct StatusFeedRow {
     pub conditions: Value,
     pub operation_state: Option<Value>,
     pub reconciled_state: Option<Value>,
+    /// The application row's state: the agent touches the state row when it
+    /// confirms a deletion, so a writer waiting for the prune hears of it.
+    pub row_state: RowState,
 }
 
 /// One sync request of a deployment, for its GitOpsDeploymentSyncRun's status.
@@ -69,7 +72,7 @@ SELECT s.seq, s.changed_xid::text::bigint,
        a.id, t.namespace_name, a.resource_name, a.resource_uid,
        CASE WHEN m.home THEN NULL ELSE m.resource_name END,
        s.sync_status, s.sync_revision, s.health_status, s.health_message,
-       s.resources, s.conditions, s.operation_state, s.reconciled_state
+       s.resources, s.conditions, s.operation_state, s.reconciled_state, a.row_state
   FROM writer_shard w
   JOIN tenant t ON t.writer_shard = w.shard
   JOIN application a ON a.tenant_id = t.id
@@ -128,6 +131,7 @@ pub async fn status_feed_read(
             conditions: row.get(13),
             operation_state: row.get(14),
             reconciled_state: row.get(15),
+            row_state: row.get(16),
         })
         .collect())
 }
@@ -209,6 +213,7 @@ mod tests {
             conditions: Value::Array(Vec::new()),
             operation_state: None,
             reconciled_state: None,
+            row_state: RowState::Active,
         }
     }
 

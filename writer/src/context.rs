@@ -10,6 +10,7 @@ use gitops_shared::db::DbPool;
 use crate::connection::ConnectionPolicy;
 use crate::controller::HomeSettings;
 use crate::metrics::WriterMetrics;
+use crate::queue::WorkQueue;
 
 /// The shared state of one running writer.
 #[derive(Clone)]
@@ -22,6 +23,8 @@ pub struct WriterContext {
     pub metrics: Arc<WriterMetrics>,
     /// How Argo CD reaches tenants' own namespaces.
     pub home: HomeSettings,
+    /// The controllers' work queue; the status loop wakes deletions through it.
+    pub queue: WorkQueue,
     /// Where environment connection checks may go; `None`: checks are off.
     pub connection_check: Option<ConnectionPolicy>,
 }

@@ -98,6 +98,7 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
         writer_id: config.writer_id.clone(),
         metrics: config.metrics.clone(),
         home,
+        queue: crate::queue::WorkQueue::new(),
         connection_check: config.connection_check.clone(),
     });
     let listen_url = config.listen_database_url.as_deref().unwrap_or(&config.database_url);

@@ -373,7 +373,11 @@ async fn writer_e2e_update_changes_the_application_and_recreate_is_a_new_row() {
 #[tokio::test]
 async fn writer_e2e_wait_for_pruning_keeps_the_finalizer_until_the_row_is_deleted() {
     let env = env("we-prune").await;
-    let _writer = env.writer("writer-a");
+    // No second look on a timer: the agent's confirmation, through the status feed,
+    // is what releases the finalizer.
+    let _writer = env.writer_for("writer-a", vec![env.tenant.name().to_owned()], |c| {
+        c.controllers.prune_poll = Duration::from_secs(3600);
+    });
     let object: GitOpsDeployment = serde_json::from_value(json!({
         "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeployment",
         "metadata": {"name": "web", "annotations": {WAIT_FOR_PRUNING: "true"}},

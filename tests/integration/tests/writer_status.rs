@@ -82,6 +82,7 @@ impl Env {
             metrics: Arc::default(),
             connection_check: None,
             home: Default::default(),
+            queue: Default::default(),
         })
     }
 

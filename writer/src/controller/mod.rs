@@ -96,7 +96,8 @@ pub struct ControllerSettings {
     pub healthy_within: Duration,
     /// When to look again at a resource that waits (quota, no instance, missing deployment).
     pub retry_delay: Duration,
-    /// How often a deletion that waits for pruning looks at the row.
+    /// A deletion that waits for pruning is woken by the agent's confirmation in the
+    /// status feed; this is the fallback second look at the row.
     pub prune_poll: Duration,
 }
 
@@ -107,7 +108,7 @@ impl Default for ControllerSettings {
             max_deployments: 500,
             healthy_within: Duration::from_secs(120),
             retry_delay: Duration::from_secs(10),
-            prune_poll: Duration::from_secs(2),
+            prune_poll: Duration::from_secs(60),
         }
     }
 }
@@ -370,9 +371,9 @@ pub async fn run_controllers(
         if namespaces.is_empty() { vec![None] } else { namespaces.iter().cloned().map(Some).collect() };
     let ctl = Arc::new(Controllers {
         unsynced: AtomicUsize::new(scopes.len() * 5),
+        queue: ctx.queue.clone(),
         ctx,
         settings,
-        queue: WorkQueue::new(),
         shards: shards.clone(),
         namespaces: namespaces.into_iter().collect(),
         known: Mutex::new(HashSet::new()),

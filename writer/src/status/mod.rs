@@ -29,8 +29,9 @@ use futures_util::{FutureExt, StreamExt};
 use gitops_shared::db::{DbError, pooled};
 use gitops_shared::listen::Listener;
 use gitops_shared::signal::{Signal, SleepAttempt};
+use gitops_shared::model::RowState;
 use gitops_shared::status_feed::{
-    STATUS_FEED_BATCH, SyncRunRow, cursor_after, status_feed_read, sync_runs_by_id,
+    STATUS_FEED_BATCH, StatusFeedRow, SyncRunRow, cursor_after, status_feed_read, sync_runs_by_id,
     sync_runs_of_applications, writer_shard_advance_status,
 };
 use tokio::sync::watch;
@@ -39,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 pub use patch::{PatchOutcome, patch_deployment, patch_sync_run};
 
 use crate::context::WriterContext;
+use crate::queue::{Key, Kind};
 
 /// Status patches in flight at once within a batch of the feed.
 const PATCHES_IN_FLIGHT: usize = 16;
@@ -190,7 +192,7 @@ async fn scan_shard(ctx: &WriterContext, shard: i32, syncs: &mut InFlightSyncs) 
         // cursor only passes the rows before the first failure.
         // (Boxed: a spawned task cannot hold the closure's higher-ranked future type.)
         let patches: Vec<futures_util::future::BoxFuture<'_, Result<PatchOutcome, StatusError>>> =
-            rows.iter().map(|row| patch_deployment(&ctx.kube, row).boxed()).collect();
+            rows.iter().map(|row| settle_row(ctx, row).boxed()).collect();
         let mut outcomes = futures_util::stream::iter(patches).buffered(PATCHES_IN_FLIGHT);
         for row in &rows {
             let Some(outcome) = outcomes.next().await else { break };
@@ -238,6 +240,17 @@ async fn scan_shard(ctx: &WriterContext, shard: i32, syncs: &mut InFlightSyncs) 
             return Ok(report);
         }
     }
+}
+
+/// Patches the deployment of a live row; for a row being deleted, wakes the
+/// deployment's reconcile instead (a deletion that waits for the prune is released
+/// when the agent's confirmation comes through the feed).
+async fn settle_row(ctx: &WriterContext, row: &StatusFeedRow) -> Result<PatchOutcome, StatusError> {
+    if row.row_state == RowState::Active {
+        return patch_deployment(&ctx.kube, row).await;
+    }
+    ctx.queue.push(Key { kind: Kind::Deployment, namespace: row.namespace.clone(), name: row.resource_name.clone() });
+    Ok(PatchOutcome::Unchanged)
 }
 
 /// Sync requests seen pending, running or terminating: looked at on every scan

@@ -205,6 +205,7 @@ mod tests {
             conditions: json!([{"type": "ComparisonError", "message": "boom"}, {"type": "Odd", "message": "x"}]),
             operation_state: Some(json!({"phase": "Succeeded"})),
             reconciled_state: Some(json!({"source": {"repoURL": "r", "path": "p"}, "destination": {"namespace": "n"}})),
+            row_state: gitops_shared::model::RowState::Active,
         }
     }
 
