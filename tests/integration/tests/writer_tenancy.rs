@@ -2,7 +2,8 @@
 //! stand-in on the test tier's API server): a deployment into the tenant's own
 //! namespace reaches it through a ServiceAccount token that works in that namespace
 //! and nowhere else, renewed before it expires; a deleted tenant namespace takes its
-//! tenant with it — rows tombstoned and confirmed, Argo CD objects and project gone.
+//! tenant with it — rows tombstoned and confirmed, Argo CD objects and project gone —
+//! and one made again under the same name is a new tenant.
 //! Tests wait on conditions and rows with deadlines, never on time.
 
 use std::time::Duration;
@@ -224,4 +225,30 @@ async fn writer_tenancy_deleted_namespace_takes_its_tenant_along() {
         Api::<Namespace>::all(env.kube.clone()).get_opt(&tenant).await.ok()?.is_none().then_some(())
     })
     .await;
+
+    // Made again under the same name, it is a new tenant with nothing of the old one.
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": tenant}})).expect("Namespace");
+    Api::<Namespace>::all(env.kube.clone()).create(&PostParams::default(), &namespace).await.expect("recreate");
+    env.create("web", spec(REPO, "apps/again")).await;
+    assert_eq!(env.condition("web").await.1, REASON_ACCEPTED);
+    let tenants: Vec<(i64, String)> = env
+        .client
+        .query("SELECT id, row_state::text FROM tenant WHERE namespace_name = $1 ORDER BY id", &[&tenant])
+        .await
+        .expect("tenants")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(tenants.len(), 2, "{tenants:?}");
+    assert_eq!(tenants[0], (tenant_id, "deleted".to_owned()));
+    assert_eq!(tenants[1].1, "active");
+    let paths: Vec<String> = env
+        .client
+        .query("SELECT path FROM application WHERE tenant_id = $1 AND row_state = 'active'", &[&tenants[1].0])
+        .await
+        .expect("applications")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(paths, ["apps/again"], "the new tenant has only its own deployment");
 }
