@@ -10,6 +10,7 @@ pub mod credential;
 pub mod crypto;
 pub mod db;
 pub mod desired;
+pub mod histogram;
 pub mod instance;
 pub mod listen;
 pub mod model;

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
-use std::time::Duration;
+
+use gitops_shared::histogram::Histogram;
 
 use crate::queue::Kind;
 
@@ -57,51 +58,6 @@ impl std::fmt::Debug for InventorySource {
     }
 }
 
-/// A histogram with fixed buckets; the sum kept in microseconds.
-#[derive(Debug)]
-pub struct Histogram {
-    bounds: &'static [f64],
-    buckets: Vec<AtomicU64>,
-    count: AtomicU64,
-    sum_micros: AtomicU64,
-}
-
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
-        Histogram {
-            bounds,
-            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
-            count: AtomicU64::new(0),
-            sum_micros: AtomicU64::new(0),
-        }
-    }
-
-    pub fn observe(&self, value: Duration) {
-        let secs = value.as_secs_f64();
-        if let Some(i) = self.bounds.iter().position(|bound| secs <= *bound) {
-            self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_micros.fetch_add(u64::try_from(value.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
-    }
-
-    pub fn count(&self) -> u64 {
-        self.count.load(Ordering::Relaxed)
-    }
-
-    fn render(&self, out: &mut String, name: &str) {
-        let mut cumulative = 0;
-        for (bound, bucket) in self.bounds.iter().zip(&self.buckets) {
-            cumulative += bucket.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
-        }
-        let count = self.count();
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}");
-        let _ = writeln!(out, "{name}_count {count}");
-    }
-}
 
 /// Counters and gauges of one writer.
 #[derive(Debug)]
@@ -209,7 +165,7 @@ impl WriterMetrics {
             "# HELP gitops_writer_transaction_seconds Duration of the writer's intent transactions, conflict retries included."
         );
         let _ = writeln!(out, "# TYPE gitops_writer_transaction_seconds histogram");
-        self.transaction.render(&mut out, "gitops_writer_transaction_seconds");
+        self.transaction.render(&mut out, "gitops_writer_transaction_seconds", "");
         let (tenants, deployments) = self.owned_counts();
         let _ = writeln!(out, "# HELP gitops_writer_tenants Namespaces with resources the writer knows, in its shards.");
         let _ = writeln!(out, "# TYPE gitops_writer_tenants gauge");
@@ -233,6 +189,8 @@ impl WriterMetrics {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
+    use std::time::Duration;
 
     use super::*;
 

@@ -6,35 +6,15 @@
 //! read with serde_json (the workspace has no YAML parser).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use serde_json::Value;
 
 use crate::support::agent_rbac_rules;
 
-fn deploy_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../ops/deploy")
-}
-
 /// Every agent manifest in `ops/deploy/`, by kind (one object per kind); the
 /// writer's (`writer-*.yaml`) are checked in `writer_e2e`.
 fn manifests() -> BTreeMap<String, Value> {
-    let mut by_kind = BTreeMap::new();
-    for entry in std::fs::read_dir(deploy_dir()).expect("ops/deploy exists") {
-        let path = entry.expect("a directory entry").path();
-        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
-            continue;
-        }
-        if path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("writer-")) {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).expect("a readable manifest");
-        let object: Value = serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("{} is not JSON-compatible YAML: {e}", path.display()));
-        let kind = object["kind"].as_str().expect("a kind").to_owned();
-        assert!(by_kind.insert(kind.clone(), object).is_none(), "two manifests of kind {kind}");
-    }
-    by_kind
+    crate::support::deploy_manifests(false)
 }
 
 #[test]

@@ -251,3 +251,24 @@ pub fn writer_rbac_rules() -> serde_json::Value {
         {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["bind", "escalate"]}
     ])
 }
+
+/// The manifests in `ops/deploy/`, by kind (one object per kind): the writer's
+/// (`writer-*.yaml`) or the agent's (the others). They are JSON-compatible YAML, so
+/// they parse as JSON.
+pub fn deploy_manifests(writer: bool) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../ops/deploy");
+    let mut by_kind = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(dir).expect("ops/deploy exists") {
+        let path = entry.expect("a directory entry").path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if !name.ends_with(".yaml") || name.starts_with("writer-") != writer {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("a readable manifest");
+        let object: serde_json::Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{} is not JSON-compatible YAML: {e}", path.display()));
+        let kind = object["kind"].as_str().expect("a kind").to_owned();
+        assert!(by_kind.insert(kind.clone(), object).is_none(), "two manifests of kind {kind} in {name}");
+    }
+    by_kind
+}

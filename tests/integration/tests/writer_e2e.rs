@@ -664,24 +664,9 @@ async fn writer_e2e_runs_with_exactly_its_deployed_rbac_rules() {
     identity.remove(&env.kube).await;
 }
 
-/// The writer's manifests in `ops/deploy/` (`writer-*.yaml`), by kind; JSON-compatible
-/// YAML as the agent's (see `agent_deploy`).
+/// The writer's manifests in `ops/deploy/` (`writer-*.yaml`), by kind.
 fn writer_manifests() -> std::collections::BTreeMap<String, serde_json::Value> {
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../ops/deploy");
-    let mut by_kind = std::collections::BTreeMap::new();
-    for entry in std::fs::read_dir(dir).expect("ops/deploy exists") {
-        let path = entry.expect("a directory entry").path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        if !(name.starts_with("writer-") && name.ends_with(".yaml")) {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).expect("a readable manifest");
-        let object: serde_json::Value = serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("{} is not JSON-compatible YAML: {e}", path.display()));
-        let kind = object["kind"].as_str().expect("a kind").to_owned();
-        assert!(by_kind.insert(kind.clone(), object).is_none(), "two writer manifests of kind {kind}");
-    }
-    by_kind
+    crate::support::deploy_manifests(true)
 }
 
 #[test]

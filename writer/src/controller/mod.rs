@@ -159,6 +159,17 @@ impl Controllers {
         }
     }
 
+    /// Counts a watcher's first complete listing (once per watcher, `synced` tracks
+    /// it); the writer is ready when every watcher has listed.
+    fn first_listing_done(&self, synced: &mut bool) {
+        if std::mem::replace(synced, true) {
+            return;
+        }
+        if self.unsynced.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.ctx.metrics.ready.store(true, Ordering::Relaxed);
+        }
+    }
+
     fn known(&self) -> std::sync::MutexGuard<'_, HashSet<Key>> {
         self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -475,13 +486,7 @@ where
                 ctl.known().remove(&key);
                 ctl.offer(key);
             }
-            Ok(Event::InitDone) if !synced => {
-                synced = true;
-                if ctl.unsynced.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    ctl.ctx.metrics.ready.store(true, Ordering::Relaxed);
-                }
-            }
-            Ok(Event::InitDone) => {}
+            Ok(Event::InitDone) => ctl.first_listing_done(&mut synced),
             Ok(Event::Init) => {}
             Err(error) => tracing::warn!(%error, ?kind, "watch failed; retrying"),
         }
@@ -539,12 +544,7 @@ async fn watch_namespaces(ctl: Arc<Controllers>, scope: Option<String>, cancel: 
                 for name in gone {
                     ctl.offer(namespace_key(&name));
                 }
-                if !synced {
-                    synced = true;
-                    if ctl.unsynced.fetch_sub(1, Ordering::AcqRel) == 1 {
-                        ctl.ctx.metrics.ready.store(true, Ordering::Relaxed);
-                    }
-                }
+                ctl.first_listing_done(&mut synced);
                 if let Err(error) = namespace::queue_missing(&ctl).await {
                     tracing::warn!(error = %error_chain(&error), "could not look for tenants of deleted namespaces");
                 }
