@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, watch};
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 use tokio_util::sync::CancellationToken;
 
-use crate::db::{DbError, parse_config};
+use crate::db::{ConnectConfig, DbError};
 use crate::signal::Signal;
 
 /// A running listener. Dropping it does not stop it; cancel its token.
@@ -32,10 +32,10 @@ impl Listener {
     /// `url`, until `cancel` fires. Returns at once; the first connection is made
     /// in the background (see `wait_connected`).
     pub fn start(url: &str, signals: &[Signal], cancel: CancellationToken) -> Result<Self, DbError> {
-        let mut config = parse_config(url)?;
-        config.application_name("gitops-listener");
-        config.keepalives(true);
-        config.keepalives_idle(Duration::from_secs(30));
+        let mut config = ConnectConfig::parse(url)?;
+        config.config.application_name("gitops-listener");
+        config.config.keepalives(true);
+        config.config.keepalives_idle(Duration::from_secs(30));
         let channels: Vec<String> = signals.iter().map(Signal::channel).collect();
         let wakers: HashMap<String, watch::Sender<u64>> =
             channels.iter().map(|c| (c.clone(), watch::channel(0).0)).collect();
@@ -80,7 +80,7 @@ const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 async fn run(
-    config: tokio_postgres::Config,
+    config: ConnectConfig,
     channels: Vec<String>,
     wakers: Arc<HashMap<String, watch::Sender<u64>>>,
     connected: watch::Sender<bool>,
@@ -119,7 +119,7 @@ async fn run(
 /// One connection's life: connect, LISTEN, forward notifications until it ends.
 /// Ok means it was up and then lost (or cancelled).
 async fn listen_once(
-    config: &tokio_postgres::Config,
+    config: &ConnectConfig,
     channels: &[String],
     wakers: &HashMap<String, watch::Sender<u64>>,
     connected: &watch::Sender<bool>,
@@ -127,7 +127,7 @@ async fn listen_once(
     on_up: impl FnOnce(),
 ) -> Result<(), DbError> {
     let (client, mut connection) =
-        config.connect(NoTls).await.map_err(|source| DbError::Connect { source })?;
+        config.config.connect(config.tls.clone()).await.map_err(|source| DbError::Connect { source })?;
     let (tx, mut rx) = mpsc::unbounded_channel::<Option<String>>();
     let driver = tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));

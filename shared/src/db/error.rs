@@ -8,6 +8,26 @@ use tokio_postgres::error::SqlState;
 pub enum DbError {
     #[error("invalid database URL")]
     InvalidUrl { source: tokio_postgres::Error },
+    #[error("unknown sslmode in {origin}; use one of disable, prefer, require, verify-ca, verify-full")]
+    UnknownSslMode { origin: &'static str },
+    #[error("sslmode={mode} may not be used with sslrootcert=system; use verify-full (or leave sslmode out)")]
+    WeakSslModeForSystemRoots { mode: super::tls::SslMode },
+    #[error(
+        "sslmode={mode} needs CA certificates to check the server against: set sslrootcert to a PEM \
+         file (or to `system`, with verify-full)"
+    )]
+    RootCertsMissing { mode: super::tls::SslMode },
+    #[error("could not read the CA certificates in sslrootcert {path:?}")]
+    LoadRootCerts { path: std::path::PathBuf, source: rustls::pki_types::pem::Error },
+    #[error("sslrootcert {path:?} holds no usable CA certificate")]
+    NoRootCerts { path: std::path::PathBuf },
+    #[error(
+        "sslrootcert=system, but no CA bundle was found (set SSL_CERT_FILE, or install the \
+         ca-certificates package)"
+    )]
+    SystemRootCertsMissing,
+    #[error("could not set up TLS for database connections")]
+    TlsSetup { source: rustls::Error },
     #[error("could not connect to the database")]
     Connect { source: tokio_postgres::Error },
     #[error("could not build the connection pool: {message}")]

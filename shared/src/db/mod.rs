@@ -1,9 +1,11 @@
-//! Database access: the connection pool, dedicated connections, embedded
-//! migrations, the start-up schema check and the retry wrapper for transactions
-//! that PostgreSQL aborts on serialization failures and deadlocks.
+//! Database access: the connection pool, dedicated connections (TLS as the
+//! connection string's `sslmode` says), embedded migrations, the start-up schema
+//! check and the retry wrapper for transactions that PostgreSQL aborts on
+//! serialization failures and deadlocks.
 
 mod error;
 mod migrate;
+mod tls;
 
 use std::time::Duration;
 
@@ -12,29 +14,68 @@ pub use migrate::{
     MigrationReport, SchemaVersion, check_schema, migrate, required_schema_version,
     schema_version,
 };
+pub use tls::{MakeRustlsConnect, RootCerts, SslMode, TlsParams, split_tls_params};
 
 use futures_util::future::BoxFuture;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::{Client, Config, NoTls, Transaction};
+use tokio_postgres::{Client, Config, Transaction};
 
 /// The pool every component uses for ordinary statements.
 pub type DbPool = Pool;
 
+/// A connection string taken apart: tokio-postgres's settings (TLS off, optional
+/// or mandatory, as `sslmode` says) and the connector that does the TLS.
+#[derive(Debug, Clone)]
+pub struct ConnectConfig {
+    pub config: Config,
+    pub tls: MakeRustlsConnect,
+}
+
+impl ConnectConfig {
+    /// Parses `url` (URL or key/value form, `sslmode`/`sslrootcert` included) and
+    /// loads the CA certificates it names.
+    pub fn parse(url: &str) -> Result<Self, DbError> {
+        let (config, tls) = parse_parts(url)?;
+        Ok(ConnectConfig { config, tls: MakeRustlsConnect::new(&tls)? })
+    }
+
+    /// Opens one connection; its task runs until the client is dropped.
+    pub async fn connect(&self) -> Result<Client, DbError> {
+        let (client, connection) =
+            self.config.connect(self.tls.clone()).await.map_err(|source| DbError::Connect { source })?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "database connection ended");
+            }
+        });
+        Ok(client)
+    }
+}
+
 /// Parses a connection URL or key/value string, naming what was wrong without
-/// echoing the string (it may hold a password).
+/// echoing the string (it may hold a password). The TLS parameters are checked
+/// and reflected in `ssl_mode`, but the result has no TLS connector: connect with
+/// `connect`, `pool` or `ConnectConfig`.
 pub fn parse_config(url: &str) -> Result<Config, DbError> {
-    url.parse::<Config>().map_err(|source| DbError::InvalidUrl { source })
+    parse_parts(url).map(|(config, _)| config)
+}
+
+fn parse_parts(url: &str) -> Result<(Config, TlsParams), DbError> {
+    let (rest, tls) = split_tls_params(url)?;
+    let mut config = rest.parse::<Config>().map_err(|source| DbError::InvalidUrl { source })?;
+    config.ssl_mode(tls.mode.negotiation());
+    Ok((config, tls))
 }
 
 /// Builds a pool of `size` connections. Connections are opened lazily.
 pub fn pool(url: &str, size: usize, application_name: &str) -> Result<DbPool, DbError> {
-    let mut config = parse_config(url)?;
+    let ConnectConfig { mut config, tls } = ConnectConfig::parse(url)?;
     if config.get_application_name().is_none() {
         config.application_name(application_name);
     }
     let manager = Manager::from_config(
         config,
-        NoTls,
+        tls,
         ManagerConfig { recycling_method: RecyclingMethod::Fast },
     );
     Pool::builder(manager)
@@ -48,18 +89,11 @@ pub fn pool(url: &str, size: usize, application_name: &str) -> Result<DbPool, Db
 /// Opens one connection outside any pool (for LISTEN and migrations); the
 /// connection task runs until the client is dropped.
 pub async fn connect(url: &str, application_name: &str) -> Result<Client, DbError> {
-    let mut config = parse_config(url)?;
-    if config.get_application_name().is_none() {
-        config.application_name(application_name);
+    let mut connect = ConnectConfig::parse(url)?;
+    if connect.config.get_application_name().is_none() {
+        connect.config.application_name(application_name);
     }
-    let (client, connection) =
-        config.connect(NoTls).await.map_err(|source| DbError::Connect { source })?;
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            tracing::debug!(%error, "database connection ended");
-        }
-    });
-    Ok(client)
+    connect.connect().await
 }
 
 /// Takes a pooled connection.

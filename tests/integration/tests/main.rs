@@ -8,6 +8,7 @@ mod agent_deploy;
 mod agent_reconcile;
 mod agent_run;
 mod crypto_store;
+mod db_tls;
 mod kube_conformance;
 mod kube_smoke;
 mod migrations;

@@ -2,15 +2,20 @@
 //! `postgres` on a free loopback port, as the `postgres` user when running as root
 //! (initdb refuses root). A watchdog shell stops the server and removes its
 //! directory when the process that started it exits, however it exits.
+//!
+//! `start_with_tls` turns on `ssl` with a server certificate for `localhost` and
+//! `127.0.0.1`, signed by a CA made for this server alone, for the TLS tests.
 
+use std::io::Write;
 use std::net::TcpListener;
-use std::os::unix::fs::chown;
+use std::os::unix::fs::{OpenOptionsExt, chown};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gitops_shared::db;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 
 /// Why the server could not be started. Each names what is missing and how to get it.
 #[derive(Debug, thiserror::Error)]
@@ -50,12 +55,36 @@ impl Default for PgOptions {
 pub struct PgCluster {
     port: u16,
     dir: PathBuf,
+    /// The CA that signed the server certificate, when TLS is on.
+    ca_pem: Option<PathBuf>,
     watchdog: std::process::Child,
 }
 
 impl PgCluster {
     /// initdb + start; returns once the server accepts connections.
     pub async fn start(options: PgOptions) -> Result<Self, PgError> {
+        Self::launch(options, false).await
+    }
+
+    /// As `start`, with `ssl = on` and a server certificate for `localhost` and
+    /// `127.0.0.1` (see `ca_pem_path`). Plain connections are still accepted.
+    pub async fn start_with_tls(options: PgOptions) -> Result<Self, PgError> {
+        Self::launch(options, true).await
+    }
+
+    /// The PEM file of the CA that signed the server's certificate (TLS servers only).
+    pub fn ca_pem_path(&self) -> Option<&Path> {
+        self.ca_pem.as_deref()
+    }
+
+    /// The PEM certificate of a fresh CA that signed nothing, for tests that
+    /// expect a server's certificate to be refused.
+    pub fn unrelated_ca_pem() -> Result<String, PgError> {
+        let (params, key) = ca("gitops-test-unrelated-ca").map_err(failed("generate a CA"))?;
+        params.self_signed(&key).map(|cert| cert.pem()).map_err(failed("generate a CA"))
+    }
+
+    async fn launch(options: PgOptions, tls: bool) -> Result<Self, PgError> {
         let bin = find_bin_dir().ok_or(PgError::BinariesMissing)?;
         let run_as = if is_root() { Some(postgres_user()?) } else { None };
         let dir = std::env::temp_dir().join(format!("gitops-pg-{}-{}", std::process::id(), uuid::Uuid::new_v4().simple()));
@@ -78,6 +107,8 @@ impl PgCluster {
         if !out.status.success() {
             return Err(PgError::Command { what: "initdb", detail: String::from_utf8_lossy(&out.stderr).into_owned() });
         }
+        let ca_pem = if tls { Some(write_tls_files(&dir, &data, run_as)?) } else { None };
+        let ssl = if tls { "-c ssl=on" } else { "" };
         let port = free_port()?;
         let durability = if options.durable {
             "-c fsync=on -c synchronous_commit=on -c full_page_writes=on"
@@ -90,7 +121,7 @@ impl PgCluster {
         let script = format!(
             "\"$1\" -D \"$2\" -p {port} -k \"$3\" -c listen_addresses=127.0.0.1 \
              -c max_connections={max} -c shared_buffers=256MB {durability} \
-             -c max_wal_size=2GB -c log_min_messages=warning >\"$4\" 2>&1 & pg=$!; \
+             -c max_wal_size=2GB -c log_min_messages=warning {ssl} >\"$4\" 2>&1 & pg=$!; \
              while [ -d /proc/{parent} ] && kill -0 $pg 2>/dev/null; do sleep 0.5; done; \
              kill -INT $pg 2>/dev/null; wait $pg; rm -rf \"$3\"",
             max = options.max_connections,
@@ -113,7 +144,7 @@ impl PgCluster {
             watchdog.uid(uid).gid(gid);
         }
         let watchdog = watchdog.spawn().map_err(|e| PgError::Command { what: "start postgres", detail: e.to_string() })?;
-        let cluster = PgCluster { port, dir, watchdog };
+        let cluster = PgCluster { port, dir, ca_pem, watchdog };
         cluster.wait_ready(Duration::from_secs(60)).await?;
         Ok(cluster)
     }
@@ -140,6 +171,55 @@ impl PgCluster {
             }
         }
     }
+}
+
+/// Writes `server.crt` and `server.key` (0600, owned by the server's user, as
+/// PostgreSQL demands) into the data directory, where `ssl = on` looks for them,
+/// and the CA certificate next to it; returns the CA's path.
+fn write_tls_files(dir: &Path, data: &Path, run_as: Option<(u32, u32)>) -> Result<PathBuf, PgError> {
+    let (ca_params, ca_key) = ca("gitops-test-postgres-ca").map_err(failed("generate the test CA"))?;
+    let ca_cert = ca_params.self_signed(&ca_key).map_err(failed("generate the test CA"))?;
+    let server_key = KeyPair::generate().map_err(failed("generate the server key"))?;
+    let mut server_params = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+        .map_err(failed("generate the server certificate"))?;
+    server_params.distinguished_name.push(DnType::CommonName, "localhost");
+    let server_cert = server_params
+        .signed_by(&server_key, &Issuer::from_params(&ca_params, &ca_key))
+        .map_err(failed("generate the server certificate"))?;
+
+    let write = |path: &Path, contents: &str, mode: u32| -> Result<(), PgError> {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(path)
+            .map_err(failed("write the TLS files"))?;
+        file.write_all(contents.as_bytes()).map_err(failed("write the TLS files"))?;
+        if let Some((uid, gid)) = run_as {
+            chown(path, Some(uid), Some(gid)).map_err(failed("chown the TLS files"))?;
+        }
+        Ok(())
+    };
+    write(&data.join("server.crt"), &server_cert.pem(), 0o644)?;
+    write(&data.join("server.key"), &server_key.serialize_pem(), 0o600)?;
+    let ca_path = dir.join("ca.crt");
+    write(&ca_path, &ca_cert.pem(), 0o644)?;
+    Ok(ca_path)
+}
+
+/// The parameters and key of a fresh CA.
+fn ca(name: &str) -> Result<(CertificateParams, KeyPair), rcgen::Error> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    Ok((params, key))
+}
+
+/// Adapter for `map_err`: a failed step, with the error's message as detail.
+fn failed<E: std::fmt::Display>(what: &'static str) -> impl FnOnce(E) -> PgError {
+    move |error| PgError::Command { what, detail: error.to_string() }
 }
 
 /// How often teardown checks whether the server has exited (within its deadline).
