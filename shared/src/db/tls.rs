@@ -528,17 +528,7 @@ mod tests {
         TlsParams { mode, root_certs }
     }
 
-    /// The whole error chain, as an operator would read it.
-    fn chain(error: &dyn std::error::Error) -> String {
-        let mut text = error.to_string();
-        let mut source = error.source();
-        while let Some(e) = source {
-            text.push_str(": ");
-            text.push_str(&e.to_string());
-            source = e.source();
-        }
-        text
-    }
+    use crate::telemetry::error_chain as chain;
 
     #[test]
     fn url_form_tls_params_are_taken_out_and_the_rest_kept() {

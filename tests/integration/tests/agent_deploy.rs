@@ -65,16 +65,7 @@ fn agent_deploy_sets_only_variables_the_agent_reads() {
 
     // The probes reach the metrics listener, which must listen beyond loopback.
     let value = |name: &str| env.iter().find(|e| e["name"] == name).and_then(|e| e["value"].as_str());
-    let address = value("GITOPS_AGENT_METRICS_ADDRESS").expect("a metrics address");
-    let port: u16 = address.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).expect("a port");
-    assert!(!address.starts_with("127.") && !address.starts_with("[::1]"), "{address} is loopback-only");
-    let ports = container["ports"].as_array().expect("ports");
-    let metrics = ports.iter().find(|p| p["name"] == "metrics").expect("a metrics port");
-    assert_eq!(metrics["containerPort"], u64::from(port));
-    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
-    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
-    assert_eq!(container["livenessProbe"]["httpGet"]["port"], "metrics");
-    assert_eq!(container["readinessProbe"]["httpGet"]["port"], "metrics");
+    crate::support::assert_probes_reach_metrics(container, value("GITOPS_AGENT_METRICS_ADDRESS"));
 
     // Shutdown drains the batch in hand, which holds leases: the pod gets longer
     // than a lease before it is killed.

@@ -252,6 +252,21 @@ pub fn writer_rbac_rules() -> serde_json::Value {
     ])
 }
 
+/// A Deployment's container: the metrics listener (address from its environment)
+/// listens beyond loopback on the port named `metrics`, which both probes use.
+pub fn assert_probes_reach_metrics(container: &serde_json::Value, address: Option<&str>) {
+    let address = address.expect("a metrics address");
+    let port: u16 = address.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).expect("a port");
+    assert!(!address.starts_with("127.") && !address.starts_with("[::1]"), "{address} is loopback-only");
+    let ports = container["ports"].as_array().expect("ports");
+    let metrics = ports.iter().find(|p| p["name"] == "metrics").expect("a metrics port");
+    assert_eq!(metrics["containerPort"], u64::from(port));
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(container["livenessProbe"]["httpGet"]["port"], "metrics");
+    assert_eq!(container["readinessProbe"]["httpGet"]["port"], "metrics");
+}
+
 /// The manifests in `ops/deploy/`, by kind (one object per kind): the writer's
 /// (`writer-*.yaml`) or the agent's (the others). They are JSON-compatible YAML, so
 /// they parse as JSON.

@@ -726,18 +726,6 @@ fn writer_e2e_deploy_sets_only_variables_the_writer_reads() {
     }
 
     // The probes reach the metrics listener, which must listen beyond loopback.
-    let address = env
-        .iter()
-        .find(|e| e["name"] == "GITOPS_WRITER_METRICS_ADDRESS")
-        .and_then(|e| e["value"].as_str())
-        .expect("a metrics address");
-    let port: u16 = address.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).expect("a port");
-    assert!(!address.starts_with("127.") && !address.starts_with("[::1]"), "{address} is loopback-only");
-    let ports = container["ports"].as_array().expect("ports");
-    let metrics = ports.iter().find(|p| p["name"] == "metrics").expect("a metrics port");
-    assert_eq!(metrics["containerPort"], u64::from(port));
-    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
-    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
-    assert_eq!(container["livenessProbe"]["httpGet"]["port"], "metrics");
-    assert_eq!(container["readinessProbe"]["httpGet"]["port"], "metrics");
+    let address = env.iter().find(|e| e["name"] == "GITOPS_WRITER_METRICS_ADDRESS").and_then(|e| e["value"].as_str());
+    crate::support::assert_probes_reach_metrics(container, address);
 }

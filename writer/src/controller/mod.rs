@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use gitops_shared::db::{DbError, in_txn_retrying};
+use gitops_shared::telemetry::error_chain;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -657,15 +658,4 @@ async fn worker(ctl: Arc<Controllers>, cancel: CancellationToken) {
         }
         ctl.queue.done(&key);
     }
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut out = error.to_string();
-    let mut source = error.source();
-    while let Some(next) = source {
-        out.push_str(": ");
-        out.push_str(&next.to_string());
-        source = next.source();
-    }
-    out
 }
