@@ -245,9 +245,9 @@ pub fn writer_rbac_rules() -> serde_json::Value {
         {"apiGroups": ["managed-gitops.redhat.com"], "resources": status, "verbs": ["get", "patch", "update"]},
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create", "patch", "delete"]},
+        {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
         {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]},
-        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": ["get", "create", "patch", "delete"]},
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
         {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["bind", "escalate"]}
     ])
 }

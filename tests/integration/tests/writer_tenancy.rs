@@ -1,7 +1,8 @@
 //! Tenants and their namespaces, end to end (writer, agent and the Argo CD
 //! stand-in on the test tier's API server): a deployment into the tenant's own
 //! namespace reaches it through a ServiceAccount token that works in that namespace
-//! and nowhere else, renewed before it expires; a deleted tenant namespace takes its
+//! and nowhere else, renewed before it expires and made again when someone else
+//! deletes or changes it; a deleted tenant namespace takes its
 //! tenant with it — rows tombstoned and confirmed, Argo CD objects and project gone —
 //! and one made again under the same name is a new tenant.
 //! Tests wait on conditions and rows with deadlines, never on time.
@@ -156,6 +157,52 @@ async fn writer_tenancy_home_token_is_renewed_before_it_expires() {
     assert_eq!(env.home_row().await.0, home, "renewal keeps the environment, only its credentials change");
     let scoped = TestCluster::get().await.client_with_token(&renewed).await;
     Api::<ConfigMap>::namespaced(scoped, env.tenant.name()).list(&ListParams::default()).await.expect("the new token works");
+}
+
+#[tokio::test]
+async fn writer_tenancy_home_identity_changed_by_someone_else_is_made_again() {
+    let env = env("wt-repair").await;
+    let _writer = env.writer_for("writer-a", vec![env.tenant.name().to_owned()], |c| c.home.api_url = HOME_URL.into());
+    let tenant = env.tenant.name().to_owned();
+    env.create("web", spec(REPO, "apps/web")).await;
+    assert_eq!(env.condition("web").await.1, REASON_ACCEPTED);
+    let (_, first_token) = env.home_secret(|_| true).await;
+    let roles: Api<Role> = Api::namespaced(env.kube.clone(), &tenant);
+    let bindings: Api<RoleBinding> = Api::namespaced(env.kube.clone(), &tenant);
+    let accounts: Api<ServiceAccount> = Api::namespaced(env.kube.clone(), &tenant);
+
+    // The Role narrowed by someone else comes back as the writer made it.
+    let narrowed = json!({"rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]});
+    roles.patch(HOME_IDENTITY, &PatchParams::default(), &Patch::Merge(&narrowed)).await.expect("narrow the Role");
+    eventually("the Role restored", || async {
+        let role = roles.get(HOME_IDENTITY).await.ok()?;
+        (role.rules == home_role(&tenant).rules).then_some(())
+    })
+    .await;
+
+    // A deleted binding and ServiceAccount are made again; the old token dies with
+    // its ServiceAccount, so Argo CD gets a new one that works.
+    bindings.delete(HOME_IDENTITY, &DeleteParams::default()).await.expect("delete the RoleBinding");
+    let old_uid = accounts.get(HOME_IDENTITY).await.expect("ServiceAccount").metadata.uid;
+    accounts.delete(HOME_IDENTITY, &DeleteParams::default()).await.expect("delete the ServiceAccount");
+    eventually("a new ServiceAccount and binding", || async {
+        let account = accounts.get_opt(HOME_IDENTITY).await.ok()??;
+        bindings.get_opt(HOME_IDENTITY).await.ok()??;
+        (account.metadata.uid != old_uid).then_some(())
+    })
+    .await;
+    // (A token requested between the two deletions may reach Argo CD first; the one
+    // for the new ServiceAccount follows it.)
+    let cluster = TestCluster::get().await;
+    eventually("a new token in Argo CD that works", || async {
+        let (_, token) = env.home_secret(|token| token != first_token).await;
+        let scoped = cluster.client_with_token(&token).await;
+        Api::<ConfigMap>::namespaced(scoped, &tenant).list(&ListParams::default()).await.ok()
+    })
+    .await;
+    let scoped = cluster.client_with_token(&first_token).await;
+    let refused = Api::<ConfigMap>::namespaced(scoped, &tenant).list(&ListParams::default()).await;
+    assert!(matches!(refused, Err(kube::Error::Api(status)) if status.code == 401), "the old token died with its ServiceAccount");
 }
 
 #[tokio::test]

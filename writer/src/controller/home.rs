@@ -25,7 +25,9 @@ use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use futures_util::{StreamExt, TryStreamExt};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -121,6 +123,17 @@ pub(super) enum Home {
 /// The id of the tenant's home environment, with a token that has more than
 /// `renew_before` left; makes the identity and requests a token when needed.
 pub(super) async fn home_environment(ctl: &Arc<Controllers>, namespace: &str, namespace_uid: Uuid) -> Result<Home, ReconcileError> {
+    if ctl.take_home_damaged(namespace) {
+        ctl.home_cache().remove(&namespace_uid);
+        return match issue(ctl, namespace, namespace_uid).await {
+            Ok(home) => Ok(home),
+            Err(error) => {
+                // Not repaired: the next reconcile tries again.
+                ctl.home_damaged(namespace);
+                Err(error)
+            }
+        };
+    }
     let now = SystemTime::now();
     if let Some(&(id, renew_at)) = ctl.home_cache().get(&namespace_uid)
         && renew_at > now
@@ -151,7 +164,6 @@ async fn issue(ctl: &Arc<Controllers>, namespace: &str, namespace_uid: Uuid) -> 
     ensure_identity(&ctl.ctx.kube, namespace).await?;
     let (token, expires_at) = request_token(&ctl.ctx.kube, namespace, ctl.ctx.home.token_lifetime).await?;
     let settings = &ctl.ctx.home;
-    let expiry_text = expires_at.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default().to_string();
     let intent = ManagedEnvironmentIntent {
         tenant_id: TenantId(0),
         resource_uid: namespace_uid,
@@ -162,8 +174,9 @@ async fn issue(ctl: &Arc<Controllers>, namespace: &str, namespace_uid: Uuid) -> 
         namespaces: vec![namespace.to_owned()],
         cluster_resources: false,
         secret_name: HOME_IDENTITY.to_owned(),
-        // A new token is a rotation of the stored credentials.
-        secret_resource_version: Some(expiry_text),
+        // Every token is a rotation of the stored credentials (two requested within
+        // one second share an expiry, so that cannot tell them apart).
+        secret_resource_version: Some(Uuid::new_v4().to_string()),
         credentials: ClusterCredentials {
             bearer_token: Some(token),
             certificate_authority_data: settings.ca_data.clone(),
@@ -235,6 +248,20 @@ pub fn home_role(namespace: &str) -> Role {
     }
 }
 
+/// The RoleBinding: the home Role to the home ServiceAccount.
+fn home_binding(namespace: &str) -> RoleBinding {
+    RoleBinding {
+        metadata: meta(namespace),
+        role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".to_owned(), kind: "Role".to_owned(), name: HOME_IDENTITY.to_owned() },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".to_owned(),
+            name: HOME_IDENTITY.to_owned(),
+            namespace: Some(namespace.to_owned()),
+            ..Default::default()
+        }]),
+    }
+}
+
 /// Applies the ServiceAccount, Role and RoleBinding (server-side apply: idempotent,
 /// and a tenant's edits to them are overwritten).
 async fn ensure_identity(kube: &kube::Client, namespace: &str) -> Result<(), ReconcileError> {
@@ -250,16 +277,7 @@ async fn ensure_identity(kube: &kube::Client, namespace: &str) -> Result<(), Rec
         .patch(HOME_IDENTITY, &params, &Patch::Apply(&typed(home_role(namespace), "rbac.authorization.k8s.io/v1", "Role")))
         .await
         .map_err(|source| ReconcileError::Kube { action: "apply the home Role", source })?;
-    let binding = RoleBinding {
-        metadata: meta(namespace),
-        role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".to_owned(), kind: "Role".to_owned(), name: HOME_IDENTITY.to_owned() },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".to_owned(),
-            name: HOME_IDENTITY.to_owned(),
-            namespace: Some(namespace.to_owned()),
-            ..Default::default()
-        }]),
-    };
+    let binding = home_binding(namespace);
     let bindings: Api<RoleBinding> = Api::namespaced(kube.clone(), namespace);
     bindings
         .patch(HOME_IDENTITY, &params, &Patch::Apply(&typed(binding, "rbac.authorization.k8s.io/v1", "RoleBinding")))
@@ -310,6 +328,95 @@ pub(super) async fn remove_identity(kube: &kube::Client, namespace: &str) -> Res
     gone(roles.delete(HOME_IDENTITY, &params).await.map(drop), "remove the home Role")?;
     let accounts: Api<ServiceAccount> = Api::namespaced(kube.clone(), namespace);
     gone(accounts.delete(HOME_IDENTITY, &params).await.map(drop), "remove the home ServiceAccount")
+}
+
+/// Watches the writer's ServiceAccounts, Roles and RoleBindings (by their
+/// managed-by label): when a tenant deletes the home identity or changes the Role or
+/// the binding, the namespace's next reconcile makes it again with a new token (a
+/// ServiceAccount made again has a new UID: the old token no longer works).
+pub(super) async fn watch_identity(ctl: Arc<Controllers>, scope: Option<String>, cancel: CancellationToken) {
+    let selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}");
+    let config = watcher::Config::default().labels(&selector);
+    let api = |kube: &kube::Client| -> (Api<ServiceAccount>, Api<Role>, Api<RoleBinding>) {
+        match &scope {
+            Some(namespace) => {
+                (Api::namespaced(kube.clone(), namespace), Api::namespaced(kube.clone(), namespace), Api::namespaced(kube.clone(), namespace))
+            }
+            None => (Api::all(kube.clone()), Api::all(kube.clone()), Api::all(kube.clone())),
+        }
+    };
+    let (accounts, roles, bindings) = api(&ctl.ctx.kube);
+    let accounts = watcher::watcher(accounts, config.clone()).default_backoff().map_ok(|e| changed(e, Identity::Account));
+    let roles = watcher::watcher(roles, config.clone()).default_backoff().map_ok(|e| changed(e, Identity::Role));
+    let bindings = watcher::watcher(bindings, config).default_backoff().map_ok(|e| changed(e, Identity::Binding));
+    let mut events = futures_util::stream::select_all([accounts.boxed(), roles.boxed(), bindings.boxed()]);
+    loop {
+        let event = tokio::select! {
+            () = cancel.cancelled() => return,
+            event = events.next() => event,
+        };
+        let Some(event) = event else { return };
+        let (object, deleted) = match event {
+            Ok(Some(change)) => change,
+            Ok(None) => continue,
+            Err(error) => {
+                tracing::warn!(%error, "home identity watch failed; retrying");
+                continue;
+            }
+        };
+        let namespace = object.namespace().to_owned();
+        if object.name() == HOME_IDENTITY && (deleted || !object.as_made(&namespace)) {
+            tracing::info!(tenant.ns = %namespace, deleted, "home identity changed under the writer; making it again");
+            ctl.home_damaged(&namespace);
+        }
+    }
+}
+
+/// A change after the first listing: the object, and whether it was deleted.
+fn changed<K>(event: watcher::Event<K>, wrap: fn(K) -> Identity) -> Option<(Identity, bool)> {
+    match event {
+        watcher::Event::Apply(object) => Some((wrap(object), false)),
+        watcher::Event::Delete(object) => Some((wrap(object), true)),
+        watcher::Event::Init | watcher::Event::InitApply(_) | watcher::Event::InitDone => None,
+    }
+}
+
+/// One object of the home identity, as its watcher saw it.
+enum Identity {
+    Account(ServiceAccount),
+    Role(Role),
+    Binding(RoleBinding),
+}
+
+impl Identity {
+    fn meta(&self) -> &ObjectMeta {
+        match self {
+            Identity::Account(o) => &o.metadata,
+            Identity::Role(o) => &o.metadata,
+            Identity::Binding(o) => &o.metadata,
+        }
+    }
+
+    fn name(&self) -> &str {
+        self.meta().name.as_deref().unwrap_or_default()
+    }
+
+    fn namespace(&self) -> &str {
+        self.meta().namespace.as_deref().unwrap_or_default()
+    }
+
+    /// Whether it still says what the writer applied (a ServiceAccount's content
+    /// does not matter; its UID does, and a new one comes as delete + create).
+    fn as_made(&self, namespace: &str) -> bool {
+        match self {
+            Identity::Account(_) => true,
+            Identity::Role(role) => role.rules == home_role(namespace).rules,
+            Identity::Binding(binding) => {
+                let expected = home_binding(namespace);
+                binding.role_ref == expected.role_ref && binding.subjects == expected.subjects
+            }
+        }
+    }
 }
 
 /// Renews, every `renew_every`, the home tokens of the owned shards that are due, until `cancel`.

@@ -132,6 +132,9 @@ pub struct Controllers {
     namespace_states: Mutex<HashMap<String, NamespaceState>>,
     /// Home environments known to have a fresh token: namespace UID → (id, renew at).
     home: Mutex<HashMap<Uuid, (i64, std::time::SystemTime)>>,
+    /// Namespaces whose home identity was deleted or changed under the writer: the
+    /// next reconcile makes it again and requests a new token.
+    home_damaged: Mutex<HashSet<String>>,
 }
 
 /// A namespace as the writer needs it.
@@ -228,6 +231,21 @@ impl Controllers {
 
     fn home_cache(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, (i64, std::time::SystemTime)>> {
         self.home.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records that the home identity of `namespace` needs making again, and queues
+    /// the namespace's deployments (those going to their own namespace repair it).
+    fn home_damaged(&self, namespace: &str) {
+        if !self.owns(namespace) {
+            return;
+        }
+        self.home_damaged.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(namespace.to_owned());
+        self.deployments_again(namespace);
+    }
+
+    /// Whether the home identity of `namespace` was damaged (and forgets it).
+    fn take_home_damaged(&self, namespace: &str) -> bool {
+        self.home_damaged.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(namespace)
     }
 
     /// Drops the cached home environments of tenants that were cleaned up.
@@ -392,6 +410,7 @@ pub async fn run_controllers(
         secret_refs: Mutex::new(HashMap::new()),
         namespace_states: Mutex::new(HashMap::new()),
         home: Mutex::new(HashMap::new()),
+        home_damaged: Mutex::new(HashSet::new()),
     });
     let mut tasks = JoinSet::new();
     for scope in &scopes {
@@ -411,6 +430,7 @@ pub async fn run_controllers(
         ));
         tasks.spawn(watch_secrets(ctl.clone(), scope.clone(), cancel.clone()));
         tasks.spawn(watch_namespaces(ctl.clone(), scope.clone(), cancel.clone()));
+        tasks.spawn(home::watch_identity(ctl.clone(), scope.clone(), cancel.clone()));
     }
     tasks.spawn(home::renew_loop(ctl.clone(), cancel.clone()));
     tasks.spawn(requeue_on_shard_change(ctl.clone(), shards, cancel.clone()));
