@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::tenant::{Tenancy, credential_error, tenant_placed_in_txn};
-use super::{Controllers, ReconcileError};
+use super::{Controllers, ReconcileError, next_or_cancelled};
 use crate::shard::shard_of;
 
 /// The ServiceAccount, Role and RoleBinding the writer keeps in a tenant namespace.
@@ -350,12 +350,7 @@ pub(super) async fn watch_identity(ctl: Arc<Controllers>, scope: Option<String>,
     let roles = watcher::watcher(roles, config.clone()).default_backoff().map_ok(|e| changed(e, Identity::Role));
     let bindings = watcher::watcher(bindings, config).default_backoff().map_ok(|e| changed(e, Identity::Binding));
     let mut events = futures_util::stream::select_all([accounts.boxed(), roles.boxed(), bindings.boxed()]);
-    loop {
-        let event = tokio::select! {
-            () = cancel.cancelled() => return,
-            event = events.next() => event,
-        };
-        let Some(event) = event else { return };
+    while let Some(event) = next_or_cancelled(&mut events, &cancel).await {
         let (object, deleted) = match event {
             Ok(Some(change)) => change,
             Ok(None) => continue,

@@ -440,6 +440,17 @@ pub async fn run_controllers(
     while tasks.join_next().await.is_some() {}
 }
 
+/// The next item of a watch stream; None once `cancel` fires or the stream ends.
+pub(crate) async fn next_or_cancelled<S: futures_util::Stream + Unpin>(
+    events: &mut S,
+    cancel: &CancellationToken,
+) -> Option<S::Item> {
+    tokio::select! {
+        () = cancel.cancelled() => None,
+        event = events.next() => event,
+    }
+}
+
 /// Whether the writer finished with `object` as it is: not being deleted, holding
 /// the finalizer, and accepted at its current generation.
 fn settled<K: Resource + HasConditions>(object: &K) -> bool {
@@ -473,12 +484,7 @@ where
     let mut synced = false;
     // A SyncRun also waits on its deployment and its sync: always look again.
     let filter_settled = kind != Kind::SyncRun;
-    loop {
-        let event = tokio::select! {
-            () = cancel.cancelled() => return,
-            event = events.next() => event,
-        };
-        let Some(event) = event else { return };
+    while let Some(event) = next_or_cancelled(&mut events, &cancel).await {
         let key = |object: &K| Key {
             kind,
             namespace: object.meta().namespace.clone().unwrap_or_default(),
@@ -527,12 +533,7 @@ async fn watch_namespaces(ctl: Arc<Controllers>, scope: Option<String>, cancel: 
     let mut synced = false;
     // Names seen in the listing under way (a relist drops namespaces that went meanwhile).
     let mut listing: HashSet<String> = HashSet::new();
-    loop {
-        let event = tokio::select! {
-            () = cancel.cancelled() => return,
-            event = events.next() => event,
-        };
-        let Some(event) = event else { return };
+    while let Some(event) = next_or_cancelled(&mut events, &cancel).await {
         match event {
             Ok(Event::Apply(object) | Event::InitApply(object)) => {
                 let name = object.metadata.name.clone().unwrap_or_default();
@@ -583,12 +584,7 @@ async fn watch_secrets(ctl: Arc<Controllers>, scope: Option<String>, cancel: Can
         None => Api::all(ctl.ctx.kube.clone()),
     };
     let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
-    loop {
-        let event = tokio::select! {
-            () = cancel.cancelled() => return,
-            event = events.next() => event,
-        };
-        let Some(event) = event else { return };
+    while let Some(event) = next_or_cancelled(&mut events, &cancel).await {
         match event {
             Ok(Event::Apply(object) | Event::InitApply(object) | Event::Delete(object)) => {
                 let namespace = object.metadata.namespace.unwrap_or_default();
