@@ -236,7 +236,8 @@ impl Controllers {
     /// Records that the home identity of `namespace` needs making again, and queues
     /// the namespace's deployments (those going to their own namespace repair it).
     fn home_damaged(&self, namespace: &str) {
-        if !self.owns(namespace) {
+        // A namespace on its way out loses the identity with everything else.
+        if !self.owns(namespace) || self.namespace_cached(namespace).is_none_or(|state| state.terminating) {
             return;
         }
         self.home_damaged.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(namespace.to_owned());
