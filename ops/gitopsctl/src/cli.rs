@@ -186,8 +186,9 @@ pub struct E2eBenchArgs {
     #[arg(long, env = "GITOPS_BENCH_DEADLINE", default_value_t = 600,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub deadline_s: u64,
-    /// Run directory: kubeconfig, env file and the writer's and agent's logs.
-    #[arg(long, env = "GITOPS_BENCH_DIR", default_value = ".gitops-bench-e2e")]
+    /// Run directory: kubeconfig, env file (with the run's development key) and the
+    /// writer's and agent's logs (default: gitops-bench-e2e in the temp directory).
+    #[arg(long, env = "GITOPS_BENCH_DIR", default_value_os_t = std::env::temp_dir().join("gitops-bench-e2e"))]
     pub dir: std::path::PathBuf,
 }
 
