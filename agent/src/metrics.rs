@@ -116,11 +116,13 @@ impl Metrics {
         get(&self.sweep_runs)
     }
 
-    pub(crate) fn attach_consumer(&self, stats: Arc<ConsumerStats>) {
+    /// Shows the counters of the queue consumer (the `gitops_agent_consumer_*` series).
+    pub fn attach_consumer(&self, stats: Arc<ConsumerStats>) {
         let _ = self.consumer.set(stats);
     }
 
-    pub(crate) fn attach_listener(&self, listener: gitops_shared::listen::Listener) {
+    /// Shows the state of the LISTEN connection (the `gitops_agent_listen_*` series).
+    pub fn attach_listener(&self, listener: gitops_shared::listen::Listener) {
         let _ = self.listen.set(ListenProbe(listener));
     }
 

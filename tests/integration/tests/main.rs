@@ -12,6 +12,7 @@ mod db_tls;
 mod kube_conformance;
 mod kube_smoke;
 mod migrations;
+mod ops_dashboard;
 mod queue_admin;
 mod queue_failures;
 mod queue_race;
