@@ -50,7 +50,7 @@ use crate::api::{
 };
 use crate::context::WriterContext;
 use crate::metrics::{Inventory, Outcome};
-use crate::queue::{Key, Kind, WorkQueue};
+use crate::queue::{Key, Kind};
 use crate::shard::shard_of;
 
 /// Why a reconcile did not finish; it is retried.
@@ -118,7 +118,6 @@ impl Default for ControllerSettings {
 pub struct Controllers {
     pub ctx: Arc<WriterContext>,
     pub settings: ControllerSettings,
-    queue: WorkQueue,
     shards: watch::Receiver<Vec<i32>>,
     /// Empty: every namespace.
     namespaces: BTreeSet<String>,
@@ -158,8 +157,8 @@ impl Controllers {
 
     fn offer(&self, key: Key) {
         if self.owns(&key.namespace) {
-            self.queue.push(key);
-            self.ctx.metrics.queue_depth.store(self.queue.len() as u64, Ordering::Relaxed);
+            self.ctx.queue.push(key);
+            self.ctx.metrics.queue_depth.store(self.ctx.queue.len() as u64, Ordering::Relaxed);
         }
     }
 
@@ -402,7 +401,6 @@ pub async fn run_controllers(
         if namespaces.is_empty() { vec![None] } else { namespaces.iter().cloned().map(Some).collect() };
     let ctl = Arc::new(Controllers {
         unsynced: AtomicUsize::new(scopes.len() * 5),
-        queue: ctx.queue.clone(),
         ctx,
         settings,
         shards: shards.clone(),
@@ -631,8 +629,8 @@ async fn worker(ctl: Arc<Controllers>, cancel: CancellationToken) {
     let known = Arc::downgrade(&ctl);
     let inventory: std::sync::Weak<dyn Inventory> = known;
     ctl.ctx.metrics.set_inventory(inventory);
-    while let Some(key) = ctl.queue.pop(&cancel).await {
-        ctl.ctx.metrics.queue_depth.store(ctl.queue.len() as u64, Ordering::Relaxed);
+    while let Some(key) = ctl.ctx.queue.pop(&cancel).await {
+        ctl.ctx.metrics.queue_depth.store(ctl.ctx.queue.len() as u64, Ordering::Relaxed);
         let outcome = if ctl.owns(&key.namespace) {
             match key.kind {
                 Kind::Deployment => deployment::reconcile(&ctl, &key.namespace, &key.name).await,
@@ -646,7 +644,7 @@ async fn worker(ctl: Arc<Controllers>, cancel: CancellationToken) {
         };
         let metrics = &ctl.ctx.metrics;
         if outcome.is_ok() {
-            ctl.queue.forget(&key);
+            ctl.ctx.queue.forget(&key);
         }
         match outcome {
             Ok(Next::Done) => {}
@@ -656,14 +654,14 @@ async fn worker(ctl: Arc<Controllers>, cancel: CancellationToken) {
                 metrics.validation_failed(key.kind, reason);
             }
             // The namespace's own cleanup runs from its key; nothing to retry here.
-            Err(ReconcileError::NamespaceGone) => ctl.queue.forget(&key),
+            Err(ReconcileError::NamespaceGone) => ctl.ctx.queue.forget(&key),
             Ok(Next::Retry(delay)) => {
                 metrics.reconciled(key.kind, Outcome::Retry);
-                ctl.queue.push_after(key.clone(), delay, &cancel);
+                ctl.ctx.queue.push_after(key.clone(), delay, &cancel);
             }
             Err(error) => {
                 metrics.reconciled(key.kind, Outcome::Failed);
-                let retry_in = ctl.queue.retry_later(key.clone(), &cancel);
+                let retry_in = ctl.ctx.queue.retry_later(key.clone(), &cancel);
                 tracing::warn!(
                     error = %error_chain(&error),
                     tenant.ns = %key.namespace,
@@ -673,6 +671,6 @@ async fn worker(ctl: Arc<Controllers>, cancel: CancellationToken) {
                 );
             }
         }
-        ctl.queue.done(&key);
+        ctl.ctx.queue.done(&key);
     }
 }
