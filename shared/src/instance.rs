@@ -36,6 +36,8 @@ DELETE FROM engine_instance i
    AND NOT EXISTS (SELECT 1 FROM operation o WHERE o.engine_instance_id = i.id)
 RETURNING id";
 
+const NAMESPACES: &str = "SELECT DISTINCT argocd_namespace FROM engine_instance";
+
 const HEARTBEAT: &str = "UPDATE engine_instance SET heartbeat_at = now() WHERE id = $1";
 
 fn is_dns_label(s: &str) -> bool {
@@ -91,6 +93,13 @@ pub async fn engine_instance_list(client: &Client) -> Result<Vec<EngineInstance>
     let statement = format!("{LIST} ORDER BY i.name");
     let rows = client.query(&statement, &[]).await.map_err(DbError::query("list engine instances"))?;
     Ok(rows.iter().map(from_row).collect())
+}
+
+/// The namespace of every registered instance: never a tenant namespace, and never
+/// a destination on the home cluster.
+pub async fn engine_instance_namespaces(client: &Client) -> Result<std::collections::BTreeSet<String>, DbError> {
+    let rows = client.query(NAMESPACES, &[]).await.map_err(DbError::query("list engine instance namespaces"))?;
+    Ok(rows.iter().map(|row| row.get(0)).collect())
 }
 
 /// One instance by name.

@@ -24,4 +24,5 @@ pub mod signal;
 pub mod sync_run;
 pub mod status_feed;
 pub mod telemetry;
+pub mod tenancy;
 pub mod tenant;
