@@ -43,6 +43,8 @@ pub struct EnvironmentRef {
     pub id: i64,
     pub api_url: String,
     pub row_state: RowState,
+    /// The tenant's home environment (its own namespace on the home cluster).
+    pub home: bool,
 }
 
 /// A managed environment with its sealed credentials.
@@ -57,6 +59,8 @@ pub struct DesiredEnvironment {
     pub namespaces: Vec<String>,
     pub cluster_resources: bool,
     pub row_state: RowState,
+    /// The tenant's home environment (its own namespace on the home cluster).
+    pub home: bool,
     /// Sealed `ClusterCredentials` (table `cluster_credential`).
     pub credentials: Option<Sealed>,
 }
@@ -121,13 +125,15 @@ pub struct ProjectEnvironment {
     pub cluster_resources: bool,
     /// Namespaces the tenant's applications deploy to on this environment.
     pub application_namespaces: Vec<String>,
+    /// The tenant's home environment (its own namespace on the home cluster).
+    pub home: bool,
 }
 
 const APPLICATION: &str = "
 SELECT a.id, a.tenant_id, a.resource_uid, a.resource_name, a.repo_url, a.path, a.target_revision,
        a.destination_namespace, a.sync_type, a.create_namespace, a.row_state,
        EXTRACT(EPOCH FROM (now() - a.updated_at))::float8, t.namespace_name,
-       e.id, e.api_url, e.row_state, a.managed_environment_id
+       e.id, e.api_url, e.row_state, a.managed_environment_id, e.home
   FROM application a
   JOIN tenant t ON t.id = a.tenant_id
   LEFT JOIN managed_environment e ON e.id = a.managed_environment_id AND e.tenant_id = a.tenant_id
@@ -135,7 +141,7 @@ SELECT a.id, a.tenant_id, a.resource_uid, a.resource_name, a.repo_url, a.path, a
 
 const ENVIRONMENT: &str = "
 SELECT e.id, e.tenant_id, e.resource_uid, e.resource_name, e.api_url, e.allow_insecure_skip_tls_verify,
-       e.namespaces, e.cluster_resources, e.row_state, c.key_id, c.ciphertext
+       e.namespaces, e.cluster_resources, e.row_state, c.key_id, c.ciphertext, e.home
   FROM managed_environment e
   LEFT JOIN cluster_credential c ON c.managed_environment_id = e.id AND c.tenant_id = e.tenant_id
  WHERE e.id = $1";
@@ -162,7 +168,8 @@ SELECT repo_url FROM repository_credential WHERE tenant_id = $1 AND row_state <>
 const TENANT_ENVIRONMENTS: &str = "
 SELECT e.id, e.api_url, e.namespaces, e.cluster_resources,
        COALESCE(array_agg(DISTINCT a.destination_namespace ORDER BY a.destination_namespace)
-                FILTER (WHERE a.id IS NOT NULL), '{}')
+                FILTER (WHERE a.id IS NOT NULL), '{}'),
+       e.home
   FROM managed_environment e
   LEFT JOIN application a
          ON a.managed_environment_id = e.id AND a.tenant_id = e.tenant_id AND a.row_state <> 'deleted'
@@ -199,6 +206,7 @@ pub async fn application_load(client: &Client, id: i64) -> Result<Option<Desired
             id,
             api_url: row.get(14),
             row_state: row.get(15),
+            home: row.get(17),
         }),
     }))
 }
@@ -216,6 +224,7 @@ pub async fn managed_environment_load(client: &Client, id: i64) -> Result<Option
         namespaces: row.get(6),
         cluster_resources: row.get(7),
         row_state: row.get(8),
+        home: row.get(11),
         credentials: sealed(&row, 9, 10),
     }))
 }
@@ -285,6 +294,7 @@ pub async fn tenant_project_load(client: &Client, tenant: TenantId) -> Result<Op
                 namespaces: r.get(2),
                 cluster_resources: r.get(3),
                 application_namespaces: r.get(4),
+                home: r.get(5),
             })
             .collect(),
     }))
