@@ -3,6 +3,7 @@
 //! for drift and serves its metrics. A library so tests drive the code the binary
 //! runs (`run::run_agent`).
 
+pub mod destination;
 pub mod engine;
 pub mod http;
 pub mod metrics;
@@ -12,6 +13,7 @@ pub mod run;
 pub mod status;
 pub mod sweep;
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -21,6 +23,7 @@ use gitops_shared::config::{self, redact_database_url};
 use gitops_shared::crypto::{CryptoError, SecretBox};
 use gitops_shared::db::{self, DbError};
 use gitops_shared::instance::{EngineInstance, engine_instance_by_name};
+use gitops_shared::tenancy::NamePattern;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
@@ -29,6 +32,10 @@ pub use run::{AgentConfig, AgentHandle, run_agent};
 const APPLICATION_NAME: &str = "gitops-agent";
 
 pub use gitops_shared::config::ENGINE_INSTANCE;
+
+/// The namespace the agent's pod runs in (from the downward API): one of the
+/// service's namespaces, never a destination on the home cluster.
+pub const POD_NAMESPACE: &str = "POD_NAMESPACE";
 
 #[derive(Debug, Parser)]
 #[command(name = "gitops-agent", version, about = "The GitOps service's agent for one Argo CD instance")]
@@ -77,6 +84,20 @@ pub struct RunArgs {
     /// Operations reconciled at once.
     #[arg(long, env = "GITOPS_AGENT_CONCURRENCY", default_value_t = 16)]
     pub concurrency: usize,
+    /// Further API URLs of the home cluster (the tenants' own cluster, and the one
+    /// Argo CD runs in): repeat or separate with commas. The in-cluster names
+    /// (https://kubernetes.default.svc[.cluster.local], https://kubernetes.default)
+    /// are always home. No destination there may be a reserved namespace.
+    #[arg(long = "home-api-url", env = "GITOPS_HOME_API_URLS", value_delimiter = ',', value_parser = destination::parse_home_api_url)]
+    pub home_api_urls: Vec<String>,
+    /// Namespaces the service's own components run in (plus POD_NAMESPACE, when set):
+    /// never destinations on the home cluster.
+    #[arg(long, env = "GITOPS_SERVICE_NAMESPACES", value_delimiter = ',')]
+    pub service_namespaces: Vec<String>,
+    /// Further namespace patterns (`infra-*`) that are never destinations on the home
+    /// cluster, besides kube-*, default, the service's and every engine instance's.
+    #[arg(long, env = "GITOPS_RESERVED_NAMESPACES", value_delimiter = ',')]
+    pub reserved_namespaces: Vec<NamePattern>,
 }
 
 /// Parses `250ms`, `30s`, `5m`, `1h` (a bare number is seconds).
@@ -122,13 +143,16 @@ pub enum AgentError {
     InferKube { source: kube::config::InferConfigError },
     #[error("could not build a Kubernetes client")]
     KubeClient { source: kube::Error },
+    #[error("invalid destination settings: {message}")]
+    Destinations { message: String },
 }
 
 /// Every environment variable `gitops-agent run` reads: its flags' and the
 /// encryption keys' (read by `SecretBox::from_env`). Deployment manifests are
 /// checked against this list.
 pub fn run_env_vars() -> Vec<String> {
-    let mut names = vec![config::ENCRYPTION_KEYS.to_owned(), config::ENCRYPTION_ACTIVE_KEY.to_owned()];
+    let mut names =
+        vec![config::ENCRYPTION_KEYS.to_owned(), config::ENCRYPTION_ACTIVE_KEY.to_owned(), POD_NAMESPACE.to_owned()];
     if let Some(run) = Cli::command().find_subcommand("run") {
         names.extend(run.get_arguments().filter_map(|arg| arg.get_env()).map(|env| env.to_string_lossy().into_owned()));
     }
@@ -155,11 +179,24 @@ pub async fn run(args: &RunArgs) -> Result<(), AgentError> {
     config.sweep.dry_run = args.sweep_dry_run;
     config.lease = args.lease;
     config.concurrency = args.concurrency;
+    config.destinations = destinations(args, std::env::var(POD_NAMESPACE).ok());
     let cancel = CancellationToken::new();
     tokio::spawn(gitops_shared::serve::cancel_on_signal(cancel.clone()));
     run_agent(config, cancel).await
 }
 
+/// The destination settings of `args`; `pod_namespace` (the agent's own) joins the
+/// service's namespaces.
+pub fn destinations(args: &RunArgs, pod_namespace: Option<String>) -> destination::DestinationConfig {
+    let mut service_namespaces: BTreeSet<String> =
+        args.service_namespaces.iter().map(|ns| ns.trim().to_owned()).filter(|ns| !ns.is_empty()).collect();
+    service_namespaces.extend(pod_namespace.map(|ns| ns.trim().to_owned()).filter(|ns| !ns.is_empty()));
+    destination::DestinationConfig {
+        home_api_urls: args.home_api_urls.clone(),
+        service_namespaces,
+        reserved_namespaces: args.reserved_namespaces.clone(),
+    }
+}
 
 /// The registered instance called `name`; an unknown name is refused.
 pub async fn instance(client: &Client, name: &str) -> Result<EngineInstance, AgentError> {
@@ -192,8 +229,50 @@ mod tests {
     #[test]
     fn run_reads_its_flags_and_keys_from_the_environment() {
         let names = run_env_vars();
-        for name in [config::DATABASE_URL, ENGINE_INSTANCE, "GITOPS_AGENT_METRICS_ADDRESS", config::ENCRYPTION_KEYS] {
+        for name in [
+            config::DATABASE_URL,
+            ENGINE_INSTANCE,
+            "GITOPS_AGENT_METRICS_ADDRESS",
+            config::ENCRYPTION_KEYS,
+            "GITOPS_HOME_API_URLS",
+            "GITOPS_SERVICE_NAMESPACES",
+            "GITOPS_RESERVED_NAMESPACES",
+            POD_NAMESPACE,
+        ] {
             assert!(names.iter().any(|n| n == name), "{name} missing from {names:?}");
         }
+    }
+
+    #[test]
+    fn destination_flags_take_lists_and_the_pod_namespace() {
+        let cli = Cli::try_parse_from([
+            "gitops-agent",
+            "run",
+            "--database-url",
+            "postgres://localhost/x",
+            "--instance",
+            "argocd-1",
+            "--home-api-url",
+            "https://api.home.example.invalid:6443,https://10.0.0.1",
+            "--home-api-url",
+            "https://home.example.invalid",
+            "--service-namespaces",
+            "gitops, gitops-writer",
+            "--reserved-namespaces",
+            "infra-*,vault",
+        ])
+        .expect("valid flags");
+        let Command::Run(args) = cli.command;
+        let config = destinations(&args, Some("gitops-agents".into()));
+        assert_eq!(config.home_api_urls.len(), 3);
+        assert_eq!(
+            config.service_namespaces.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["gitops", "gitops-agents", "gitops-writer"]
+        );
+        assert_eq!(config.reserved_namespaces.iter().map(NamePattern::as_str).collect::<Vec<_>>(), ["infra-*", "vault"]);
+        let bad = Cli::try_parse_from(["gitops-agent", "run", "--database-url", "x", "--instance", "i", "--home-api-url", "home"]);
+        assert!(bad.is_err(), "a home URL that cannot be read is refused at start");
+        let bad = Cli::try_parse_from(["gitops-agent", "run", "--database-url", "x", "--instance", "i", "--reserved-namespaces", "Infra"]);
+        assert!(bad.is_err());
     }
 }

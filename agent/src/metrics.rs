@@ -11,6 +11,8 @@ use gitops_shared::histogram::Histogram;
 use gitops_shared::model::ResourceType;
 use gitops_shared::queue::ConsumerStats;
 
+use crate::destination::RefusedKind;
+
 /// Upper bounds (seconds) of the reconcile-duration buckets.
 const DURATION_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 /// Upper bounds (seconds) of the claim-lag buckets.
@@ -51,6 +53,8 @@ pub struct Metrics {
     pub sweep_dry_run_skipped: AtomicU64,
     /// Set once the first sweep finished (for readiness and tests).
     pub sweep_done_once: AtomicBool,
+    /// Destinations refused on the home cluster, by `RefusedKind` (in `ALL`'s order).
+    destinations_refused: [AtomicU64; 3],
     consumer: std::sync::OnceLock<Arc<ConsumerStats>>,
     listen: std::sync::OnceLock<ListenProbe>,
 }
@@ -92,6 +96,7 @@ impl Default for Metrics {
             sweep_restores_enqueued: AtomicU64::new(0),
             sweep_dry_run_skipped: AtomicU64::new(0),
             sweep_done_once: AtomicBool::new(false),
+            destinations_refused: Default::default(),
             consumer: std::sync::OnceLock::new(),
             listen: std::sync::OnceLock::new(),
         }
@@ -114,6 +119,16 @@ impl Metrics {
     /// How many sweeps have finished (successfully or not).
     pub fn sweeps(&self) -> u64 {
         get(&self.sweep_runs)
+    }
+
+    /// Counts one refused destination of `kind`.
+    pub fn destination_refused(&self, kind: RefusedKind) {
+        self.destinations_refused[kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Destinations of `kind` refused so far.
+    pub fn destinations_refused(&self, kind: RefusedKind) -> u64 {
+        get(&self.destinations_refused[kind as usize])
     }
 
     /// Shows the counters of the queue consumer (the `gitops_agent_consumer_*` series).
@@ -199,6 +214,11 @@ impl Metrics {
         for (name, help, value) in plain {
             counter(&mut out, name, help, get(value));
         }
+        let name = "gitops_agent_destinations_refused_total";
+        header(&mut out, name, "Destinations refused: a reserved or engine namespace of the home cluster.", "counter");
+        for kind in RefusedKind::ALL {
+            let _ = writeln!(out, "{name}{{kind=\"{}\"}} {}", kind.as_str(), self.destinations_refused(kind));
+        }
         counter(
             &mut out,
             "gitops_agent_sweep_dry_run_skipped_total",
@@ -249,5 +269,9 @@ mod tests {
         ));
         assert!(text.contains("gitops_agent_claim_lag_seconds_count 0"));
         assert!(text.contains("gitops_agent_sweep_runs_total 0"));
+        metrics.destination_refused(RefusedKind::ClusterSecret);
+        let text = metrics.render();
+        assert!(text.contains("gitops_agent_destinations_refused_total{kind=\"cluster_secret\"} 1"));
+        assert!(text.contains("gitops_agent_destinations_refused_total{kind=\"project_destination\"} 0"));
     }
 }

@@ -20,6 +20,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::destination::{DestinationConfig, DestinationGuard};
 use crate::engine::Engine;
 use crate::engine::argocd::ArgoCdEngine;
 use crate::metrics::Metrics;
@@ -57,6 +58,8 @@ pub struct AgentConfig {
     /// Where `/metrics`, `/healthz` and `/readyz` listen (port 0: any free port).
     pub metrics_address: SocketAddr,
     pub sweep: SweepConfig,
+    /// Destinations refused on the home cluster, whatever the rows say.
+    pub destinations: DestinationConfig,
     pub lease: Duration,
     pub concurrency: usize,
     /// Scan the queue at least this often without a notification.
@@ -78,6 +81,7 @@ impl AgentConfig {
             kubeconfig: None,
             metrics_address: SocketAddr::from(([127, 0, 0, 1], 9464)),
             sweep: SweepConfig { interval: Duration::from_secs(300), max_deletions: 50, dry_run: false },
+            destinations: DestinationConfig::default(),
             lease: Duration::from_secs(60),
             concurrency: 16,
             poll_interval: Duration::from_secs(30),
@@ -103,6 +107,8 @@ pub async fn run_agent(config: AgentConfig, cancel: CancellationToken) -> Result
     tracing::info!(schema.found = schema.found, schema.required = schema.required, "database schema checked");
     let instance = instance(&client, &config.instance).await?;
     drop(client);
+    let guard = DestinationGuard::new(&config.destinations, &instance.argocd_namespace, config.handle.metrics.clone())
+        .map_err(|message| AgentError::Destinations { message })?;
     tracing::info!(instance.id = %instance.id, instance.name = %instance.name, argocd.ns = %instance.argocd_namespace,
         "serving engine instance");
     let pool = db::pool(&config.database_url, config.concurrency + 4, APPLICATION_NAME)
@@ -144,7 +150,8 @@ pub async fn run_agent(config: AgentConfig, cancel: CancellationToken) -> Result
     };
     tasks.spawn(sweeper.run(background.clone()));
 
-    let reconciler = Reconciler::new(pool.clone(), engine, config.secrets.clone(), instance.clone());
+    let reconciler =
+        Reconciler::new(pool.clone(), engine, config.secrets.clone(), instance.clone()).with_destinations(Arc::new(guard));
     let handler = Arc::new(Instrumented { inner: reconciler, metrics: metrics.clone() });
     let mut consumer_config = ConsumerConfig::new(instance.id, config.claimer.clone());
     consumer_config.concurrency = config.concurrency.max(1);

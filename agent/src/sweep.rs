@@ -352,6 +352,7 @@ mod tests {
             name: name.into(),
             labels: labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
             deleting: false,
+            destination_namespace: None,
         }
     }
 

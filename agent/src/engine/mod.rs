@@ -181,6 +181,9 @@ pub struct OwnedObject {
     pub labels: BTreeMap<String, String>,
     /// Deletion has begun.
     pub deleting: bool,
+    /// An application's destination namespace as the engine holds it (None for
+    /// other kinds, or when it has none).
+    pub destination_namespace: Option<String>,
 }
 
 /// A failed engine call, classified: transient failures are retried, refusals are
@@ -210,6 +213,18 @@ pub trait Engine: Send + Sync + fmt::Debug + 'static {
     fn delete_project<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Removal, EngineError>>;
     fn apply_application<'a>(&'a self, spec: &'a ApplicationSpec) -> BoxFuture<'a, Result<(), EngineError>>;
     fn delete_application<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Removal, EngineError>>;
+    /// Removes application `name` *without pruning* what it deployed: the engine's
+    /// pruning finalizer is taken off first, then the object is deleted. An engine
+    /// that cannot do this refuses (it never falls back to an ordinary delete).
+    fn release_application<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Removal, EngineError>> {
+        Box::pin(async move {
+            Err(EngineError::Refused {
+                action: format!("remove application {name} without pruning"),
+                tenant_message: "the deployment could not be removed safely; an operator has been notified".into(),
+                source: "this engine cannot remove an application without pruning".into(),
+            })
+        })
+    }
     fn apply_cluster<'a>(&'a self, spec: &'a ClusterSpec) -> BoxFuture<'a, Result<(), EngineError>>;
     fn delete_cluster<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Removal, EngineError>>;
     fn apply_repository<'a>(&'a self, spec: &'a RepositorySpec) -> BoxFuture<'a, Result<(), EngineError>>;

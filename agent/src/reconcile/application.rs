@@ -2,12 +2,19 @@
 //! tenant's project, which must admit it); a deleting row is deleted, confirmed
 //! gone, and only then marked deleted. A deletion that hangs (Argo CD's finalizer
 //! not released) is retried and, after a bounded wait, reported on the row.
+//!
+//! A row whose destination is a reserved namespace of the home cluster (see
+//! `crate::destination`) is refused whatever else it says: no Application is made,
+//! and one that exists (made by an earlier version, or by hand) is removed without
+//! pruning — Argo CD's resources finalizer is taken off before the delete, so what
+//! it deployed there stays untouched.
 
 use gitops_shared::db::pooled;
 use gitops_shared::desired::{DesiredApplication, application_load, application_mark_deleted, application_set_deletion_message};
 use gitops_shared::model::{RowState, SyncType, TenantId};
 
 use super::{ReconcileError, Reconciler, same_tenant};
+use crate::destination::{DestinationPolicy, RefusedKind};
 use crate::engine::{ApplicationSpec, ObjectKind, Removal};
 use crate::names::{APPLICATION_ID_LABEL, application_name, environment_server, labels, project_name};
 
@@ -53,6 +60,17 @@ pub fn application_spec(app: &DesiredApplication) -> Result<ApplicationSpec, Rec
     })
 }
 
+/// Why the row's destination must never reach Argo CD, or None. An application
+/// whose environment is unknown is judged by its namespace alone (on the safe side:
+/// it is only ever removed, never created, that way).
+pub fn application_refusal(policy: &DestinationPolicy, app: &DesiredApplication) -> Option<String> {
+    let namespace = &app.destination_namespace;
+    match &app.environment {
+        Some(environment) => policy.refusal(environment.home, &environment.api_url, namespace),
+        None => policy.forbidden_namespace(namespace),
+    }
+}
+
 impl Reconciler {
     pub(super) async fn application(&self, tenant: TenantId, id: i64) -> Result<(), ReconcileError> {
         let app = {
@@ -64,6 +82,10 @@ impl Reconciler {
         match app.row_state {
             RowState::Active => {
                 let spec = application_spec(&app)?;
+                let policy = self.destination_policy().await?;
+                if let Some(why) = application_refusal(&policy, &app) {
+                    return self.refuse_application(&app, &why).await;
+                }
                 self.apply_project(app.tenant_id).await?;
                 self.engine().apply_application(&spec).await?;
                 Ok(())
@@ -77,9 +99,38 @@ impl Reconciler {
         }
     }
 
+    /// Refuses an active row aimed at a reserved namespace of the home cluster and
+    /// removes its Application, if any, without pruning.
+    async fn refuse_application(&self, app: &DesiredApplication, why: &str) -> Result<(), ReconcileError> {
+        let name = application_name(app.resource_uid);
+        let namespace = &app.destination_namespace;
+        self.destinations.refused(RefusedKind::Application, app.tenant_id, namespace, &name, why);
+        let removal = self.engine().release_application(&name).await?;
+        // The project is rebuilt under the same policy, which drops such destinations.
+        self.apply_project(app.tenant_id).await?;
+        Err(ReconcileError::refused(
+            format!(
+                "application {} targets namespace {namespace:?} on the home cluster, which is reserved ({why}); \
+                 Application {name} not applied, an existing one removed without pruning ({removal:?})",
+                app.id
+            ),
+            format!(
+                "the destination namespace {namespace:?} is reserved on this cluster: the GitOps service never deploys there"
+            ),
+        ))
+    }
+
     async fn delete_application(&self, app: &DesiredApplication) -> Result<(), ReconcileError> {
         let name = application_name(app.resource_uid);
-        match self.engine().delete_application(&name).await? {
+        let policy = self.destination_policy().await?;
+        let removal = match application_refusal(&policy, app) {
+            Some(why) => {
+                self.destinations.refused(RefusedKind::Application, app.tenant_id, &app.destination_namespace, &name, &why);
+                self.engine().release_application(&name).await?
+            }
+            None => self.engine().delete_application(&name).await?,
+        };
+        match removal {
             Removal::Gone => {
                 let client = pooled(&self.pool).await?;
                 application_mark_deleted(&client, app.id).await?;

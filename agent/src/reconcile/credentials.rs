@@ -2,22 +2,46 @@
 //! Secrets. Sealed credentials are opened here, in memory, for the one apply that
 //! needs them, and never logged. Each Secret names the tenant's project, so only
 //! that tenant's Applications can use it.
+//!
+//! A cluster Secret for the home cluster (the tenant's home environment, or any
+//! environment whose API URL is a home URL) must list its namespaces, none of them
+//! reserved (`crate::destination`): otherwise the environment is refused and its
+//! Secret removed, before its credentials are even opened.
 
 use gitops_shared::credential::{
     CLUSTER_CREDENTIAL_TABLE, ClusterCredentials, REPOSITORY_CREDENTIAL_TABLE, RepositoryCredentials,
 };
 use gitops_shared::crypto::{Sealed, SecretContext};
 use gitops_shared::db::pooled;
-use gitops_shared::desired::{managed_environment_load, repository_credential_load, resource_mark_deleted};
+use gitops_shared::desired::{
+    DesiredEnvironment, managed_environment_load, repository_credential_load, resource_mark_deleted,
+};
 use gitops_shared::model::{ResourceType, RowState, TenantId};
 use serde::de::DeserializeOwned;
 
 use super::{ReconcileError, Reconciler, same_tenant};
+use crate::destination::{DestinationPolicy, RefusedKind};
 use crate::engine::{ClusterSpec, ObjectKind, Removal, RepositorySpec};
 use crate::names::{
     MANAGED_ENVIRONMENT_ID_LABEL, REPOSITORY_CREDENTIAL_ID_LABEL, cluster_display_name, cluster_secret_name,
     environment_server, labels, project_name, repository_secret_name,
 };
+
+/// Why environment `environment` must not become a cluster Secret: on the home
+/// cluster it names a reserved namespace, or none (cluster-wide). Returns the
+/// namespace at fault (`*` for cluster-wide) and the reason.
+pub fn cluster_refusal(policy: &DestinationPolicy, environment: &DesiredEnvironment) -> Option<(String, String)> {
+    if !policy.on_home_cluster(environment.home, &environment.api_url) {
+        return None;
+    }
+    if environment.namespaces.is_empty() {
+        return Some(("*".to_owned(), "cluster-wide access to the home cluster (no namespaces listed)".to_owned()));
+    }
+    environment
+        .namespaces
+        .iter()
+        .find_map(|namespace| policy.forbidden_namespace(namespace).map(|why| (namespace.clone(), why)))
+}
 
 impl Reconciler {
     fn open<T: DeserializeOwned>(
@@ -47,6 +71,28 @@ impl Reconciler {
         let name = cluster_secret_name(environment.resource_uid);
         match environment.row_state {
             RowState::Active => {
+                let policy = self.destination_policy().await?;
+                if let Some((namespace, why)) = cluster_refusal(&policy, &environment) {
+                    self.destinations.refused(RefusedKind::ClusterSecret, tenant, &namespace, &name, &why);
+                    let removal = self.engine().delete_cluster(&name).await?;
+                    self.apply_project(tenant).await?;
+                    return Err(ReconcileError::refused(
+                        format!(
+                            "managed environment {id} reaches namespace {namespace:?} of the home cluster, which is \
+                             reserved ({why}); cluster Secret {name} not applied, an existing one removed ({removal:?})"
+                        ),
+                        if namespace == "*" {
+                            "the environment would reach every namespace of this cluster, reserved ones included: \
+                             list the namespaces it may use"
+                                .to_owned()
+                        } else {
+                            format!(
+                                "the environment would reach namespace {namespace:?} of this cluster, which is \
+                                 reserved: the GitOps service never deploys there"
+                            )
+                        },
+                    ));
+                }
                 let Some(sealed) = &environment.credentials else {
                     return Err(ReconcileError::not_yet(
                         format!("managed environment {id} has no stored credentials"),
@@ -152,5 +198,42 @@ impl Reconciler {
                 "waiting for Argo CD to remove the object",
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gitops_shared::model::TenantId;
+    use uuid::Uuid;
+
+    use super::*;
+
+    fn environment(api_url: &str, home: bool, namespaces: &[&str]) -> DesiredEnvironment {
+        DesiredEnvironment {
+            id: 1,
+            tenant_id: TenantId(1),
+            resource_uid: Uuid::new_v4(),
+            resource_name: "e".into(),
+            api_url: api_url.into(),
+            allow_insecure_skip_tls_verify: false,
+            namespaces: namespaces.iter().map(|n| (*n).to_owned()).collect(),
+            cluster_resources: false,
+            row_state: RowState::Active,
+            home,
+            credentials: None,
+        }
+    }
+
+    #[test]
+    fn home_cluster_secrets_must_name_unreserved_namespaces() {
+        let policy = DestinationPolicy::default();
+        let remote = "https://c.example.invalid";
+        assert_eq!(cluster_refusal(&policy, &environment(remote, true, &["team-a"])), None);
+        assert_eq!(cluster_refusal(&policy, &environment(remote, false, &[])), None, "another cluster, cluster-wide");
+        assert_eq!(cluster_refusal(&policy, &environment(remote, false, &["kube-system"])), None);
+        let refused = cluster_refusal(&policy, &environment(remote, true, &["team-a", "kube-system"]));
+        assert_eq!(refused.map(|(ns, _)| ns).as_deref(), Some("kube-system"));
+        let refused = cluster_refusal(&policy, &environment("https://kubernetes.default.svc/", false, &[]));
+        assert_eq!(refused.map(|(ns, _)| ns).as_deref(), Some("*"), "cluster-wide on the home cluster");
     }
 }

@@ -21,7 +21,9 @@ use gitops_shared::instance::EngineInstance;
 use gitops_shared::model::{ResourceType, TenantId};
 use gitops_shared::queue::{ClaimedOperation, Failure, Handler, Outcome};
 
+use crate::destination::{DestinationGuard, DestinationPolicy};
 use crate::engine::{Engine, EngineError};
+use crate::metrics::Metrics;
 
 /// How long a deletion may hang before the tenant is told why.
 pub const DEFAULT_STUCK_DELETION_AFTER: Duration = Duration::from_secs(600);
@@ -93,11 +95,23 @@ pub struct Reconciler {
     secrets: SecretBox,
     instance: EngineInstance,
     stuck_deletion_after: Duration,
+    destinations: Arc<DestinationGuard>,
 }
 
 impl Reconciler {
+    /// A reconciler with the default destination checks (the in-cluster URLs are
+    /// the home cluster; no service namespaces or extra patterns) counting into
+    /// metrics of its own; see `with_destinations`.
     pub fn new(pool: DbPool, engine: Arc<dyn Engine>, secrets: SecretBox, instance: EngineInstance) -> Self {
-        Reconciler { pool, engine, secrets, instance, stuck_deletion_after: DEFAULT_STUCK_DELETION_AFTER }
+        let destinations =
+            Arc::new(DestinationGuard::with_defaults(&instance.argocd_namespace, Arc::new(Metrics::default())));
+        Reconciler { pool, engine, secrets, instance, stuck_deletion_after: DEFAULT_STUCK_DELETION_AFTER, destinations }
+    }
+
+    /// Which destinations are refused, and where refusals are counted.
+    pub fn with_destinations(mut self, destinations: Arc<DestinationGuard>) -> Self {
+        self.destinations = destinations;
+        self
     }
 
     /// After how long a hanging deletion is reported on the row (default 10 min).
@@ -128,6 +142,11 @@ impl Reconciler {
 
     fn engine(&self) -> &dyn Engine {
         self.engine.as_ref()
+    }
+
+    /// The destination policy as of now.
+    async fn destination_policy(&self) -> Result<DestinationPolicy, ReconcileError> {
+        Ok(self.destinations.policy(&self.pool).await?)
     }
 }
 

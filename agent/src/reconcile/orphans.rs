@@ -2,9 +2,17 @@
 //! the service's labels — left by a crash between delete and confirm, or found
 //! by the sweep. The reconciler removes them by their id label, so the sweep
 //! itself never deletes anything, and objects without the label are never touched.
+//!
+//! An orphaned Application aimed at a reserved namespace is removed without
+//! pruning. With its row gone the agent cannot tell which cluster it deploys to, so
+//! it takes the safe side: leaving resources behind on a tenant's own cluster is
+//! recoverable, pruning what runs the home cluster is not.
 
+use gitops_shared::model::TenantId;
+
+use crate::destination::RefusedKind;
 use crate::engine::{ObjectKind, Removal};
-use crate::names::{APPLICATION_ID_LABEL, MANAGED_ENVIRONMENT_ID_LABEL, REPOSITORY_CREDENTIAL_ID_LABEL};
+use crate::names::{APPLICATION_ID_LABEL, MANAGED_ENVIRONMENT_ID_LABEL, REPOSITORY_CREDENTIAL_ID_LABEL, TENANT_ID_LABEL};
 
 use super::{ReconcileError, Reconciler};
 
@@ -21,14 +29,22 @@ impl Reconciler {
         };
         let wanted = id.to_string();
         let owned = self.engine().list_owned().await?;
+        let policy = if kind == ObjectKind::Application { Some(self.destination_policy().await?) } else { None };
         let mut pending = Vec::new();
         for object in owned.iter().filter(|o| o.kind == kind && o.labels.get(label) == Some(&wanted)) {
             tracing::info!(object = %object.name, ?kind, row = id, "removing an object whose row is gone");
-            let removal = match kind {
-                ObjectKind::Application => self.engine().delete_application(&object.name).await?,
-                ObjectKind::Cluster => self.engine().delete_cluster(&object.name).await?,
-                ObjectKind::Repository => self.engine().delete_repository(&object.name).await?,
-                ObjectKind::Project => Removal::Gone,
+            let namespace = object.destination_namespace.as_deref().unwrap_or_default();
+            let forbidden = policy.as_ref().and_then(|p| p.forbidden_namespace(namespace));
+            let removal = match (kind, forbidden) {
+                (ObjectKind::Application, Some(why)) => {
+                    let tenant = object.labels.get(TENANT_ID_LABEL).and_then(|t| t.parse().ok()).map_or(TenantId(0), TenantId);
+                    self.destinations.refused(RefusedKind::Application, tenant, namespace, &object.name, &why);
+                    self.engine().release_application(&object.name).await?
+                }
+                (ObjectKind::Application, None) => self.engine().delete_application(&object.name).await?,
+                (ObjectKind::Cluster, _) => self.engine().delete_cluster(&object.name).await?,
+                (ObjectKind::Repository, _) => self.engine().delete_repository(&object.name).await?,
+                (ObjectKind::Project, _) => Removal::Gone,
             };
             if removal == Removal::Pending {
                 pending.push(object.name.clone());

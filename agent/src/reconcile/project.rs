@@ -3,13 +3,16 @@
 //! the tenant goes (after its other rows are gone). It lists only that tenant's
 //! repositories and its environments' server strings with explicit namespaces —
 //! never a wildcard namespace. The tenant's own namespace is one of them: its home
-//! environment's, reached with credentials scoped to that namespace.
+//! environment's, reached with credentials scoped to that namespace. A destination
+//! on the home cluster in a reserved namespace (`crate::destination`) is left out
+//! whatever the rows say, and the omission counted.
 
 use gitops_shared::db::pooled;
 use gitops_shared::desired::{TenantProject, resource_mark_deleted, tenant_project_load, tenant_rows_pending};
 use gitops_shared::model::{ResourceType, RowState, TenantId};
 
 use super::{ReconcileError, Reconciler};
+use crate::destination::{DestinationPolicy, RefusedKind};
 use crate::engine::{ProjectSpec, Removal};
 use crate::names::{environment_server, labels, project_name};
 
@@ -19,28 +22,38 @@ fn is_literal(value: &str) -> bool {
     !value.is_empty() && !value.starts_with('!') && !value.contains(['*', '[', ']'])
 }
 
-/// The project a tenant's rows call for.
-pub fn project_spec(project: &TenantProject) -> ProjectSpec {
+/// A destination left out of a project: (namespace, why).
+pub type RefusedDestination = (String, String);
+
+/// The project a tenant's rows call for, and the destinations `policy` left out.
+pub fn project_spec(project: &TenantProject, policy: &DestinationPolicy) -> (ProjectSpec, Vec<RefusedDestination>) {
     // Only environments' destinations: the tenant's own namespace is its home
     // environment's, reached with credentials scoped to that namespace.
     let mut destinations = Vec::new();
+    let mut refused = Vec::new();
     for environment in &project.environments {
         let server = environment_server(&environment.api_url, environment.id);
         let namespaces =
             if environment.namespaces.is_empty() { &environment.application_namespaces } else { &environment.namespaces };
         for namespace in namespaces.iter().filter(|ns| is_literal(ns)) {
-            destinations.push((server.clone(), namespace.clone()));
+            match policy.refusal(environment.home, &environment.api_url, namespace) {
+                Some(why) => refused.push((namespace.clone(), why)),
+                None => destinations.push((server.clone(), namespace.clone())),
+            }
         }
     }
     destinations.sort();
     destinations.dedup();
-    ProjectSpec {
+    refused.sort();
+    refused.dedup();
+    let spec = ProjectSpec {
         name: project_name(project.tenant_id),
         labels: labels(project.tenant_id, &[]),
         source_repos: project.repo_urls.iter().filter(|url| is_literal(url)).cloned().collect(),
         destinations,
         cluster_resources: project.environments.iter().any(|e| e.cluster_resources),
-    }
+    };
+    (spec, refused)
 }
 
 impl Reconciler {
@@ -53,13 +66,21 @@ impl Reconciler {
         // No tenant row: it was purged after its deletion, which removed the project.
         let Some(project) = project else { return Ok(()) };
         match project.row_state {
-            RowState::Active => {
-                self.engine().apply_project(&project_spec(&project)).await?;
-                Ok(())
-            }
+            RowState::Active => self.apply_active_project(&project).await,
             RowState::Deleting => self.remove_project_when_empty(tenant).await,
             RowState::Deleted | RowState::Unknown => Ok(()),
         }
+    }
+
+    /// Applies an active tenant's project, without (and counting) refused destinations.
+    async fn apply_active_project(&self, project: &TenantProject) -> Result<(), ReconcileError> {
+        let policy = self.destination_policy().await?;
+        let (spec, refused) = project_spec(project, &policy);
+        for (namespace, why) in &refused {
+            self.destinations.refused(RefusedKind::ProjectDestination, project.tenant_id, namespace, &spec.name, why);
+        }
+        self.engine().apply_project(&spec).await?;
+        Ok(())
     }
 
     /// Removes a deleting tenant's project once none of its rows is left to delete.
@@ -85,7 +106,7 @@ impl Reconciler {
         };
         let Some(project) = project else { return Ok(()) };
         match project.row_state {
-            RowState::Active => self.engine().apply_project(&project_spec(&project)).await.map_err(Into::into),
+            RowState::Active => self.apply_active_project(&project).await,
             RowState::Deleting => self.remove_project_when_empty(tenant).await,
             RowState::Deleted | RowState::Unknown => Ok(()),
         }
@@ -126,6 +147,7 @@ mod tests {
                     namespaces: vec!["dev".into(), "*".into()],
                     cluster_resources: false,
                     application_namespaces: vec!["other".into()],
+                    home: false,
                 },
                 ProjectEnvironment {
                     id: 2,
@@ -133,10 +155,12 @@ mod tests {
                     namespaces: vec![],
                     cluster_resources: false,
                     application_namespaces: vec!["prod".into()],
+                    home: false,
                 },
             ],
         };
-        let spec = project_spec(&project);
+        let (spec, refused) = project_spec(&project, &DestinationPolicy::default());
+        assert!(refused.is_empty());
         assert_eq!(spec.source_repos, ["https://git.example.invalid/a.git"]);
         assert_eq!(
             spec.destinations,
@@ -146,5 +170,39 @@ mod tests {
             ]
         );
         assert!(!spec.cluster_resources);
+    }
+
+    #[test]
+    fn reserved_destinations_of_the_home_cluster_are_left_out() {
+        let environment = |id, api_url: &str, home, namespaces: &[&str]| ProjectEnvironment {
+            id,
+            api_url: api_url.into(),
+            namespaces: namespaces.iter().map(|n| (*n).to_owned()).collect(),
+            cluster_resources: false,
+            application_namespaces: vec![],
+            home,
+        };
+        let project = TenantProject {
+            tenant_id: TenantId(3),
+            namespace_name: "team-a".into(),
+            row_state: RowState::Active,
+            repo_urls: vec![],
+            environments: vec![
+                environment(1, "https://home.example.invalid", true, &["team-a", "kube-system"]),
+                environment(2, "HTTPS://kubernetes.default.svc:443/", false, &["default", "team-a-dev"]),
+                environment(3, "https://c.example.invalid", false, &["kube-system"]),
+            ],
+        };
+        let (spec, refused) = project_spec(&project, &DestinationPolicy::default());
+        assert_eq!(
+            spec.destinations,
+            [
+                ("HTTPS://kubernetes.default.svc:443/?managed-environment=2".to_owned(), "team-a-dev".to_owned()),
+                ("https://c.example.invalid?managed-environment=3".to_owned(), "kube-system".to_owned()),
+                ("https://home.example.invalid?managed-environment=1".to_owned(), "team-a".to_owned()),
+            ]
+        );
+        let namespaces: Vec<&str> = refused.iter().map(|(ns, _)| ns.as_str()).collect();
+        assert_eq!(namespaces, ["default", "kube-system"]);
     }
 }

@@ -146,17 +146,22 @@ impl ArgoCdEngine {
 
     async fn list<K>(api: Api<K>, kind: ObjectKind, out: &mut Vec<OwnedObject>) -> Result<(), EngineError>
     where
-        K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+        K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
     {
         let params = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
         let list = api.list(&params).await.map_err(|e| classify(format!("list {kind:?} objects"), e))?;
         for item in list.items {
             let meta = item.meta();
+            let destination_namespace = (kind == ObjectKind::Application)
+                .then(|| serde_json::to_value(&item).ok())
+                .flatten()
+                .and_then(|value| value.pointer("/spec/destination/namespace").and_then(|v| v.as_str()).map(str::to_owned));
             out.push(OwnedObject {
                 kind,
                 name: meta.name.clone().unwrap_or_default(),
                 labels: meta.labels.clone().unwrap_or_default(),
                 deleting: meta.deletion_timestamp.is_some(),
+                destination_namespace,
             });
         }
         Ok(())
@@ -192,6 +197,31 @@ impl Engine for ArgoCdEngine {
 
     fn delete_application<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Removal, EngineError>> {
         Box::pin(Self::delete(self.applications(), "Application", name))
+    }
+
+    fn release_application<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Removal, EngineError>> {
+        Box::pin(async move {
+            let api = self.applications();
+            let read = |e| classify(format!("read Application {name}"), e);
+            let Some(existing) = api.get_opt(name).await.map_err(read)? else { return Ok(Removal::Gone) };
+            if !owned_by_us(existing.metadata.labels.as_ref()) {
+                tracing::warn!(object.kind = "Application", object.name = name, "not removing an object the agent does not own");
+                return Ok(Removal::Gone);
+            }
+            // A merge patch replaces the whole list (whoever set the finalizer), and
+            // the resourceVersion makes it conditional on the list read: a change in
+            // between is a conflict, retried, never a lost finalizer of someone else.
+            let finalizers = existing.metadata.finalizers.clone().unwrap_or_default();
+            if finalizers.iter().any(|f| objects::is_resources_finalizer(f)) {
+                let remaining: Vec<&String> = finalizers.iter().filter(|f| !objects::is_resources_finalizer(f)).collect();
+                let patch = json!({"metadata": {
+                    "resourceVersion": existing.metadata.resource_version,
+                    "finalizers": if remaining.is_empty() { serde_json::Value::Null } else { json!(remaining) },
+                }});
+                self.merge(name, FIELD_MANAGER, patch, "remove the resources finalizer").await?;
+            }
+            Self::delete(api, "Application", name).await
+        })
     }
 
     fn apply_cluster<'a>(&'a self, spec: &'a ClusterSpec) -> BoxFuture<'a, Result<(), EngineError>> {

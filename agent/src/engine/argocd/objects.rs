@@ -21,6 +21,13 @@ use crate::engine::{
 
 /// Argo CD's finalizer: prune what the Application deployed before it goes.
 pub const RESOURCES_FINALIZER: &str = "resources-finalizer.argocd.argoproj.io";
+/// `resources-finalizer.argocd.argoproj.io` and its `/background`, `/foreground`
+/// forms: each makes Argo CD prune before the Application goes.
+pub fn is_resources_finalizer(finalizer: &str) -> bool {
+    finalizer == RESOURCES_FINALIZER
+        || finalizer.strip_prefix(RESOURCES_FINALIZER).is_some_and(|rest| rest.starts_with('/'))
+}
+
 /// Label by which Argo CD recognises its Secrets.
 pub const SECRET_TYPE_LABEL: &str = "argocd.argoproj.io/secret-type";
 /// The `operation.info` entry that carries a sync's correlation id.
@@ -220,6 +227,14 @@ mod tests {
             automated,
             create_namespace,
         }
+    }
+
+    #[test]
+    fn every_form_of_the_resources_finalizer_is_recognised() {
+        assert!(is_resources_finalizer(RESOURCES_FINALIZER));
+        assert!(is_resources_finalizer("resources-finalizer.argocd.argoproj.io/background"));
+        assert!(!is_resources_finalizer("resources-finalizer.argocd.argoproj.io.other"));
+        assert!(!is_resources_finalizer("example.invalid/keep"));
     }
 
     #[test]
