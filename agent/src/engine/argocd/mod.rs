@@ -26,6 +26,9 @@ use super::{
 };
 use crate::names::{FIELD_MANAGER, MANAGED_BY_LABEL, MANAGED_BY_VALUE, SYNC_FIELD_MANAGER};
 
+/// Tries at removing the resources finalizer before a conflict is left to the queue's retry.
+const RELEASE_ATTEMPTS: u32 = 5;
+
 /// `applications.argoproj.io/v1alpha1`.
 pub fn application_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"), "applications")
@@ -202,23 +205,34 @@ impl Engine for ArgoCdEngine {
     fn release_application<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Removal, EngineError>> {
         Box::pin(async move {
             let api = self.applications();
-            let read = |e| classify(format!("read Application {name}"), e);
-            let Some(existing) = api.get_opt(name).await.map_err(read)? else { return Ok(Removal::Gone) };
-            if !owned_by_us(existing.metadata.labels.as_ref()) {
-                tracing::warn!(object.kind = "Application", object.name = name, "not removing an object the agent does not own");
-                return Ok(Removal::Gone);
-            }
-            // A merge patch replaces the whole list (whoever set the finalizer), and
-            // the resourceVersion makes it conditional on the list read: a change in
-            // between is a conflict, retried, never a lost finalizer of someone else.
-            let finalizers = existing.metadata.finalizers.clone().unwrap_or_default();
-            if finalizers.iter().any(|f| objects::is_resources_finalizer(f)) {
+            let mut attempt = 1;
+            loop {
+                let read = |e| classify(format!("read Application {name}"), e);
+                let Some(existing) = api.get_opt(name).await.map_err(read)? else { return Ok(Removal::Gone) };
+                if !owned_by_us(existing.metadata.labels.as_ref()) {
+                    tracing::warn!(object.kind = "Application", object.name = name, "not removing an object the agent does not own");
+                    return Ok(Removal::Gone);
+                }
+                let finalizers = existing.metadata.finalizers.clone().unwrap_or_default();
+                if !finalizers.iter().any(|f| objects::is_resources_finalizer(f)) {
+                    break;
+                }
+                // A merge patch replaces the whole list (whoever set the finalizer), and
+                // the resourceVersion makes it conditional on the list read: a change in
+                // between (Argo CD writing status) is a conflict, and the list is read
+                // again — never a lost finalizer of someone else.
                 let remaining: Vec<&String> = finalizers.iter().filter(|f| !objects::is_resources_finalizer(f)).collect();
                 let patch = json!({"metadata": {
                     "resourceVersion": existing.metadata.resource_version,
                     "finalizers": if remaining.is_empty() { serde_json::Value::Null } else { json!(remaining) },
                 }});
-                self.merge(name, FIELD_MANAGER, patch, "remove the resources finalizer").await?;
+                let params = PatchParams { field_manager: Some(FIELD_MANAGER.to_owned()), ..PatchParams::default() };
+                match api.patch(name, &params, &Patch::Merge(&patch)).await {
+                    Ok(_) => break,
+                    Err(kube::Error::Api(status)) if status.code == 409 && attempt < RELEASE_ATTEMPTS => attempt += 1,
+                    Err(e) if is_not_found(&e) => return Ok(Removal::Gone),
+                    Err(e) => return Err(classify(format!("remove the resources finalizer of Application {name}"), e)),
+                }
             }
             Self::delete(api, "Application", name).await
         })
