@@ -24,7 +24,8 @@ pub fn authenticate(book: &TokenBook, header: Option<&str>, state: &State) -> Re
     }
 }
 
-struct StoreRbac<'a>(&'a State);
+/// The RBAC objects of the store, for [`rbac::decide`].
+pub struct StoreRbac<'a>(pub &'a State);
 
 impl RbacObjects for StoreRbac<'_> {
     fn cluster_roles(&self) -> Vec<Value> {

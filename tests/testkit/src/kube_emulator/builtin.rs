@@ -11,7 +11,7 @@ use serde_json::{Map, Value, json};
 use super::crd;
 use super::errors::{ApiError, Cause};
 use super::meta;
-use super::resources::{CRD_GROUP, RBAC_GROUP, Registry, ResourceInfo};
+use super::resources::{ADMISSION_GROUP, CRD_GROUP, RBAC_GROUP, Registry, ResourceInfo};
 use super::store::State;
 use super::write::commit;
 
@@ -65,8 +65,77 @@ pub fn decode(info: &ResourceInfo, object: &mut Value) -> Result<(), ApiError> {
             crd::apply_defaults(object);
             Ok(())
         }
+        (ADMISSION_GROUP, "validatingwebhookconfigurations") => {
+            default_webhooks(object);
+            Ok(())
+        }
         _ => Ok(()),
     }
+}
+
+/// The `admissionregistration.k8s.io/v1` defaults of each webhook.
+fn default_webhooks(object: &mut Value) {
+    let Some(Value::Array(webhooks)) = object.get_mut("webhooks") else { return };
+    for webhook in webhooks.iter_mut().filter_map(Value::as_object_mut) {
+        for (field, default) in [
+            ("failurePolicy", json!("Fail")),
+            ("matchPolicy", json!("Equivalent")),
+            ("namespaceSelector", json!({})),
+            ("objectSelector", json!({})),
+            ("timeoutSeconds", json!(10)),
+        ] {
+            if webhook.get(field).is_none_or(Value::is_null) {
+                webhook.insert(field.to_owned(), default);
+            }
+        }
+        if let Some(Value::Object(service)) = webhook.get_mut("clientConfig").and_then(|c| c.get_mut("service")) {
+            service.entry("port").or_insert(json!(443));
+        }
+        if let Some(Value::Array(rules)) = webhook.get_mut("rules") {
+            for rule in rules.iter_mut().filter_map(Value::as_object_mut) {
+                rule.entry("scope").or_insert(json!("*"));
+            }
+        }
+    }
+}
+
+/// What the real validation of a ValidatingWebhookConfiguration refuses most often:
+/// no `sideEffects` (or one v1 does not allow), no `admissionReviewVersions`, not
+/// exactly one of `clientConfig.url` and `clientConfig.service`.
+fn validate_webhooks(object: &Value) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let webhooks = object.get("webhooks").and_then(Value::as_array).into_iter().flatten();
+    for (i, webhook) in webhooks.enumerate() {
+        match webhook.get("sideEffects").and_then(Value::as_str) {
+            None => causes.push(Cause::new(
+                "FieldValueRequired",
+                format!("webhooks[{i}].sideEffects"),
+                "Required value: must specify one of None, NoneOnDryRun",
+            )),
+            Some("None" | "NoneOnDryRun") => {}
+            Some(other) => causes.push(Cause::new(
+                "FieldValueNotSupported",
+                format!("webhooks[{i}].sideEffects"),
+                format!("Unsupported value: \"{other}\": supported values: \"None\", \"NoneOnDryRun\""),
+            )),
+        }
+        if webhook.get("admissionReviewVersions").and_then(Value::as_array).is_none_or(Vec::is_empty) {
+            causes.push(Cause::new(
+                "FieldValueRequired",
+                format!("webhooks[{i}].admissionReviewVersions"),
+                "Required value: must specify one of v1, v1beta1",
+            ));
+        }
+        let client = webhook.get("clientConfig").unwrap_or(&Value::Null);
+        if client.get("url").is_some() == client.get("service").is_some() {
+            causes.push(Cause::new(
+                "FieldValueRequired",
+                format!("webhooks[{i}].clientConfig"),
+                "Required value: exactly one of url or service is required",
+            ));
+        }
+    }
+    causes
 }
 
 fn is_empty(value: &Value) -> bool {
@@ -155,6 +224,10 @@ pub fn prepare(info: &ResourceInfo, old: Option<&Value>, new: &mut Value, now: &
                 ));
             }
             Ok(())
+        }
+        (ADMISSION_GROUP, "validatingwebhookconfigurations") => {
+            let causes = validate_webhooks(new);
+            if causes.is_empty() { Ok(()) } else { Err(ApiError::invalid_object(info, &name, causes)) }
         }
         (CRD_GROUP, "customresourcedefinitions") => {
             let causes = crd::validate(new);

@@ -176,6 +176,7 @@ pub fn served_resources(crd: &Value) -> Vec<ResourceInfo> {
                     storage_version: storage.clone(),
                     schema,
                 }),
+                create_only: false,
             })
         })
         .collect()

@@ -3,6 +3,8 @@
 //! details, code) with the reasons, codes and message formats kube-apiserver v1.20
 //! uses, because clients (kube's `ErrorResponse`, kubectl) branch on them.
 
+use std::borrow::Cow;
+
 use serde_json::{Value, json};
 
 use super::resources::ResourceInfo;
@@ -31,17 +33,23 @@ impl Cause {
 #[error("{code} {reason}: {message}")]
 pub struct ApiError {
     pub code: u16,
-    pub reason: &'static str,
+    /// A `StatusReason`; borrowed for the server's own, owned for one a webhook gave.
+    pub reason: Cow<'static, str>,
     pub message: String,
     pub details: Option<Value>,
 }
 
 impl ApiError {
     pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { code, reason, message: message.into(), details: None }
+        ApiError { code, reason: Cow::Borrowed(reason), message: message.into(), details: None }
     }
 
-    fn with_details(mut self, details: Value) -> ApiError {
+    /// An error whose reason comes from elsewhere (a webhook's `Status`).
+    pub fn with_reason(code: u16, reason: String, message: impl Into<String>) -> ApiError {
+        ApiError { code, reason: Cow::Owned(reason), message: message.into(), details: None }
+    }
+
+    pub fn with_details(mut self, details: Value) -> ApiError {
         self.details = Some(details);
         self
     }

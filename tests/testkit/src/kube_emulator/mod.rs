@@ -6,6 +6,7 @@
 //! this file.
 
 mod access;
+mod admission;
 mod apply;
 mod auth;
 mod builtin;
@@ -13,6 +14,7 @@ mod crd;
 mod delete;
 mod discovery;
 mod errors;
+mod escalation;
 mod fieldpath;
 mod fields;
 mod kubeconfig;
@@ -23,13 +25,16 @@ mod patch;
 mod rbac;
 mod read;
 mod resources;
+mod review;
 mod router;
 mod schema;
 mod selector;
 mod server;
 mod store;
-mod tls;
+pub(crate) mod tls;
 mod watch;
+mod webhook_client;
+pub mod webhook_server;
 mod write;
 
 use std::net::SocketAddr;
@@ -218,3 +223,5 @@ impl Drop for KubeEmulator {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_admission;

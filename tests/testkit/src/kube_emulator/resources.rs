@@ -47,6 +47,8 @@ pub struct ResourceInfo {
     pub name_rule: NameRule,
     pub extra_subresources: Vec<ExtraSubresource>,
     pub custom: Option<CustomResource>,
+    /// A review (SubjectAccessReview…): POST only, answered and never stored.
+    pub create_only: bool,
 }
 
 impl ResourceInfo {
@@ -65,6 +67,9 @@ impl ResourceInfo {
     }
 
     pub fn verbs(&self) -> Vec<&'static str> {
+        if self.create_only {
+            return vec!["create"];
+        }
         let mut verbs = vec!["create", "delete"];
         if self.deletecollection {
             verbs.push("deletecollection");
@@ -111,11 +116,14 @@ fn builtin(
         name_rule,
         extra_subresources: Vec::new(),
         custom: None,
+        create_only: false,
     }
 }
 
 pub const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 pub const CRD_GROUP: &str = "apiextensions.k8s.io";
+pub const ADMISSION_GROUP: &str = "admissionregistration.k8s.io";
+pub const AUTHORIZATION_GROUP: &str = "authorization.k8s.io";
 
 /// The built-in resources, in the order kube-apiserver lists them.
 pub fn builtins() -> Vec<ResourceInfo> {
@@ -149,15 +157,32 @@ pub fn builtins() -> Vec<ResourceInfo> {
     crds.uses_generation = true;
     crds.returns_deleted_object = true;
     crds.categories = vec!["api-extensions".to_owned()];
+    let review = |plural: &str, kind: &str, namespaced: bool| {
+        let mut info = builtin(AUTHORIZATION_GROUP, plural, kind, namespaced, &[], NameRule::Subdomain);
+        info.create_only = true;
+        info.deletecollection = false;
+        info
+    };
     vec![
         configmaps,
         namespaces,
         secrets,
         serviceaccounts,
+        review("localsubjectaccessreviews", "LocalSubjectAccessReview", true),
+        review("selfsubjectaccessreviews", "SelfSubjectAccessReview", false),
+        review("subjectaccessreviews", "SubjectAccessReview", false),
         builtin(RBAC_GROUP, "clusterrolebindings", "ClusterRoleBinding", false, &[], NameRule::PathSegment),
         builtin(RBAC_GROUP, "clusterroles", "ClusterRole", false, &[], NameRule::PathSegment),
         builtin(RBAC_GROUP, "rolebindings", "RoleBinding", true, &[], NameRule::PathSegment),
         builtin(RBAC_GROUP, "roles", "Role", true, &[], NameRule::PathSegment),
+        builtin(
+            ADMISSION_GROUP,
+            "validatingwebhookconfigurations",
+            "ValidatingWebhookConfiguration",
+            false,
+            &[],
+            NameRule::Subdomain,
+        ),
         crds,
     ]
 }
@@ -227,7 +252,7 @@ impl Registry {
     pub fn storage_entries(&self) -> Vec<Arc<ResourceInfo>> {
         let mut seen = std::collections::HashSet::new();
         let mut out = Vec::new();
-        for info in self.entries.values() {
+        for info in self.entries.values().filter(|info| !info.create_only) {
             let storage = match &info.custom {
                 Some(custom) => custom.storage_version == info.version,
                 None => true,

@@ -2,6 +2,9 @@
 //! RequestInfo does it (syntactically, so authorization comes before any lookup),
 //! authentication and authorization, then dispatch to discovery or to a verb.
 //! Work happens under the store lock; serialization and watch streams after it.
+//! A write that validating webhooks must see is prepared under the lock, sent to
+//! them without it, and stored under it again if what it was based on is unchanged
+//! (else prepared and sent again, as kube-apiserver's update loop does).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -16,6 +19,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::access::{self, ResourceAsk};
+use super::admission::{self, Call};
 use super::auth::TokenBook;
 use super::builtin;
 use super::delete::{self, DeleteOptions, Deleted};
@@ -26,10 +30,12 @@ use super::openapi;
 use super::patch::PatchType;
 use super::read::{self, ListPage};
 use super::resources::ResourceInfo;
+use super::review;
 use super::selector::{FieldSelector, Filter, LabelSelector};
 use super::store::State;
 use super::watch::{self as watch_stream, WatchSpec};
-use super::write::{self, Target, Writer, present};
+use super::webhook_client;
+use super::write::{self, Prepared, Target, Writer, present};
 
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -52,7 +58,20 @@ enum Outcome {
     Text(StatusCode, &'static str),
     Binary(StatusCode, Vec<u8>),
     Watch(WatchSpec),
+    /// A write for validating webhooks, answered once they allow it and it is stored.
+    Admit(Box<Admission>),
 }
+
+/// A prepared write, the webhooks it goes to, and the status code of its success.
+struct Admission {
+    prepared: Prepared,
+    calls: Vec<Call>,
+    code: StatusCode,
+}
+
+/// How often a write is prepared again when its object changed while webhooks looked
+/// at it, before it fails with a Conflict.
+const ADMISSION_ATTEMPTS: usize = 5;
 
 fn json_outcome(code: StatusCode, value: &Value) -> Outcome {
     Outcome::Json(code, serde_json::to_vec(value).unwrap_or_default())
@@ -120,9 +139,26 @@ pub async fn handle(
         Ok(collected) => collected.to_bytes(),
         Err(_) => return Ok(error_response(&ApiError::bad_request("could not read the request body"))),
     };
-    let outcome = {
-        let mut state = lock(&shared.state);
-        route(&shared, &mut state, &parts.method, &parts.uri, &parts.headers, &body)
+    let mut attempts = 0;
+    let outcome = loop {
+        let outcome = {
+            let mut state = lock(&shared.state);
+            route(&shared, &mut state, &parts.method, &parts.uri, &parts.headers, &body)
+        };
+        let Ok(Outcome::Admit(admission)) = outcome else { break outcome };
+        let Admission { prepared, calls, code } = *admission;
+        if let Err(refusal) = webhook_client::run(&calls).await {
+            break Err(refusal);
+        }
+        let info = prepared.target.info.clone();
+        let name = prepared.name.clone();
+        let stored = write::finish(&mut lock(&shared.state), prepared);
+        match stored {
+            Ok(Some(object)) => break Ok(json_outcome(code, &present(&info, &object))),
+            Ok(None) if attempts + 1 < ADMISSION_ATTEMPTS => attempts += 1,
+            Ok(None) => break Err(ApiError::conflict(&info, &name)),
+            Err(error) => break Err(error),
+        }
     };
     Ok(match outcome {
         Ok(Outcome::Json(code, bytes)) => respond(code, "application/json", full(bytes)),
@@ -132,6 +168,7 @@ pub async fn handle(
             let body = watch_stream::start(shared.state.clone(), spec, shared.stop.clone());
             respond(StatusCode::OK, "application/json", body.boxed_unsync())
         }
+        Ok(Outcome::Admit(_)) => error_response(&ApiError::internal("an admission left unfinished")),
         Err(error) => error_response(&error),
     })
 }
@@ -229,13 +266,32 @@ impl Request<'_> {
         })
     }
 
-    fn writer(&self) -> Writer {
+    fn writer(&self, who: &super::auth::Identity) -> Writer {
         let manager = match self.param("fieldManager").filter(|m| !m.is_empty()) {
             Some(manager) => manager.to_owned(),
             None => meta::manager_from_user_agent(self.user_agent),
         };
-        Writer { manager, now: meta::now_rfc3339() }
+        Writer { manager, now: meta::now_rfc3339(), who: who.clone() }
     }
+}
+
+/// Stores a prepared write now when no webhook wants to see it; otherwise hands it
+/// to `handle` for the webhooks.
+fn admit(
+    state: &mut State,
+    who: &super::auth::Identity,
+    request: &Request,
+    prepared: Prepared,
+    code: StatusCode,
+) -> Result<Outcome, ApiError> {
+    let calls = admission::plan_write(state, &prepared, who, request.param("fieldManager"));
+    if !calls.is_empty() {
+        return Ok(Outcome::Admit(Box::new(Admission { prepared, calls, code })));
+    }
+    let info = prepared.target.info.clone();
+    let stored =
+        write::finish(state, prepared)?.ok_or_else(|| ApiError::internal("the object changed under the store lock"))?;
+    Ok(json_outcome(code, &present(&info, &stored)))
 }
 
 /// `/api/v1/…` and `/apis/{group}/{version}/…` below the group version.
@@ -300,6 +356,13 @@ fn resource(
     if verb == "deletecollection" && !info.deletecollection {
         return Err(ApiError::method_not_allowed());
     }
+    if info.create_only {
+        if verb != "create" || name.is_some() {
+            return Err(ApiError::method_not_allowed());
+        }
+        let answer = review::create(state, who, &info, store_ns, request.body)?;
+        return Ok(json_outcome(StatusCode::CREATED, &answer));
+    }
     let list_ns = if info.namespaced { namespace } else { None };
     let target = Target {
         info: info.clone(),
@@ -344,12 +407,12 @@ fn resource(
             token_request(shared, state, &info, store_ns, &target.name, request.body)
         }
         "create" => {
-            let created = write::create(state, &request.writer(), &target, request.body)?;
-            Ok(json_outcome(StatusCode::CREATED, &present(&info, &created)))
+            let prepared = write::create(state, &request.writer(who), &target, request.body)?;
+            admit(state, who, request, prepared, StatusCode::CREATED)
         }
         "update" => {
-            let updated = write::update(state, &request.writer(), &target, request.body)?;
-            Ok(json_outcome(StatusCode::OK, &present(&info, &updated)))
+            let prepared = write::update(state, &request.writer(who), &target, request.body)?;
+            admit(state, who, request, prepared, StatusCode::OK)
         }
         "patch" => {
             let patch_type = PatchType::from_content_type(request.content_type).ok_or_else(|| {
@@ -373,9 +436,9 @@ fn resource(
                 ));
             }
             let force = request.flag("force");
-            let (object, created) = write::patch(state, &request.writer(), &target, patch_type, request.body, force)?;
-            let code = if created { StatusCode::CREATED } else { StatusCode::OK };
-            Ok(json_outcome(code, &present(&info, &object)))
+            let prepared = write::patch(state, &request.writer(who), &target, patch_type, request.body, force)?;
+            let code = if prepared.old.is_none() { StatusCode::CREATED } else { StatusCode::OK };
+            admit(state, who, request, prepared, code)
         }
         "delete" => {
             let options = DeleteOptions::from_body(request.body)?;

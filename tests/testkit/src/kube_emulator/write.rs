@@ -1,16 +1,22 @@
 //! The write verbs (create, update, patch, server-side apply) as one pipeline:
 //! candidate object → identity checks → system metadata carried over → status
-//! subresource rules → kind rules → structural schema (CRs) → finalizer rule →
-//! managedFields → no-op detection → generation → commit. Everything runs under
-//! the store lock, so a write and its watch event are atomic.
+//! subresource rules → RBAC escalation check → kind rules → structural schema (CRs)
+//! → finalizer rule → managedFields → generation: a [`Prepared`] write, the object
+//! fully formed. [`finish`] stores it (no-op detection, removal by emptied
+//! finalizers, commit) if the object it was based on is still the stored one, so that
+//! admission webhooks can be called between the two without the store lock. Each
+//! step runs under the lock, so a write and its watch event are atomic.
 
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::access::StoreRbac;
+use super::auth::Identity;
 use super::builtin;
 use super::delete;
 use super::errors::{ApiError, Cause};
+use super::escalation::{self, RbacWrite};
 use super::fields;
 use super::meta;
 use super::patch::{self, PatchType};
@@ -38,6 +44,65 @@ impl Target {
 pub struct Writer {
     pub manager: String,
     pub now: String,
+    pub who: Identity,
+}
+
+/// A write checked and fully formed, not yet stored.
+#[derive(Debug)]
+pub struct Prepared {
+    pub target: Target,
+    /// The object's name (the target's is "" for a create by POST).
+    pub name: String,
+    /// The stored object the write replaces (None: a create). [`finish`] stores the
+    /// write only while this is still the stored object.
+    pub old: Option<Arc<Value>>,
+    pub object: Value,
+    now: String,
+}
+
+/// Stores a prepared write. `Ok(None)` when the stored object changed since the
+/// write was prepared (the caller prepares it again).
+pub fn finish(state: &mut State, prepared: Prepared) -> Result<Option<Arc<Value>>, ApiError> {
+    let Prepared { target, name, old, object, now } = prepared;
+    let info = &target.info;
+    let current = state.get(&info.storage_key(), &target.namespace, &name);
+    let unchanged = match (&old, &current) {
+        (None, None) => true,
+        (Some(old), Some(current)) => meta::resource_version(old) == meta::resource_version(current),
+        _ => false,
+    };
+    if !unchanged {
+        return Ok(None);
+    }
+    let Some(old) = old else {
+        check_namespace_open(state, &target, &name)?;
+        return Ok(Some(commit(state, info, &target.namespace, object, &now)));
+    };
+    if without_rv(&object) == without_rv(&old) {
+        return Ok(Some(old));
+    }
+    let mut new = object;
+    if meta::is_deleting(&new) && delete::may_remove(state, info, &new) {
+        // As kube-apiserver: emptied finalizers delete the object (one DELETED
+        // event carrying the last stored state); the response shows the update.
+        delete::remove_now(state, info, &target.namespace, &name);
+        let old_rv = meta::resource_version(&old).to_owned();
+        meta::metadata_mut(&mut new).insert("resourceVersion".into(), json!(old_rv));
+        return Ok(Some(Arc::new(new)));
+    }
+    Ok(Some(commit(state, info, &target.namespace, new, &now)))
+}
+
+/// kube-apiserver's RBAC escalation prevention for writes of roles and bindings.
+fn check_escalation(
+    state: &State,
+    writer: &Writer,
+    target: &Target,
+    old: Option<&Value>,
+    new: &Value,
+) -> Result<(), ApiError> {
+    let write = RbacWrite { info: &target.info, namespace: &target.namespace, url_name: &target.name, old, new };
+    escalation::check(&StoreRbac(state), &writer.who, &write)
 }
 
 /// The object as a client of `info`'s version sees it.
@@ -164,19 +229,19 @@ fn validate_schema(info: &ResourceInfo, object: &Value) -> Result<(), ApiError> 
 }
 
 /// POST: a new object.
-pub fn create(state: &mut State, writer: &Writer, target: &Target, body: &[u8]) -> Result<Arc<Value>, ApiError> {
+pub fn create(state: &State, writer: &Writer, target: &Target, body: &[u8]) -> Result<Prepared, ApiError> {
     let mut object = parse_object(body)?;
     check_type(&target.info, &mut object)?;
     create_object(state, writer, target, object, false)
 }
 
 fn create_object(
-    state: &mut State,
+    state: &State,
     writer: &Writer,
     target: &Target,
     mut object: Value,
     fields_done: bool,
-) -> Result<Arc<Value>, ApiError> {
+) -> Result<Prepared, ApiError> {
     let info = &target.info;
     check_namespace(target, &mut object, true)?;
     let mut name = meta::name(&object).to_owned();
@@ -225,12 +290,13 @@ fn create_object(
     {
         map.remove("status");
     }
+    check_escalation(state, writer, target, None, &object)?;
     builtin::prepare(info, None, &mut object, &writer.now)?;
     validate_schema(info, &object)?;
     if state.get(&info.storage_key(), &target.namespace, &name).is_some() {
         return Err(ApiError::already_exists(info, &name));
     }
-    Ok(commit(state, info, &target.namespace, object, &writer.now))
+    Ok(Prepared { target: target.clone(), name, old: None, object, now: writer.now.clone() })
 }
 
 /// Stores an object and runs what follows from it (default ServiceAccount of a
@@ -260,7 +326,7 @@ pub fn commit(state: &mut State, info: &ResourceInfo, namespace: &str, object: V
 }
 
 /// PUT: replaces an object (optimistic concurrency when the body has a resourceVersion).
-pub fn update(state: &mut State, writer: &Writer, target: &Target, body: &[u8]) -> Result<Arc<Value>, ApiError> {
+pub fn update(state: &State, writer: &Writer, target: &Target, body: &[u8]) -> Result<Prepared, ApiError> {
     let mut object = parse_object(body)?;
     check_type(&target.info, &mut object)?;
     let given = meta::name(&object).to_owned();
@@ -290,16 +356,16 @@ pub fn update(state: &mut State, writer: &Writer, target: &Target, body: &[u8]) 
     store_update(state, writer, target, &old, object, false)
 }
 
-/// PATCH: merge, JSON, strategic merge, or server-side apply. Returns the
-/// object and whether it was created (apply only).
+/// PATCH: merge, JSON, strategic merge, or server-side apply (which creates when
+/// the object does not exist: then `old` of the result is None).
 pub fn patch(
-    state: &mut State,
+    state: &State,
     writer: &Writer,
     target: &Target,
     patch_type: PatchType,
     body: &[u8],
     force: bool,
-) -> Result<(Arc<Value>, bool), ApiError> {
+) -> Result<Prepared, ApiError> {
     let info = &target.info;
     let old = state.get(&info.storage_key(), &target.namespace, &target.name);
     if patch_type == PatchType::Apply {
@@ -318,9 +384,9 @@ pub fn patch(
                 if target.sub().is_some() {
                     return Err(ApiError::not_found(info, &target.name));
                 }
-                Ok((create_object(state, writer, target, merged, true)?, true))
+                create_object(state, writer, target, merged, true)
             }
-            Some(old) => Ok((store_update(state, writer, target, &old, merged, true)?, false)),
+            Some(old) => store_update(state, writer, target, &old, merged, true),
         };
     }
     let old = old.ok_or_else(|| ApiError::not_found(info, &target.name))?;
@@ -340,7 +406,7 @@ pub fn patch(
     }
     candidate["apiVersion"] = json!(info.storage_api_version());
     candidate["kind"] = json!(info.kind);
-    Ok((store_update(state, writer, target, &old, candidate, false)?, false))
+    store_update(state, writer, target, &old, candidate, false)
 }
 
 /// Everything but metadata (and status, when it is a subresource).
@@ -375,13 +441,13 @@ fn without_rv(object: &Value) -> Value {
 
 /// The shared tail of update, patch and apply on an existing object.
 fn store_update(
-    state: &mut State,
+    state: &State,
     writer: &Writer,
     target: &Target,
     old: &Arc<Value>,
     candidate: Value,
     fields_done: bool,
-) -> Result<Arc<Value>, ApiError> {
+) -> Result<Prepared, ApiError> {
     let info = &target.info;
     let given_rv = meta::resource_version(&candidate);
     if !given_rv.is_empty() && given_rv != meta::resource_version(old) {
@@ -446,6 +512,7 @@ fn store_update(
         metadata.remove("selfLink");
         new
     };
+    check_escalation(state, writer, target, Some(old), &new)?;
     builtin::prepare(info, Some(old), &mut new, &writer.now)?;
     if let Some(finalizers) = finalize {
         let mut finalized = (**old).clone();
@@ -472,20 +539,17 @@ fn store_update(
             ));
         }
     }
-    if without_rv(&new) == without_rv(old) {
-        return Ok(old.clone());
-    }
+    // The generation moves only with the spec, so a no-op write (found by `finish`)
+    // keeps it.
     if info.uses_generation && spec_part(info, &new) != spec_part(info, old) {
         let generation = old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
         meta::metadata_mut(&mut new).insert("generation".into(), json!(generation + 1));
     }
-    if meta::is_deleting(&new) && delete::may_remove(state, info, &new) {
-        // As kube-apiserver: emptied finalizers delete the object (one DELETED
-        // event carrying the last stored state); the response shows the update.
-        delete::remove_now(state, info, &target.namespace, &target.name);
-        let old_rv = meta::resource_version(old).to_owned();
-        meta::metadata_mut(&mut new).insert("resourceVersion".into(), json!(old_rv));
-        return Ok(Arc::new(new));
-    }
-    Ok(commit(state, info, &target.namespace, new, &writer.now))
+    Ok(Prepared {
+        target: target.clone(),
+        name: target.name.clone(),
+        old: Some(old.clone()),
+        object: new,
+        now: writer.now.clone(),
+    })
 }
