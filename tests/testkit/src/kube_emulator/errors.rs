@@ -115,7 +115,9 @@ impl ApiError {
         if !group.is_empty() {
             details.insert("group".into(), json!(group));
         }
-        details.insert("kind".into(), json!(kind));
+        if !kind.is_empty() {
+            details.insert("kind".into(), json!(kind));
+        }
         details.insert(
             "causes".into(),
             Value::Array(
@@ -180,6 +182,12 @@ impl ApiError {
         });
         if let Some(details) = &self.details {
             status["details"] = details.clone();
+        }
+        if self.reason.is_empty()
+            && let Some(map) = status.as_object_mut()
+        {
+            // `reason` is omitempty: a webhook's denial may come without one.
+            map.remove("reason");
         }
         status
     }

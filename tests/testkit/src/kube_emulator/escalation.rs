@@ -265,7 +265,7 @@ pub fn check(objects: &dyn RbacObjects, who: &Identity, write: &RbacWrite) -> Re
                     return Ok(());
                 }
             }
-            let rules = referenced_rules(objects, kind, role_name, write.namespace).map_err(forbidden)?;
+            let rules = referenced_rules(objects, kind, role_name, write.namespace)?;
             confirm_no_escalation(objects, who, &rules, namespace).map_err(forbidden)
         }
     }
@@ -276,17 +276,28 @@ fn rules_of(role: &Value) -> Vec<Value> {
 }
 
 /// The rules of the role a binding references, or the registry's error for a role
-/// that does not exist.
-fn referenced_rules(objects: &dyn RbacObjects, kind: &str, name: &str, namespace: &str) -> Result<Vec<Value>, String> {
+/// that does not exist (a 404, as v1.20 answers, not a 403).
+fn referenced_rules(
+    objects: &dyn RbacObjects,
+    kind: &str,
+    name: &str,
+    namespace: &str,
+) -> Result<Vec<Value>, ApiError> {
     let named = |roles: Vec<Value>| {
         roles.into_iter().find(|role| role.pointer("/metadata/name").and_then(Value::as_str) == Some(name))
     };
     let (found, plural) = match kind {
         "ClusterRole" => (named(objects.cluster_roles()), "clusterroles"),
         "Role" => (named(objects.roles(namespace)), "roles"),
-        other => return Err(format!("unsupported role reference kind: {}", quote(other))),
+        other => {
+            let message = format!("unsupported role reference kind: {}", quote(other));
+            return Err(ApiError::forbidden(message, json!({"group": RBAC_GROUP})));
+        }
     };
-    found.map(|role| rules_of(&role)).ok_or_else(|| format!("{plural}.{RBAC_GROUP} {} not found", quote(name)))
+    found.map(|role| rules_of(&role)).ok_or_else(|| {
+        ApiError::new(404, "NotFound", format!("{plural}.{RBAC_GROUP} {} not found", quote(name)))
+            .with_details(json!({"name": name, "group": RBAC_GROUP, "kind": plural}))
+    })
 }
 
 /// kube-apiserver's `IsOnlyMutatingGCFields`: equal but for ownerReferences,
@@ -455,8 +466,8 @@ mod tests {
         );
         let error = check(&objects, &sa(), &write(&bindings, &to("absent"))).unwrap_err();
         assert_eq!(
-            error.message,
-            "rolebindings.rbac.authorization.k8s.io \"b\" is forbidden: clusterroles.rbac.authorization.k8s.io \"absent\" not found"
+            (error.code, error.message.as_str()),
+            (404, "clusterroles.rbac.authorization.k8s.io \"absent\" not found")
         );
         // bind on clusterroles/admin, in the binding's namespace.
         let objects = self::objects(json!([{"apiGroups": [RBAC_GROUP], "resources": ["clusterroles"],

@@ -163,6 +163,15 @@ pub fn builtins() -> Vec<ResourceInfo> {
         info.deletecollection = false;
         info
     };
+    let mut webhooks = builtin(
+        ADMISSION_GROUP,
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        false,
+        &[],
+        NameRule::Subdomain,
+    );
+    webhooks.categories = vec!["api-extensions".to_owned()];
     vec![
         configmaps,
         namespaces,
@@ -175,14 +184,7 @@ pub fn builtins() -> Vec<ResourceInfo> {
         builtin(RBAC_GROUP, "clusterroles", "ClusterRole", false, &[], NameRule::PathSegment),
         builtin(RBAC_GROUP, "rolebindings", "RoleBinding", true, &[], NameRule::PathSegment),
         builtin(RBAC_GROUP, "roles", "Role", true, &[], NameRule::PathSegment),
-        builtin(
-            ADMISSION_GROUP,
-            "validatingwebhookconfigurations",
-            "ValidatingWebhookConfiguration",
-            false,
-            &[],
-            NameRule::Subdomain,
-        ),
+        webhooks,
         crds,
     ]
 }

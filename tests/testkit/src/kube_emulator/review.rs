@@ -44,12 +44,15 @@ fn invalid(causes: Vec<Cause>) -> ApiError {
 }
 
 /// POST of a review to `info` (in `namespace` for the local review) by `who`.
+/// `manager` and `now` make the managedFields entry the real server records.
 pub fn create(
     state: &State,
     who: &Identity,
     info: &ResourceInfo,
     namespace: &str,
     body: &[u8],
+    manager: &str,
+    now: &str,
 ) -> Result<Value, ApiError> {
     let kind = Review::of(info).ok_or_else(ApiError::method_not_allowed)?;
     if kind == Review::Local && namespace.is_empty() {
@@ -176,6 +179,7 @@ pub fn create(
     }
     review["metadata"] = Value::Object(metadata);
     review["spec"] = spec;
+    super::fields::record_update(None, &mut review, manager, None, now);
     let mut status = Map::new();
     status.insert("allowed".into(), json!(decision.allowed));
     if !decision.reason.is_empty() {
@@ -195,6 +199,10 @@ fn go_struct(value: Option<&Value>) -> String {
 mod tests {
     use super::super::resources::builtins;
     use super::*;
+
+    fn create(state: &State, who: &Identity, info: &ResourceInfo, ns: &str, body: &[u8]) -> Result<Value, ApiError> {
+        super::create(state, who, info, ns, body, "test", "2021-01-01T00:00:00Z")
+    }
 
     fn info(plural: &str) -> ResourceInfo {
         builtins().into_iter().find(|i| i.plural == plural).expect("a review resource")
@@ -236,7 +244,9 @@ mod tests {
             json!({"allowed": true,
                 "reason": "RBAC: allowed by RoleBinding \"editor/ns\" of ClusterRole \"edit\" to ServiceAccount \"dev/ns\""})
         );
-        assert_eq!(allowed["metadata"], json!({"creationTimestamp": null}));
+        assert_eq!(allowed["metadata"]["creationTimestamp"], Value::Null);
+        // As on the real server, the review carries its writer's managedFields entry.
+        assert_eq!(allowed["metadata"]["managedFields"][0]["manager"], "test");
         let attrs =
             json!({"namespace": "ns", "verb": "create", "resource": "roles", "group": "rbac.authorization.k8s.io"});
         let denied = create(

@@ -360,7 +360,8 @@ fn resource(
         if verb != "create" || name.is_some() {
             return Err(ApiError::method_not_allowed());
         }
-        let answer = review::create(state, who, &info, store_ns, request.body)?;
+        let writer = request.writer(who);
+        let answer = review::create(state, who, &info, store_ns, request.body, &writer.manager, &writer.now)?;
         return Ok(json_outcome(StatusCode::CREATED, &answer));
     }
     let list_ns = if info.namespaced { namespace } else { None };
