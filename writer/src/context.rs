@@ -8,9 +8,10 @@ use gitops_shared::crypto::SecretBox;
 use gitops_shared::db::DbPool;
 
 use crate::connection::ConnectionPolicy;
-use crate::controller::HomeSettings;
+use crate::controller::{HomeSettings, HomeStatus};
 use crate::metrics::WriterMetrics;
 use crate::queue::WorkQueue;
+use crate::tenancy::ServedNamespaces;
 
 /// The shared state of one running writer.
 #[derive(Clone)]
@@ -27,4 +28,20 @@ pub struct WriterContext {
     pub queue: WorkQueue,
     /// Where environment connection checks may go; `None`: checks are off.
     pub connection_check: Option<ConnectionPolicy>,
+    /// Which namespaces are tenants.
+    pub served: Arc<ServedNamespaces>,
+    /// Whether the home role and namespace exist (and the role's rules).
+    pub home_status: Arc<HomeStatus>,
+    /// Whether this writer serves the admission webhook.
+    pub webhook_served: bool,
+    /// The operator's opt-out: home deployments are accepted without knowing who asked.
+    pub allow_unverified_home: bool,
+}
+
+impl WriterContext {
+    /// Whether the requester of a home deployment was checked at admission: this
+    /// writer serves the webhook and the API server has it registered.
+    pub fn requesters_verified(&self) -> bool {
+        self.webhook_served && self.home_status.webhook_registered()
+    }
 }

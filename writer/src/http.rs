@@ -1,6 +1,6 @@
 //! The writer's HTTP endpoint: `/metrics` (Prometheus text), `/healthz` (the
 //! process answers) and `/readyz` (watchers synced, LISTEN connected, database
-//! reachable), served by `gitops_shared::serve` as the agent's is.
+//! reachable, the home role and namespace present), served by `gitops_shared::serve` as the agent's is.
 
 use std::sync::Arc;
 
@@ -18,6 +18,7 @@ pub struct Endpoints {
     pub metrics: Arc<WriterMetrics>,
     pub listener: Listener,
     pub pool: DbPool,
+    pub home_status: Arc<crate::controller::HomeStatus>,
 }
 
 impl HealthEndpoints for Endpoints {
@@ -29,10 +30,13 @@ impl HealthEndpoints for Endpoints {
         let synced = self.metrics.is_ready();
         let listening = self.listener.is_connected();
         let database = database_reachable(&self.pool).await;
-        if synced && listening && database {
+        let home = self.home_status.problem().is_none();
+        if synced && listening && database && home {
             Ok(())
         } else {
-            Err(format!("watchers_synced={synced} listen_connected={listening} database_reachable={database}"))
+            Err(format!(
+                "watchers_synced={synced} listen_connected={listening} database_reachable={database} home_identity_possible={home}"
+            ))
         }
     }
 }

@@ -14,7 +14,9 @@ pub mod queue;
 pub mod run;
 pub mod shard;
 pub mod status;
+pub mod tenancy;
 pub mod validate;
+pub mod webhook;
 
 use clap::{Args, Parser, Subcommand};
 use gitops_shared::config::{self, redact_database_url};
@@ -95,6 +97,61 @@ pub struct RunArgs {
     /// Destinations connection checks never contact, even when allowed (same syntax).
     #[arg(long, env = "GITOPS_WRITER_CONNECTION_CHECK_DENY", value_delimiter = ',')]
     pub connection_check_deny: Vec<connection::Destination>,
+    #[command(flatten)]
+    pub tenancy: TenancyArgs,
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+}
+
+/// Who is a tenant, and what the service does in a tenant's own namespace.
+#[derive(Debug, Clone, Args)]
+pub struct TenancyArgs {
+    /// Serve only namespaces whose labels match this selector (e.g.
+    /// `gitops.example.com/tenant=true`). Default: any labels.
+    #[arg(long, env = "GITOPS_TENANT_NAMESPACE_SELECTOR")]
+    pub tenant_namespace_selector: Option<gitops_shared::tenancy::LabelSelector>,
+    /// Serve only namespaces whose names match one of these patterns (comma-separated,
+    /// `*` matches any run of characters). Default: any name.
+    #[arg(long, env = "GITOPS_TENANT_NAMESPACES", value_delimiter = ',')]
+    pub tenant_namespaces: Vec<gitops_shared::tenancy::NamePattern>,
+    /// More namespaces that are never tenants (patterns, comma-separated), besides
+    /// `kube-*`, `default`, the service's own and every engine instance's.
+    #[arg(long, env = "GITOPS_RESERVED_NAMESPACES", value_delimiter = ',')]
+    pub reserved_namespaces: Vec<gitops_shared::tenancy::NamePattern>,
+    /// The namespaces the service's own components run in (comma-separated; the
+    /// writer's own, from POD_NAMESPACE, and the home namespace are always included).
+    #[arg(long, env = "GITOPS_SERVICE_NAMESPACES", value_delimiter = ',')]
+    pub service_namespaces: Vec<String>,
+    /// The ClusterRole Argo CD acts with in a tenant's own namespace (bound there
+    /// only). It must exist; without it the writer binds nothing and is not ready.
+    #[arg(long, env = "GITOPS_WRITER_HOME_CLUSTER_ROLE", default_value = controller::DEFAULT_HOME_CLUSTER_ROLE)]
+    pub home_cluster_role: String,
+    /// The namespace, owned by the service, of the tenants' home ServiceAccounts.
+    #[arg(long, env = "GITOPS_WRITER_HOME_NAMESPACE", default_value = controller::DEFAULT_HOME_NAMESPACE)]
+    pub home_namespace: String,
+    /// Accept deployments into tenants' own namespaces without the admission webhook,
+    /// i.e. without checking that the requester could grant the home role there.
+    /// Only for clusters where everyone who may create GitOpsDeployments is trusted.
+    #[arg(long, env = "GITOPS_WRITER_ALLOW_UNVERIFIED_HOME_DEPLOYMENTS")]
+    pub allow_unverified_home_deployments: bool,
+}
+
+/// The validating admission webhook (served when a certificate is given).
+#[derive(Debug, Clone, Args)]
+pub struct WebhookArgs {
+    /// PEM certificate (chain) of the webhook's HTTPS server; read again when it changes.
+    #[arg(long, env = "GITOPS_WRITER_WEBHOOK_CERT_FILE", requires = "webhook_key_file")]
+    pub webhook_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of the webhook's HTTPS server.
+    #[arg(long, env = "GITOPS_WRITER_WEBHOOK_KEY_FILE", requires = "webhook_cert_file")]
+    pub webhook_key_file: Option<std::path::PathBuf>,
+    /// Address the webhook listens on.
+    #[arg(long, env = "GITOPS_WRITER_WEBHOOK_ADDRESS", default_value = "0.0.0.0:9443")]
+    pub webhook_address: std::net::SocketAddr,
+    /// The ValidatingWebhookConfiguration that registers the webhook; until it
+    /// exists, requesters of home deployments count as unverified.
+    #[arg(long, env = "GITOPS_WRITER_WEBHOOK_CONFIGURATION", default_value = "gitops-service")]
+    pub webhook_configuration: String,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -125,6 +182,8 @@ pub enum WriterError {
     KubeClient { source: kube::Error },
     #[error("could not read the home CA file {path}")]
     HomeCa { path: std::path::PathBuf, source: std::io::Error },
+    #[error("could not set up the admission webhook")]
+    Webhook { source: webhook::WebhookError },
 }
 
 /// Runs one command; returns what to print on stdout.
@@ -175,6 +234,34 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
     config.connection_check = args
         .connection_check
         .then(|| connection::ConnectionPolicy::new(args.connection_check_allow, args.connection_check_deny));
+    let TenancyArgs {
+        tenant_namespace_selector,
+        tenant_namespaces,
+        reserved_namespaces,
+        service_namespaces,
+        home_cluster_role,
+        home_namespace,
+        allow_unverified_home_deployments,
+    } = args.tenancy;
+    let mut service: std::collections::BTreeSet<String> = service_namespaces.into_iter().collect();
+    service.extend(std::env::var("POD_NAMESPACE").ok().filter(|ns| !ns.is_empty()));
+    service.insert(home_namespace.clone());
+    config.tenancy = tenancy::TenancySettings {
+        selector: tenant_namespace_selector,
+        patterns: tenant_namespaces,
+        service_namespaces: service,
+        reserved: reserved_namespaces,
+    };
+    config.home.cluster_role = home_cluster_role;
+    config.home.namespace = home_namespace;
+    config.allow_unverified_home = allow_unverified_home_deployments;
+    let WebhookArgs { webhook_cert_file, webhook_key_file, webhook_address, webhook_configuration } = args.webhook;
+    config.webhook = webhook_cert_file.zip(webhook_key_file).map(|(cert_file, key_file)| webhook::WebhookSettings {
+        address: webhook_address,
+        cert_file,
+        key_file,
+        configuration: webhook_configuration,
+    });
     let cancel = tokio_util::sync::CancellationToken::new();
     tokio::spawn(gitops_shared::serve::cancel_on_signal(cancel.clone()));
     run::run_writer(config, cancel).await

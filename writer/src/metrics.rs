@@ -46,6 +46,11 @@ impl Outcome {
 pub trait Inventory: Send + Sync {
     /// (namespaces, GitOpsDeployments) known in the shards this writer owns.
     fn owned_counts(&self) -> (u64, u64);
+    /// Namespaces in the owned shards that hold tenant resources but are not served
+    /// (reserved, or no longer selected): their rows and Argo CD objects stay as they were.
+    fn unserved_namespaces(&self) -> u64 {
+        0
+    }
 }
 
 /// The registered inventory; gone (counts 0) once the controllers stop.
@@ -75,6 +80,8 @@ pub struct WriterMetrics {
     /// Whether the watchers have listed their resources once.
     pub ready: AtomicBool,
     inventory: Mutex<InventorySource>,
+    /// Admission reviews answered, by (kind, outcome).
+    admission: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
 }
 
 impl Default for WriterMetrics {
@@ -87,6 +94,7 @@ impl Default for WriterMetrics {
             shards_owned: AtomicU64::new(0),
             ready: AtomicBool::new(false),
             inventory: Mutex::default(),
+            admission: Mutex::default(),
         }
     }
 }
@@ -128,6 +136,21 @@ impl WriterMetrics {
     /// Shows what `inventory` knows as the tenant and deployment gauges while it lives.
     pub fn set_inventory(&self, inventory: Weak<dyn Inventory>) {
         self.inventory.lock().unwrap_or_else(std::sync::PoisonError::into_inner).0 = Some(inventory);
+    }
+
+    /// Counts an admission review of `kind` that ended `outcome` (allowed, denied, error).
+    pub fn admission_reviewed(&self, kind: &'static str, outcome: &'static str) {
+        *self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry((kind, outcome)).or_default() += 1;
+    }
+
+    /// Admission reviews of `kind` that ended `outcome`.
+    pub fn admission_reviews(&self, kind: &'static str, outcome: &'static str) -> u64 {
+        self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&(kind, outcome)).copied().unwrap_or(0)
+    }
+
+    fn unserved_namespaces(&self) -> u64 {
+        let source = self.inventory.lock().unwrap_or_else(std::sync::PoisonError::into_inner).0.clone();
+        source.and_then(|weak| weak.upgrade()).map_or(0, |inventory| inventory.unserved_namespaces())
     }
 
     fn owned_counts(&self) -> (u64, u64) {
@@ -173,6 +196,21 @@ impl WriterMetrics {
         let _ = writeln!(out, "# HELP gitops_writer_deployments GitOpsDeployments the writer knows, in its shards.");
         let _ = writeln!(out, "# TYPE gitops_writer_deployments gauge");
         let _ = writeln!(out, "gitops_writer_deployments {deployments}");
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_unserved_namespaces Namespaces with tenant resources the service does not serve (reserved or not selected), in the writer's shards."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_unserved_namespaces gauge");
+        let _ = writeln!(out, "gitops_writer_unserved_namespaces {}", self.unserved_namespaces());
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_admission_reviews_total Admission reviews the writer's webhook answered, by kind and outcome."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_admission_reviews_total counter");
+        let admission = self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        for ((kind, outcome), count) in admission {
+            let _ = writeln!(out, "gitops_writer_admission_reviews_total{{kind=\"{kind}\",outcome=\"{outcome}\"}} {count}");
+        }
         let _ = writeln!(out, "# HELP gitops_writer_queue_depth Objects waiting in the work queue.");
         let _ = writeln!(out, "# TYPE gitops_writer_queue_depth gauge");
         let _ = writeln!(out, "gitops_writer_queue_depth {}", self.queue_depth.load(Ordering::Relaxed));

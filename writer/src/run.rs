@@ -17,7 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::connection::ConnectionPolicy;
 use crate::context::WriterContext;
-use crate::controller::{ControllerSettings, HomeSettings, run_controllers};
+use crate::controller::{ControllerSettings, HomeSettings, HomeStatus, run_controllers};
+use crate::tenancy::{ServedNamespaces, TenancySettings};
+use crate::webhook::WebhookSettings;
 use crate::metrics::WriterMetrics;
 use crate::purge::PurgeSettings;
 use crate::shard::{ShardConfig, ShardKeeper};
@@ -54,6 +56,17 @@ pub struct WriterConfig {
     pub purge: PurgeSettings,
     /// Where environment connection checks may go; `None` (the default): checks are off.
     pub connection_check: Option<ConnectionPolicy>,
+    /// Which namespaces are tenants.
+    pub tenancy: TenancySettings,
+    /// The admission webhook; `None`: not served (requesters of home deployments
+    /// are then unverified).
+    pub webhook: Option<WebhookSettings>,
+    /// Accept home deployments without a verified requester.
+    pub allow_unverified_home: bool,
+    /// How often the home role and namespace (and the webhook registration) are checked.
+    pub home_check_every: std::time::Duration,
+    /// Set to the webhook's bound address (tests use port 0).
+    pub webhook_address: Arc<OnceLock<SocketAddr>>,
 }
 
 impl WriterConfig {
@@ -74,6 +87,11 @@ impl WriterConfig {
             http_address: Arc::new(OnceLock::new()),
             purge: PurgeSettings::default(),
             connection_check: None,
+            tenancy: TenancySettings::default(),
+            webhook: None,
+            allow_unverified_home: false,
+            home_check_every: std::time::Duration::from_secs(10),
+            webhook_address: Arc::new(OnceLock::new()),
         }
     }
 }
@@ -91,6 +109,13 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
     if home.ca_data.is_none() {
         home.ca_data = kube_ca.as_deref().and_then(HomeSettings::ca_from_der);
     }
+    let served = ServedNamespaces::new(config.tenancy.clone());
+    served.refresh(&pool).await.map_err(|source| WriterError::Connect { database: db_name(&config.database_url), source })?;
+    let home_status = HomeStatus::new();
+    let webhook = match &config.webhook {
+        Some(settings) => Some(crate::webhook::bind(settings).await?),
+        None => None,
+    };
     let ctx = Arc::new(WriterContext {
         pool: pool.clone(),
         kube,
@@ -100,6 +125,10 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
         home,
         queue: crate::queue::WorkQueue::new(),
         connection_check: config.connection_check.clone(),
+        served: served.clone(),
+        home_status: home_status.clone(),
+        webhook_served: webhook.is_some(),
+        allow_unverified_home: config.allow_unverified_home,
     });
     let listen_url = config.listen_database_url.as_deref().unwrap_or(&config.database_url);
     let listener = Listener::start(listen_url, &[Signal::status()], cancel.clone())
@@ -110,10 +139,35 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
     let bound = http.local_addr().map_err(|source| WriterError::Bind { address: config.metrics_address, source })?;
     let _ = config.http_address.set(bound);
     tracing::info!(address = %bound, "serving /metrics, /healthz and /readyz");
-    let endpoints = crate::http::Endpoints { metrics: config.metrics.clone(), listener: listener.clone(), pool: pool.clone() };
+    let endpoints = crate::http::Endpoints {
+        metrics: config.metrics.clone(),
+        listener: listener.clone(),
+        pool: pool.clone(),
+        home_status: home_status.clone(),
+    };
     let (keeper, shards) = ShardKeeper::new(pool, config.writer_id.clone(), config.shards);
     let mut tasks = JoinSet::new();
     tasks.spawn(crate::http::serve(http, endpoints, cancel.clone()));
+    if let Some((socket, acceptor)) = webhook {
+        if let Ok(address) = socket.local_addr() {
+            let _ = config.webhook_address.set(address);
+            tracing::info!(%address, "serving the admission webhook");
+        }
+        tasks.spawn(crate::webhook::serve(socket, acceptor, ctx.clone(), cancel.clone()));
+    } else if config.allow_unverified_home {
+        tracing::warn!("no admission webhook: deployments into tenants' own namespaces are accepted without checking who asked");
+    } else {
+        tracing::warn!("no admission webhook: deployments into tenants' own namespaces are refused (RequesterUnverified)");
+    }
+    tasks.spawn(crate::controller::check_loop(
+        ctx.kube.clone(),
+        ctx.home.clone(),
+        config.webhook.as_ref().map(|w| w.configuration.clone()),
+        home_status,
+        config.home_check_every,
+        cancel.clone(),
+    ));
+    tasks.spawn(served.refresh_loop(ctx.pool.clone(), cancel.clone()));
     // The keeper releases its leases after the others stopped writing.
     let keeper_cancel = CancellationToken::new();
     let keeper_task = tokio::spawn(keeper.run(keeper_cancel.clone()));

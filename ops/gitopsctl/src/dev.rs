@@ -143,6 +143,7 @@ impl DevStack {
         let kube = emulator.client().await;
         install_crds(&kube).await?;
         create_namespace(&kube, DEV_ARGOCD_NAMESPACE).await?;
+        create_namespace(&kube, gitops_writer::controller::DEFAULT_HOME_NAMESPACE).await?;
         let standin_cancel = CancellationToken::new();
         let standin =
             tokio::spawn(argocd::run(kube.clone(), DEV_ARGOCD_NAMESPACE, standin_options, standin_cancel.clone()));
@@ -176,7 +177,19 @@ impl DevStack {
         ];
         write_env_file(&self.info.env_file, &env)?;
         let dir = self.info.dir.clone();
-        self.children.push(spawn(&dir, "gitops-writer", writer_bin, &env, &[])?);
+        // The emulator does not call admission webhooks: nothing checks who asks for
+        // a deployment into a tenant's own namespace, so the local stack opts out.
+        tracing::warn!(
+            "local stack: no admission webhook; deployments into tenants' own namespaces are accepted without \
+             checking the requester (GITOPS_WRITER_ALLOW_UNVERIFIED_HOME_DEPLOYMENTS=true)"
+        );
+        self.children.push(spawn(
+            &dir,
+            "gitops-writer",
+            writer_bin,
+            &env,
+            &[("GITOPS_WRITER_ALLOW_UNVERIFIED_HOME_DEPLOYMENTS", "true")],
+        )?);
         self.children.push(spawn(
             &dir,
             "gitops-agent",

@@ -19,6 +19,7 @@ mod queue_failures;
 mod queue_race;
 mod signal_race;
 mod writer_api;
+mod writer_boundary;
 mod writer_connection;
 mod writer_credentials;
 mod writer_e2e;

@@ -228,9 +228,11 @@ pub fn agent_rbac_rules() -> serde_json::Value {
 
 /// What the writer may do, cluster-wide (a ClusterRole: its tenants are in every
 /// namespace): the tenant resources and their status, the credential Secrets and
-/// namespaces it reads, and, in each tenant namespace, the ServiceAccount, Role and
-/// RoleBinding it makes for Argo CD and the tokens it requests for them. The Role
-/// grants rights the writer does not hold, hence `escalate` and `bind` on roles.
+/// namespaces it reads; the home ServiceAccounts and their tokens; in each tenant
+/// namespace the RoleBinding of the home ClusterRole — which it may bind (`bind`,
+/// limited to that role by name) without holding its rights — and the removal of
+/// the `*/*` Roles earlier versions made; SubjectAccessReviews for the admission
+/// webhook, and a look at the webhook's own registration.
 /// `ops/deploy/writer-clusterrole.yaml` grants exactly these.
 pub fn writer_rbac_rules() -> serde_json::Value {
     let resources = [
@@ -247,8 +249,11 @@ pub fn writer_rbac_rules() -> serde_json::Value {
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
         {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]},
-        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["bind", "escalate"]}
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["rolebindings"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["get", "list", "watch", "delete"]},
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["get", "bind"], "resourceNames": ["admin"]},
+        {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
+        {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingwebhookconfigurations"], "verbs": ["get"], "resourceNames": ["gitops-service"]}
     ])
 }
 

@@ -39,6 +39,8 @@ pub(crate) struct Env {
     kubeconfig: std::path::PathBuf,
     pub(crate) argocd: TestNamespace,
     pub(crate) tenant: TestNamespace,
+    /// The service's namespace of home ServiceAccounts (one per test).
+    pub(crate) home: TestNamespace,
     secrets: SecretBox,
     pub(crate) cancel: CancellationToken,
 }
@@ -57,6 +59,7 @@ pub(crate) async fn env(purpose: &str) -> Env {
     cluster.install_crds(all).await.expect("install the CRDs");
     let argocd_ns = cluster.namespace(&format!("{purpose}-argo")).await;
     let tenant = cluster.namespace(purpose).await;
+    let home = cluster.namespace(&format!("{purpose}-home")).await;
     let kube = cluster.admin().await;
     let cancel = CancellationToken::new();
     tokio::spawn({
@@ -76,7 +79,7 @@ pub(crate) async fn env(purpose: &str) -> Env {
     agent.poll_interval = Duration::from_secs(1);
     tokio::spawn(run_agent(agent, cancel.clone()));
     let admin_kubeconfig = cluster.kubeconfig_path().to_owned();
-    let env = Env { db, client, kube, kubeconfig: admin_kubeconfig, argocd: argocd_ns, tenant, secrets, cancel };
+    let env = Env { db, client, kube, kubeconfig: admin_kubeconfig, argocd: argocd_ns, tenant, home, secrets, cancel };
     // Placement needs a heartbeat; the agent's first one comes at start.
     eventually("the agent's heartbeat", || async {
         let row = env.client.query_one("SELECT heartbeat_at IS NOT NULL FROM engine_instance", &[]).await.ok()?;
@@ -105,6 +108,10 @@ impl Env {
         config.shards = ShardConfig { lease: Duration::from_secs(3), interval: Duration::from_millis(300) };
         config.controllers.retry_delay = Duration::from_millis(500);
         config.controllers.prune_poll = Duration::from_millis(300);
+        config.home.namespace = self.home.name().to_owned();
+        config.home_check_every = Duration::from_millis(300);
+        // Most tests are not about who asks; those that are register the webhook.
+        config.allow_unverified_home = true;
         adjust(&mut config);
         let cancel = self.cancel.child_token();
         let task = tokio::spawn(run_writer(config, cancel.clone()));

@@ -83,6 +83,10 @@ impl Env {
             connection_check: None,
             home: Default::default(),
             queue: Default::default(),
+            served: gitops_writer::tenancy::ServedNamespaces::new(Default::default()),
+            home_status: gitops_writer::controller::HomeStatus::new(),
+            webhook_served: false,
+            allow_unverified_home: false,
         })
     }
 

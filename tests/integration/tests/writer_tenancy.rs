@@ -1,7 +1,7 @@
 //! Tenants and their namespaces, end to end (writer, agent and the Argo CD
 //! stand-in on the test tier's API server): a deployment into the tenant's own
-//! namespace reaches it through a ServiceAccount token that works in that namespace
-//! and nowhere else, renewed before it expires and made again when someone else
+//! namespace reaches it through a ServiceAccount (in the service's home namespace)
+//! whose token works in that namespace and nowhere else, renewed before it expires and made again when someone else
 //! deletes or changes it; a deleted tenant namespace takes its
 //! tenant with it — rows tombstoned and confirmed, Argo CD objects and project gone —
 //! and one made again under the same name is a new tenant.
@@ -12,7 +12,7 @@ use std::time::Duration;
 use gitops_agent::names;
 use gitops_testkit::cluster::TestCluster;
 use gitops_writer::api::GitOpsDeploymentRepositoryCredential;
-use gitops_writer::controller::{CONDITION, HOME_IDENTITY, REASON_ACCEPTED, home_role};
+use gitops_writer::controller::{CONDITION, HOME_IDENTITY, REASON_ACCEPTED, home_account_name};
 use gitops_writer::validate::reason::INVALID_DESTINATION_NAMESPACE;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
@@ -89,17 +89,20 @@ async fn writer_tenancy_own_namespace_gets_credentials_scoped_to_it() {
     let (status, reason, _) = env.condition("web").await;
     assert_eq!((status.as_str(), reason.as_str()), ("False", REASON_ACCEPTED));
 
-    // The identity in the tenant namespace: a ServiceAccount bound to a namespace Role.
-    let accounts: Api<ServiceAccount> = Api::namespaced(env.kube.clone(), &tenant);
-    accounts.get(HOME_IDENTITY).await.expect("the home ServiceAccount");
-    let role = Api::<Role>::namespaced(env.kube.clone(), &tenant).get(HOME_IDENTITY).await.expect("the home Role");
-    assert_eq!(role.rules, home_role(&tenant).rules);
+    // The identity: a ServiceAccount in the service's home namespace, bound in the
+    // tenant namespace (only) to the home ClusterRole; nothing else in the namespace.
+    let account = home_account_name(env.namespace_uid().await);
+    let accounts: Api<ServiceAccount> = Api::namespaced(env.kube.clone(), env.home.name());
+    accounts.get(&account).await.expect("the home ServiceAccount in the home namespace");
+    let in_tenant: Api<ServiceAccount> = Api::namespaced(env.kube.clone(), &tenant);
+    assert!(in_tenant.get_opt(HOME_IDENTITY).await.expect("read").is_none(), "no ServiceAccount in the tenant namespace");
+    assert!(Api::<Role>::namespaced(env.kube.clone(), &tenant).get_opt(HOME_IDENTITY).await.expect("read").is_none());
     let binding =
         Api::<RoleBinding>::namespaced(env.kube.clone(), &tenant).get(HOME_IDENTITY).await.expect("the home RoleBinding");
-    assert_eq!((binding.role_ref.kind.as_str(), binding.role_ref.name.as_str()), ("Role", HOME_IDENTITY));
+    assert_eq!((binding.role_ref.kind.as_str(), binding.role_ref.name.as_str()), ("ClusterRole", "admin"));
     let subjects = binding.subjects.expect("subjects");
     assert_eq!(subjects.len(), 1);
-    assert_eq!((subjects[0].name.as_str(), subjects[0].namespace.as_deref()), (HOME_IDENTITY, Some(tenant.as_str())));
+    assert_eq!((subjects[0].name.as_str(), subjects[0].namespace.as_deref()), (account.as_str(), Some(env.home.name())));
 
     // The application goes through the home environment; Argo CD gets its cluster Secret.
     let (home, _) = env.home_row().await;
@@ -167,28 +170,28 @@ async fn writer_tenancy_home_identity_changed_by_someone_else_is_made_again() {
     env.create("web", spec(REPO, "apps/web")).await;
     assert_eq!(env.condition("web").await.1, REASON_ACCEPTED);
     let (_, first_token) = env.home_secret(|_| true).await;
-    let roles: Api<Role> = Api::namespaced(env.kube.clone(), &tenant);
     let bindings: Api<RoleBinding> = Api::namespaced(env.kube.clone(), &tenant);
-    let accounts: Api<ServiceAccount> = Api::namespaced(env.kube.clone(), &tenant);
+    let accounts: Api<ServiceAccount> = Api::namespaced(env.kube.clone(), env.home.name());
+    let account = home_account_name(env.namespace_uid().await);
 
-    // The Role narrowed by someone else comes back as the writer made it.
-    let narrowed = json!({"rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]});
-    roles.patch(HOME_IDENTITY, &PatchParams::default(), &Patch::Merge(&narrowed)).await.expect("narrow the Role");
-    eventually("the Role restored", || async {
-        let role = roles.get(HOME_IDENTITY).await.ok()?;
-        (role.rules == home_role(&tenant).rules).then_some(())
+    // The binding's subjects changed by someone else come back as the writer made them.
+    let other = json!({"subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": tenant}]});
+    bindings.patch(HOME_IDENTITY, &PatchParams::default(), &Patch::Merge(&other)).await.expect("change the binding");
+    eventually("the binding restored", || async {
+        let binding = bindings.get(HOME_IDENTITY).await.ok()?;
+        (binding.subjects?.first()?.name == account).then_some(())
     })
     .await;
 
     // A deleted binding and ServiceAccount are made again; the old token dies with
     // its ServiceAccount, so Argo CD gets a new one that works.
     bindings.delete(HOME_IDENTITY, &DeleteParams::default()).await.expect("delete the RoleBinding");
-    let old_uid = accounts.get(HOME_IDENTITY).await.expect("ServiceAccount").metadata.uid;
-    accounts.delete(HOME_IDENTITY, &DeleteParams::default()).await.expect("delete the ServiceAccount");
+    let old_uid = accounts.get(&account).await.expect("ServiceAccount").metadata.uid;
+    accounts.delete(&account, &DeleteParams::default()).await.expect("delete the ServiceAccount");
     eventually("a new ServiceAccount and binding", || async {
-        let account = accounts.get_opt(HOME_IDENTITY).await.ok()??;
+        let made = accounts.get_opt(&account).await.ok()??;
         bindings.get_opt(HOME_IDENTITY).await.ok()??;
-        (account.metadata.uid != old_uid).then_some(())
+        (made.metadata.uid != old_uid).then_some(())
     })
     .await;
     // (A token requested between the two deletions may reach Argo CD first; the one

@@ -4,6 +4,7 @@
 //! emulator (`kube_emulator`), the Argo CD stand-in (`argocd`), and `cluster`,
 //! which hands each test a Kubernetes API (the emulator, or a real cluster).
 
+pub mod admission;
 pub mod argocd;
 pub mod cluster;
 pub mod kube_emulator;

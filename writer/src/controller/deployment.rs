@@ -28,6 +28,14 @@ use crate::validate::{self, Invalid, environment_resolved};
 pub const WAIT_FOR_PRUNING: &str = "managed-gitops.redhat.com/wait-for-pruning";
 pub const REASON_QUOTA_EXCEEDED: &str = "QuotaExceeded";
 pub const REASON_NO_ENGINE: &str = "NoEngineInstanceAvailable";
+/// A home deployment whose requester could not be checked (no admission webhook).
+pub const REASON_REQUESTER_UNVERIFIED: &str = "RequesterUnverified";
+/// The home role or namespace is missing.
+pub const REASON_HOME_UNAVAILABLE: &str = "HomeIdentityUnavailable";
+
+/// How long a home deployment refused for an unverified requester waits before it
+/// is looked at again (the webhook may have been registered meanwhile).
+const UNVERIFIED_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
 
 const TOMBSTONE: &str = "
 UPDATE application SET row_state = 'deleting', updated_at = now()
@@ -56,6 +64,9 @@ enum Written {
 
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
     let api: Api<GitOpsDeployment> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
+    if let Some(next) = ctl.refuse_unserved(&api, name, namespace).await? {
+        return Ok(next);
+    }
     let (object, uid) = match live(&api, name).await? {
         Live::Present(object, uid) => (object, uid),
         Live::Gone => return Ok(Next::Done),
@@ -78,10 +89,19 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
                 };
                 return invalid_condition(&api, &object, &invalid).await;
             }
+            if !ctl.ctx.requesters_verified() && !ctl.ctx.allow_unverified_home {
+                return unverified(ctl, &api, &object, uid).await;
+            }
             match home_environment(ctl, namespace, namespace_uid).await? {
                 Home::Ready(id) => id,
                 Home::NotOwner | Home::Gone => return Ok(Next::Done),
                 Home::NoEngine => return no_engine(&api, &object, ctl.settings.retry_delay).await,
+                Home::Unavailable(problem) => {
+                    tracing::warn!(tenant.ns = %namespace, %problem, "home deployment waits for the home identity");
+                    let message = "the GitOps service cannot act in this namespace now (its home identity is unavailable); retrying";
+                    set_condition(&api, &object, true, REASON_HOME_UNAVAILABLE, message).await?;
+                    return Ok(Next::Retry(ctl.settings.retry_delay));
+                }
             }
         }
         Some(env) => {
@@ -150,6 +170,38 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         }
         Written::NoEngine => no_engine(&api, &object, settings.retry_delay).await,
     }
+}
+
+const ACTIVE_GENERATION: &str = "SELECT generation FROM application WHERE resource_uid = $1 AND row_state = 'active'";
+
+/// A home deployment while nobody checks who asked for it: refused, unless it was
+/// stored before (it keeps running as stored; the new generation is not applied).
+async fn unverified(
+    ctl: &Arc<Controllers>,
+    api: &Api<GitOpsDeployment>,
+    object: &GitOpsDeployment,
+    uid: Uuid,
+) -> Result<Next, ReconcileError> {
+    let stored: Option<i64> = {
+        let client = pooled(&ctl.ctx.pool).await?;
+        client.query_opt(ACTIVE_GENERATION, &[&uid]).await.map_err(DbError::query("read an application"))?.map(|r| r.get(0))
+    };
+    let message = match stored {
+        Some(generation) if Some(generation) == object.metadata.generation => {
+            // Stored as it is: nothing new to apply, and nothing to refuse.
+            return Ok(Next::Settled(Settled::Ok));
+        }
+        Some(generation) => format!(
+            "deployments into this namespace need the admission webhook to check who asks for them, and it is not \
+             installed: this change is not applied (generation {generation} keeps running)"
+        ),
+        None => "deployments into this namespace need the admission webhook to check who asks for them, and it is not \
+                 installed: ask the operator to install it"
+            .to_owned(),
+    };
+    set_condition(api, object, true, REASON_REQUESTER_UNVERIFIED, &message).await?;
+    ctl.ctx.metrics.validation_failed(crate::queue::Kind::Deployment, REASON_REQUESTER_UNVERIFIED);
+    Ok(Next::Retry(UNVERIFIED_RETRY))
 }
 
 async fn no_engine(

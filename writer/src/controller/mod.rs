@@ -36,11 +36,17 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use gitops_shared::tenancy::NotServed;
 use uuid::Uuid;
 
-pub use home::{HOME_IDENTITY, HomeSettings, home_role};
+pub use home::{
+    DEFAULT_HOME_CLUSTER_ROLE, DEFAULT_HOME_NAMESPACE, HOME_IDENTITY, HomeSettings, HomeStatus, TENANT_NAMESPACE_LABEL, check_loop,
+    home_account_name, home_binding,
+};
 pub use environment::{CONNECTION_CONDITION, REASON_CONNECTION_CHECK_DISABLED, REASON_SECRET_NOT_FOUND};
-pub use deployment::{REASON_NO_ENGINE, REASON_QUOTA_EXCEEDED, WAIT_FOR_PRUNING};
+pub use deployment::{
+    REASON_HOME_UNAVAILABLE, REASON_NO_ENGINE, REASON_QUOTA_EXCEEDED, REASON_REQUESTER_UNVERIFIED, WAIT_FOR_PRUNING,
+};
 pub use object::{CONDITION, FINALIZER, REASON_ACCEPTED};
 pub use sync_run::{REASON_DEPLOYMENT_AUTOMATED, REASON_DEPLOYMENT_NOT_FOUND};
 
@@ -137,11 +143,13 @@ pub struct Controllers {
 }
 
 /// A namespace as the writer needs it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct NamespaceState {
     pub uid: Uuid,
     /// Deletion has begun (`deletionTimestamp` set).
     pub terminating: bool,
+    /// Its labels (the operator selects tenant namespaces by them).
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// The work-queue key of a namespace's tenant cleanup.
@@ -150,6 +158,41 @@ pub(crate) fn namespace_key(namespace: &str) -> Key {
 }
 
 impl Controllers {
+    /// Whether `namespace` is reserved (never a tenant, whatever its labels).
+    fn reserved(&self, namespace: &str) -> bool {
+        matches!(self.ctx.served.serves(namespace, &Default::default()), Err(NotServed::Reserved(_)))
+    }
+
+    /// Whether the service serves `namespace` (as the namespace watcher last saw its labels).
+    pub(crate) fn serves(&self, namespace: &str) -> Result<(), NotServed> {
+        let labels = self.namespace_cached(namespace).map(|state| state.labels).unwrap_or_default();
+        self.ctx.served.serves(namespace, &labels)
+    }
+
+    /// Refuses an object in a namespace the service does not serve: its condition
+    /// says why, and nothing is written (no finalizer, no rows, no identity). Rows
+    /// and Argo CD objects of a namespace that stopped being served stay as they
+    /// are; a deletion goes on as usual (the caller handles deleting objects).
+    async fn refuse_unserved<K>(&self, api: &Api<K>, name: &str, namespace: &str) -> Result<Option<Next>, ReconcileError>
+    where
+        K: Resource + Clone + DeserializeOwned + std::fmt::Debug + HasConditions,
+    {
+        // A namespace the watcher has not seen yet is read first (its labels decide).
+        if self.namespace_cached(namespace).is_none() {
+            self.namespace_state(namespace).await?;
+        }
+        let Err(not_served) = self.serves(namespace) else { return Ok(None) };
+        let Some(object) = api.get_opt(name).await.map_err(|source| ReconcileError::Kube { action: "read", source })? else {
+            return Ok(Some(Next::Done));
+        };
+        if object.meta().deletion_timestamp.is_some() {
+            return Ok(None);
+        }
+        let reason = not_served.reason();
+        set_condition(api, &object, true, reason, &not_served.message(namespace)).await?;
+        Ok(Some(Next::Settled(Settled::Invalid(reason))))
+    }
+
     fn owns(&self, namespace: &str) -> bool {
         (self.namespaces.is_empty() || self.namespaces.contains(namespace))
             && self.shards.borrow().contains(&shard_of(namespace))
@@ -213,6 +256,14 @@ impl Controllers {
         }
     }
 
+    /// Queues every known object of `namespace` (whether it is served changed).
+    fn namespace_again(&self, namespace: &str) {
+        let keys: Vec<Key> = self.known().iter().filter(|k| k.namespace == namespace).cloned().collect();
+        for key in keys {
+            self.offer(key);
+        }
+    }
+
     /// [`in_txn_retrying`], timed into the transaction histogram (retries included).
     async fn in_txn<T, F>(&self, client: &mut tokio_postgres::Client, body: F) -> Result<T, DbError>
     where
@@ -235,8 +286,11 @@ impl Controllers {
     /// Records that the home identity of `namespace` needs making again, and queues
     /// the namespace's deployments (those going to their own namespace repair it).
     fn home_damaged(&self, namespace: &str) {
-        // A namespace on its way out loses the identity with everything else.
-        if !self.owns(namespace) || self.namespace_cached(namespace).is_none_or(|state| state.terminating) {
+        // A namespace on its way out loses the identity with everything else (one
+        // not listed yet, at a start, is repaired: the listing may come later).
+        // Recorded whether or not this writer owns the namespace's shard now: at a
+        // start the identity watch lists before the shards are taken.
+        if self.namespace_cached(namespace).is_some_and(|state| state.terminating) {
             return;
         }
         self.home_damaged.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(namespace.to_owned());
@@ -258,7 +312,7 @@ impl Controllers {
 
     /// The namespace as the watcher last saw it.
     fn namespace_cached(&self, namespace: &str) -> Option<NamespaceState> {
-        self.namespace_states().get(namespace).copied()
+        self.namespace_states().get(namespace).cloned()
     }
 
     /// The namespace now: from the watcher, or read when the watcher has not seen
@@ -270,7 +324,11 @@ impl Controllers {
         let api: Api<Namespace> = Api::all(self.ctx.kube.clone());
         let object =
             api.get_opt(namespace).await.map_err(|source| ReconcileError::Kube { action: "read the namespace", source })?;
-        object.map(|object| namespace_state_of(&object.metadata)).transpose()
+        let state = object.map(|object| namespace_state_of(&object.metadata)).transpose()?;
+        if let Some(state) = &state {
+            self.namespace_states().entry(namespace.to_owned()).or_insert_with(|| state.clone());
+        }
+        Ok(state)
     }
 
     /// The UID of a live namespace; [`ReconcileError::NamespaceGone`] once it is
@@ -296,10 +354,20 @@ impl Inventory for Controllers {
         }
         (namespaces.len() as u64, deployments)
     }
+
+    fn unserved_namespaces(&self) -> u64 {
+        let namespaces: HashSet<String> =
+            self.known().iter().filter(|key| self.owns(&key.namespace)).map(|key| key.namespace.clone()).collect();
+        namespaces.iter().filter(|namespace| self.serves(namespace).is_err()).count() as u64
+    }
 }
 
 fn namespace_state_of(meta: &ObjectMeta) -> Result<NamespaceState, ReconcileError> {
-    Ok(NamespaceState { uid: uid(meta)?, terminating: meta.deletion_timestamp.is_some() })
+    Ok(NamespaceState {
+        uid: uid(meta)?,
+        terminating: meta.deletion_timestamp.is_some(),
+        labels: meta.labels.clone().unwrap_or_default(),
+    })
 }
 
 pub(crate) fn uid(meta: &ObjectMeta) -> Result<Uuid, ReconcileError> {
@@ -538,11 +606,16 @@ async fn watch_namespaces(ctl: Arc<Controllers>, scope: Option<String>, cancel: 
                 let name = object.metadata.name.clone().unwrap_or_default();
                 let Ok(state) = namespace_state_of(&object.metadata) else { continue };
                 listing.insert(name.clone());
+                let (terminating, uid, labels) = (state.terminating, state.uid, state.labels.clone());
                 let before = ctl.namespace_states().insert(name.clone(), state);
                 // Terminating, or made again under the same name: the old tenant goes.
-                let replaced = before.is_some_and(|b| b.uid != state.uid);
-                if state.terminating || replaced {
+                let replaced = before.as_ref().is_some_and(|b| b.uid != uid);
+                if terminating || replaced {
                     ctl.offer(namespace_key(&name));
+                }
+                // Selected or unselected by a label change: look at its objects again.
+                if before.is_some_and(|b| b.labels != labels) {
+                    ctl.namespace_again(&name);
                 }
             }
             Ok(Event::Delete(object)) => {

@@ -3,8 +3,8 @@
 //! the old tenant is cleaned up: in one transaction its row and every live row of
 //! it are tombstoned and an operation is enqueued for each, so the agent removes
 //! its Argo CD Applications, cluster and repository Secrets, and then its
-//! AppProject. The writer also removes the home ServiceAccount, Role and binding
-//! it made in the namespace, when the namespace is still there to hold them.
+//! AppProject. The writer also removes the tenant's home ServiceAccount (in the
+//! home namespace) and, when the namespace is still there to hold it, the binding.
 //!
 //! The watcher of namespaces queues a namespace key when one is deleted or starts
 //! terminating; after its first listing, and whenever this writer gains shards,
@@ -59,7 +59,7 @@ SELECT namespace_name, namespace_uid FROM tenant WHERE row_state = 'active' AND 
 /// Cleans up the tenants of `namespace` that are not its live UID.
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str) -> Result<Next, ReconcileError> {
     let live = ctl.namespace_state(namespace).await?;
-    let keep: Option<Uuid> = match live {
+    let keep: Option<Uuid> = match &live {
         Some(state) if !state.terminating => Some(state.uid),
         _ => None,
     };
@@ -99,9 +99,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str) -> Result
     drop(client);
     let Some(cleaned) = cleaned else { return Ok(Next::Done) };
     ctl.forget_home(&cleaned);
-    if live.is_some() && keep.is_none() {
-        home::remove_identity(&ctl.ctx.kube, namespace).await?;
-    }
+    home::remove_identity(&ctl.ctx.kube, &ctl.ctx.home, namespace, &cleaned, live.is_some() && keep.is_none()).await?;
     if !cleaned.is_empty() {
         tracing::info!(tenant.ns = %namespace, tenants = cleaned.len(), "tenant namespace gone; its rows are tombstoned");
         return Ok(Next::Settled(Settled::Ok));

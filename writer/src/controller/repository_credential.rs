@@ -38,6 +38,9 @@ enum Written {
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
     let key = Key { kind: Kind::RepositoryCredential, namespace: namespace.to_owned(), name: name.to_owned() };
     let api: Api<GitOpsDeploymentRepositoryCredential> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
+    if let Some(next) = ctl.refuse_unserved(&api, name, namespace).await? {
+        return Ok(next);
+    }
     let (object, uid) = match live(&api, name).await? {
         Live::Present(object, uid) => (object, uid),
         Live::Gone => {

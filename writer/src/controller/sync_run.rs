@@ -13,7 +13,7 @@ use gitops_shared::sync_run::{SyncIntent, sync_operation_terminate_in_txn, sync_
 use kube::api::Api;
 
 use super::object::{Live, REASON_ACCEPTED, live, remove_finalizer};
-use super::{Controllers, Next, ReconcileError, Settled, set_condition};
+use super::{Controllers, Next, REASON_REQUESTER_UNVERIFIED, ReconcileError, Settled, set_condition};
 use crate::api::{GitOpsDeployment, GitOpsDeploymentSyncRun};
 use crate::shard::{shard_fence_in_txn, shard_of};
 use crate::validate;
@@ -22,14 +22,18 @@ pub const REASON_DEPLOYMENT_NOT_FOUND: &str = "DeploymentNotFound";
 pub const REASON_DEPLOYMENT_AUTOMATED: &str = "DeploymentAutomated";
 
 const APPLICATION: &str = "
-SELECT a.id, a.tenant_id, a.sync_type, t.engine_instance_id
+SELECT a.id, a.tenant_id, a.sync_type, t.engine_instance_id, coalesce(e.home, false) AS home
   FROM application a JOIN tenant t ON t.id = a.tenant_id
+  LEFT JOIN managed_environment e ON e.id = a.managed_environment_id
  WHERE a.resource_uid = $1 AND a.row_state = 'active'";
 
 const TENANT_LOCK: &str = "SELECT engine_instance_id FROM tenant WHERE id = $1 FOR UPDATE";
 
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
     let api: Api<GitOpsDeploymentSyncRun> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
+    if let Some(next) = ctl.refuse_unserved(&api, name, namespace).await? {
+        return Ok(next);
+    }
     let (object, uid) = match live(&api, name).await? {
         Live::Present(object, uid) => (object, uid),
         Live::Gone => return Ok(Next::Done),
@@ -58,7 +62,16 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         client.query_opt(APPLICATION, &[&deployment_uid]).await.map_err(DbError::query("read an application"))?
     };
     let Some(row) = row else { return wait_for_deployment(ctl, &api, &object, &valid.deployment_name).await };
-    let (application_id, tenant, sync_type): (i64, i64, SyncType) = (row.get(0), row.get(1), row.get(2));
+    let (application_id, tenant, sync_type, home): (i64, i64, SyncType, bool) =
+        (row.get("id"), row.get("tenant_id"), row.get("sync_type"), row.get("home"));
+    // Its revision chooses what runs with the home role: the requester must have
+    // been checked, as for the deployment.
+    if home && !ctl.ctx.requesters_verified() && !ctl.ctx.allow_unverified_home {
+        let message = "sync runs of deployments into this namespace need the admission webhook to check who asks for \
+                       them, and it is not installed: ask the operator to install it";
+        set_condition(&api, &object, true, REASON_REQUESTER_UNVERIFIED, message).await?;
+        return Ok(Next::Settled(Settled::Invalid(REASON_REQUESTER_UNVERIFIED)));
+    }
     if sync_type == SyncType::Automated {
         let message = format!(
             "GitOpsDeployment {:?} is automated; sync runs are only for manual deployments",

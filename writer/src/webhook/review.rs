@@ -1,0 +1,127 @@
+//! What the admission webhook decides for one request: creating or changing (the
+//! spec of) a tenant resource in a namespace the service does not serve is refused;
+//! a GitOpsDeployment into its own namespace (the home environment), and a SyncRun
+//! of one — its revision chooses what runs with the home role — is allowed only when
+//! the requester could grant the home role there themselves (`escalation`).
+//! Deletes, `/status` and metadata-only changes are always allowed, so a finalizer
+//! can always be released.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DynamicObject};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use serde_json::Value;
+
+use crate::context::WriterContext;
+use crate::webhook::escalation::Escalation;
+
+pub const GROUP: &str = "managed-gitops.redhat.com";
+
+/// The webhook's state.
+pub struct Reviewer {
+    pub ctx: Arc<WriterContext>,
+    pub escalation: Escalation,
+}
+
+/// The metric label of a request's kind.
+pub fn kind_label(request: &AdmissionRequest<DynamicObject>) -> &'static str {
+    match request.kind.kind.as_str() {
+        "GitOpsDeployment" => "GitOpsDeployment",
+        "GitOpsDeploymentSyncRun" => "GitOpsDeploymentSyncRun",
+        "GitOpsDeploymentManagedEnvironment" => "GitOpsDeploymentManagedEnvironment",
+        "GitOpsDeploymentRepositoryCredential" => "GitOpsDeploymentRepositoryCredential",
+        _ => "other",
+    }
+}
+
+fn spec(object: Option<&DynamicObject>) -> Option<&Value> {
+    object.and_then(|o| o.data.get("spec"))
+}
+
+/// Whether a GitOpsDeployment's spec goes to its own namespace (no environment).
+pub fn goes_home(spec: Option<&Value>) -> bool {
+    spec.and_then(|s| s.pointer("/destination/environment")).and_then(Value::as_str).is_none_or(str::is_empty)
+}
+
+impl Reviewer {
+    pub async fn review(&self, request: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
+        let allow = AdmissionResponse::from(request);
+        if request.kind.group != GROUP || request.sub_resource.is_some() {
+            return allow;
+        }
+        let changes_spec = match request.operation {
+            Operation::Create => true,
+            Operation::Update => spec(request.object.as_ref()) != spec(request.old_object.as_ref()),
+            _ => false,
+        };
+        if !changes_spec {
+            return allow;
+        }
+        let Some(namespace) = request.namespace.as_deref() else { return allow };
+        match self.served(namespace).await {
+            Ok(()) => {}
+            Err(message) => return deny(allow, message),
+        }
+        let home = match request.kind.kind.as_str() {
+            "GitOpsDeployment" => goes_home(spec(request.object.as_ref())),
+            "GitOpsDeploymentSyncRun" => self.sync_run_goes_home(namespace, spec(request.object.as_ref())).await,
+            _ => false,
+        };
+        if !home {
+            return allow;
+        }
+        let Some(role) = self.ctx.home_status.role() else {
+            return deny(allow, "the GitOps service cannot act in this namespace now (its home role is missing); ask the operator".to_owned());
+        };
+        match self.escalation.may_grant(&request.user_info, namespace, &role).await {
+            Ok(()) => allow,
+            Err(refusal) => deny(allow, refusal.0),
+        }
+    }
+
+    async fn served(&self, namespace: &str) -> Result<(), String> {
+        let api: Api<Namespace> = Api::all(self.ctx.kube.clone());
+        let labels = match api.get_opt(namespace).await {
+            Ok(object) => object.and_then(|o| o.metadata.labels).unwrap_or_default(),
+            Err(error) => {
+                tracing::warn!(%error, tenant.ns = %namespace, "could not read a namespace for an admission review");
+                return Err("the GitOps service could not read this namespace now; try again".to_owned());
+            }
+        };
+        self.ctx.served.serves(namespace, &labels).map_err(|not| not.message(namespace))
+    }
+
+    /// Whether a SyncRun names a deployment into its own namespace — or one that
+    /// does not exist yet (it might be one when it comes).
+    async fn sync_run_goes_home(&self, namespace: &str, spec: Option<&Value>) -> bool {
+        let Some(name) = spec.and_then(|s| s.get("gitopsDeploymentName")).and_then(Value::as_str) else { return false };
+        let api: Api<crate::api::GitOpsDeployment> = Api::namespaced(self.ctx.kube.clone(), namespace);
+        match api.get_opt(name).await {
+            Ok(Some(deployment)) => deployment.spec.destination.environment.as_deref().is_none_or(str::is_empty),
+            Ok(None) | Err(_) => true,
+        }
+    }
+}
+
+fn deny(response: AdmissionResponse, message: String) -> AdmissionResponse {
+    let mut response = response.deny(message);
+    response.result.code = 403;
+    response.result.reason = "Forbidden".to_owned();
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::goes_home;
+
+    #[test]
+    fn a_deployment_without_an_environment_goes_home() {
+        assert!(goes_home(Some(&json!({"destination": {}}))));
+        assert!(goes_home(Some(&json!({"destination": {"environment": ""}}))));
+        assert!(goes_home(Some(&json!({}))));
+        assert!(!goes_home(Some(&json!({"destination": {"environment": "prod"}}))));
+    }
+}
