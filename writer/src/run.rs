@@ -146,6 +146,9 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
         home_status: home_status.clone(),
     };
     let (keeper, shards) = ShardKeeper::new(pool, config.writer_id.clone(), config.shards);
+    // The controllers start knowing whether home identities can be made.
+    let webhook_configuration = config.webhook.as_ref().map(|w| w.configuration.clone());
+    crate::controller::check_once(&ctx.kube, &ctx.home, webhook_configuration.as_deref(), &home_status).await;
     let mut tasks = JoinSet::new();
     tasks.spawn(crate::http::serve(http, endpoints, cancel.clone()));
     if let Some((socket, acceptor)) = webhook {
@@ -162,7 +165,7 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
     tasks.spawn(crate::controller::check_loop(
         ctx.kube.clone(),
         ctx.home.clone(),
-        config.webhook.as_ref().map(|w| w.configuration.clone()),
+        webhook_configuration,
         home_status,
         config.home_check_every,
         cancel.clone(),

@@ -40,7 +40,7 @@ use gitops_shared::tenancy::NotServed;
 use uuid::Uuid;
 
 pub use home::{
-    DEFAULT_HOME_CLUSTER_ROLE, DEFAULT_HOME_NAMESPACE, HOME_IDENTITY, HomeSettings, HomeStatus, TENANT_NAMESPACE_LABEL, check_loop,
+    DEFAULT_HOME_CLUSTER_ROLE, DEFAULT_HOME_NAMESPACE, HOME_IDENTITY, HomeSettings, HomeStatus, TENANT_NAMESPACE_LABEL, check_loop, check_once,
     home_account_name, home_binding,
 };
 pub use environment::{CONNECTION_CONDITION, REASON_CONNECTION_CHECK_DISABLED, REASON_SECRET_NOT_FOUND};

@@ -58,7 +58,7 @@ impl HomeStatus {
     }
 }
 
-/// One check; returns whether it changed what is recorded.
+/// One check, recorded in `status` (logged when what it found changed).
 pub async fn check_once(kube: &kube::Client, settings: &HomeSettings, webhook: Option<&str>, status: &HomeStatus) {
     let roles: Api<ClusterRole> = Api::all(kube.clone());
     let namespaces: Api<Namespace> = Api::all(kube.clone());
@@ -91,7 +91,8 @@ pub async fn check_once(kube: &kube::Client, settings: &HomeSettings, webhook: O
     status.record(problem, role, registered);
 }
 
-/// Checks every `every` until `cancel`.
+/// Checks every `every` (after the first check, which `run` makes before the
+/// controllers start) until `cancel`.
 pub async fn check_loop(
     kube: kube::Client,
     settings: HomeSettings,
@@ -101,10 +102,10 @@ pub async fn check_loop(
     cancel: CancellationToken,
 ) {
     loop {
-        check_once(&kube, &settings, webhook.as_deref(), &status).await;
         tokio::select! {
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(every) => {}
         }
+        check_once(&kube, &settings, webhook.as_deref(), &status).await;
     }
 }

@@ -16,7 +16,7 @@
 mod check;
 mod identity;
 
-pub use check::{HomeStatus, check_loop};
+pub use check::{HomeStatus, check_loop, check_once};
 pub use identity::{HOME_IDENTITY, TENANT_NAMESPACE_LABEL, home_account_name, home_binding};
 pub(crate) use identity::{remove_identity, watch_identity};
 
