@@ -73,3 +73,45 @@ pub async fn application_upsert_in_txn(
         .map_err(DbError::query("upsert an application"))?;
     Ok(row.map(|row| ApplicationId(row.get(0))))
 }
+
+/// A live deployment into its tenant's own namespace (through the home
+/// environment), as an operator reviews them: whoever could push to its repository
+/// acts there with the home role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HomeDeploymentRow {
+    pub namespace: String,
+    pub name: String,
+    pub repo_url: String,
+    pub path: String,
+    pub target_revision: String,
+    pub created_at: std::time::SystemTime,
+}
+
+impl TryFrom<&tokio_postgres::Row> for HomeDeploymentRow {
+    type Error = tokio_postgres::Error;
+
+    fn try_from(row: &tokio_postgres::Row) -> Result<Self, Self::Error> {
+        Ok(HomeDeploymentRow {
+            namespace: row.try_get("namespace_name")?,
+            name: row.try_get("resource_name")?,
+            repo_url: row.try_get("repo_url")?,
+            path: row.try_get("path")?,
+            target_revision: row.try_get("target_revision")?,
+            created_at: row.try_get("created_at")?,
+        })
+    }
+}
+
+const HOME_DEPLOYMENTS: &str = "
+SELECT t.namespace_name, a.resource_name, a.repo_url, a.path, a.target_revision, a.created_at
+  FROM application a
+  JOIN tenant t ON t.id = a.tenant_id
+  JOIN managed_environment e ON e.id = a.managed_environment_id
+ WHERE a.row_state = 'active' AND e.home
+ ORDER BY t.namespace_name, a.resource_name";
+
+/// Every live home deployment, by namespace and name.
+pub async fn application_list_home(client: &tokio_postgres::Client) -> Result<Vec<HomeDeploymentRow>, DbError> {
+    let rows = client.query(HOME_DEPLOYMENTS, &[]).await.map_err(DbError::query("list home deployments"))?;
+    rows.iter().map(|row| HomeDeploymentRow::try_from(row).map_err(DbError::query("read a home deployment"))).collect()
+}

@@ -25,6 +25,8 @@ pub enum Command {
     Instance(InstanceArgs),
     /// Show the operation queue; list or retry failed operations.
     Queue(QueueArgs),
+    /// What the service does for tenants, for review.
+    Tenant(TenantArgs),
     /// Rotate the encryption of stored secrets.
     Secrets(SecretsArgs),
     /// Benchmarks: programs that print figures as JSON on stdout.
@@ -91,6 +93,22 @@ pub enum InstanceCommand {
         /// Instance name.
         name: String,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct TenantArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(subcommand)]
+    pub command: TenantCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TenantCommand {
+    /// List every deployment into a tenant's own namespace (each acts there with the
+    /// home ClusterRole): the ones stored before requesters were checked at
+    /// admission deserve a review.
+    HomeDeployments,
 }
 
 #[derive(Debug, Args)]

@@ -1,7 +1,8 @@
 //! `gitopsctl dev`: the whole service on a laptop, throwaway and self-contained. A
 //! PostgreSQL server in a temporary directory (durability off), the Kubernetes API
 //! emulator with TLS, the Argo CD stand-in over namespace `argocd`, one registered
-//! engine instance and a development-only encryption key, then one writer and one
+//! engine instance and a development-only encryption key, then one writer (its
+//! admission webhook registered on loopback with a throwaway certificate) and one
 //! agent as child processes (the binaries built next to this one). It writes
 //! `DIR/kubeconfig` and `DIR/env`, reports readiness once both children serve (the
 //! writer holds shard leases, the agent's heartbeat is fresh), and on Ctrl-C or
@@ -18,6 +19,7 @@ use gitops_shared::config::{DATABASE_URL, ENCRYPTION_ACTIVE_KEY, ENCRYPTION_KEYS
 use gitops_shared::crypto::SecretBox;
 use gitops_shared::db;
 use gitops_shared::instance::engine_instance_add;
+use gitops_testkit::admission;
 use gitops_testkit::argocd::{self, ForeignCrds, StandinOptions};
 use gitops_testkit::kube_emulator::{EmulatorOptions, KubeEmulator};
 use gitops_testkit::{PgCluster, PgOptions};
@@ -47,6 +49,8 @@ const CRD_DEADLINE: Duration = Duration::from_secs(60);
 const HEARTBEAT_FRESH: &str = "30 seconds";
 
 const FIELD_MANAGER: &str = "gitopsctl-dev";
+/// The ValidatingWebhookConfiguration of the writer's webhook.
+const DEV_WEBHOOK: &str = "gitops-service";
 
 const WRITER_READY: &str = "SELECT EXISTS (SELECT 1 FROM writer_shard WHERE lease_expires_at > now())";
 const AGENT_READY: &str =
@@ -85,6 +89,16 @@ pub enum DevError {
     NotReady { dir: PathBuf },
     #[error("could not listen for SIGTERM")]
     Signal { source: std::io::Error },
+    #[error("could not make the admission webhook's certificate")]
+    Certificate { source: admission::CertError },
+    #[error("could not find a free port for the admission webhook")]
+    Port { source: std::io::Error },
+}
+
+/// A port free on 127.0.0.1 now (the writer binds it a moment later).
+fn free_port() -> Result<u16, DevError> {
+    let socket = std::net::TcpListener::bind("127.0.0.1:0").map_err(|source| DevError::Port { source })?;
+    Ok(socket.local_addr().map_err(|source| DevError::Port { source })?.port())
 }
 
 /// What `dev` set up, as reported when ready.
@@ -177,18 +191,28 @@ impl DevStack {
         ];
         write_env_file(&self.info.env_file, &env)?;
         let dir = self.info.dir.clone();
-        // The emulator does not call admission webhooks: nothing checks who asks for
-        // a deployment into a tenant's own namespace, so the local stack opts out.
-        tracing::warn!(
-            "local stack: no admission webhook; deployments into tenants' own namespaces are accepted without \
-             checking the requester (GITOPS_WRITER_ALLOW_UNVERIFIED_HOME_DEPLOYMENTS=true)"
-        );
+        // The writer's admission webhook, registered as an install registers it
+        // (on loopback): the emulator calls it for every tenant resource it stores.
+        let cert = admission::serving_cert(&dir).map_err(|source| DevError::Certificate { source })?;
+        let port = free_port()?;
+        let webhook_address = format!("127.0.0.1:{port}");
+        let configuration =
+            admission::configuration(DEV_WEBHOOK, &format!("https://{webhook_address}/validate"), &cert.ca_pem, None);
+        admission::register(&self.kube, &configuration)
+            .await
+            .map_err(|source| DevError::Kube { action: "register the admission webhook".to_owned(), source })?;
+        let (cert_file, key_file) = (cert.cert_file.display().to_string(), cert.key_file.display().to_string());
         self.children.push(spawn(
             &dir,
             "gitops-writer",
             writer_bin,
             &env,
-            &[("GITOPS_WRITER_ALLOW_UNVERIFIED_HOME_DEPLOYMENTS", "true")],
+            &[
+                ("GITOPS_WRITER_WEBHOOK_CERT_FILE", &cert_file),
+                ("GITOPS_WRITER_WEBHOOK_KEY_FILE", &key_file),
+                ("GITOPS_WRITER_WEBHOOK_ADDRESS", &webhook_address),
+                ("GITOPS_WRITER_WEBHOOK_CONFIGURATION", DEV_WEBHOOK),
+            ],
         )?);
         self.children.push(spawn(
             &dir,

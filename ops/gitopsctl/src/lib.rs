@@ -12,6 +12,7 @@ pub mod migrate;
 pub mod queue;
 pub mod secrets;
 mod table;
+pub mod tenant;
 
 use gitops_shared::config::redact_database_url;
 use gitops_shared::db;
@@ -19,7 +20,7 @@ use tokio_postgres::Client;
 
 pub use error::CtlError;
 
-use cli::{BenchCommand, Command, DbArgs, InstanceCommand, QueueCommand, SecretsCommand};
+use cli::{BenchCommand, Command, DbArgs, InstanceCommand, QueueCommand, SecretsCommand, TenantCommand};
 
 /// The `application_name` gitopsctl's connections carry.
 const APPLICATION_NAME: &str = "gitopsctl";
@@ -53,6 +54,12 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
                     Ok(queue::render_retry_all(queue::retry_all_failed(url).await?))
                 }
                 Some(QueueCommand::Failed { limit }) => Ok(queue::render_failed(&queue::failed(url, limit).await?)),
+            }
+        }
+        Command::Tenant(args) => {
+            let url = database_url(&args.db)?;
+            match args.command {
+                TenantCommand::HomeDeployments => Ok(tenant::render_home_deployments(&tenant::home_deployments(url).await?)),
             }
         }
         Command::Secrets(args) => match args.command {

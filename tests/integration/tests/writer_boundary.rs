@@ -276,6 +276,12 @@ async fn writer_boundary_without_the_webhook_home_deployments_are_not_taken_on_t
     let stored: i64 =
         env.client.query_one("SELECT count(*) FROM sync_operation", &[]).await.expect("count").get(0);
     assert_eq!(stored, 0);
+
+    // What was stored before is there for the operator to review.
+    let listed = gitopsctl::tenant::home_deployments(&env.db.url()).await.expect("list home deployments");
+    let names: Vec<(&str, &str)> = listed.iter().map(|r| (r.namespace.as_str(), r.name.as_str())).collect();
+    assert_eq!(names, [(tenant.as_str(), "kept"), (tenant.as_str(), "manual")]);
+    assert_eq!(listed[0].path, "apps/kept");
 }
 
 /// A ServiceAccount of the tenant namespace holding `cluster_role` there (by a

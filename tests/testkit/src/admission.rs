@@ -19,8 +19,17 @@ pub struct ServingCert {
     pub key_file: PathBuf,
 }
 
+/// Why a serving certificate could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("generate a certificate")]
+    Generate(#[from] rcgen::Error),
+    #[error("write {path}")]
+    Write { path: PathBuf, source: std::io::Error },
+}
+
 /// Generates a CA and a certificate for 127.0.0.1, ::1 and localhost into `dir`.
-pub fn serving_cert(dir: &Path) -> Result<ServingCert, rcgen::Error> {
+pub fn serving_cert(dir: &Path) -> Result<ServingCert, CertError> {
     let ca_key = KeyPair::generate()?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -33,7 +42,9 @@ pub fn serving_cert(dir: &Path) -> Result<ServingCert, rcgen::Error> {
     let cert = params.signed_by(&key, &Issuer::from_params(&ca_params, &ca_key))?;
     let cert_file = dir.join("webhook.crt");
     let key_file = dir.join("webhook.key");
-    let write = |path: &Path, text: String| std::fs::write(path, text).map_err(|e| rcgen::Error::PemError(e.to_string()));
+    let write = |path: &Path, text: String| {
+        std::fs::write(path, text).map_err(|source| CertError::Write { path: path.to_owned(), source })
+    };
     write(&cert_file, cert.pem())?;
     write(&key_file, key.serialize_pem())?;
     Ok(ServingCert { ca_pem: ca.pem(), cert_file, key_file })
