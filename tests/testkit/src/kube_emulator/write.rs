@@ -57,17 +57,22 @@ pub struct Prepared {
     /// write only while this is still the stored object.
     pub old: Option<Arc<Value>>,
     pub object: Value,
+    /// A create by apply: one that finds the object created meanwhile is prepared
+    /// again as an update, where a POST fails with AlreadyExists.
+    upsert: bool,
     now: String,
 }
 
 /// Stores a prepared write. `Ok(None)` when the stored object changed since the
 /// write was prepared (the caller prepares it again).
 pub fn finish(state: &mut State, prepared: Prepared) -> Result<Option<Arc<Value>>, ApiError> {
-    let Prepared { target, name, old, object, now } = prepared;
+    let Prepared { target, name, old, object, upsert, now } = prepared;
     let info = &target.info;
     let current = state.get(&info.storage_key(), &target.namespace, &name);
     let unchanged = match (&old, &current) {
         (None, None) => true,
+        // As kube-apiserver, whose storage refuses the create after admission.
+        (None, Some(_)) if !upsert => return Err(ApiError::already_exists(info, &name)),
         (Some(old), Some(current)) => meta::resource_version(old) == meta::resource_version(current),
         _ => false,
     };
@@ -293,10 +298,7 @@ fn create_object(
     check_escalation(state, writer, target, None, &object)?;
     builtin::prepare(info, None, &mut object, &writer.now)?;
     validate_schema(info, &object)?;
-    if state.get(&info.storage_key(), &target.namespace, &name).is_some() {
-        return Err(ApiError::already_exists(info, &name));
-    }
-    Ok(Prepared { target: target.clone(), name, old: None, object, now: writer.now.clone() })
+    Ok(Prepared { target: target.clone(), name, old: None, object, upsert: fields_done, now: writer.now.clone() })
 }
 
 /// Stores an object and runs what follows from it (default ServiceAccount of a
@@ -550,6 +552,7 @@ fn store_update(
         name: target.name.clone(),
         old: Some(old.clone()),
         object: new,
+        upsert: false,
         now: writer.now.clone(),
     })
 }
