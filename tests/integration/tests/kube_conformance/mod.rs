@@ -4,7 +4,9 @@
 //! in namespaces of its own, names cluster-scoped objects randomly and cleans up. This
 //! file holds the test CRDs and the helpers the modules share.
 
+mod admission;
 mod apply;
+mod authorization;
 mod controller;
 mod crd;
 mod crud;
