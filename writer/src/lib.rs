@@ -122,6 +122,9 @@ pub struct TenancyArgs {
     /// writer's own, from POD_NAMESPACE, and the home namespace are always included).
     #[arg(long, env = "GITOPS_SERVICE_NAMESPACES", value_delimiter = ',')]
     pub service_namespaces: Vec<String>,
+    /// The writer's own namespace (set from the downward API); never a tenant.
+    #[arg(long, env = "POD_NAMESPACE", hide = true)]
+    pub pod_namespace: Option<String>,
     /// The ClusterRole Argo CD acts with in a tenant's own namespace (bound there
     /// only). It must exist; without it the writer binds nothing and is not ready.
     #[arg(long, env = "GITOPS_WRITER_HOME_CLUSTER_ROLE", default_value = controller::DEFAULT_HOME_CLUSTER_ROLE)]
@@ -239,12 +242,13 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
         tenant_namespaces,
         reserved_namespaces,
         service_namespaces,
+        pod_namespace,
         home_cluster_role,
         home_namespace,
         allow_unverified_home_deployments,
     } = args.tenancy;
     let mut service: std::collections::BTreeSet<String> = service_namespaces.into_iter().collect();
-    service.extend(std::env::var("POD_NAMESPACE").ok().filter(|ns| !ns.is_empty()));
+    service.extend(pod_namespace.filter(|ns| !ns.is_empty()));
     service.insert(home_namespace.clone());
     config.tenancy = tenancy::TenancySettings {
         selector: tenant_namespace_selector,

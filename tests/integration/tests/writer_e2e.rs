@@ -680,7 +680,10 @@ fn writer_manifests() -> std::collections::BTreeMap<String, serde_json::Value> {
 fn writer_e2e_deploy_cluster_role_grants_exactly_the_tested_rules() {
     let m = writer_manifests();
     let kinds: Vec<&str> = m.keys().map(String::as_str).collect();
-    assert_eq!(kinds, ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]);
+    assert_eq!(
+        kinds,
+        ["ClusterRole", "ClusterRoleBinding", "Deployment", "Namespace", "Service", "ServiceAccount", "ValidatingWebhookConfiguration"]
+    );
     assert_eq!(m["ClusterRole"]["rules"], crate::support::writer_rbac_rules());
 
     let namespace = &m["ServiceAccount"]["metadata"]["namespace"];
@@ -695,6 +698,42 @@ fn writer_e2e_deploy_cluster_role_grants_exactly_the_tested_rules() {
     assert_eq!(subjects[0]["name"], m["ServiceAccount"]["metadata"]["name"]);
     assert_eq!(&subjects[0]["namespace"], namespace);
     assert_eq!(m["Deployment"]["spec"]["template"]["spec"]["serviceAccountName"], m["ServiceAccount"]["metadata"]["name"]);
+}
+
+/// The webhook reaches the writer (Service → the Deployment's `webhook` port, where
+/// the writer listens with the mounted certificate), for every tenant kind's CREATE
+/// and UPDATE, failing closed within 5 s; the home namespace is the writer's default.
+#[test]
+fn writer_e2e_deploy_registers_the_webhook_and_the_home_namespace() {
+    let m = writer_manifests();
+    let container = &m["Deployment"]["spec"]["template"]["spec"]["containers"][0];
+    let env = container["env"].as_array().expect("env");
+    let value = |name: &str| env.iter().find(|e| e["name"] == name).and_then(|e| e["value"].as_str()).map(str::to_owned);
+    let address = value("GITOPS_WRITER_WEBHOOK_ADDRESS").expect("a webhook address");
+    let port: u64 = address.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).expect("a port");
+    let ports = container["ports"].as_array().expect("ports");
+    assert!(ports.iter().any(|p| p["name"] == "webhook" && p["containerPort"] == port));
+    let service = &m["Service"];
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "webhook");
+    let webhook = &m["ValidatingWebhookConfiguration"]["webhooks"][0];
+    let client = &webhook["clientConfig"]["service"];
+    assert_eq!(client["name"], service["metadata"]["name"]);
+    assert_eq!(client["namespace"], service["metadata"]["namespace"]);
+    assert_eq!(client["port"], service["spec"]["ports"][0]["port"]);
+    assert_eq!(client["path"], "/validate");
+    assert_eq!((webhook["failurePolicy"].as_str(), webhook["timeoutSeconds"].as_u64()), (Some("Fail"), Some(5)));
+    let rule = &webhook["rules"][0];
+    assert_eq!(rule["operations"], json!(["CREATE", "UPDATE"]));
+    let resources: Vec<&str> = rule["resources"].as_array().expect("resources").iter().filter_map(|r| r.as_str()).collect();
+    for crd in gitops_writer::api::crds() {
+        assert!(resources.contains(&crd.spec.names.plural.as_str()), "{} is not sent to the webhook", crd.spec.names.plural);
+    }
+    assert!(!resources.iter().any(|r| r.contains('/')), "no subresource (status) is sent");
+    assert_eq!(m["Namespace"]["metadata"]["name"], gitops_writer::controller::DEFAULT_HOME_NAMESPACE);
+    assert_eq!(m["ValidatingWebhookConfiguration"]["metadata"]["name"], "gitops-service", "the writer's default registration name");
+    let mounted = container["volumeMounts"][0]["mountPath"].as_str().expect("a mounted certificate");
+    assert!(value("GITOPS_WRITER_WEBHOOK_CERT_FILE").expect("a certificate").starts_with(mounted));
+    assert!(value("GITOPS_TENANT_NAMESPACE_SELECTOR").is_some(), "a production install selects its tenant namespaces");
 }
 
 /// The environment variables `gitops-writer run` reads: its flags' `env = "…"` in
