@@ -1,7 +1,9 @@
-//! The Grafana dashboards in `ops/dashboards/` stay true to the metrics: every series a
-//! panel queries is one the writer or the agent really renders, and every label a query
-//! aggregates by is one those series carry. Renaming a metric without the dashboard
-//! fails here instead of leaving an operator looking at an empty panel.
+//! The Grafana dashboards in `ops/dashboards/` and the alert rules in `ops/alerts/` stay
+//! true to the metrics: every series a panel or a rule queries is one the writer or the
+//! agent really renders, and every label a query aggregates by is one those series
+//! carry; every rule links to a section of the runbook that exists. Renaming a metric
+//! without them fails here instead of leaving an operator looking at an empty panel or
+//! an alert that can never fire.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -135,6 +137,7 @@ async fn rendered() -> BTreeMap<String, BTreeSet<String>> {
 
     let writer = WriterMetrics::default();
     writer.validation_failed(Kind::Deployment, "InvalidPath");
+    writer.admission_reviewed("GitOpsDeployment", "denied");
     series(&writer.render(), &mut found);
 
     let db = TestDb::empty().await;
@@ -149,6 +152,7 @@ async fn rendered() -> BTreeMap<String, BTreeSet<String>> {
 
     let conditional = [
         "gitops_writer_validation_failures_total",
+        "gitops_writer_admission_reviews_total",
         "gitops_agent_listen_connected",
         "gitops_agent_consumer_scans_total",
     ];
@@ -231,4 +235,64 @@ fn expressions_are_read_as_promql() {
     assert_eq!(grouping_labels(expr).into_iter().collect::<Vec<_>>(), ["le", "resource_type"]);
     let unspaced = grouping_labels("sum without(kind) (x) / sum by(outcome)(y)");
     assert_eq!(unspaced.into_iter().collect::<Vec<_>>(), ["kind", "outcome"]);
+}
+
+/// Every alert rule in `ops/alerts/`: (file, rule).
+fn alert_rules() -> Vec<(String, Value)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../ops/alerts");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("ops/alerts exists") {
+        let path = entry.expect("a directory entry").path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+        let text = std::fs::read_to_string(&path).expect("a readable rule file");
+        let json: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name} is not JSON-compatible YAML: {e}"));
+        for group in json["groups"].as_array().expect("groups") {
+            for rule in group["rules"].as_array().expect("rules") {
+                found.push((name.clone(), rule.clone()));
+            }
+        }
+    }
+    assert!(!found.is_empty(), "no alert rule in {}", dir.display());
+    found
+}
+
+/// The anchors of the runbook's headings, as Markdown renderers make them.
+fn runbook_anchors() -> BTreeSet<String> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../ops/runbook.md");
+    let text = std::fs::read_to_string(path).expect("ops/runbook.md");
+    text.lines()
+        .filter_map(|line| line.strip_prefix('#').map(|rest| rest.trim_start_matches('#').trim()))
+        .map(|heading| {
+            heading
+                .to_lowercase()
+                .chars()
+                .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-')
+                .map(|c| if c == ' ' { '-' } else { c })
+                .collect()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn alert_rules_query_rendered_metrics_and_link_the_runbook() {
+    let rendered = rendered().await;
+    let anchors = runbook_anchors();
+    for (file, rule) in alert_rules() {
+        let name = rule["alert"].as_str().unwrap_or_else(|| panic!("{file}: a rule without a name"));
+        let expr = rule["expr"].as_str().unwrap_or_else(|| panic!("{file}: {name} has no expr"));
+        let names = metric_names(expr);
+        assert!(!names.is_empty(), "{file}: {name} queries no gitops metric");
+        for metric in &names {
+            assert!(rendered.contains_key(*metric), "{file}: {name} queries {metric}, which nothing renders");
+        }
+        let available: BTreeSet<&str> =
+            names.iter().flat_map(|n| &rendered[*n]).map(String::as_str).chain(TARGET_LABELS.iter().copied()).collect();
+        for label in grouping_labels(expr) {
+            assert!(available.contains(label), "{file}: {name} groups by {label}, which none of {names:?} carries");
+        }
+        let link = rule["annotations"]["runbook_url"].as_str().unwrap_or_else(|| panic!("{file}: {name} has no runbook link"));
+        let anchor = link.strip_prefix("ops/runbook.md#").unwrap_or_else(|| panic!("{file}: {name} links {link}"));
+        assert!(anchors.contains(anchor), "{file}: {name} links #{anchor}, which ops/runbook.md does not have");
+        assert!(rule["labels"]["severity"].is_string(), "{file}: {name} has no severity");
+    }
 }
