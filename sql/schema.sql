@@ -180,6 +180,19 @@ SET default_tablespace = '';
 SET default_table_access_method = heap;
 
 --
+-- Name: admission_approval; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.admission_approval (
+    resource_uid uuid NOT NULL,
+    generation bigint NOT NULL,
+    kind text NOT NULL,
+    requester text NOT NULL,
+    approved_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT admission_approval_kind_check CHECK ((kind = ANY (ARRAY['GitOpsDeployment'::text, 'GitOpsDeploymentSyncRun'::text])))
+);
+
+--
 -- Name: application; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -513,6 +526,13 @@ CREATE TABLE public.writer_shard (
 );
 
 --
+-- Name: admission_approval admission_approval_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.admission_approval
+    ADD CONSTRAINT admission_approval_pkey PRIMARY KEY (resource_uid, generation);
+
+--
 -- Name: application application_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -644,6 +664,12 @@ ALTER TABLE ONLY public.tenant
 
 ALTER TABLE ONLY public.writer_shard
     ADD CONSTRAINT writer_shard_pkey PRIMARY KEY (shard);
+
+--
+-- Name: admission_approval_age_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX admission_approval_age_idx ON public.admission_approval USING btree (approved_at);
 
 --
 -- Name: application_environment_idx; Type: INDEX; Schema: public; Owner: -

@@ -32,16 +32,8 @@ pub struct WriterContext {
     pub served: Arc<ServedNamespaces>,
     /// Whether the home role and namespace exist (and the role's rules).
     pub home_status: Arc<HomeStatus>,
-    /// Whether this writer serves the admission webhook.
-    pub webhook_served: bool,
-    /// The operator's opt-out: home deployments are accepted without knowing who asked.
+    /// The operator's opt-out: home deployments are accepted without an approval
+    /// of the admission webhook (without knowing who asked).
     pub allow_unverified_home: bool,
 }
 
-impl WriterContext {
-    /// Whether the requester of a home deployment was checked at admission: this
-    /// writer serves the webhook and the API server has it registered.
-    pub fn requesters_verified(&self) -> bool {
-        self.webhook_served && self.home_status.webhook_registered()
-    }
-}

@@ -132,8 +132,9 @@ pub struct TenancyArgs {
     /// The namespace, owned by the service, of the tenants' home ServiceAccounts.
     #[arg(long, env = "GITOPS_WRITER_HOME_NAMESPACE", default_value = controller::DEFAULT_HOME_NAMESPACE)]
     pub home_namespace: String,
-    /// Accept deployments into tenants' own namespaces without the admission webhook,
-    /// i.e. without checking that the requester could grant the home role there.
+    /// Accept deployments into tenants' own namespaces (and sync runs of them) that the
+    /// admission webhook did not approve, i.e. without checking that the requester
+    /// could grant the home role there.
     /// Only for clusters where everyone who may create GitOpsDeployments is trusted.
     #[arg(long, env = "GITOPS_WRITER_ALLOW_UNVERIFIED_HOME_DEPLOYMENTS")]
     pub allow_unverified_home_deployments: bool,
@@ -151,10 +152,6 @@ pub struct WebhookArgs {
     /// Address the webhook listens on.
     #[arg(long, env = "GITOPS_WRITER_WEBHOOK_ADDRESS", default_value = "0.0.0.0:9443")]
     pub webhook_address: std::net::SocketAddr,
-    /// The ValidatingWebhookConfiguration that registers the webhook; until it
-    /// exists, requesters of home deployments count as unverified.
-    #[arg(long, env = "GITOPS_WRITER_WEBHOOK_CONFIGURATION", default_value = "gitops-service")]
-    pub webhook_configuration: String,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -259,12 +256,11 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
     config.home.cluster_role = home_cluster_role;
     config.home.namespace = home_namespace;
     config.allow_unverified_home = allow_unverified_home_deployments;
-    let WebhookArgs { webhook_cert_file, webhook_key_file, webhook_address, webhook_configuration } = args.webhook;
+    let WebhookArgs { webhook_cert_file, webhook_key_file, webhook_address } = args.webhook;
     config.webhook = webhook_cert_file.zip(webhook_key_file).map(|(cert_file, key_file)| webhook::WebhookSettings {
         address: webhook_address,
         cert_file,
         key_file,
-        configuration: webhook_configuration,
     });
     let cancel = tokio_util::sync::CancellationToken::new();
     tokio::spawn(gitops_shared::serve::cancel_on_signal(cancel.clone()));

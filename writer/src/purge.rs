@@ -71,7 +71,22 @@ pub async fn run_purge_loop(
             Ok(_) => {}
             Err(error) => tracing::warn!(error = %error_chain(&error), "could not purge deleted rows; retrying next round"),
         }
+        // Admission approvals are not sharded; a writer that owns shard 0 forgets old ones.
+        if owned.contains(&0)
+            && let Err(error) = purge_approvals(&pool, settings.batch).await
+        {
+            tracing::warn!(error = %error_chain(&error), "could not purge old admission approvals; retrying next round");
+        }
     }
+}
+
+/// How long an admission approval is kept: the writer needs it only until it stored
+/// the approved generation, normally within seconds.
+pub const APPROVAL_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+async fn purge_approvals(pool: &DbPool, batch: i64) -> Result<u64, DbError> {
+    let client = pooled(pool).await?;
+    gitops_shared::db::admission_approval::admission_approval_purge(&client, APPROVAL_RETENTION, batch).await
 }
 
 /// One purge of `shards` on a pooled connection.

@@ -58,8 +58,8 @@ pub struct WriterConfig {
     pub connection_check: Option<ConnectionPolicy>,
     /// Which namespaces are tenants.
     pub tenancy: TenancySettings,
-    /// The admission webhook; `None`: not served (requesters of home deployments
-    /// are then unverified).
+    /// The admission webhook; `None`: not served (home deployments then find no
+    /// approval and are refused, unless `allow_unverified_home`).
     pub webhook: Option<WebhookSettings>,
     /// Accept home deployments without a verified requester.
     pub allow_unverified_home: bool,
@@ -127,7 +127,6 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
         connection_check: config.connection_check.clone(),
         served: served.clone(),
         home_status: home_status.clone(),
-        webhook_served: webhook.is_some(),
         allow_unverified_home: config.allow_unverified_home,
     });
     let listen_url = config.listen_database_url.as_deref().unwrap_or(&config.database_url);
@@ -147,8 +146,7 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
     };
     let (keeper, shards) = ShardKeeper::new(pool, config.writer_id.clone(), config.shards);
     // The controllers start knowing whether home identities can be made.
-    let webhook_configuration = config.webhook.as_ref().map(|w| w.configuration.clone());
-    crate::controller::check_once(&ctx.kube, &ctx.home, webhook_configuration.as_deref(), &home_status).await;
+    crate::controller::check_once(&ctx.kube, &ctx.home, &home_status).await;
     let mut tasks = JoinSet::new();
     tasks.spawn(crate::http::serve(http, endpoints, cancel.clone()));
     if let Some((socket, acceptor)) = webhook {
@@ -165,7 +163,6 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
     tasks.spawn(crate::controller::check_loop(
         ctx.kube.clone(),
         ctx.home.clone(),
-        webhook_configuration,
         home_status,
         config.home_check_every,
         cancel.clone(),

@@ -211,7 +211,6 @@ impl DevStack {
                 ("GITOPS_WRITER_WEBHOOK_CERT_FILE", &cert_file),
                 ("GITOPS_WRITER_WEBHOOK_KEY_FILE", &key_file),
                 ("GITOPS_WRITER_WEBHOOK_ADDRESS", &webhook_address),
-                ("GITOPS_WRITER_WEBHOOK_CONFIGURATION", DEV_WEBHOOK),
             ],
         )?);
         self.children.push(spawn(

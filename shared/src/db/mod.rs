@@ -3,6 +3,7 @@
 //! check and the retry wrapper for transactions that PostgreSQL aborts on
 //! serialization failures and deadlocks.
 
+pub mod admission_approval;
 mod error;
 mod migrate;
 mod tls;

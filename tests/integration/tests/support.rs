@@ -232,7 +232,7 @@ pub fn agent_rbac_rules() -> serde_json::Value {
 /// namespace the RoleBinding of the home ClusterRole — which it may bind (`bind`,
 /// limited to that role by name) without holding its rights — and the removal of
 /// the `*/*` Roles earlier versions made; SubjectAccessReviews for the admission
-/// webhook, and a look at the webhook's own registration.
+/// webhook.
 /// `ops/deploy/writer-clusterrole.yaml` grants exactly these.
 pub fn writer_rbac_rules() -> serde_json::Value {
     let resources = [
@@ -252,8 +252,7 @@ pub fn writer_rbac_rules() -> serde_json::Value {
         {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["rolebindings"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
         {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["get", "list", "watch", "delete"]},
         {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["get", "bind"], "resourceNames": ["admin"]},
-        {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
-        {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingwebhookconfigurations"], "verbs": ["get"], "resourceNames": ["gitops-service"]}
+        {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}
     ])
 }
 

@@ -337,18 +337,23 @@ async fn writer_boundary_webhook_lets_in_only_who_could_grant_the_home_role() {
             address: "127.0.0.1:0".parse().expect("address"),
             cert_file: cert.cert_file.clone(),
             key_file: cert.key_file.clone(),
-            configuration: marker.clone(),
         });
         c.webhook_address = bound.clone();
         c.metrics = metrics.clone();
     });
     let address = eventually("the webhook listening", || async { bound.get().copied() }).await;
+    let editor = person(&env, "editor", "edit").await;
+    let owner = person(&env, "owner", "admin").await;
+
+    // Created while the webhook is not registered: nobody checked who asked, and the
+    // writer does not take it on trust — not even once the webhook is registered.
+    create_in(&editor, &tenant, "early", spec(REPO, "apps/early")).await.expect("no webhook yet");
+    let (_, reason, _) = env.condition("early").await;
+    assert_eq!(reason, REASON_REQUESTER_UNVERIFIED);
+
     let url = format!("https://{address}/validate");
     let configuration = admission::configuration(&marker, &url, &cert.ca_pem, Some(("gitops-test/webhook", &marker)));
     admission::register(&env.kube, &configuration).await.expect("register the webhook");
-
-    let editor = person(&env, "editor", "edit").await;
-    let owner = person(&env, "owner", "admin").await;
 
     // Someone holding `edit` may not deploy with the home role (`admin`).
     let refused = create_in(&editor, &tenant, "by-editor", spec(REPO, "apps/e")).await;
@@ -381,6 +386,45 @@ async fn writer_boundary_webhook_lets_in_only_who_could_grant_the_home_role() {
         .patch("by-owner", &PatchParams::default(), &Patch::Merge(&labelled))
         .await
         .expect("a label change");
+    // Pointing the deployment elsewhere (invalid: its stored row still goes home) does
+    // not open a way to sync it: the run is let in, unapproved, and refused.
+    let elsewhere = json!({"spec": {"destination": {"environment": "nope"}}});
+    Api::<GitOpsDeployment>::namespaced(editor.clone(), &tenant)
+        .patch("manual", &PatchParams::default(), &Patch::Merge(&elsewhere))
+        .await
+        .expect("a change to another environment is not the home role's business");
+    let (status, reason, _) = env.condition("manual").await;
+    assert_eq!(status, "True", "{reason}: the environment does not exist");
+    let sneaky: GitOpsDeploymentSyncRun = serde_json::from_value(json!({
+        "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeploymentSyncRun",
+        "metadata": {"name": "sneaky"}, "spec": {"gitopsDeploymentName": "manual", "revisionID": "evil"},
+    }))
+    .expect("SyncRun");
+    let runs: Api<GitOpsDeploymentSyncRun> = Api::namespaced(editor.clone(), &tenant);
+    runs.create(&PostParams::default(), &sneaky).await.expect("let in without an approval");
+    let reason = eventually("the unapproved run refused", || async {
+        let run = runs.get_opt("sneaky").await.ok()??;
+        run.status?.conditions.into_iter().find(|c| c.type_ == CONDITION)?.reason
+    })
+    .await;
+    assert_eq!(reason, REASON_REQUESTER_UNVERIFIED);
+    let sneaky_rows: i64 = env
+        .client
+        .query_one("SELECT count(*) FROM sync_operation WHERE resource_name = 'sneaky'", &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(sneaky_rows, 0);
+
+    // The early deployment stays refused until someone who may changes it.
+    assert_eq!(env.rows("early").await, 0);
+    let checked = json!({"spec": {"source": {"path": "apps/early-checked"}}});
+    Api::<GitOpsDeployment>::namespaced(owner.clone(), &tenant)
+        .patch("early", &PatchParams::default(), &Patch::Merge(&checked))
+        .await
+        .expect("the admin's change");
+    assert_eq!(env.condition("early").await.1, REASON_ACCEPTED);
+
     // A namespace the service does not serve is refused at apply time.
     let refused = create_in(&env.kube, unselected.name(), "x", spec(REPO, "apps/x")).await;
     assert!(forbidden_with(refused, "not one of the GitOps service's tenant namespaces"));

@@ -517,3 +517,33 @@ async fn agent_completes_operations_of_purged_rows_quietly() {
     assert!(engine.applied.lock().expect("lock").is_empty(), "nothing created for purged rows");
     assert_eq!(count(&client, "SELECT count(*) FROM operation WHERE state = 'completed'").await, 5);
 }
+
+/// What the admission webhook approved is found by UID and generation only, recorded
+/// once however often the API server retries, and forgotten after its retention.
+#[tokio::test]
+async fn admission_approvals_are_found_by_generation_and_purged_when_old() {
+    use gitops_shared::db::admission_approval::{
+        ApprovedKind, STATEMENTS, admission_approval_exists, admission_approval_purge, admission_approval_record,
+    };
+    let db = TestDb::migrated().await;
+    let client = db.connect().await;
+    for statement in STATEMENTS {
+        client.prepare(statement).await.unwrap_or_else(|e| panic!("prepare {statement}: {e}"));
+    }
+    let (uid, other) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    admission_approval_record(&client, uid, 2, ApprovedKind::Deployment, "alice").await.expect("record");
+    admission_approval_record(&client, uid, 2, ApprovedKind::Deployment, "alice").await.expect("record again");
+    admission_approval_record(&client, other, 1, ApprovedKind::SyncRun, "bob").await.expect("record");
+    assert!(admission_approval_exists(&client, uid, 2).await.expect("read"));
+    assert!(!admission_approval_exists(&client, uid, 1).await.expect("read"), "another generation is not approved");
+    assert!(!admission_approval_exists(&client, uuid::Uuid::new_v4(), 2).await.expect("read"));
+
+    client
+        .execute("UPDATE admission_approval SET approved_at = now() - interval '2 days' WHERE resource_uid = $1", &[&uid])
+        .await
+        .expect("age one approval");
+    let purged = admission_approval_purge(&client, Duration::from_secs(24 * 3600), 100).await.expect("purge");
+    assert_eq!(purged, 1);
+    assert!(!admission_approval_exists(&client, uid, 2).await.expect("read"));
+    assert!(admission_approval_exists(&client, other, 1).await.expect("read"), "a fresh approval stays");
+}

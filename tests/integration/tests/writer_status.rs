@@ -85,7 +85,6 @@ impl Env {
             queue: Default::default(),
             served: gitops_writer::tenancy::ServedNamespaces::new(Default::default()),
             home_status: gitops_writer::controller::HomeStatus::new(),
-            webhook_served: false,
             allow_unverified_home: false,
         })
     }

@@ -89,12 +89,12 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
                 };
                 return invalid_condition(&api, &object, &invalid).await;
             }
-            if !ctl.ctx.requesters_verified() && !ctl.ctx.allow_unverified_home {
+            if !ctl.ctx.allow_unverified_home && !approved(ctl, uid, generation.unwrap_or(0)).await? {
                 return unverified(ctl, &api, &object, uid).await;
             }
             match home_environment(ctl, namespace, namespace_uid).await? {
                 Home::Ready(id) => id,
-                Home::NotOwner | Home::Gone => return Ok(Next::Done),
+                Home::NotOwner | Home::Gone | Home::NotServed => return Ok(Next::Done),
                 Home::NoEngine => return no_engine(&api, &object, ctl.settings.retry_delay).await,
                 Home::Unavailable(problem) => {
                     tracing::warn!(tenant.ns = %namespace, %problem, "home deployment waits for the home identity");
@@ -172,6 +172,13 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
     }
 }
 
+/// Whether the admission webhook approved the object at `generation` after checking
+/// who asked for it.
+pub(super) async fn approved(ctl: &Arc<Controllers>, uid: Uuid, generation: i64) -> Result<bool, ReconcileError> {
+    let client = pooled(&ctl.ctx.pool).await?;
+    Ok(gitops_shared::db::admission_approval::admission_approval_exists(&client, uid, generation).await?)
+}
+
 const ACTIVE_GENERATION: &str = "SELECT generation FROM application WHERE resource_uid = $1 AND row_state = 'active'";
 
 /// A home deployment while nobody checks who asked for it: refused, unless it was
@@ -192,11 +199,12 @@ async fn unverified(
             return Ok(Next::Settled(Settled::Ok));
         }
         Some(generation) => format!(
-            "deployments into this namespace need the admission webhook to check who asks for them, and it is not \
-             installed: this change is not applied (generation {generation} keeps running)"
+            "deployments into this namespace need the GitOps service's admission webhook to check who asks for them, \
+             and it did not check this change: it is not applied (generation {generation} keeps running)"
         ),
-        None => "deployments into this namespace need the admission webhook to check who asks for them, and it is not \
-                 installed: ask the operator to install it"
+        None => "deployments into this namespace need the GitOps service's admission webhook to check who asks for \
+                 them, and it did not check this one: ask the operator whether the webhook is installed, then change \
+                 the deployment's spec (or create it again) so that it is checked"
             .to_owned(),
     };
     set_condition(api, object, true, REASON_REQUESTER_UNVERIFIED, &message).await?;

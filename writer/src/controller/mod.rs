@@ -310,6 +310,11 @@ impl Controllers {
         }
     }
 
+    /// The UID of `namespace` as the watcher last saw it.
+    fn namespace_uid_cached(&self, namespace: &str) -> Option<Uuid> {
+        self.namespace_states().get(namespace).map(|state| state.uid)
+    }
+
     /// The namespace as the watcher last saw it.
     fn namespace_cached(&self, namespace: &str) -> Option<NamespaceState> {
         self.namespace_states().get(namespace).cloned()

@@ -66,9 +66,10 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         (row.get("id"), row.get("tenant_id"), row.get("sync_type"), row.get("home"));
     // Its revision chooses what runs with the home role: the requester must have
     // been checked, as for the deployment.
-    if home && !ctl.ctx.requesters_verified() && !ctl.ctx.allow_unverified_home {
-        let message = "sync runs of deployments into this namespace need the admission webhook to check who asks for \
-                       them, and it is not installed: ask the operator to install it";
+    let generation = object.metadata.generation.unwrap_or(0);
+    if home && !ctl.ctx.allow_unverified_home && !super::deployment::approved(ctl, uid, generation).await? {
+        let message = "sync runs of deployments into this namespace need the GitOps service's admission webhook to \
+                       check that you could grant its role here, and it did not approve this one";
         set_condition(&api, &object, true, REASON_REQUESTER_UNVERIFIED, message).await?;
         return Ok(Next::Settled(Settled::Invalid(REASON_REQUESTER_UNVERIFIED)));
     }

@@ -25,6 +25,11 @@ use kube::api::{Api, PostParams};
 pub const CACHE_TTL: Duration = Duration::from_secs(60);
 /// Reviews in flight at once for one check.
 const CONCURRENCY: usize = 64;
+/// Checks under way at once (more wait): forged reviews cannot make the writer flood
+/// the API server.
+pub const MAX_CHECKS: usize = 16;
+/// Most answers kept (beyond it, new answers are not cached).
+pub const MAX_CACHED: usize = 10_000;
 /// Most missing permissions named in a refusal.
 const NAMED: usize = 5;
 
@@ -110,12 +115,18 @@ struct CacheKey {
 pub struct Escalation {
     kube: kube::Client,
     cache: Mutex<HashMap<CacheKey, (Instant, Result<(), Refusal>)>>,
+    checks: tokio::sync::Semaphore,
     pub deadline: Duration,
 }
 
 impl Escalation {
     pub fn new(kube: kube::Client) -> Escalation {
-        Escalation { kube, cache: Mutex::new(HashMap::new()), deadline: Duration::from_secs(4) }
+        Escalation {
+            kube,
+            cache: Mutex::new(HashMap::new()),
+            checks: tokio::sync::Semaphore::new(MAX_CHECKS),
+            deadline: Duration::from_secs(4),
+        }
     }
 
     /// Whether `user` could bind `role` in `namespace` themselves.
@@ -136,7 +147,11 @@ impl Escalation {
         if let Some(answer) = self.cached(&key) {
             return answer;
         }
-        let answer = match tokio::time::timeout(self.deadline, self.ask(user, namespace, role, &role_name)).await {
+        let check = async {
+            let _permit = self.checks.acquire().await;
+            self.ask(user, namespace, role, &role_name).await
+        };
+        let answer = match tokio::time::timeout(self.deadline, check).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(error)) => {
                 tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "a SubjectAccessReview failed");
@@ -149,7 +164,9 @@ impl Escalation {
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         cache.retain(|_, (at, _)| now.duration_since(*at) < CACHE_TTL);
-        cache.insert(key, (now, answer.clone()));
+        if cache.len() < MAX_CACHED {
+            cache.insert(key, (now, answer.clone()));
+        }
         answer
     }
 

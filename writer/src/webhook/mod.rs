@@ -36,6 +36,10 @@ use review::Reviewer;
 const MAX_BODY: usize = 3 * 1024 * 1024;
 /// How often the certificate files are looked at for changes.
 const RELOAD_CHECK: Duration = Duration::from_secs(2);
+/// Connections served at once (more wait in the accept queue).
+const MAX_CONNECTIONS: usize = 1024;
+/// How long a client may take to finish the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where and with which certificate the webhook is served.
 #[derive(Debug, Clone)]
@@ -43,8 +47,6 @@ pub struct WebhookSettings {
     pub address: SocketAddr,
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
-    /// The ValidatingWebhookConfiguration that registers it (checked to exist).
-    pub configuration: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -136,7 +138,9 @@ pub async fn bind(settings: &WebhookSettings) -> Result<(TcpListener, tokio_rust
 /// Answers admission reviews until `cancel`.
 pub async fn serve(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, ctx: Arc<WriterContext>, cancel: CancellationToken) {
     let reviewer = Arc::new(Reviewer { escalation: escalation::Escalation::new(ctx.kube.clone()), ctx });
+    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
+        let Ok(permit) = connections.clone().acquire_owned().await else { return };
         let (stream, _) = tokio::select! {
             () = cancel.cancelled() => return,
             accepted = listener.accept() => match accepted {
@@ -149,10 +153,15 @@ pub async fn serve(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, c
         };
         let (acceptor, reviewer, cancel) = (acceptor.clone(), reviewer.clone(), cancel.clone());
         tokio::spawn(async move {
-            let stream = match acceptor.accept(stream).await {
-                Ok(stream) => stream,
-                Err(error) => {
+            let _permit = permit;
+            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(error)) => {
                     tracing::debug!(%error, "webhook TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!("webhook TLS handshake timed out");
                     return;
                 }
             };

@@ -2,7 +2,9 @@
 //! spec of) a tenant resource in a namespace the service does not serve is refused;
 //! a GitOpsDeployment into its own namespace (the home environment), and a SyncRun
 //! of one — its revision chooses what runs with the home role — is allowed only when
-//! the requester could grant the home role there themselves (`escalation`).
+//! the requester could grant the home role there themselves (`escalation`). What it
+//! allowed after that check it records (`admission_approval`, by UID and
+//! generation): the writer stores home intent only when it finds that approval.
 //! Deletes, `/status` and metadata-only changes are always allowed, so a finalizer
 //! can always be released.
 
@@ -12,6 +14,9 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde_json::Value;
+
+use gitops_shared::db::admission_approval::{ApprovedKind, admission_approval_record};
+use gitops_shared::db::pooled;
 
 use crate::context::WriterContext;
 use crate::webhook::escalation::Escalation;
@@ -63,20 +68,51 @@ impl Reviewer {
             Ok(()) => {}
             Err(message) => return deny(allow, message),
         }
-        let home = match request.kind.kind.as_str() {
-            "GitOpsDeployment" => goes_home(spec(request.object.as_ref())),
-            "GitOpsDeploymentSyncRun" => self.sync_run_goes_home(namespace, spec(request.object.as_ref())).await,
-            _ => false,
+        let (kind, must_check) = match request.kind.kind.as_str() {
+            "GitOpsDeployment" => (ApprovedKind::Deployment, goes_home(spec(request.object.as_ref()))),
+            // Every sync run is checked: what the writer finds stored may go home even
+            // when the live deployment does not (a spec changed to something invalid
+            // keeps its stored row), and only an approved run may sync one that does.
+            "GitOpsDeploymentSyncRun" => (ApprovedKind::SyncRun, true),
+            _ => return allow,
         };
-        if !home {
+        if !must_check {
             return allow;
         }
         let Some(role) = self.ctx.home_status.role() else {
             return deny(allow, "the GitOps service cannot act in this namespace now (its home role is missing); ask the operator".to_owned());
         };
         match self.escalation.may_grant(&request.user_info, namespace, &role).await {
-            Ok(()) => allow,
+            Ok(()) => self.approve(allow, request, kind).await,
+            Err(_) if kind == ApprovedKind::SyncRun && !self.sync_run_goes_home(namespace, spec(request.object.as_ref())).await => {
+                // A run of a deployment to another cluster: allowed, but not approved,
+                // so the writer refuses it should the stored deployment go home.
+                allow
+            }
             Err(refusal) => deny(allow, refusal.0),
+        }
+    }
+
+    /// Records the approval of this object at this generation, then allows it; a
+    /// failure to record refuses (the writer would refuse it anyway).
+    async fn approve(&self, allow: AdmissionResponse, request: &AdmissionRequest<DynamicObject>, kind: ApprovedKind) -> AdmissionResponse {
+        let meta = request.object.as_ref().map(|o| &o.metadata);
+        let uid = meta.and_then(|m| m.uid.as_deref()).and_then(|u| uuid::Uuid::parse_str(u).ok());
+        let generation = meta.and_then(|m| m.generation);
+        let (Some(uid), Some(generation)) = (uid, generation) else {
+            return deny(allow, "the request carries no object UID or generation to approve; try again".to_owned());
+        };
+        let requester = request.user_info.username.clone().unwrap_or_default();
+        let recorded = match pooled(&self.ctx.pool).await {
+            Ok(client) => admission_approval_record(&client, uid, generation, kind, &requester).await,
+            Err(error) => Err(error),
+        };
+        match recorded {
+            Ok(()) => allow,
+            Err(error) => {
+                tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "could not record an admission approval");
+                deny(allow, "the GitOps service could not record this approval now; try again".to_owned())
+            }
         }
     }
 

@@ -1,15 +1,13 @@
 //! Whether the writer can make home identities as configured: the ClusterRole it
 //! binds exists, and so does the namespace of the home ServiceAccounts. Without
 //! them it binds nothing, says so in `/readyz`, and home deployments wait with a
-//! condition. It also keeps the role's rules (the admission webhook checks requesters
-//! against them) and whether the webhook is registered with the API server — without
-//! it, the requester of a home deployment is not verified.
+//! condition. It also keeps the role's rules: the admission webhook checks
+//! requesters against them.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::Api;
@@ -23,7 +21,6 @@ pub struct HomeStatus {
     checked: AtomicBool,
     problem: Mutex<Option<String>>,
     role: Mutex<Option<ClusterRole>>,
-    webhook_registered: AtomicBool,
 }
 
 impl HomeStatus {
@@ -45,21 +42,15 @@ impl HomeStatus {
         self.role.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// Whether the admission webhook is registered (checked only when this writer serves one).
-    pub fn webhook_registered(&self) -> bool {
-        self.webhook_registered.load(Ordering::Acquire)
-    }
-
-    fn record(&self, problem: Option<String>, role: Option<ClusterRole>, webhook: bool) {
+    fn record(&self, problem: Option<String>, role: Option<ClusterRole>) {
         *self.problem.lock().unwrap_or_else(PoisonError::into_inner) = problem;
         *self.role.lock().unwrap_or_else(PoisonError::into_inner) = role;
-        self.webhook_registered.store(webhook, Ordering::Release);
         self.checked.store(true, Ordering::Release);
     }
 }
 
 /// One check, recorded in `status` (logged when what it found changed).
-pub async fn check_once(kube: &kube::Client, settings: &HomeSettings, webhook: Option<&str>, status: &HomeStatus) {
+pub async fn check_once(kube: &kube::Client, settings: &HomeSettings, status: &HomeStatus) {
     let roles: Api<ClusterRole> = Api::all(kube.clone());
     let namespaces: Api<Namespace> = Api::all(kube.clone());
     let (role, problem) = match roles.get_opt(&settings.cluster_role).await {
@@ -71,24 +62,14 @@ pub async fn check_once(kube: &kube::Client, settings: &HomeSettings, webhook: O
         Ok(None) => (None, Some(format!("the home ClusterRole {:?} does not exist", settings.cluster_role))),
         Err(error) => (None, Some(format!("could not read the home ClusterRole {:?}: {error}", settings.cluster_role))),
     };
-    let registered = match webhook {
-        None => false,
-        Some(name) => {
-            let api: Api<ValidatingWebhookConfiguration> = Api::all(kube.clone());
-            matches!(api.get_opt(name).await, Ok(Some(_)))
-        }
-    };
-    let before = (status.problem.lock().unwrap_or_else(PoisonError::into_inner).clone(), status.webhook_registered());
-    if before != (problem.clone(), registered) || !status.checked.load(Ordering::Acquire) {
+    let before = status.problem.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    if before != problem || !status.checked.load(Ordering::Acquire) {
         match &problem {
             Some(problem) => tracing::error!(%problem, "home identities cannot be made; home deployments wait"),
             None => tracing::info!(role = %settings.cluster_role, namespace = %settings.namespace, "home role and namespace present"),
         }
-        if webhook.is_some() {
-            tracing::info!(registered, "admission webhook registration checked");
-        }
     }
-    status.record(problem, role, registered);
+    status.record(problem, role);
 }
 
 /// Checks every `every` (after the first check, which `run` makes before the
@@ -96,7 +77,6 @@ pub async fn check_once(kube: &kube::Client, settings: &HomeSettings, webhook: O
 pub async fn check_loop(
     kube: kube::Client,
     settings: HomeSettings,
-    webhook: Option<String>,
     status: Arc<HomeStatus>,
     every: Duration,
     cancel: CancellationToken,
@@ -106,6 +86,6 @@ pub async fn check_loop(
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(every) => {}
         }
-        check_once(&kube, &settings, webhook.as_deref(), &status).await;
+        check_once(&kube, &settings, &status).await;
     }
 }

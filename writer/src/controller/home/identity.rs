@@ -110,16 +110,38 @@ pub(super) async fn ensure_identity(
         .patch(HOME_IDENTITY, &params, &Patch::Apply(&typed(wanted, "rbac.authorization.k8s.io/v1", "RoleBinding")))
         .await
         .map_err(kube_error("apply the home RoleBinding"))?;
-    remove_legacy(kube, namespace).await
+    remove_legacy(kube, namespace).await.map(drop)
 }
 
-/// Removes the ServiceAccount and `*/*` Role earlier versions made in the tenant namespace.
-async fn remove_legacy(kube: &kube::Client, namespace: &str) -> Result<(), ReconcileError> {
-    let params = DeleteParams::default();
+/// Removes the ServiceAccount and `*/*` Role earlier versions made in the tenant
+/// namespace: only objects of that name that carry the writer's label (a tenant's own
+/// objects of that name are left alone), each deleted with its UID as precondition.
+/// Returns whether anything was removed.
+async fn remove_legacy(kube: &kube::Client, namespace: &str) -> Result<bool, ReconcileError> {
     let roles: Api<Role> = Api::namespaced(kube.clone(), namespace);
-    deleted(roles.delete(HOME_IDENTITY, &params).await.map(drop), "remove an old home Role")?;
+    let role = roles.get_opt(HOME_IDENTITY).await.map_err(kube_error("read an old home Role"))?;
+    let mut removed = false;
+    if let Some(role) = role.filter(|r| ours(&r.metadata)) {
+        deleted(roles.delete(HOME_IDENTITY, &exactly(&role.metadata)).await.map(drop), "remove an old home Role")?;
+        removed = true;
+    }
     let accounts: Api<ServiceAccount> = Api::namespaced(kube.clone(), namespace);
-    deleted(accounts.delete(HOME_IDENTITY, &params).await.map(drop), "remove an old home ServiceAccount")
+    let account = accounts.get_opt(HOME_IDENTITY).await.map_err(kube_error("read an old home ServiceAccount"))?;
+    if let Some(account) = account.filter(|a| ours(&a.metadata)) {
+        deleted(accounts.delete(HOME_IDENTITY, &exactly(&account.metadata)).await.map(drop), "remove an old home ServiceAccount")?;
+        removed = true;
+    }
+    Ok(removed)
+}
+
+/// Whether an object carries the writer's label.
+fn ours(meta: &ObjectMeta) -> bool {
+    meta.labels.as_ref().and_then(|l| l.get(MANAGED_BY_LABEL)).is_some_and(|v| v == MANAGED_BY_VALUE)
+}
+
+/// Delete this object and no other of its name.
+fn exactly(meta: &ObjectMeta) -> DeleteParams {
+    DeleteParams { preconditions: meta.uid.clone().map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None }), ..Default::default() }
 }
 
 /// An object as an apply body (with apiVersion and kind, which the typed structs omit).
@@ -233,9 +255,8 @@ async fn look_at(ctl: &Arc<Controllers>, object: &Identity, deleted: bool) -> Re
         Identity::Account(_) | Identity::Role(_) => {
             // Objects of earlier versions in a tenant namespace.
             // Every writer may: the removal is idempotent, and shards may not be owned yet.
-            if !deleted && object.name() == HOME_IDENTITY {
-                tracing::info!(tenant.ns = %namespace, "removing a home identity object of an earlier version");
-                remove_legacy(&ctl.ctx.kube, namespace).await?;
+            if !deleted && object.name() == HOME_IDENTITY && remove_legacy(&ctl.ctx.kube, namespace).await? {
+                tracing::info!(tenant.ns = %namespace, "removed a home identity object of an earlier version");
                 ctl.home_damaged(namespace);
             }
         }
@@ -254,7 +275,10 @@ async fn look_at(ctl: &Arc<Controllers>, object: &Identity, deleted: bool) -> Re
                     s.len() == 1
                         && s[0].kind == "ServiceAccount"
                         && s[0].namespace.as_deref() == Some(settings.namespace.as_str())
-                        && s[0].name.starts_with("home-")
+                        && match ctl.namespace_uid_cached(namespace) {
+                            Some(uid) => s[0].name == home_account_name(uid),
+                            None => s[0].name.starts_with("home-"),
+                        }
                 });
             if deleted || !as_made {
                 tracing::info!(tenant.ns = %namespace, deleted, "home RoleBinding gone or changed; making it again");

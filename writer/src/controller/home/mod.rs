@@ -124,6 +124,8 @@ pub(super) enum Home {
     Gone,
     /// The home role or namespace is missing: no binding is made.
     Unavailable(String),
+    /// The namespace is not (or no longer) served: no identity is made there.
+    NotServed,
 }
 
 /// The id of the tenant's home environment, with a token that has more than
@@ -172,6 +174,9 @@ pub(super) async fn home_environment(ctl: &Arc<Controllers>, namespace: &str, na
 
 /// Makes the identity, requests a token and stores it as the home environment.
 async fn issue(ctl: &Arc<Controllers>, namespace: &str, namespace_uid: Uuid) -> Result<Home, ReconcileError> {
+    if ctl.serves(namespace).is_err() {
+        return Ok(Home::NotServed);
+    }
     identity::ensure_identity(&ctl.ctx.kube, &ctl.ctx.home, namespace, namespace_uid).await?;
     let (token, expires_at) = identity::request_token(&ctl.ctx.kube, &ctl.ctx.home, namespace_uid).await?;
     let settings = &ctl.ctx.home;
@@ -268,7 +273,9 @@ async fn renew_due(ctl: &Arc<Controllers>) -> Result<usize, ReconcileError> {
     };
     let mut renewed = 0;
     for (namespace, namespace_uid) in due {
-        if !ctl.owns(&namespace) {
+        // Tenants of namespaces no longer served keep what they had; nothing new is
+        // bound there.
+        if !ctl.owns(&namespace) || ctl.serves(&namespace).is_err() {
             continue;
         }
         ctl.home_cache().remove(&namespace_uid);
