@@ -26,7 +26,7 @@ use gitops_shared::crypto::SecretBox;
 use gitops_shared::instance::{EngineInstance, engine_instance_add, engine_instance_by_name};
 use gitops_shared::model::{ResourceType, SyncType, TenantId};
 use gitops_shared::queue::{
-    Failure, Handler, Outcome, RetryPolicy, operation_claim, operation_complete, operation_enqueue_in_txn, operation_fail,
+    Failure, Outcome, operation_enqueue_in_txn,
 };
 use gitops_shared::tenant::tenant_upsert_locked_in_txn;
 use gitops_testkit::TestDb;
@@ -168,22 +168,7 @@ impl Env {
     /// Claims every due operation, reconciles it and records the outcome as the
     /// consumer does (retries come due at once).
     async fn reconcile(&self) -> Vec<(ResourceType, i64, Outcome)> {
-        let policy = RetryPolicy { max_attempts: 1000, base: Duration::from_millis(1), cap: Duration::from_millis(1) };
-        let ops = operation_claim(&self.client, self.instance.id, "test", 100, Duration::from_secs(60)).await.expect("claim");
-        let mut outcomes = Vec::new();
-        for op in ops {
-            let outcome = self.reconciler.handle(&op).await;
-            match &outcome {
-                Outcome::Done => {
-                    operation_complete(&self.client, &[(op.id, op.lease.token())]).await.expect("complete");
-                }
-                Outcome::Failed(failure) => {
-                    operation_fail(&self.client, &op, failure, &policy).await.expect("fail");
-                }
-            }
-            outcomes.push((op.resource_type, op.resource_id, outcome));
-        }
-        outcomes
+        crate::support::reconcile_due(&self.client, self.instance.id, &self.reconciler).await
     }
 
     /// `(state, tenant_message)` of the last operation of a resource.

@@ -291,3 +291,30 @@ pub fn deploy_manifests(writer: bool) -> std::collections::BTreeMap<String, serd
     }
     by_kind
 }
+
+/// Claims every due operation of `instance`, hands each to `reconciler` and records
+/// the outcome as the consumer does (retries come due at once): the agent's work,
+/// one round, without its loop.
+pub async fn reconcile_due(
+    client: &Client,
+    instance: EngineInstanceId,
+    reconciler: &gitops_agent::reconcile::Reconciler,
+) -> Vec<(gitops_shared::model::ResourceType, i64, gitops_shared::queue::Outcome)> {
+    use gitops_shared::queue::{Handler, Outcome, RetryPolicy, operation_claim, operation_complete, operation_fail};
+    let policy = RetryPolicy { max_attempts: 1000, base: Duration::from_millis(1), cap: Duration::from_millis(1) };
+    let ops = operation_claim(client, instance, "test", 100, Duration::from_secs(60)).await.expect("claim");
+    let mut outcomes = Vec::new();
+    for op in ops {
+        let outcome = reconciler.handle(&op).await;
+        match &outcome {
+            Outcome::Done => {
+                operation_complete(client, &[(op.id, op.lease.token())]).await.expect("complete");
+            }
+            Outcome::Failed(failure) => {
+                operation_fail(client, &op, failure, &policy).await.expect("fail");
+            }
+        }
+        outcomes.push((op.resource_type, op.resource_id, outcome));
+    }
+    outcomes
+}
