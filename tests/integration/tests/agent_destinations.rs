@@ -23,15 +23,15 @@ use gitops_shared::credential::{
     managed_environment_upsert_in_txn, repository_credential_upsert_in_txn,
 };
 use gitops_shared::crypto::SecretBox;
-use gitops_shared::instance::{EngineInstance, engine_instance_add, engine_instance_by_name};
+use gitops_shared::instance::{EngineInstance, engine_instance_add};
 use gitops_shared::model::{ResourceType, SyncType, TenantId};
 use gitops_shared::queue::{
     Failure, Outcome, operation_enqueue_in_txn,
 };
 use gitops_shared::tenant::tenant_upsert_locked_in_txn;
 use gitops_testkit::TestDb;
-use gitops_testkit::argocd::{self, FINALIZER_KNOB, RESOURCES_FINALIZER, StandinOptions, app_project_crd, application_crd};
-use gitops_testkit::cluster::{TestCluster, TestNamespace};
+use gitops_testkit::argocd::{self, FINALIZER_KNOB, RESOURCES_FINALIZER};
+use gitops_testkit::cluster::TestNamespace;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -79,24 +79,10 @@ fn destination_config() -> DestinationConfig {
 }
 
 async fn env(purpose: &str) -> Env {
-    let cluster = TestCluster::get().await;
-    cluster.install_crds(vec![application_crd(), app_project_crd()]).await.expect("install the Argo CD CRDs");
-    let ns = cluster.namespace(purpose).await;
-    let kube = cluster.admin().await;
-    let cancel = CancellationToken::new();
-    tokio::spawn({
-        let (kube, name, cancel) = (kube.clone(), ns.name().to_owned(), cancel.clone());
-        async move { argocd::run(kube, &name, StandinOptions::default(), cancel).await }
-    });
-    let db = TestDb::migrated().await;
-    let mut client = db.connect().await;
-    engine_instance_add(&client, "argocd-1", ns.name(), 1000).await.expect("add instance");
+    let ground = crate::support::agent_ground(purpose).await;
+    let crate::support::AgentGround { db, mut client, kube, agent_kube, agent_kubeconfig, ns, instance, secrets, cancel } =
+        ground;
     engine_instance_add(&client, "argocd-2", OTHER_ENGINE_NAMESPACE, 1000).await.expect("add another instance");
-    let instance = engine_instance_by_name(&client, "argocd-1").await.expect("instance");
-    let key = SecretBox::generate_key("k1").expect("key");
-    let secrets = SecretBox::from_config(Some(&key), Some("k1")).expect("secrets");
-    let identity = cluster.namespace_identity(ns.name(), "gitops-agent", crate::support::agent_rbac_rules()).await;
-    let agent_kube = cluster.client_with_token(&identity.token).await;
     let engine = Arc::new(ArgoCdEngine::new(agent_kube, ns.name()));
     let metrics = Arc::new(Metrics::default());
     let guard = DestinationGuard::new(&destination_config(), ns.name(), metrics.clone()).expect("valid settings");
@@ -105,7 +91,7 @@ async fn env(purpose: &str) -> Env {
     let tenant = tenant_upsert_locked_in_txn(&txn, Uuid::new_v4(), "team-a", Some(instance.id)).await.expect("tenant").id;
     txn.commit().await.expect("commit");
     let home = home_environment(&mut client, &secrets, instance.id, tenant, "team-a").await;
-    let kubeconfig = identity.kubeconfig;
+    let kubeconfig = agent_kubeconfig;
     Env { db, client, kube, ns, instance, secrets, metrics, reconciler, kubeconfig, tenant, home, cancel }
 }
 

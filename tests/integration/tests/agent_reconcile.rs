@@ -16,13 +16,13 @@ use gitops_shared::credential::{
     managed_environment_upsert_in_txn, repository_credential_upsert_in_txn,
 };
 use gitops_shared::crypto::SecretBox;
-use gitops_shared::instance::{EngineInstance, engine_instance_add, engine_instance_by_name};
+use gitops_shared::instance::EngineInstance;
 use gitops_shared::model::{ResourceType, SyncType, TenantId};
 use gitops_shared::queue::{Outcome, operation_enqueue_in_txn};
 use gitops_shared::tenant::tenant_upsert_locked_in_txn;
 use gitops_testkit::TestDb;
-use gitops_testkit::argocd::{self, StandinOptions, app_project_crd, application_crd, fake_revision};
-use gitops_testkit::cluster::{TestCluster, TestNamespace};
+use gitops_testkit::argocd::fake_revision;
+use gitops_testkit::cluster::TestNamespace;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
@@ -55,27 +55,11 @@ impl Drop for Env {
 }
 
 async fn env(purpose: &str, stuck_after: Duration) -> Env {
-    let cluster = TestCluster::get().await;
-    cluster.install_crds(vec![application_crd(), app_project_crd()]).await.expect("install the Argo CD CRDs");
-    let ns = cluster.namespace(purpose).await;
-    let kube = cluster.admin().await;
-    let cancel = CancellationToken::new();
-    tokio::spawn({
-        let (kube, name, cancel) = (kube.clone(), ns.name().to_owned(), cancel.clone());
-        async move { argocd::run(kube, &name, StandinOptions::default(), cancel).await }
-    });
-    let db = TestDb::migrated().await;
-    let client = db.connect().await;
-    engine_instance_add(&client, "argocd-1", ns.name(), 1000).await.expect("add instance");
-    let instance = engine_instance_by_name(&client, "argocd-1").await.expect("instance");
-    let key = SecretBox::generate_key("k1").expect("key");
-    let secrets = SecretBox::from_config(Some(&key), Some("k1")).expect("secrets");
-    // The agent acts with an identity that may touch only its Argo CD namespace.
-    let identity = cluster.namespace_identity(ns.name(), "gitops-agent", crate::support::agent_rbac_rules()).await;
-    let agent_kube = cluster.client_with_token(&identity.token).await;
-    let engine = Arc::new(ArgoCdEngine::new(agent_kube, ns.name()));
-    let reconciler = Reconciler::new(db.pool(4), engine, secrets.clone(), instance.clone())
+    let ground = crate::support::agent_ground(purpose).await;
+    let engine = Arc::new(ArgoCdEngine::new(ground.agent_kube, ground.ns.name()));
+    let reconciler = Reconciler::new(ground.db.pool(4), engine, ground.secrets.clone(), ground.instance.clone())
         .with_stuck_deletion_after(stuck_after);
+    let crate::support::AgentGround { db, client, kube, ns, instance, secrets, cancel, .. } = ground;
     Env { _db: db, client, kube, ns, instance, secrets, reconciler, cancel, homes: Default::default() }
 }
 

@@ -318,3 +318,44 @@ pub async fn reconcile_due(
     }
     outcomes
 }
+
+/// What the agent's reconciler tests stand on: the Argo CD stand-in over a namespace
+/// of their own, a migrated database with that namespace registered as instance
+/// `argocd-1`, encryption keys, and a client acting as the agent may (its
+/// `agent_rbac_rules` in that namespace only).
+pub struct AgentGround {
+    pub db: gitops_testkit::TestDb,
+    pub client: Client,
+    /// The admin's client.
+    pub kube: kube::Client,
+    /// The agent's client.
+    pub agent_kube: kube::Client,
+    pub agent_kubeconfig: std::path::PathBuf,
+    pub ns: gitops_testkit::cluster::TestNamespace,
+    pub instance: gitops_shared::instance::EngineInstance,
+    pub secrets: gitops_shared::crypto::SecretBox,
+    pub cancel: tokio_util::sync::CancellationToken,
+}
+
+pub async fn agent_ground(purpose: &str) -> AgentGround {
+    use gitops_testkit::argocd::{self, StandinOptions, app_project_crd, application_crd};
+    let cluster = gitops_testkit::cluster::TestCluster::get().await;
+    cluster.install_crds(vec![application_crd(), app_project_crd()]).await.expect("install the Argo CD CRDs");
+    let ns = cluster.namespace(purpose).await;
+    let kube = cluster.admin().await;
+    let cancel = tokio_util::sync::CancellationToken::new();
+    tokio::spawn({
+        let (kube, name, cancel) = (kube.clone(), ns.name().to_owned(), cancel.clone());
+        async move { argocd::run(kube, &name, StandinOptions::default(), cancel).await }
+    });
+    let db = gitops_testkit::TestDb::migrated().await;
+    let client = db.connect().await;
+    engine_instance_add(&client, "argocd-1", ns.name(), 1000).await.expect("add instance");
+    let instance = gitops_shared::instance::engine_instance_by_name(&client, "argocd-1").await.expect("instance");
+    let key = gitops_shared::crypto::SecretBox::generate_key("k1").expect("key");
+    let secrets = gitops_shared::crypto::SecretBox::from_config(Some(&key), Some("k1")).expect("secrets");
+    // The agent acts with an identity that may touch only its Argo CD namespace.
+    let identity = cluster.namespace_identity(ns.name(), "gitops-agent", agent_rbac_rules()).await;
+    let agent_kube = cluster.client_with_token(&identity.token).await;
+    AgentGround { db, client, kube, agent_kube, agent_kubeconfig: identity.kubeconfig, ns, instance, secrets, cancel }
+}
