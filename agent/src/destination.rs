@@ -148,7 +148,8 @@ pub enum RefusedKind {
 }
 
 impl RefusedKind {
-    pub const ALL: [RefusedKind; 3] = [RefusedKind::Application, RefusedKind::ProjectDestination, RefusedKind::ClusterSecret];
+    pub const ALL: [RefusedKind; 3] =
+        [RefusedKind::Application, RefusedKind::ProjectDestination, RefusedKind::ClusterSecret];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -212,11 +213,9 @@ impl DestinationGuard {
     /// The policy as of now: engine namespaces from the database (read at most every
     /// [`ENGINE_NAMESPACES_FOR`]).
     pub async fn policy(&self, pool: &DbPool) -> Result<DestinationPolicy, DbError> {
-        let cached = self
-            .engines
-            .lock()
-            .ok()
-            .and_then(|guard| guard.as_ref().filter(|(at, _)| at.elapsed() < ENGINE_NAMESPACES_FOR).map(|(_, ns)| ns.clone()));
+        let cached = self.engines.lock().ok().and_then(|guard| {
+            guard.as_ref().filter(|(at, _)| at.elapsed() < ENGINE_NAMESPACES_FOR).map(|(_, ns)| ns.clone())
+        });
         let mut engines = match cached {
             Some(namespaces) => namespaces,
             None => {
@@ -266,9 +265,14 @@ mod tests {
             assert_eq!(normalise_api_url(url).as_deref(), Some("https://kubernetes.default.svc:443"), "{url}");
         }
         assert_eq!(normalise_api_url("http://a.example.invalid").as_deref(), Some("http://a.example.invalid:80"));
-        assert_eq!(normalise_api_url("https://a.example.invalid:6443/k8s/").as_deref(), Some("https://a.example.invalid:6443/k8s"));
+        assert_eq!(
+            normalise_api_url("https://a.example.invalid:6443/k8s/").as_deref(),
+            Some("https://a.example.invalid:6443/k8s")
+        );
         assert_eq!(normalise_api_url("https://[FD00::1]:6443").as_deref(), Some("https://[fd00::1]:6443"));
-        for bad in ["kubernetes.default.svc", "ftp://a", "https://", "https://a:port", "https://kube%72netes.default.svc"] {
+        for bad in
+            ["kubernetes.default.svc", "ftp://a", "https://", "https://a:port", "https://kube%72netes.default.svc"]
+        {
             assert_eq!(normalise_api_url(bad), None, "{bad}");
         }
     }
@@ -302,8 +306,14 @@ mod tests {
         let remote = "https://cluster.example.invalid:6443";
         for namespace in ["kube-system", "default", "gitops", "infra-db", "argocd-1", ""] {
             assert!(policy.refusal(true, remote, namespace).is_some(), "home flag: {namespace:?}");
-            assert!(policy.refusal(false, "https://kubernetes.default.svc/", namespace).is_some(), "in-cluster: {namespace:?}");
-            assert!(policy.refusal(false, "https://API.home.example.invalid:443", namespace).is_some(), "home URL: {namespace:?}");
+            assert!(
+                policy.refusal(false, "https://kubernetes.default.svc/", namespace).is_some(),
+                "in-cluster: {namespace:?}"
+            );
+            assert!(
+                policy.refusal(false, "https://API.home.example.invalid:443", namespace).is_some(),
+                "home URL: {namespace:?}"
+            );
         }
         assert_eq!(policy.refusal(true, remote, "team-a"), None);
         assert_eq!(policy.refusal(false, "https://kubernetes.default.svc", "team-a"), None);

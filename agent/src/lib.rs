@@ -269,10 +269,31 @@ mod tests {
             config.service_namespaces.iter().map(String::as_str).collect::<Vec<_>>(),
             ["gitops", "gitops-agents", "gitops-writer"]
         );
-        assert_eq!(config.reserved_namespaces.iter().map(NamePattern::as_str).collect::<Vec<_>>(), ["infra-*", "vault"]);
-        let bad = Cli::try_parse_from(["gitops-agent", "run", "--database-url", "x", "--instance", "i", "--home-api-url", "home"]);
+        assert_eq!(
+            config.reserved_namespaces.iter().map(NamePattern::as_str).collect::<Vec<_>>(),
+            ["infra-*", "vault"]
+        );
+        let bad = Cli::try_parse_from([
+            "gitops-agent",
+            "run",
+            "--database-url",
+            "x",
+            "--instance",
+            "i",
+            "--home-api-url",
+            "home",
+        ]);
         assert!(bad.is_err(), "a home URL that cannot be read is refused at start");
-        let bad = Cli::try_parse_from(["gitops-agent", "run", "--database-url", "x", "--instance", "i", "--reserved-namespaces", "Infra"]);
+        let bad = Cli::try_parse_from([
+            "gitops-agent",
+            "run",
+            "--database-url",
+            "x",
+            "--instance",
+            "i",
+            "--reserved-namespaces",
+            "Infra",
+        ]);
         assert!(bad.is_err());
     }
 }

@@ -261,12 +261,16 @@ mod tests {
         metrics.of(ResourceType::Tenant).claimed.fetch_add(3, Ordering::Relaxed);
         let text = metrics.render();
         assert!(text.contains("gitops_agent_operations_claimed_total{resource_type=\"tenant\"} 3"));
-        assert!(text.contains(
-            "gitops_agent_reconcile_duration_seconds_bucket{resource_type=\"application\",le=\"0.05\"} 1"
-        ));
-        assert!(text.contains(
-            "gitops_agent_reconcile_duration_seconds_bucket{resource_type=\"application\",le=\"+Inf\"} 2"
-        ));
+        assert!(
+            text.contains(
+                "gitops_agent_reconcile_duration_seconds_bucket{resource_type=\"application\",le=\"0.05\"} 1"
+            )
+        );
+        assert!(
+            text.contains(
+                "gitops_agent_reconcile_duration_seconds_bucket{resource_type=\"application\",le=\"+Inf\"} 2"
+            )
+        );
         assert!(text.contains("gitops_agent_claim_lag_seconds_count 0"));
         assert!(text.contains("gitops_agent_sweep_runs_total 0"));
         metrics.destination_refused(RefusedKind::ClusterSecret);

@@ -81,11 +81,25 @@ mod tests {
     #[test]
     fn names_are_dns_labels_and_servers_distinct() {
         let uid = Uuid::new_v4();
-        for name in [application_name(uid), cluster_secret_name(uid), repository_secret_name(uid), project_name(TenantId(7))] {
-            assert!(name.len() <= 63 && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'), "{name}");
+        for name in
+            [application_name(uid), cluster_secret_name(uid), repository_secret_name(uid), project_name(TenantId(7))]
+        {
+            assert!(
+                name.len() <= 63 && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+                "{name}"
+            );
         }
-        assert_eq!(environment_server("https://c.example.invalid:6443", 4), "https://c.example.invalid:6443?managed-environment=4");
-        assert_eq!(environment_server("https://c.example.invalid/?x=1", 4), "https://c.example.invalid/?x=1&managed-environment=4");
-        assert_ne!(environment_server("https://c.example.invalid", 1), environment_server("https://c.example.invalid", 2));
+        assert_eq!(
+            environment_server("https://c.example.invalid:6443", 4),
+            "https://c.example.invalid:6443?managed-environment=4"
+        );
+        assert_eq!(
+            environment_server("https://c.example.invalid/?x=1", 4),
+            "https://c.example.invalid/?x=1&managed-environment=4"
+        );
+        assert_ne!(
+            environment_server("https://c.example.invalid", 1),
+            environment_server("https://c.example.invalid", 2)
+        );
     }
 }

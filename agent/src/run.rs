@@ -133,7 +133,13 @@ pub async fn run_agent(config: AgentConfig, cancel: CancellationToken) -> Result
     let mut tasks = JoinSet::new();
     let endpoints = crate::http::Endpoints { metrics: metrics.clone(), listener: listener.clone(), pool: pool.clone() };
     tasks.spawn(crate::http::serve(http, endpoints, background.clone()));
-    tasks.spawn(heartbeat_loop(pool.clone(), instance.clone(), config.heartbeat_interval, metrics.clone(), background.clone()));
+    tasks.spawn(heartbeat_loop(
+        pool.clone(),
+        instance.clone(),
+        config.heartbeat_interval,
+        metrics.clone(),
+        background.clone(),
+    ));
     tasks.spawn(crate::status::run_status_watcher(
         engine.clone(),
         instance.id,
@@ -150,8 +156,8 @@ pub async fn run_agent(config: AgentConfig, cancel: CancellationToken) -> Result
     };
     tasks.spawn(sweeper.run(background.clone()));
 
-    let reconciler =
-        Reconciler::new(pool.clone(), engine, config.secrets.clone(), instance.clone()).with_destinations(Arc::new(guard));
+    let reconciler = Reconciler::new(pool.clone(), engine, config.secrets.clone(), instance.clone())
+        .with_destinations(Arc::new(guard));
     let handler = Arc::new(Instrumented { inner: reconciler, metrics: metrics.clone() });
     let mut consumer_config = ConsumerConfig::new(instance.id, config.claimer.clone());
     consumer_config.concurrency = config.concurrency.max(1);
@@ -185,8 +191,8 @@ pub async fn run_agent(config: AgentConfig, cancel: CancellationToken) -> Result
 async fn kube_client(path: Option<&PathBuf>) -> Result<kube::Client, AgentError> {
     let config = match path {
         Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path)
-                .map_err(|source| AgentError::Kubeconfig { path: path.clone(), source })?;
+            let kubeconfig =
+                Kubeconfig::read_from(path).map_err(|source| AgentError::Kubeconfig { path: path.clone(), source })?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
                 .map_err(|source| AgentError::Kubeconfig { path: path.clone(), source })?

@@ -134,7 +134,10 @@ pub fn uid_from_name(name: &str) -> Option<Uuid> {
 }
 
 /// The `application_state` content of `application` for the row of `owner`.
-pub fn observe_application(owner: ApplicationOwner, application: &ObservedApplication) -> observed::ObservedApplication {
+pub fn observe_application(
+    owner: ApplicationOwner,
+    application: &ObservedApplication,
+) -> observed::ObservedApplication {
     observed::ObservedApplication {
         application_id: owner.application_id,
         tenant_id: owner.tenant_id,

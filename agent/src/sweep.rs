@@ -26,7 +26,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::{Engine, EngineError, ObjectKind, OwnedObject};
 use crate::metrics::Metrics;
-use crate::names::{APPLICATION_ID_LABEL, MANAGED_ENVIRONMENT_ID_LABEL, REPOSITORY_CREDENTIAL_ID_LABEL, TENANT_ID_LABEL};
+use crate::names::{
+    APPLICATION_ID_LABEL, MANAGED_ENVIRONMENT_ID_LABEL, REPOSITORY_CREDENTIAL_ID_LABEL, TENANT_ID_LABEL,
+};
 
 /// How the sweep behaves.
 #[derive(Debug, Clone)]
@@ -317,7 +319,11 @@ impl Sweeper {
 
     /// Drops from the deletions objects whose rows live on another instance (a
     /// tenant placed elsewhere): enqueueing here would pull its operation over.
-    async fn leave_other_instances(&self, client: &tokio_postgres::Client, plan: &mut SweepPlan) -> Result<(), SweepError> {
+    async fn leave_other_instances(
+        &self,
+        client: &tokio_postgres::Client,
+        plan: &mut SweepPlan,
+    ) -> Result<(), SweepError> {
         for key in ResourceTypeKey::ALL {
             let ids: Vec<i64> =
                 plan.deletions.iter().filter(|t| t.resource_type == key).map(|t| t.resource_id).collect();
@@ -340,7 +346,6 @@ impl Sweeper {
         Ok(())
     }
 }
-
 
 #[cfg(test)]
 mod tests {

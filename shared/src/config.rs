@@ -30,7 +30,11 @@ pub fn redact_database_url(url: &str) -> String {
             None => authority.to_owned(),
         };
         let tail = redact_password_param(tail);
-        return if rest.contains('/') { format!("{scheme}://{authority}/{tail}") } else { format!("{scheme}://{authority}") };
+        return if rest.contains('/') {
+            format!("{scheme}://{authority}/{tail}")
+        } else {
+            format!("{scheme}://{authority}")
+        };
     }
     url.split_whitespace()
         .map(|part| if part.starts_with("password=") { "password=***".to_owned() } else { part.to_owned() })

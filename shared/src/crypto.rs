@@ -141,7 +141,8 @@ impl SecretBox {
 
     /// Opens a sealed secret; refuses unknown keys and anything tampered with.
     pub fn open(&self, context: SecretContext<'_>, sealed: &Sealed) -> Result<Vec<u8>, CryptoError> {
-        let cipher = self.keys.get(&sealed.key_id).ok_or_else(|| CryptoError::UnknownKey { id: sealed.key_id.clone() })?;
+        let cipher =
+            self.keys.get(&sealed.key_id).ok_or_else(|| CryptoError::UnknownKey { id: sealed.key_id.clone() })?;
         if sealed.ciphertext.len() < NONCE_LEN {
             return Err(CryptoError::Tampered);
         }
@@ -186,30 +187,29 @@ pub async fn reencrypt_all(client: &mut Client, secrets: &SecretBox) -> Result<u
             let moved = in_txn_retrying(client, |txn| {
                 let secrets = secrets.clone();
                 Box::pin(async move {
-                let rows = txn
-                    .query(select, &[&secrets.active_key_id()])
-                    .await
-                    .map_err(DbError::query("read sealed secrets"))?;
-                let mut resealed = Vec::with_capacity(rows.len());
-                for row in &rows {
-                    let id: i64 = row.get(0);
-                    let context = SecretContext { table, tenant: TenantId(row.get(1)) };
-                    let sealed = Sealed { key_id: row.get(2), ciphertext: row.get(3) };
-                    let outcome = secrets
-                        .open(context, &sealed)
-                        .and_then(|plain| secrets.seal(context, &plain));
-                    match outcome {
-                        Ok(new) => resealed.push((id, new)),
-                        Err(source) => return Ok(Err(ReencryptError::Row { table, id, source })),
-                    }
-                }
-                for (id, new) in &resealed {
-                    txn.execute(update, &[id, &new.key_id, &new.ciphertext])
+                    let rows = txn
+                        .query(select, &[&secrets.active_key_id()])
                         .await
-                        .map_err(DbError::query("store a re-encrypted secret"))?;
-                }
-                Ok(Ok(resealed.len() as u64))
-            })})
+                        .map_err(DbError::query("read sealed secrets"))?;
+                    let mut resealed = Vec::with_capacity(rows.len());
+                    for row in &rows {
+                        let id: i64 = row.get(0);
+                        let context = SecretContext { table, tenant: TenantId(row.get(1)) };
+                        let sealed = Sealed { key_id: row.get(2), ciphertext: row.get(3) };
+                        let outcome = secrets.open(context, &sealed).and_then(|plain| secrets.seal(context, &plain));
+                        match outcome {
+                            Ok(new) => resealed.push((id, new)),
+                            Err(source) => return Ok(Err(ReencryptError::Row { table, id, source })),
+                        }
+                    }
+                    for (id, new) in &resealed {
+                        txn.execute(update, &[id, &new.key_id, &new.ciphertext])
+                            .await
+                            .map_err(DbError::query("store a re-encrypted secret"))?;
+                    }
+                    Ok(Ok(resealed.len() as u64))
+                })
+            })
             .await??;
             total += moved;
             if moved == 0 {
@@ -273,7 +273,10 @@ mod tests {
             SecretBox::from_config(Some("k1:c2hvcnQ="), Some("k1")).unwrap_err(),
             CryptoError::BadKey { id: "k1".into() }
         );
-        assert_eq!(SecretBox::from_config(Some("nocolon"), Some("k1")).unwrap_err(), CryptoError::Malformed { position: 1 });
+        assert_eq!(
+            SecretBox::from_config(Some("nocolon"), Some("k1")).unwrap_err(),
+            CryptoError::Malformed { position: 1 }
+        );
         assert_eq!(
             SecretBox::from_config(Some(&format!("{key},{key}")), Some("k1")).unwrap_err(),
             CryptoError::DuplicateKeyId { id: "k1".into() }

@@ -276,7 +276,8 @@ pub async fn tenant_project_load(client: &Client, tenant: TenantId) -> Result<Op
     let Some(row) = client.query_opt(TENANT, &[&tenant.0]).await.map_err(DbError::query("read a tenant"))? else {
         return Ok(None);
     };
-    let repos = client.query(TENANT_REPOS, &[&tenant.0]).await.map_err(DbError::query("read a tenant's repositories"))?;
+    let repos =
+        client.query(TENANT_REPOS, &[&tenant.0]).await.map_err(DbError::query("read a tenant's repositories"))?;
     let environments = client
         .query(TENANT_ENVIRONMENTS, &[&tenant.0])
         .await
@@ -351,7 +352,8 @@ SELECT id, tenant_id FROM deleted
 
 /// Confirms the deletion of application `id` (and announces it in the status feed).
 pub async fn application_mark_deleted(client: &Client, id: i64) -> Result<bool, DbError> {
-    let changed = client.execute(APPLICATION_MARK_DELETED, &[&id]).await.map_err(DbError::query("confirm a deletion"))?;
+    let changed =
+        client.execute(APPLICATION_MARK_DELETED, &[&id]).await.map_err(DbError::query("confirm a deletion"))?;
     Ok(changed > 0)
 }
 
@@ -363,7 +365,8 @@ SELECT (SELECT count(*) FROM application WHERE tenant_id = $1 AND row_state <> '
 /// How many of a tenant's Argo CD-backed rows are not confirmed deleted yet (its
 /// project must outlive them).
 pub async fn tenant_rows_pending(client: &Client, tenant: TenantId) -> Result<i64, DbError> {
-    let row = client.query_one(TENANT_ROWS_PENDING, &[&tenant.0]).await.map_err(DbError::query("count a tenant's rows"))?;
+    let row =
+        client.query_one(TENANT_ROWS_PENDING, &[&tenant.0]).await.map_err(DbError::query("count a tenant's rows"))?;
     Ok(row.get(0))
 }
 
@@ -383,11 +386,7 @@ UPDATE sync_operation SET state = $2, started_at = COALESCE(started_at, now()), 
  WHERE id = $1 AND state IN ('pending', 'running')";
 
 /// A sync was requested (`Running`) or its termination was (`Terminating`).
-pub async fn sync_operation_set_state(
-    client: &Client,
-    id: i64,
-    state: SyncOperationState,
-) -> Result<(), DbError> {
+pub async fn sync_operation_set_state(client: &Client, id: i64, state: SyncOperationState) -> Result<(), DbError> {
     client.execute(SYNC_STARTED, &[&id, &state]).await.map_err(DbError::query("record a sync's progress"))?;
     Ok(())
 }

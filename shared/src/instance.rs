@@ -105,21 +105,13 @@ pub async fn engine_instance_namespaces(client: &Client) -> Result<std::collecti
 /// One instance by name.
 pub async fn engine_instance_by_name(client: &Client, name: &str) -> Result<EngineInstance, DbError> {
     let statement = format!("{LIST} WHERE i.name = $1");
-    let row = client
-        .query_opt(&statement, &[&name])
-        .await
-        .map_err(DbError::query("look up an engine instance"))?;
-    row.as_ref()
-        .map(from_row)
-        .ok_or_else(|| DbError::NotFound { what: format!("engine instance {name:?}") })
+    let row = client.query_opt(&statement, &[&name]).await.map_err(DbError::query("look up an engine instance"))?;
+    row.as_ref().map(from_row).ok_or_else(|| DbError::NotFound { what: format!("engine instance {name:?}") })
 }
 
 /// Removes an instance that has no tenants and no operations left.
 pub async fn engine_instance_remove(client: &Client, name: &str) -> Result<(), DbError> {
-    let removed = client
-        .query_opt(REMOVE, &[&name])
-        .await
-        .map_err(DbError::query("remove an engine instance"))?;
+    let removed = client.query_opt(REMOVE, &[&name]).await.map_err(DbError::query("remove an engine instance"))?;
     if removed.is_some() {
         return Ok(());
     }

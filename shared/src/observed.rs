@@ -134,7 +134,8 @@ pub async fn application_owner_by_id(
     instance: EngineInstanceId,
     id: i64,
 ) -> Result<Option<ApplicationOwner>, DbError> {
-    let row = client.query_opt(OWNER_BY_ID, &[&id, &instance.0]).await.map_err(DbError::query("find an application"))?;
+    let row =
+        client.query_opt(OWNER_BY_ID, &[&id, &instance.0]).await.map_err(DbError::query("find an application"))?;
     Ok(row.map(|row| ApplicationOwner { application_id: ApplicationId(row.get(0)), tenant_id: TenantId(row.get(1)) }))
 }
 

@@ -33,14 +33,33 @@ pub fn sanitize_tenant_message(message: &str) -> String {
                 if closes && word.len() > "-----BEGIN-----".len() { Pem::Body } else { Pem::Header }
             }
             Pem::Outside => Pem::Outside,
-            Pem::Header => if closes { Pem::Body } else { Pem::Header },
+            Pem::Header => {
+                if closes {
+                    Pem::Body
+                } else {
+                    Pem::Header
+                }
+            }
             Pem::Body if word.starts_with("-----END") => {
-                if closes && word.len() > "-----END-----".len() { Pem::Outside } else { Pem::Footer }
+                if closes && word.len() > "-----END-----".len() {
+                    Pem::Outside
+                } else {
+                    Pem::Footer
+                }
             }
             Pem::Body => Pem::Body,
-            Pem::Footer => if closes { Pem::Outside } else { Pem::Footer },
+            Pem::Footer => {
+                if closes {
+                    Pem::Outside
+                } else {
+                    Pem::Footer
+                }
+            }
         };
-        if pem != Pem::Outside || word.starts_with("-----END") || (closes && out.last().is_some_and(|w| w == "<redacted key>")) {
+        if pem != Pem::Outside
+            || word.starts_with("-----END")
+            || (closes && out.last().is_some_and(|w| w == "<redacted key>"))
+        {
             continue;
         }
         let lower = word.to_ascii_lowercase();
@@ -134,19 +153,27 @@ mod tests {
         assert_eq!(s("login failed: password=hunter2"), "login failed: password=<redacted>");
         assert_eq!(s("Authorization: Bearer abc.def"), "Authorization: Bearer <redacted>");
         assert!(!s("header Bearer eyJhbGciOi").contains("eyJ"));
-        assert!(!s("key -----BEGIN OPENSSH PRIVATE KEY----- AAAA BBBB -----END OPENSSH PRIVATE KEY----- done").contains("AAAA"));
-        assert!(s("key -----BEGIN OPENSSH PRIVATE KEY----- AAAA -----END OPENSSH PRIVATE KEY----- done").ends_with("done"));
+        assert!(
+            !s("key -----BEGIN OPENSSH PRIVATE KEY----- AAAA BBBB -----END OPENSSH PRIVATE KEY----- done")
+                .contains("AAAA")
+        );
+        assert!(
+            s("key -----BEGIN OPENSSH PRIVATE KEY----- AAAA -----END OPENSSH PRIVATE KEY----- done").ends_with("done")
+        );
     }
 
     #[test]
     fn internal_hosts_and_addresses_are_hidden_but_public_ones_kept() {
-        assert_eq!(
-            s("dial tcp 10.0.3.7:6443: connection refused"),
-            "dial tcp <internal host>: connection refused"
-        );
+        assert_eq!(s("dial tcp 10.0.3.7:6443: connection refused"), "dial tcp <internal host>: connection refused");
         assert_eq!(s("GET https://argocd-server.argocd.svc/api failed"), "GET https://<internal host>/api failed");
-        assert_eq!(s("clone https://user:pw@git.example.invalid/repo.git?x=1"), "clone https://git.example.invalid/repo.git");
-        assert_eq!(s("repository https://git.example.invalid/a/b not found"), "repository https://git.example.invalid/a/b not found");
+        assert_eq!(
+            s("clone https://user:pw@git.example.invalid/repo.git?x=1"),
+            "clone https://git.example.invalid/repo.git"
+        );
+        assert_eq!(
+            s("repository https://git.example.invalid/a/b not found"),
+            "repository https://git.example.invalid/a/b not found"
+        );
         assert!(!s("host [::1]:8080 down").contains("::1"));
         assert_eq!(s("(at https://argocd.argocd.svc)."), "(at https://<internal host>).");
     }

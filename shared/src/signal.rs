@@ -71,21 +71,15 @@ impl Signal {
     /// Stops further notifications: a consumer is awake and will scan. Losing the
     /// race against an enqueuer only costs a notification.
     pub async fn mark_awake(&self, client: &Client) -> Result<(), DbError> {
-        client
-            .execute(MARK_AWAKE, &[&self.kind, &self.ref_id])
-            .await
-            .map_err(DbError::query("mark a signal awake"))?;
+        client.execute(MARK_AWAKE, &[&self.kind, &self.ref_id]).await.map_err(DbError::query("mark a signal awake"))?;
         Ok(())
     }
 
     /// The part of `try_sleep` inside its transaction: the caller commits. Split
     /// out so tests can hold a consumer at this point of the protocol.
     pub async fn try_sleep_in_txn(&self, txn: &Transaction<'_>) -> Result<SleepAttempt, DbError> {
-        let locked: bool = txn
-            .query_one(TRY_LOCK, &[&self.kind, &self.ref_id])
-            .await
-            .map_err(DbError::query("lock a signal"))?
-            .get(0);
+        let locked: bool =
+            txn.query_one(TRY_LOCK, &[&self.kind, &self.ref_id]).await.map_err(DbError::query("lock a signal"))?.get(0);
         if !locked {
             return Ok(SleepAttempt::EnqueuerInFlight);
         }

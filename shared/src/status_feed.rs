@@ -108,10 +108,8 @@ pub async fn status_feed_read(
     writer_id: &str,
     limit: i64,
 ) -> Result<Vec<StatusFeedRow>, DbError> {
-    let rows = client
-        .query(FEED_READ, &[&shard, &writer_id, &limit])
-        .await
-        .map_err(DbError::query("read the status feed"))?;
+    let rows =
+        client.query(FEED_READ, &[&shard, &writer_id, &limit]).await.map_err(DbError::query("read the status feed"))?;
     Ok(rows
         .iter()
         .map(|row| StatusFeedRow {

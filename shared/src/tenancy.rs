@@ -71,8 +71,13 @@ impl std::str::FromStr for NamePattern {
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let text = text.trim();
-        let valid = !text.is_empty() && text.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'*');
-        if valid { Ok(NamePattern(text.to_owned())) } else { Err(format!("{text:?} is not a namespace name pattern (a-z, 0-9, '-' and '*')")) }
+        let valid = !text.is_empty()
+            && text.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'*');
+        if valid {
+            Ok(NamePattern(text.to_owned()))
+        } else {
+            Err(format!("{text:?} is not a namespace name pattern (a-z, 0-9, '-' and '*')"))
+        }
     }
 }
 
@@ -141,7 +146,8 @@ impl std::str::FromStr for LabelSelector {
             if part.is_empty() {
                 continue;
             }
-            requirements.push(requirement(part).ok_or_else(|| format!("{part:?} is not a label selector requirement"))?);
+            requirements
+                .push(requirement(part).ok_or_else(|| format!("{part:?} is not a label selector requirement"))?);
         }
         if requirements.is_empty() {
             return Err("an empty label selector selects every namespace; leave the setting unset instead".to_owned());
@@ -178,7 +184,8 @@ fn label_key(key: &str) -> Option<String> {
 
 fn label_value(value: &str) -> Option<String> {
     let value = value.trim();
-    let valid = value.len() <= 63 && value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    let valid =
+        value.len() <= 63 && value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
     valid.then(|| value.to_owned())
 }
 
@@ -287,7 +294,8 @@ mod tests {
 
     #[test]
     fn selectors_read_like_kubectl() {
-        let s: LabelSelector = "gitops.io/tenant=true, tier in (a, b),!legacy,env!=prod,owner".parse().expect("selector");
+        let s: LabelSelector =
+            "gitops.io/tenant=true, tier in (a, b),!legacy,env!=prod,owner".parse().expect("selector");
         assert!(s.matches(&labels(&[("gitops.io/tenant", "true"), ("tier", "a"), ("owner", "x")])));
         assert!(!s.matches(&labels(&[("gitops.io/tenant", "true"), ("tier", "c"), ("owner", "x")])));
         assert!(!s.matches(&labels(&[("gitops.io/tenant", "true"), ("tier", "a"), ("owner", "x"), ("legacy", "")])));

@@ -38,10 +38,7 @@ pub async fn tenant_upsert_locked_in_txn(
     txn.execute(UPSERT, &[&namespace_uid, &namespace_name, &place_on.map(|i| i.0)])
         .await
         .map_err(DbError::query("upsert a tenant"))?;
-    let row = txn
-        .query_one(GET_LOCKED, &[&namespace_uid])
-        .await
-        .map_err(DbError::query("lock a tenant"))?;
+    let row = txn.query_one(GET_LOCKED, &[&namespace_uid]).await.map_err(DbError::query("lock a tenant"))?;
     Ok(Tenant {
         id: TenantId(row.get(0)),
         engine_instance_id: row.get::<_, Option<i64>>(1).map(EngineInstanceId),

@@ -151,7 +151,8 @@ impl FromStr for Destination {
             } else {
                 Some(after.strip_prefix(':').ok_or_else(|| error("only ':port' may follow ']'"))?)
             };
-            let (address, prefix) = address_and_prefix(inside, 128).ok_or_else(|| error("not an IPv6 address or CIDR"))?;
+            let (address, prefix) =
+                address_and_prefix(inside, 128).ok_or_else(|| error("not an IPv6 address or CIDR"))?;
             if !address.is_ipv6() {
                 return Err(error("an IPv4 address is written without brackets"));
             }
@@ -370,10 +371,9 @@ pub async fn connection_check(policy: Option<&ConnectionPolicy>, intent: &Manage
         Err(outcome) => return outcome,
     };
     match tokio::time::timeout(CHECK_TIMEOUT, client.apiserver_version()).await {
-        Err(_) => Outcome::failed(
-            format!("the API server did not answer within {} seconds", CHECK_TIMEOUT.as_secs()),
-            None,
-        ),
+        Err(_) => {
+            Outcome::failed(format!("the API server did not answer within {} seconds", CHECK_TIMEOUT.as_secs()), None)
+        }
         Ok(Ok(_)) => Outcome::new(
             "True",
             REASON_SUCCEEDED,
@@ -506,9 +506,30 @@ mod tests {
     #[test]
     fn bad_patterns_are_refused() {
         for bad in [
-            "", " ", "::1", "fd00::/8", "[10.0.0.1]", "[::1", "[::1]x", "host:", "host:0", "host:65536", "host:+1",
-            "10.0.0.0/33", "[::/129]", "10.0.0.0/", "*.", "a..b", "-a.example", "127.1", "2130706433",
-            "host/8", "ho st", "h_st", "https://host", "*.*.example",
+            "",
+            " ",
+            "::1",
+            "fd00::/8",
+            "[10.0.0.1]",
+            "[::1",
+            "[::1]x",
+            "host:",
+            "host:0",
+            "host:65536",
+            "host:+1",
+            "10.0.0.0/33",
+            "[::/129]",
+            "10.0.0.0/",
+            "*.",
+            "a..b",
+            "-a.example",
+            "127.1",
+            "2130706433",
+            "host/8",
+            "ho st",
+            "h_st",
+            "https://host",
+            "*.*.example",
         ] {
             assert!(bad.parse::<Destination>().is_err(), "{bad:?} should be refused");
         }
@@ -609,7 +630,10 @@ mod tests {
         assert_eq!(pem_certificates(&STANDARD.encode(one)), Some(vec![vec![0, 1, 2, 3]]));
         assert_eq!(pem_certificates(&STANDARD.encode(two)), Some(vec![vec![0, 1, 2, 3], vec![4, 5]]));
         assert_eq!(pem_certificates(&STANDARD.encode("no certificate")), None);
-        assert_eq!(pem_certificates(&STANDARD.encode("-----BEGIN CERTIFICATE-----\n!!\n-----END CERTIFICATE-----")), None);
+        assert_eq!(
+            pem_certificates(&STANDARD.encode("-----BEGIN CERTIFICATE-----\n!!\n-----END CERTIFICATE-----")),
+            None
+        );
         assert_eq!(pem_certificates("not base64"), None);
     }
 

@@ -36,4 +36,3 @@ pub struct WriterContext {
     /// of the admission webhook (without knowing who asked).
     pub allow_unverified_home: bool,
 }
-

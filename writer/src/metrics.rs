@@ -63,7 +63,6 @@ impl std::fmt::Debug for InventorySource {
     }
 }
 
-
 /// Counters and gauges of one writer.
 #[derive(Debug)]
 pub struct WriterMetrics {
@@ -140,12 +139,22 @@ impl WriterMetrics {
 
     /// Counts an admission review of `kind` that ended `outcome` (allowed, denied, error).
     pub fn admission_reviewed(&self, kind: &'static str, outcome: &'static str) {
-        *self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry((kind, outcome)).or_default() += 1;
+        *self
+            .admission
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry((kind, outcome))
+            .or_default() += 1;
     }
 
     /// Admission reviews of `kind` that ended `outcome`.
     pub fn admission_reviews(&self, kind: &'static str, outcome: &'static str) -> u64 {
-        self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&(kind, outcome)).copied().unwrap_or(0)
+        self.admission
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&(kind, outcome))
+            .copied()
+            .unwrap_or(0)
     }
 
     fn unserved_namespaces(&self) -> u64 {
@@ -161,7 +170,8 @@ impl WriterMetrics {
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(out, "# HELP gitops_writer_reconciles_total Reconciles of tenant resources, by kind and outcome.");
+        let _ =
+            writeln!(out, "# HELP gitops_writer_reconciles_total Reconciles of tenant resources, by kind and outcome.");
         let _ = writeln!(out, "# TYPE gitops_writer_reconciles_total counter");
         for kind in Kind::ALL {
             for outcome in Outcome::ALL {
@@ -181,7 +191,8 @@ impl WriterMetrics {
         let _ = writeln!(out, "# TYPE gitops_writer_validation_failures_total counter");
         let failures = self.validation_failures.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         for ((kind, reason), count) in failures {
-            let _ = writeln!(out, "gitops_writer_validation_failures_total{{kind=\"{kind}\",reason=\"{reason}\"}} {count}");
+            let _ =
+                writeln!(out, "gitops_writer_validation_failures_total{{kind=\"{kind}\",reason=\"{reason}\"}} {count}");
         }
         let _ = writeln!(
             out,
@@ -190,7 +201,8 @@ impl WriterMetrics {
         let _ = writeln!(out, "# TYPE gitops_writer_transaction_seconds histogram");
         self.transaction.render(&mut out, "gitops_writer_transaction_seconds", "");
         let (tenants, deployments) = self.owned_counts();
-        let _ = writeln!(out, "# HELP gitops_writer_tenants Namespaces with resources the writer knows, in its shards.");
+        let _ =
+            writeln!(out, "# HELP gitops_writer_tenants Namespaces with resources the writer knows, in its shards.");
         let _ = writeln!(out, "# TYPE gitops_writer_tenants gauge");
         let _ = writeln!(out, "gitops_writer_tenants {tenants}");
         let _ = writeln!(out, "# HELP gitops_writer_deployments GitOpsDeployments the writer knows, in its shards.");
@@ -209,7 +221,8 @@ impl WriterMetrics {
         let _ = writeln!(out, "# TYPE gitops_writer_admission_reviews_total counter");
         let admission = self.admission.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
         for ((kind, outcome), count) in admission {
-            let _ = writeln!(out, "gitops_writer_admission_reviews_total{{kind=\"{kind}\",outcome=\"{outcome}\"}} {count}");
+            let _ =
+                writeln!(out, "gitops_writer_admission_reviews_total{{kind=\"{kind}\",outcome=\"{outcome}\"}} {count}");
         }
         let _ = writeln!(out, "# HELP gitops_writer_queue_depth Objects waiting in the work queue.");
         let _ = writeln!(out, "# TYPE gitops_writer_queue_depth gauge");
@@ -249,7 +262,11 @@ mod tests {
     }
 
     fn value<'a>(out: &'a str, series: &str) -> &'a str {
-        samples(out).into_iter().find(|(s, _)| *s == series).map(|(_, v)| v).unwrap_or_else(|| panic!("no {series} in\n{out}"))
+        samples(out)
+            .into_iter()
+            .find(|(s, _)| *s == series)
+            .map(|(_, v)| v)
+            .unwrap_or_else(|| panic!("no {series} in\n{out}"))
     }
 
     #[test]
@@ -270,7 +287,9 @@ mod tests {
         metrics.set_inventory(Arc::downgrade(&inventory));
         let out = metrics.render();
 
-        let r = |kind: &str, outcome: &str| format!("gitops_writer_reconciles_total{{kind=\"{kind}\",outcome=\"{outcome}\"}}");
+        let r = |kind: &str, outcome: &str| {
+            format!("gitops_writer_reconciles_total{{kind=\"{kind}\",outcome=\"{outcome}\"}}")
+        };
         assert_eq!(value(&out, &r("GitOpsDeployment", "ok")), "2");
         assert_eq!(value(&out, &r("GitOpsDeployment", "invalid")), "1");
         assert_eq!(value(&out, &r("GitOpsDeploymentSyncRun", "retry")), "1");

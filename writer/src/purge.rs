@@ -69,7 +69,9 @@ pub async fn run_purge_loop(
                 "purged deleted rows"
             ),
             Ok(_) => {}
-            Err(error) => tracing::warn!(error = %error_chain(&error), "could not purge deleted rows; retrying next round"),
+            Err(error) => {
+                tracing::warn!(error = %error_chain(&error), "could not purge deleted rows; retrying next round")
+            }
         }
         // Admission approvals are not sharded; a writer that owns shard 0 forgets old ones.
         if owned.contains(&0)

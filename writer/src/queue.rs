@@ -259,7 +259,20 @@ mod tests {
         let ms = |m| Duration::from_millis(m);
         assert_eq!(
             nominal,
-            [ms(500), ms(1000), ms(2000), ms(4000), ms(8000), ms(16_000), ms(32_000), ms(64_000), ms(120_000), ms(120_000), ms(120_000), ms(120_000)]
+            [
+                ms(500),
+                ms(1000),
+                ms(2000),
+                ms(4000),
+                ms(8000),
+                ms(16_000),
+                ms(32_000),
+                ms(64_000),
+                ms(120_000),
+                ms(120_000),
+                ms(120_000),
+                ms(120_000)
+            ]
         );
         assert_eq!(retry_delay(u32::MAX, 1.0), RETRY_CAP, "no overflow however long it fails");
         assert_eq!(retry_delay(0, 1.0), RETRY_BASE, "a count of 0 is treated as the first failure");

@@ -2,8 +2,8 @@
 //! controllers and the status loop until cancelled. Tests call [`run_writer`] with a
 //! config to run the same code in-process.
 
-use std::path::PathBuf;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use gitops_shared::crypto::SecretBox;
@@ -18,11 +18,11 @@ use tokio_util::sync::CancellationToken;
 use crate::connection::ConnectionPolicy;
 use crate::context::WriterContext;
 use crate::controller::{ControllerSettings, HomeSettings, HomeStatus, run_controllers};
-use crate::tenancy::{ServedNamespaces, TenancySettings};
-use crate::webhook::WebhookSettings;
 use crate::metrics::WriterMetrics;
 use crate::purge::PurgeSettings;
 use crate::shard::{ShardConfig, ShardKeeper};
+use crate::tenancy::{ServedNamespaces, TenancySettings};
+use crate::webhook::WebhookSettings;
 use crate::{APPLICATION_NAME, WriterError, connect};
 
 /// The default port of the writer's HTTP endpoint.
@@ -110,7 +110,10 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
         home.ca_data = kube_ca.as_deref().and_then(HomeSettings::ca_from_der);
     }
     let served = ServedNamespaces::new(config.tenancy.clone());
-    served.refresh(&pool).await.map_err(|source| WriterError::Connect { database: db_name(&config.database_url), source })?;
+    served
+        .refresh(&pool)
+        .await
+        .map_err(|source| WriterError::Connect { database: db_name(&config.database_url), source })?;
     let home_status = HomeStatus::new();
     let webhook = match &config.webhook {
         Some(settings) => Some(crate::webhook::bind(settings).await?),
@@ -156,9 +159,13 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
         }
         tasks.spawn(crate::webhook::serve(socket, acceptor, ctx.clone(), cancel.clone()));
     } else if config.allow_unverified_home {
-        tracing::warn!("no admission webhook: deployments into tenants' own namespaces are accepted without checking who asked");
+        tracing::warn!(
+            "no admission webhook: deployments into tenants' own namespaces are accepted without checking who asked"
+        );
     } else {
-        tracing::warn!("no admission webhook: deployments into tenants' own namespaces are refused (RequesterUnverified)");
+        tracing::warn!(
+            "no admission webhook: deployments into tenants' own namespaces are refused (RequesterUnverified)"
+        );
     }
     tasks.spawn(crate::controller::check_loop(
         ctx.kube.clone(),
@@ -171,7 +178,13 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
     // The keeper releases its leases after the others stopped writing.
     let keeper_cancel = CancellationToken::new();
     let keeper_task = tokio::spawn(keeper.run(keeper_cancel.clone()));
-    tasks.spawn(run_controllers(ctx.clone(), config.controllers, shards.clone(), config.namespaces.clone(), cancel.clone()));
+    tasks.spawn(run_controllers(
+        ctx.clone(),
+        config.controllers,
+        shards.clone(),
+        config.namespaces.clone(),
+        cancel.clone(),
+    ));
     tasks.spawn({
         let (ctx, shards, cancel) = (ctx.clone(), shards.clone(), cancel.clone());
         async move {
@@ -197,8 +210,8 @@ fn db_name(url: &str) -> String {
 async fn kube_client(path: Option<&PathBuf>) -> Result<(kube::Client, Option<Vec<Vec<u8>>>), WriterError> {
     let config = match path {
         Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path)
-                .map_err(|source| WriterError::Kubeconfig { path: path.clone(), source })?;
+            let kubeconfig =
+                Kubeconfig::read_from(path).map_err(|source| WriterError::Kubeconfig { path: path.clone(), source })?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
                 .map_err(|source| WriterError::Kubeconfig { path: path.clone(), source })?

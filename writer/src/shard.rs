@@ -143,11 +143,8 @@ impl ShardKeeper {
             .iter()
             .map(|row| row.get(0))
             .collect();
-        let others: i64 = client
-            .query_one(OTHER_WRITERS, &[&id])
-            .await
-            .map_err(DbError::query("count live writers"))?
-            .get(0);
+        let others: i64 =
+            client.query_one(OTHER_WRITERS, &[&id]).await.map_err(DbError::query("count live writers"))?.get(0);
         let live = others + 1;
         let total = i64::from(SHARDS);
         let share = usize::try_from((total + live - 1) / live).unwrap_or(0);

@@ -37,7 +37,11 @@ pub struct ServedNamespaces {
 
 impl ServedNamespaces {
     pub fn new(settings: TenancySettings) -> Arc<ServedNamespaces> {
-        Arc::new(ServedNamespaces { settings, engines: RwLock::new(BTreeSet::new()), refresh_every: Duration::from_secs(15) })
+        Arc::new(ServedNamespaces {
+            settings,
+            engines: RwLock::new(BTreeSet::new()),
+            refresh_every: Duration::from_secs(15),
+        })
     }
 
     fn policy(&self) -> NamespacePolicy {

@@ -10,7 +10,9 @@
 //! it deployed there stays untouched.
 
 use gitops_shared::db::pooled;
-use gitops_shared::desired::{DesiredApplication, application_load, application_mark_deleted, application_set_deletion_message};
+use gitops_shared::desired::{
+    DesiredApplication, application_load, application_mark_deleted, application_set_deletion_message,
+};
 use gitops_shared::model::{RowState, SyncType, TenantId};
 
 use super::{ReconcileError, Reconciler, same_tenant};
@@ -26,7 +28,10 @@ pub fn application_spec(app: &DesiredApplication) -> Result<ApplicationSpec, Rec
         }
         (Some(environment), _) => {
             return Err(ReconcileError::not_yet(
-                format!("managed environment {} of application {} is {}", environment.id, app.id, environment.row_state),
+                format!(
+                    "managed environment {} of application {} is {}",
+                    environment.id, app.id, environment.row_state
+                ),
                 "the deployment's managed environment is being deleted",
             ));
         }
@@ -125,7 +130,13 @@ impl Reconciler {
         let policy = self.destination_policy().await?;
         let removal = match application_refusal(&policy, app) {
             Some(why) => {
-                self.destinations.refused(RefusedKind::Application, app.tenant_id, &app.destination_namespace, &name, &why);
+                self.destinations.refused(
+                    RefusedKind::Application,
+                    app.tenant_id,
+                    &app.destination_namespace,
+                    &name,
+                    &why,
+                );
                 self.engine().release_application(&name).await?
             }
             None => self.engine().delete_application(&name).await?,

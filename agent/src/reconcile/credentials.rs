@@ -117,8 +117,13 @@ impl Reconciler {
                 Ok(())
             }
             RowState::Deleting => {
-                self.confirm_removed(self.engine().delete_cluster(&name).await?, ResourceType::ManagedEnvironment, id, &name)
-                    .await?;
+                self.confirm_removed(
+                    self.engine().delete_cluster(&name).await?,
+                    ResourceType::ManagedEnvironment,
+                    id,
+                    &name,
+                )
+                .await?;
                 self.apply_project(tenant).await
             }
             RowState::Deleted => {

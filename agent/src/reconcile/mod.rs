@@ -86,7 +86,6 @@ impl ReconcileError {
     }
 }
 
-
 /// Reconciles one engine instance's operations.
 #[derive(Debug, Clone)]
 pub struct Reconciler {

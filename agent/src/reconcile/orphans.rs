@@ -12,7 +12,9 @@ use gitops_shared::model::TenantId;
 
 use crate::destination::RefusedKind;
 use crate::engine::{ObjectKind, Removal};
-use crate::names::{APPLICATION_ID_LABEL, MANAGED_ENVIRONMENT_ID_LABEL, REPOSITORY_CREDENTIAL_ID_LABEL, TENANT_ID_LABEL};
+use crate::names::{
+    APPLICATION_ID_LABEL, MANAGED_ENVIRONMENT_ID_LABEL, REPOSITORY_CREDENTIAL_ID_LABEL, TENANT_ID_LABEL,
+};
 
 use super::{ReconcileError, Reconciler};
 
@@ -37,7 +39,8 @@ impl Reconciler {
             let forbidden = policy.as_ref().and_then(|p| p.forbidden_namespace(namespace));
             let removal = match (kind, forbidden) {
                 (ObjectKind::Application, Some(why)) => {
-                    let tenant = object.labels.get(TENANT_ID_LABEL).and_then(|t| t.parse().ok()).map_or(TenantId(0), TenantId);
+                    let tenant =
+                        object.labels.get(TENANT_ID_LABEL).and_then(|t| t.parse().ok()).map_or(TenantId(0), TenantId);
                     self.destinations.refused(RefusedKind::Application, tenant, namespace, &object.name, &why);
                     self.engine().release_application(&object.name).await?
                 }

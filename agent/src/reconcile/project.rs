@@ -33,8 +33,11 @@ pub fn project_spec(project: &TenantProject, policy: &DestinationPolicy) -> (Pro
     let mut refused = Vec::new();
     for environment in &project.environments {
         let server = environment_server(&environment.api_url, environment.id);
-        let namespaces =
-            if environment.namespaces.is_empty() { &environment.application_namespaces } else { &environment.namespaces };
+        let namespaces = if environment.namespaces.is_empty() {
+            &environment.application_namespaces
+        } else {
+            &environment.namespaces
+        };
         for namespace in namespaces.iter().filter(|ns| is_literal(ns)) {
             match policy.refusal(environment.home, &environment.api_url, namespace) {
                 Some(why) => refused.push((namespace.clone(), why)),

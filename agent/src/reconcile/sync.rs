@@ -143,8 +143,13 @@ impl Reconciler {
     async fn stop(&self, sync: &DesiredSyncOperation) -> Result<(), ReconcileError> {
         let Some(target) = &sync.application else {
             let client = pooled(&self.pool).await?;
-            sync_operation_record_outcome(&client, sync.id, sync.correlation_id, &never_started("terminated before it started"))
-                .await?;
+            sync_operation_record_outcome(
+                &client,
+                sync.id,
+                sync.correlation_id,
+                &never_started("terminated before it started"),
+            )
+            .await?;
             return Ok(());
         };
         let name = application_name(target.resource_uid);
@@ -166,8 +171,13 @@ impl Reconciler {
             self.engine().withdraw_sync(&name).await?;
         }
         let client = pooled(&self.pool).await?;
-        sync_operation_record_outcome(&client, sync.id, sync.correlation_id, &never_started("terminated before it started"))
-            .await?;
+        sync_operation_record_outcome(
+            &client,
+            sync.id,
+            sync.correlation_id,
+            &never_started("terminated before it started"),
+        )
+        .await?;
         Ok(())
     }
 }

@@ -11,7 +11,11 @@ use crate::bench::queue::QueueBenchConfig;
 const FAILED_LIMIT_DEFAULT: i64 = 100;
 
 #[derive(Debug, Parser)]
-#[command(name = "gitopsctl", version, about = "Operate the GitOps service: schema, engine instances, queue, secrets, benchmarks")]
+#[command(
+    name = "gitopsctl",
+    version,
+    about = "Operate the GitOps service: schema, engine instances, queue, secrets, benchmarks"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -333,7 +337,15 @@ mod tests {
     #[test]
     fn bench_e2e_reads_tenants_deployments_and_noisy() {
         let cli = Cli::try_parse_from([
-            "gitopsctl", "bench", "e2e", "--tenants", "100", "--deployments", "500", "--noisy", "5000",
+            "gitopsctl",
+            "bench",
+            "e2e",
+            "--tenants",
+            "100",
+            "--deployments",
+            "500",
+            "--noisy",
+            "5000",
         ])
         .expect("parses");
         let Command::Bench(BenchArgs { command: BenchCommand::E2e(args) }) = cli.command else {

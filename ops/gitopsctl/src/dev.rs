@@ -144,16 +144,18 @@ impl DevStack {
         let writer_bin = binary(&bin_dir, "gitops-writer")?;
         let agent_bin = binary(&bin_dir, "gitops-agent")?;
 
-        let postgres =
-            PgCluster::start(PgOptions::default()).await.map_err(|source| DevError::Postgres { source })?;
+        let postgres = PgCluster::start(PgOptions::default()).await.map_err(|source| DevError::Postgres { source })?;
         let database_url = create_database(&postgres).await?;
         tracing::info!(port = postgres.port(), "PostgreSQL up and migrated");
 
         let kubeconfig = dir.join("kubeconfig");
-        let emulator =
-            KubeEmulator::start(EmulatorOptions { kubeconfig: Some(kubeconfig.clone()), tls: true, ..Default::default() })
-                .await
-                .map_err(|source| DevError::Emulator { source })?;
+        let emulator = KubeEmulator::start(EmulatorOptions {
+            kubeconfig: Some(kubeconfig.clone()),
+            tls: true,
+            ..Default::default()
+        })
+        .await
+        .map_err(|source| DevError::Emulator { source })?;
         let kube = emulator.client().await;
         install_crds(&kube).await?;
         create_namespace(&kube, DEV_ARGOCD_NAMESPACE).await?;
@@ -163,9 +165,11 @@ impl DevStack {
             tokio::spawn(argocd::run(kube.clone(), DEV_ARGOCD_NAMESPACE, standin_options, standin_cancel.clone()));
         tracing::info!(url = emulator.url(), "Kubernetes emulator and Argo CD stand-in up");
 
-        let client =
-            db::connect(&database_url, "gitopsctl").await.map_err(|source| DevError::Db { action: "connect", source })?;
-        let info = DevInfo { dir: dir.clone(), kubeconfig: kubeconfig.clone(), env_file: dir.join("env"), database_url };
+        let client = db::connect(&database_url, "gitopsctl")
+            .await
+            .map_err(|source| DevError::Db { action: "connect", source })?;
+        let info =
+            DevInfo { dir: dir.clone(), kubeconfig: kubeconfig.clone(), env_file: dir.join("env"), database_url };
         let mut stack =
             DevStack { info, kube, client, children: Vec::new(), standin_cancel, standin, emulator, postgres };
         match stack.start_children(&writer_bin, &agent_bin).await {
@@ -371,7 +375,8 @@ async fn create_database(postgres: &PgCluster) -> Result<String, DevError> {
         .await
         .map_err(|source| DevError::Query { action: "create the database", source })?;
     let url = postgres.url(DEV_DATABASE);
-    let mut client = db::connect(&url, "gitopsctl").await.map_err(|source| DevError::Db { action: "connect", source })?;
+    let mut client =
+        db::connect(&url, "gitopsctl").await.map_err(|source| DevError::Db { action: "connect", source })?;
     db::migrate(&mut client).await.map_err(|source| DevError::Db { action: "migrate the database", source })?;
     Ok(url)
 }
@@ -385,7 +390,9 @@ async fn install_crds(kube: &kube::Client) -> Result<(), DevError> {
         api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&crd))
             .await
             .map_err(|source| DevError::Kube { action: format!("install CustomResourceDefinition {name}"), source })?;
-        match tokio::time::timeout(CRD_DEADLINE, await_condition(api.clone(), &name, conditions::is_crd_established())).await {
+        match tokio::time::timeout(CRD_DEADLINE, await_condition(api.clone(), &name, conditions::is_crd_established()))
+            .await
+        {
             Ok(Ok(_)) => {}
             _ => return Err(DevError::CrdTimeout { name }),
         }

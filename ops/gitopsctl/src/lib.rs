@@ -59,7 +59,9 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
         Command::Tenant(args) => {
             let url = database_url(&args.db)?;
             match args.command {
-                TenantCommand::HomeDeployments => Ok(tenant::render_home_deployments(&tenant::home_deployments(url).await?)),
+                TenantCommand::HomeDeployments => {
+                    Ok(tenant::render_home_deployments(&tenant::home_deployments(url).await?))
+                }
             }
         }
         Command::Secrets(args) => match args.command {
@@ -72,15 +74,18 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
         },
         Command::Bench(args) => match args.command {
             BenchCommand::Queue(args) => {
-                let report = bench::queue::queue_bench(&args.into()).await.map_err(|source| CtlError::Bench { source })?;
+                let report =
+                    bench::queue::queue_bench(&args.into()).await.map_err(|source| CtlError::Bench { source })?;
                 Ok(format!("{}\n", report.to_json()))
             }
             BenchCommand::Kube(args) => {
-                let report = bench::kube::kube_bench(&args.into()).await.map_err(|source| CtlError::KubeBench { source })?;
+                let report =
+                    bench::kube::kube_bench(&args.into()).await.map_err(|source| CtlError::KubeBench { source })?;
                 Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
             }
             BenchCommand::E2e(args) => {
-                let report = bench::e2e::e2e_bench(&args.into()).await.map_err(|source| CtlError::E2eBench { source })?;
+                let report =
+                    bench::e2e::e2e_bench(&args.into()).await.map_err(|source| CtlError::E2eBench { source })?;
                 Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
             }
         },

@@ -50,9 +50,9 @@ pub async fn retry(database_url: &str, id: i64) -> Result<RetryOutcome, CtlError
 pub fn render_retry(id: i64, outcome: RetryOutcome) -> Result<String, CtlError> {
     match outcome {
         RetryOutcome::Requeued => Ok(format!("operation {id} requeued\n")),
-        RetryOutcome::Superseded => {
-            Ok(format!("operation {id} superseded: its resource already has a waiting operation, which will do the work\n"))
-        }
+        RetryOutcome::Superseded => Ok(format!(
+            "operation {id} superseded: its resource already has a waiting operation, which will do the work\n"
+        )),
         RetryOutcome::NotFailed => Err(CtlError::NotFailed { id }),
     }
 }
@@ -67,9 +67,8 @@ pub struct RetryAllReport {
 /// Puts every failed operation back in the queue.
 pub async fn retry_all_failed(database_url: &str) -> Result<RetryAllReport, CtlError> {
     let mut client = crate::connect(database_url).await?;
-    let (requeued, superseded) = queue::operation_retry_all_failed(&mut client)
-        .await
-        .map_err(CtlError::db("retry the failed operations"))?;
+    let (requeued, superseded) =
+        queue::operation_retry_all_failed(&mut client).await.map_err(CtlError::db("retry the failed operations"))?;
     Ok(RetryAllReport { requeued, superseded })
 }
 

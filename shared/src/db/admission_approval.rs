@@ -57,7 +57,8 @@ pub async fn admission_approval_record(
 
 /// Whether the webhook approved `uid` at `generation`.
 pub async fn admission_approval_exists(client: &Client, uid: Uuid, generation: i64) -> Result<bool, DbError> {
-    let row = client.query_one(EXISTS, &[&uid, &generation]).await.map_err(DbError::query("read an admission approval"))?;
+    let row =
+        client.query_one(EXISTS, &[&uid, &generation]).await.map_err(DbError::query("read an admission approval"))?;
     Ok(row.get(0))
 }
 

@@ -28,12 +28,7 @@ pub struct SchemaVersion {
 
 /// The highest migration embedded in this binary: the schema it needs.
 pub fn required_schema_version() -> i64 {
-    migrations::runner()
-        .get_migrations()
-        .iter()
-        .map(|m| i64::from(m.version()))
-        .max()
-        .unwrap_or(0)
+    migrations::runner().get_migrations().iter().map(|m| i64::from(m.version())).max().unwrap_or(0)
 }
 
 /// Applies every embedded migration not yet applied, in order, each in its own
@@ -46,11 +41,7 @@ pub async fn migrate(client: &mut Client) -> Result<MigrationReport, DbError> {
         .run_async(client)
         .await
         .map_err(|source| DbError::Migrate { source })?;
-    let applied = report
-        .applied_migrations()
-        .iter()
-        .map(|m| format!("V{}__{}", m.version(), m.name()))
-        .collect();
+    let applied = report.applied_migrations().iter().map(|m| format!("V{}__{}", m.version(), m.name())).collect();
     let version = schema_version(client).await?;
     Ok(MigrationReport { applied, version })
 }

@@ -11,14 +11,11 @@ mod tls;
 use std::time::Duration;
 
 pub use error::DbError;
-pub use migrate::{
-    MigrationReport, SchemaVersion, check_schema, migrate, required_schema_version,
-    schema_version,
-};
+pub use migrate::{MigrationReport, SchemaVersion, check_schema, migrate, required_schema_version, schema_version};
 pub use tls::{MakeRustlsConnect, RootCerts, SslMode, TlsParams, split_tls_params};
 
-use futures_util::future::BoxFuture;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use futures_util::future::BoxFuture;
 use tokio_postgres::{Client, Config, Transaction};
 
 /// The pool every component uses for ordinary statements.
@@ -74,11 +71,7 @@ pub fn pool(url: &str, size: usize, application_name: &str) -> Result<DbPool, Db
     if config.get_application_name().is_none() {
         config.application_name(application_name);
     }
-    let manager = Manager::from_config(
-        config,
-        tls,
-        ManagerConfig { recycling_method: RecyclingMethod::Fast },
-    );
+    let manager = Manager::from_config(config, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     Pool::builder(manager)
         .max_size(size.max(1))
         .wait_timeout(Some(Duration::from_secs(30)))

@@ -344,9 +344,12 @@ impl MakeRustlsConnect {
         };
         let builder = match params.verification()? {
             Verification::Full(roots) => builder.with_webpki_verifier(webpki(roots)?),
-            Verification::Chain(roots) => builder.dangerous().with_custom_certificate_verifier(Arc::new(
-                LibpqVerifier { chain: Some(webpki(roots)?), algorithms: provider.signature_verification_algorithms },
-            )),
+            Verification::Chain(roots) => {
+                builder.dangerous().with_custom_certificate_verifier(Arc::new(LibpqVerifier {
+                    chain: Some(webpki(roots)?),
+                    algorithms: provider.signature_verification_algorithms,
+                }))
+            }
             Verification::None => builder.dangerous().with_custom_certificate_verifier(Arc::new(LibpqVerifier {
                 chain: None,
                 algorithms: provider.signature_verification_algorithms,
@@ -511,7 +514,6 @@ impl ServerCertVerifier for LibpqVerifier {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -610,7 +612,10 @@ mod tests {
 
     #[test]
     fn system_roots_mean_verify_full_and_refuse_weaker_modes() {
-        assert_eq!(split("host=h sslrootcert=system").expect("parses").1, params(SslMode::VerifyFull, Some(RootCerts::System)));
+        assert_eq!(
+            split("host=h sslrootcert=system").expect("parses").1,
+            params(SslMode::VerifyFull, Some(RootCerts::System))
+        );
         let error = split("postgres://u:pw@h/db?sslrootcert=system&sslmode=verify-ca").expect_err("weak");
         assert!(matches!(error, DbError::WeakSslModeForSystemRoots { mode: SslMode::VerifyCa }), "{error:?}");
         assert!(error.to_string().contains("verify-full"), "{error}");
@@ -619,7 +624,10 @@ mod tests {
     #[test]
     fn tls_verification_follows_libpq() {
         assert!(matches!(params(SslMode::Require, None).verification(), Ok(Verification::None)));
-        assert!(matches!(params(SslMode::Disable, Some(RootCerts::File("/nonexistent".into()))).verification(), Ok(Verification::None)));
+        assert!(matches!(
+            params(SslMode::Disable, Some(RootCerts::File("/nonexistent".into()))).verification(),
+            Ok(Verification::None)
+        ));
         let error = params(SslMode::VerifyCa, None).verification().err();
         // Unless this machine has ~/.postgresql/root.crt, verify-ca has nothing to check against.
         if let Some(error) = error {
@@ -639,7 +647,8 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("temp dir");
         let empty = dir.join("empty.pem");
         std::fs::write(&empty, "not a certificate\n").expect("write");
-        let error = MakeRustlsConnect::new(&params(SslMode::VerifyFull, Some(RootCerts::File(empty.clone())))).expect_err("refused");
+        let error = MakeRustlsConnect::new(&params(SslMode::VerifyFull, Some(RootCerts::File(empty.clone()))))
+            .expect_err("refused");
         assert!(matches!(error, DbError::NoRootCerts { .. }), "{error:?}");
         std::fs::remove_dir_all(&dir).expect("clean up");
         assert!(MakeRustlsConnect::new(&params(SslMode::Require, None)).is_ok());
@@ -650,8 +659,12 @@ mod tests {
         let redacted = crate::config::redact_database_url(
             "postgres://gitops:hunter2@db:5432/gitops?sslmode=verify-full&sslrootcert=/etc/ca.pem&password=hunter2",
         );
-        assert_eq!(redacted, "postgres://gitops:***@db:5432/gitops?sslmode=verify-full&sslrootcert=/etc/ca.pem&password=***");
-        let redacted = crate::config::redact_database_url("host=db password=hunter2 sslmode=require sslrootcert=system");
+        assert_eq!(
+            redacted,
+            "postgres://gitops:***@db:5432/gitops?sslmode=verify-full&sslrootcert=/etc/ca.pem&password=***"
+        );
+        let redacted =
+            crate::config::redact_database_url("host=db password=hunter2 sslmode=require sslrootcert=system");
         assert_eq!(redacted, "host=db password=*** sslmode=require sslrootcert=system");
     }
 

@@ -30,8 +30,7 @@ pub struct QueueSummary {
 
 const SUMMARY: &str = include_str!("../../../sql/inspect/queue_depth.sql");
 
-const EXPIRED_COUNT: &str =
-    "SELECT count(*) FROM operation WHERE state = 'claimed' AND lease_expires_at < now()";
+const EXPIRED_COUNT: &str = "SELECT count(*) FROM operation WHERE state = 'claimed' AND lease_expires_at < now()";
 
 const COMPLETED_LAST_HOUR: &str = "SELECT count(*) FROM operation
  WHERE state = 'completed' AND completed_at > now() - interval '1 hour'";
@@ -47,21 +46,13 @@ pub async fn queue_summary(client: &Client) -> Result<QueueSummary, DbError> {
             instance: row.get("instance"),
             state: row.get("state"),
             operations: row.get("operations"),
-            oldest: row
-                .get::<_, Option<f64>>("oldest_age_s")
-                .map(|s| Duration::from_secs_f64(s.max(0.0))),
+            oldest: row.get::<_, Option<f64>>("oldest_age_s").map(|s| Duration::from_secs_f64(s.max(0.0))),
         })
         .collect();
-    let expired_leases = client
-        .query_one(EXPIRED_COUNT, &[])
-        .await
-        .map_err(DbError::query("count expired leases"))?
-        .get(0);
-    let completed_last_hour = client
-        .query_one(COMPLETED_LAST_HOUR, &[])
-        .await
-        .map_err(DbError::query("count recent completions"))?
-        .get(0);
+    let expired_leases =
+        client.query_one(EXPIRED_COUNT, &[]).await.map_err(DbError::query("count expired leases"))?.get(0);
+    let completed_last_hour =
+        client.query_one(COMPLETED_LAST_HOUR, &[]).await.map_err(DbError::query("count recent completions"))?.get(0);
     Ok(QueueSummary { rows, expired_leases, completed_last_hour })
 }
 
@@ -93,17 +84,16 @@ RETURNING o.state";
 
 /// Puts one dead operation back in the queue.
 pub async fn operation_retry(client: &mut Client, id: OperationId) -> Result<RetryOutcome, DbError> {
-    in_txn_retrying(client, |txn| Box::pin(async move {
-        let row = txn
-            .query_opt(RETRY_ONE, &[&id.0])
-            .await
-            .map_err(DbError::query("retry a failed operation"))?;
-        Ok(match row.map(|row| row.get::<_, OperationState>(0)) {
-            None => RetryOutcome::NotFailed,
-            Some(OperationState::Superseded) => RetryOutcome::Superseded,
-            Some(_) => RetryOutcome::Requeued,
+    in_txn_retrying(client, |txn| {
+        Box::pin(async move {
+            let row = txn.query_opt(RETRY_ONE, &[&id.0]).await.map_err(DbError::query("retry a failed operation"))?;
+            Ok(match row.map(|row| row.get::<_, OperationState>(0)) {
+                None => RetryOutcome::NotFailed,
+                Some(OperationState::Superseded) => RetryOutcome::Superseded,
+                Some(_) => RetryOutcome::Requeued,
+            })
         })
-    }))
+    })
     .await
 }
 

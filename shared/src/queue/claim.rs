@@ -86,19 +86,13 @@ RETURNING o.id";
 /// Marks operations done, in one statement. Only operations whose lease is still
 /// this holder's and unexpired change; the ids returned are those that did. A
 /// holder that lost its lease cannot overwrite the new holder's result.
-pub async fn operation_complete(
-    client: &Client,
-    done: &[(OperationId, Uuid)],
-) -> Result<Vec<OperationId>, DbError> {
+pub async fn operation_complete(client: &Client, done: &[(OperationId, Uuid)]) -> Result<Vec<OperationId>, DbError> {
     if done.is_empty() {
         return Ok(Vec::new());
     }
     let ids: Vec<i64> = done.iter().map(|(id, _)| id.0).collect();
     let tokens: Vec<Uuid> = done.iter().map(|(_, token)| *token).collect();
-    let rows = client
-        .query(COMPLETE, &[&ids, &tokens])
-        .await
-        .map_err(DbError::query("complete operations"))?;
+    let rows = client.query(COMPLETE, &[&ids, &tokens]).await.map_err(DbError::query("complete operations"))?;
     Ok(rows.iter().map(|row| OperationId(row.get(0))).collect())
 }
 
@@ -114,12 +108,8 @@ pub enum Failure {
 impl Failure {
     fn parts(&self) -> (&str, &str, bool) {
         match self {
-            Failure::Retryable { operator_error, tenant_message } => {
-                (operator_error, tenant_message, true)
-            }
-            Failure::Permanent { operator_error, tenant_message } => {
-                (operator_error, tenant_message, false)
-            }
+            Failure::Retryable { operator_error, tenant_message } => (operator_error, tenant_message, true),
+            Failure::Permanent { operator_error, tenant_message } => (operator_error, tenant_message, false),
         }
     }
 }

@@ -18,7 +18,7 @@ use super::{
 use crate::db::{DbError, DbPool, pooled};
 use crate::listen::Listener;
 use crate::model::EngineInstanceId;
-use crate::signal::{SleepAttempt, Signal};
+use crate::signal::{Signal, SleepAttempt};
 
 /// What a handler made of one operation.
 #[derive(Debug, Clone)]
@@ -100,8 +100,7 @@ pub struct Consumer<H> {
 const PAUSE_MIN: Duration = Duration::from_millis(1);
 const PAUSE_MAX: Duration = Duration::from_millis(5);
 
-const NEXT_DUE: &str =
-    "SELECT min(run_after) FROM operation WHERE engine_instance_id = $1 AND state = 'waiting'";
+const NEXT_DUE: &str = "SELECT min(run_after) FROM operation WHERE engine_instance_id = $1 AND state = 'waiting'";
 
 impl<H: Handler> Consumer<H> {
     pub fn new(pool: DbPool, listener: Listener, config: ConsumerConfig, handler: Arc<H>) -> Self {

@@ -121,10 +121,7 @@ pub async fn operation_renew(
     let sent_at = Instant::now();
     let ids: Vec<i64> = ops.iter().map(|op| op.id.0).collect();
     let tokens: Vec<Uuid> = ops.iter().map(|op| op.lease.token()).collect();
-    let rows = client
-        .query(RENEW, &[&ids, &tokens, &secs(lease_for)])
-        .await
-        .map_err(DbError::query("renew leases"))?;
+    let rows = client.query(RENEW, &[&ids, &tokens, &secs(lease_for)]).await.map_err(DbError::query("renew leases"))?;
     let renewed: Vec<OperationId> = rows.iter().map(|row| OperationId(row.get(0))).collect();
     for op in ops {
         if renewed.contains(&op.id) {

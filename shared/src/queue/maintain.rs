@@ -54,31 +54,31 @@ pub async fn operation_reclaim_expired(
     limit: i64,
 ) -> Result<u64, DbError> {
     let max_attempts = policy.max_attempts;
-    in_txn_retrying(client, |txn| Box::pin(async move {
-        let rows = txn
-            .query(EXPIRED, &[&instance.0, &limit])
-            .await
-            .map_err(DbError::query("find expired leases"))?;
-        for row in &rows {
-            let id: i64 = row.get(0);
-            let attempts: i32 = row.get(1);
-            let waiting: Option<i64> = row.get(2);
-            if attempts >= max_attempts {
-                txn.execute(RECLAIM_DEAD, &[&id])
-                    .await
-                    .map_err(DbError::query("dead-letter an expired operation"))?;
-            } else if let Some(waiting_id) = waiting {
-                txn.execute(RECLAIM_MERGE, &[&id, &waiting_id])
-                    .await
-                    .map_err(DbError::query("merge an expired operation"))?;
-            } else {
-                txn.execute(RECLAIM_TO_WAITING, &[&id])
-                    .await
-                    .map_err(DbError::query("requeue an expired operation"))?;
+    in_txn_retrying(client, |txn| {
+        Box::pin(async move {
+            let rows =
+                txn.query(EXPIRED, &[&instance.0, &limit]).await.map_err(DbError::query("find expired leases"))?;
+            for row in &rows {
+                let id: i64 = row.get(0);
+                let attempts: i32 = row.get(1);
+                let waiting: Option<i64> = row.get(2);
+                if attempts >= max_attempts {
+                    txn.execute(RECLAIM_DEAD, &[&id])
+                        .await
+                        .map_err(DbError::query("dead-letter an expired operation"))?;
+                } else if let Some(waiting_id) = waiting {
+                    txn.execute(RECLAIM_MERGE, &[&id, &waiting_id])
+                        .await
+                        .map_err(DbError::query("merge an expired operation"))?;
+                } else {
+                    txn.execute(RECLAIM_TO_WAITING, &[&id])
+                        .await
+                        .map_err(DbError::query("requeue an expired operation"))?;
+                }
             }
-        }
-        Ok(rows.len() as u64)
-    }))
+            Ok(rows.len() as u64)
+        })
+    })
     .await
 }
 
@@ -93,8 +93,5 @@ DELETE FROM operation WHERE id IN (
 /// Deletes up to `batch` finished operations older than `retention`. Failed
 /// operations stay until an operator retries or removes them.
 pub async fn operation_prune(client: &Client, retention: Duration, batch: i64) -> Result<u64, DbError> {
-    client
-        .execute(PRUNE, &[&secs(retention), &batch])
-        .await
-        .map_err(DbError::query("prune finished operations"))
+    client.execute(PRUNE, &[&secs(retention), &batch]).await.map_err(DbError::query("prune finished operations"))
 }

@@ -23,7 +23,9 @@ mod maintain;
 
 use std::time::{Duration, SystemTime};
 
-pub use admin::{QueueSummary, QueueSummaryRow, RetryOutcome, operation_retry, operation_retry_all_failed, queue_summary};
+pub use admin::{
+    QueueSummary, QueueSummaryRow, RetryOutcome, operation_retry, operation_retry_all_failed, queue_summary,
+};
 pub use backoff::RetryPolicy;
 pub use claim::{CLAIM as CLAIM_SQL, FailOutcome, Failure, operation_claim, operation_complete, operation_fail};
 pub use consumer::{Consumer, ConsumerConfig, ConsumerStats, Handler, Outcome};

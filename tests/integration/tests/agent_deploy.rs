@@ -36,7 +36,10 @@ fn agent_deploy_role_grants_exactly_the_tested_rules_in_one_namespace() {
     assert_eq!(subject["kind"], "ServiceAccount");
     assert_eq!(subject["name"], m["ServiceAccount"]["metadata"]["name"]);
     assert_eq!(&subject["namespace"], namespace);
-    assert_eq!(m["Deployment"]["spec"]["template"]["spec"]["serviceAccountName"], m["ServiceAccount"]["metadata"]["name"]);
+    assert_eq!(
+        m["Deployment"]["spec"]["template"]["spec"]["serviceAccountName"],
+        m["ServiceAccount"]["metadata"]["name"]
+    );
 }
 
 #[test]
@@ -52,8 +55,7 @@ fn agent_deploy_sets_only_variables_the_agent_reads() {
     for name in &names {
         assert!(known.iter().any(|k| k == name), "{name} is not read by gitops-agent run ({known:?})");
     }
-    for required in
-        ["DATABASE_URL", "GITOPS_ENCRYPTION_KEYS", "GITOPS_ENCRYPTION_ACTIVE_KEY", "GITOPS_ENGINE_INSTANCE"]
+    for required in ["DATABASE_URL", "GITOPS_ENCRYPTION_KEYS", "GITOPS_ENCRYPTION_ACTIVE_KEY", "GITOPS_ENGINE_INSTANCE"]
     {
         assert!(names.contains(&required), "{required} not set");
     }

@@ -25,9 +25,7 @@ use gitops_shared::credential::{
 use gitops_shared::crypto::SecretBox;
 use gitops_shared::instance::{EngineInstance, engine_instance_add};
 use gitops_shared::model::{ResourceType, SyncType, TenantId};
-use gitops_shared::queue::{
-    Failure, Outcome, operation_enqueue_in_txn,
-};
+use gitops_shared::queue::{Failure, Outcome, operation_enqueue_in_txn};
 use gitops_shared::tenant::tenant_upsert_locked_in_txn;
 use gitops_testkit::TestDb;
 use gitops_testkit::argocd::{self, FINALIZER_KNOB, RESOURCES_FINALIZER};
@@ -80,15 +78,26 @@ fn destination_config() -> DestinationConfig {
 
 async fn env(purpose: &str) -> Env {
     let ground = crate::support::agent_ground(purpose).await;
-    let crate::support::AgentGround { db, mut client, kube, agent_kube, agent_kubeconfig, ns, instance, secrets, cancel } =
-        ground;
+    let crate::support::AgentGround {
+        db,
+        mut client,
+        kube,
+        agent_kube,
+        agent_kubeconfig,
+        ns,
+        instance,
+        secrets,
+        cancel,
+    } = ground;
     engine_instance_add(&client, "argocd-2", OTHER_ENGINE_NAMESPACE, 1000).await.expect("add another instance");
     let engine = Arc::new(ArgoCdEngine::new(agent_kube, ns.name()));
     let metrics = Arc::new(Metrics::default());
     let guard = DestinationGuard::new(&destination_config(), ns.name(), metrics.clone()).expect("valid settings");
-    let reconciler = Reconciler::new(db.pool(4), engine, secrets.clone(), instance.clone()).with_destinations(Arc::new(guard));
+    let reconciler =
+        Reconciler::new(db.pool(4), engine, secrets.clone(), instance.clone()).with_destinations(Arc::new(guard));
     let txn = client.transaction().await.expect("begin");
-    let tenant = tenant_upsert_locked_in_txn(&txn, Uuid::new_v4(), "team-a", Some(instance.id)).await.expect("tenant").id;
+    let tenant =
+        tenant_upsert_locked_in_txn(&txn, Uuid::new_v4(), "team-a", Some(instance.id)).await.expect("tenant").id;
     txn.commit().await.expect("commit");
     let home = home_environment(&mut client, &secrets, instance.id, tenant, "team-a").await;
     let kubeconfig = agent_kubeconfig;
@@ -123,7 +132,9 @@ impl Env {
         change(&mut intent);
         let txn = self.client.transaction().await.expect("begin");
         let id = application_upsert_in_txn(&txn, &intent).await.expect("upsert").expect("changed").0;
-        operation_enqueue_in_txn(&txn, self.instance.id, self.tenant, ResourceType::Application, id).await.expect("enqueue");
+        operation_enqueue_in_txn(&txn, self.instance.id, self.tenant, ResourceType::Application, id)
+            .await
+            .expect("enqueue");
         txn.commit().await.expect("commit");
         id
     }
@@ -146,7 +157,9 @@ impl Env {
         };
         let txn = self.client.transaction().await.expect("begin");
         let id = managed_environment_upsert_in_txn(&txn, &self.secrets, &intent).await.expect("upsert").expect("new");
-        operation_enqueue_in_txn(&txn, self.instance.id, self.tenant, ResourceType::ManagedEnvironment, id).await.expect("enqueue");
+        operation_enqueue_in_txn(&txn, self.instance.id, self.tenant, ResourceType::ManagedEnvironment, id)
+            .await
+            .expect("enqueue");
         txn.commit().await.expect("commit");
         (id, uid)
     }
@@ -270,7 +283,10 @@ async fn agent_refuses_engine_and_system_namespaces_of_the_home_cluster() {
     // The project never lists a reserved namespace of the home cluster, even when an
     // environment row names one (refused destinations are counted too).
     let project = env
-        .get(&Api::namespaced_with(env.kube.clone(), env.ns.name(), &app_project_resource()), &names::project_name(env.tenant))
+        .get(
+            &Api::namespaced_with(env.kube.clone(), env.ns.name(), &app_project_resource()),
+            &names::project_name(env.tenant),
+        )
         .await
         .expect("project");
     assert_eq!(destinations(&project), [(names::environment_server(HOME_API_URL, env.home), "team-a".to_owned())]);
@@ -357,11 +373,17 @@ async fn agent_allows_any_namespace_on_other_clusters_and_keeps_secrets_project_
         repo_url: REPO.into(),
         secret_name: "git".into(),
         secret_resource_version: Some("1".into()),
-        credentials: Some(RepositoryCredentials { username: Some("git".into()), password: Some("pw".into()), ..Default::default() }),
+        credentials: Some(RepositoryCredentials {
+            username: Some("git".into()),
+            password: Some("pw".into()),
+            ..Default::default()
+        }),
     };
     let txn = env.client.transaction().await.expect("begin");
     let repo_id = repository_credential_upsert_in_txn(&txn, &env.secrets, &repo).await.expect("upsert").expect("new");
-    operation_enqueue_in_txn(&txn, env.instance.id, env.tenant, ResourceType::RepositoryCredential, repo_id).await.expect("enqueue");
+    operation_enqueue_in_txn(&txn, env.instance.id, env.tenant, ResourceType::RepositoryCredential, repo_id)
+        .await
+        .expect("enqueue");
     txn.commit().await.expect("commit");
 
     let outcomes = env.reconcile().await;
@@ -392,7 +414,11 @@ async fn agent_allows_any_namespace_on_other_clusters_and_keeps_secrets_project_
         assert_eq!(labels.get("argocd.argoproj.io/secret-type").map(String::as_str), Some(kind), "{secret}");
         let data = found.data.unwrap_or_default();
         let scoped = data.get("project").map(|v| String::from_utf8_lossy(&v.0).into_owned());
-        assert_eq!(scoped.as_deref(), Some(project.as_str()), "{kind} Secret {secret} is scoped to the tenant's project");
+        assert_eq!(
+            scoped.as_deref(),
+            Some(project.as_str()),
+            "{kind} Secret {secret} is scoped to the tenant's project"
+        );
     }
 }
 
@@ -434,7 +460,8 @@ async fn agent_sweep_does_not_bring_back_a_refused_application() {
     let target = metrics.sweeps() + 2;
     let refused_before = metrics.destinations_refused(RefusedKind::Application);
     eventually("two more sweeps and their reconciles", || async {
-        (metrics.sweeps() >= target && metrics.destinations_refused(RefusedKind::Application) > refused_before).then_some(())
+        (metrics.sweeps() >= target && metrics.destinations_refused(RefusedKind::Application) > refused_before)
+            .then_some(())
     })
     .await;
     assert!(env.get(&env.apps(), &name).await.is_none(), "the sweep did not bring it back");

@@ -78,7 +78,8 @@ impl Env {
 
     async fn tenant(&mut self, namespace: &str) -> TenantId {
         let txn = self.client.transaction().await.expect("begin");
-        let tenant = tenant_upsert_locked_in_txn(&txn, Uuid::new_v4(), namespace, Some(self.instance.id)).await.expect("tenant");
+        let tenant =
+            tenant_upsert_locked_in_txn(&txn, Uuid::new_v4(), namespace, Some(self.instance.id)).await.expect("tenant");
         txn.commit().await.expect("commit");
         let home = home_environment(&mut self.client, &self.secrets, self.instance.id, tenant.id, namespace).await;
         self.homes.insert(tenant.id, home);
@@ -109,7 +110,13 @@ impl Env {
         }
     }
 
-    async fn application(&mut self, tenant: TenantId, generation: i64, uid: Uuid, change: impl FnOnce(&mut gitops_shared::application::ApplicationIntent)) -> i64 {
+    async fn application(
+        &mut self,
+        tenant: TenantId,
+        generation: i64,
+        uid: Uuid,
+        change: impl FnOnce(&mut gitops_shared::application::ApplicationIntent),
+    ) -> i64 {
         let mut intent = intent(tenant, uid, generation);
         intent.managed_environment_id = self.homes.get(&tenant).copied();
         change(&mut intent);
@@ -137,7 +144,9 @@ impl Env {
         };
         let txn = self.client.transaction().await.expect("begin");
         let id = managed_environment_upsert_in_txn(&txn, &self.secrets, &intent).await.expect("upsert").expect("new");
-        operation_enqueue_in_txn(&txn, self.instance.id, tenant, ResourceType::ManagedEnvironment, id).await.expect("enqueue");
+        operation_enqueue_in_txn(&txn, self.instance.id, tenant, ResourceType::ManagedEnvironment, id)
+            .await
+            .expect("enqueue");
         txn.commit().await.expect("commit");
         (id, uid)
     }
@@ -152,11 +161,17 @@ impl Env {
             repo_url: REPO_A.into(),
             secret_name: "git".into(),
             secret_resource_version: Some("1".into()),
-            credentials: Some(RepositoryCredentials { username: Some("git".into()), password: Some(password.into()), ..Default::default() }),
+            credentials: Some(RepositoryCredentials {
+                username: Some("git".into()),
+                password: Some(password.into()),
+                ..Default::default()
+            }),
         };
         let txn = self.client.transaction().await.expect("begin");
         let id = repository_credential_upsert_in_txn(&txn, &self.secrets, &intent).await.expect("upsert").expect("new");
-        operation_enqueue_in_txn(&txn, self.instance.id, tenant, ResourceType::RepositoryCredential, id).await.expect("enqueue");
+        operation_enqueue_in_txn(&txn, self.instance.id, tenant, ResourceType::RepositoryCredential, id)
+            .await
+            .expect("enqueue");
         txn.commit().await.expect("commit");
         uid
     }
@@ -220,7 +235,9 @@ async fn agent_application_create_update_delete() {
 
     let name = names::application_name(uid);
     let project = names::project_name(tenant);
-    let app = env.wait_app(&name, "a Synced Application (its project admits it)", |a| a["status"]["sync"]["status"] == "Synced").await;
+    let app = env
+        .wait_app(&name, "a Synced Application (its project admits it)", |a| a["status"]["sync"]["status"] == "Synced")
+        .await;
     assert_eq!(app["metadata"]["namespace"], env.ns.name());
     assert_eq!(app["metadata"]["labels"][names::APPLICATION_ID_LABEL], id.to_string());
     assert_eq!(app["metadata"]["labels"][names::TENANT_ID_LABEL], tenant.0.to_string());
@@ -239,7 +256,10 @@ async fn agent_application_create_update_delete() {
     env.application(tenant, 2, uid, |i| i.create_namespace = true).await;
     env.reconcile_done().await;
     let app = env.get(&env.apps(), &name).await.expect("Application");
-    assert_eq!(app["spec"]["syncPolicy"], json!({"automated": {"prune": true, "selfHeal": true}, "syncOptions": ["CreateNamespace=true"]}));
+    assert_eq!(
+        app["spec"]["syncPolicy"],
+        json!({"automated": {"prune": true, "selfHeal": true}, "syncOptions": ["CreateNamespace=true"]})
+    );
 
     // Delete: tombstone → Application gone → row confirmed.
     env.client.execute("UPDATE application SET row_state = 'deleting' WHERE id = $1", &[&id]).await.expect("tombstone");
@@ -291,7 +311,11 @@ async fn agent_credentials_and_destinations_stay_with_their_tenant() {
     assert_eq!(labels["argocd.argoproj.io/secret-type"], "repository");
     assert_eq!((data["url"].as_str(), data["type"].as_str(), data["password"].as_str()), (REPO_A, "git", "password-a"));
     assert_eq!(data["project"], names::project_name(a), "A's credentials serve A's project only");
-    let secrets = env.secret_api().list(&ListParams::default().labels("argocd.argoproj.io/secret-type=repository")).await.expect("list");
+    let secrets = env
+        .secret_api()
+        .list(&ListParams::default().labels("argocd.argoproj.io/secret-type=repository"))
+        .await
+        .expect("list");
     assert_eq!(secrets.items.len(), 1, "B got no repository credentials");
 
     let project_a = env.get(&env.projects(), &names::project_name(a)).await.expect("project A");
@@ -304,10 +328,17 @@ async fn agent_credentials_and_destinations_stay_with_their_tenant() {
         destinations(&project_b),
         [(server_b.clone(), "team-b-dev".to_owned()), (env.home_server(b), "team-b".to_owned())]
     );
-    let app = env.wait_app(&names::application_name(app_b), "B's Application Synced", |a| a["status"]["sync"]["status"] == "Synced").await;
+    let app = env
+        .wait_app(&names::application_name(app_b), "B's Application Synced", |a| {
+            a["status"]["sync"]["status"] == "Synced"
+        })
+        .await;
     assert_eq!(app["spec"]["project"], names::project_name(b));
     assert_eq!(app["spec"]["destination"], json!({"server": server_b, "namespace": "team-b-dev"}));
-    env.wait_app(&names::application_name(app_a), "A's Application Synced", |a| a["status"]["sync"]["status"] == "Synced").await;
+    env.wait_app(&names::application_name(app_a), "A's Application Synced", |a| {
+        a["status"]["sync"]["status"] == "Synced"
+    })
+    .await;
 
     // An Application of B's project aimed at A's environment is refused by Argo CD.
     let intruder = json!({
@@ -317,12 +348,20 @@ async fn agent_credentials_and_destinations_stay_with_their_tenant() {
                  "destination": {"server": server_a, "namespace": "team-a-dev"}},
     });
     env.apps().patch("intruder", &PatchParams::apply("test").force(), &Patch::Apply(&intruder)).await.expect("create");
-    let refused = env.wait_app("intruder", "the intruder refused", |a| a["status"]["conditions"][0]["type"] == "InvalidSpecError").await;
+    let refused = env
+        .wait_app("intruder", "the intruder refused", |a| a["status"]["conditions"][0]["type"] == "InvalidSpecError")
+        .await;
     assert!(refused["status"]["conditions"][0]["message"].as_str().unwrap_or("").contains("do not match"));
 
     // Deleting A's environment removes its Secret and its destination.
-    env.client.execute("UPDATE managed_environment SET row_state = 'deleting' WHERE id = $1", &[&env_a]).await.expect("tombstone");
-    env.client.execute("UPDATE application SET row_state = 'deleted' WHERE tenant_id = $1", &[&a.0]).await.expect("apps gone");
+    env.client
+        .execute("UPDATE managed_environment SET row_state = 'deleting' WHERE id = $1", &[&env_a])
+        .await
+        .expect("tombstone");
+    env.client
+        .execute("UPDATE application SET row_state = 'deleted' WHERE tenant_id = $1", &[&a.0])
+        .await
+        .expect("apps gone");
     env.enqueue(a, ResourceType::ManagedEnvironment, env_a).await;
     env.reconcile_done().await;
     assert!(env.secret_api().get_opt(&names::cluster_secret_name(env_a_uid)).await.expect("read").is_none());
@@ -345,19 +384,30 @@ async fn agent_hanging_deletion_is_retried_and_reported() {
     env.client.execute("UPDATE application SET row_state = 'deleting' WHERE id = $1", &[&id]).await.expect("tombstone");
     env.enqueue(tenant, ResourceType::Application, id).await;
     let outcomes = env.reconcile().await;
-    assert!(matches!(outcomes.as_slice(), [(_, _, Outcome::Failed(gitops_shared::queue::Failure::Retryable { .. }))]), "{outcomes:?}");
+    assert!(
+        matches!(outcomes.as_slice(), [(_, _, Outcome::Failed(gitops_shared::queue::Failure::Retryable { .. }))]),
+        "{outcomes:?}"
+    );
     assert_eq!(env.row_state(APP_STATE, id).await, "deleting", "not confirmed while the Application is there");
     let app = env.get(&env.apps(), &name).await.expect("still present");
     assert!(app["metadata"]["deletionTimestamp"].is_string());
-    let message: Option<String> =
-        env.client.query_one("SELECT deletion_message FROM application WHERE id = $1", &[&id]).await.expect("row").get(0);
+    let message: Option<String> = env
+        .client
+        .query_one("SELECT deletion_message FROM application WHERE id = $1", &[&id])
+        .await
+        .expect("row")
+        .get(0);
     assert!(message.is_some_and(|m| m.contains("finalizer")), "the stuck deletion is reported on the row");
 
     let release = json!({"metadata": {"annotations": {"standin.gitops.test/finalizer": null}}});
     env.apps().patch(&name, &PatchParams::default(), &Patch::Merge(&release)).await.expect("release");
     env.until_deleted(tenant, id).await;
-    let message: Option<String> =
-        env.client.query_one("SELECT deletion_message FROM application WHERE id = $1", &[&id]).await.expect("row").get(0);
+    let message: Option<String> = env
+        .client
+        .query_one("SELECT deletion_message FROM application WHERE id = $1", &[&id])
+        .await
+        .expect("row")
+        .get(0);
     assert_eq!(message, None);
 }
 
@@ -368,7 +418,10 @@ VALUES ($1, $2, 'run', 1, 'app', $3, $4) RETURNING id, correlation_id";
 async fn sync_row(env: &Env, id: i64) -> (String, Option<String>, bool) {
     let row = env
         .client
-        .query_one("SELECT state::text, synced_revision, finished_at IS NOT NULL FROM sync_operation WHERE id = $1", &[&id])
+        .query_one(
+            "SELECT state::text, synced_revision, finished_at IS NOT NULL FROM sync_operation WHERE id = $1",
+            &[&id],
+        )
         .await
         .expect("sync row");
     (row.get(0), row.get(1), row.get(2))
@@ -390,8 +443,12 @@ async fn agent_sync_operation_synced_and_recorded() {
     env.reconcile_done().await;
     assert_eq!(sync_row(&env, sync).await.0, "running");
 
-    let done = env.wait_app(&name, "the sync succeeded", |a| a["status"]["operationState"]["phase"] == "Succeeded").await;
-    assert_eq!(done["status"]["operationState"]["operation"]["info"], json!([{"name": "correlation-id", "value": correlation.to_string()}]));
+    let done =
+        env.wait_app(&name, "the sync succeeded", |a| a["status"]["operationState"]["phase"] == "Succeeded").await;
+    assert_eq!(
+        done["status"]["operationState"]["operation"]["info"],
+        json!([{"name": "correlation-id", "value": correlation.to_string()}])
+    );
     env.enqueue(tenant, ResourceType::SyncOperation, sync).await;
     env.reconcile_done().await;
     let revision = fake_revision("https://git.example.invalid/team/repo.git", "deploy/app", "v2");
@@ -430,11 +487,15 @@ async fn agent_held_sync_survives_reapply_and_is_terminated() {
     assert_eq!(after["status"]["operationState"]["operation"]["info"][0]["value"], correlation.to_string());
     assert_eq!(sync_row(&env, sync).await.0, "running");
 
-    env.client.execute("UPDATE sync_operation SET terminate_requested = true WHERE id = $1", &[&sync]).await.expect("terminate");
+    env.client
+        .execute("UPDATE sync_operation SET terminate_requested = true WHERE id = $1", &[&sync])
+        .await
+        .expect("terminate");
     env.enqueue(tenant, ResourceType::SyncOperation, sync).await;
     env.reconcile_done().await;
     assert_eq!(sync_row(&env, sync).await.0, "terminating");
-    env.wait_app(&name, "the sync terminated", |a| a["status"]["operationState"]["message"] == "Operation terminated").await;
+    env.wait_app(&name, "the sync terminated", |a| a["status"]["operationState"]["message"] == "Operation terminated")
+        .await;
     env.enqueue(tenant, ResourceType::SyncOperation, sync).await;
     env.reconcile_done().await;
     let (state, _, finished) = sync_row(&env, sync).await;

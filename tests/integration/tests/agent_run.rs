@@ -19,7 +19,9 @@ use gitops_shared::model::{EngineInstanceId, ResourceType, SyncType, TenantId};
 use gitops_shared::queue::operation_enqueue_in_txn;
 use gitops_shared::tenant::tenant_upsert_locked_in_txn;
 use gitops_testkit::TestDb;
-use gitops_testkit::argocd::{self, COMPARISON_ERROR_KNOB, HEALTH_KNOB, StandinOptions, SYNC_KNOB, app_project_crd, application_crd};
+use gitops_testkit::argocd::{
+    self, COMPARISON_ERROR_KNOB, HEALTH_KNOB, SYNC_KNOB, StandinOptions, app_project_crd, application_crd,
+};
 use gitops_testkit::cluster::{TestCluster, TestNamespace};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -100,7 +102,8 @@ async fn env(purpose: &str) -> Env {
     let secrets = SecretBox::from_config(Some(&key), Some("k1")).expect("secrets");
     let home = crate::support::home_environment(&mut client, &secrets, instance, tenant, "team-a").await;
     // The agent acts with an identity that may touch only its Argo CD namespace.
-    let kubeconfig = cluster.namespace_identity(ns.name(), "gitops-agent", crate::support::agent_rbac_rules()).await.kubeconfig;
+    let kubeconfig =
+        cluster.namespace_identity(ns.name(), "gitops-agent", crate::support::agent_rbac_rules()).await.kubeconfig;
     Env { db, client, kube, ns, instance, tenant, home, secrets, kubeconfig, standin }
 }
 
@@ -135,7 +138,9 @@ impl Env {
         intent.managed_environment_id = Some(self.home);
         let txn = self.client.transaction().await.expect("begin");
         let id = application_upsert_in_txn(&txn, &intent).await.expect("upsert").expect("new row").0;
-        operation_enqueue_in_txn(&txn, self.instance, self.tenant, ResourceType::Application, id).await.expect("enqueue");
+        operation_enqueue_in_txn(&txn, self.instance, self.tenant, ResourceType::Application, id)
+            .await
+            .expect("enqueue");
         txn.commit().await.expect("commit");
         (id, names::application_name(uid))
     }
@@ -218,9 +223,9 @@ async fn agent_status_flows_into_application_state_with_increasing_seq() {
     let (id, name) = env.application().await;
 
     let (first, ..) = eventually("Synced and Healthy recorded", || async {
-        env.state(id).await.filter(|(_, sync, health, _)| {
-            sync.as_deref() == Some("Synced") && health.as_deref() == Some("Healthy")
-        })
+        env.state(id)
+            .await
+            .filter(|(_, sync, health, _)| sync.as_deref() == Some("Synced") && health.as_deref() == Some("Healthy"))
     })
     .await;
 
@@ -345,7 +350,9 @@ async fn agent_restart_during_a_held_sync_completes_it_once() {
         .expect("sync row");
     let sync_id: i64 = row.get(0);
     let txn = env.client.transaction().await.expect("begin");
-    operation_enqueue_in_txn(&txn, env.instance, env.tenant, ResourceType::SyncOperation, sync_id).await.expect("enqueue");
+    operation_enqueue_in_txn(&txn, env.instance, env.tenant, ResourceType::SyncOperation, sync_id)
+        .await
+        .expect("enqueue");
     txn.commit().await.expect("commit");
 
     env.wait_object(&name, "a held, running sync", |o| o.data["status"]["operationState"]["phase"] == "Running").await;
@@ -366,7 +373,10 @@ async fn agent_restart_during_a_held_sync_completes_it_once() {
     })
     .await;
     assert_eq!(state, "succeeded");
-    assert_eq!(revision.as_deref(), Some(argocd::fake_revision("https://git.example.invalid/team/repo.git", "deploy/app", "v2").as_str()));
+    assert_eq!(
+        revision.as_deref(),
+        Some(argocd::fake_revision("https://git.example.invalid/team/repo.git", "deploy/app", "v2").as_str())
+    );
     agent.wait_sweeps(2).await;
     let object = env.object(&name).await.expect("Application");
     let history = object.data["status"]["history"].as_array().cloned().unwrap_or_default();
@@ -376,12 +386,8 @@ async fn agent_restart_during_a_held_sync_completes_it_once() {
         .collect();
     assert_eq!(ours.len(), 1, "the sync ran once: {history:?}");
     assert!(object.data.get("operation").is_none(), "no sync requested again");
-    let failed: i64 = env
-        .client
-        .query_one("SELECT count(*) FROM operation WHERE state = 'failed'", &[])
-        .await
-        .expect("count")
-        .get(0);
+    let failed: i64 =
+        env.client.query_one("SELECT count(*) FROM operation WHERE state = 'failed'", &[]).await.expect("count").get(0);
     assert_eq!(failed, 0);
     agent.stop().await;
 }

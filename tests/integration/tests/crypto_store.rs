@@ -1,7 +1,7 @@
 //! Stored secrets: sealed in the database, never in clear, and moved to a new key
 //! by `gitopsctl secrets reencrypt`.
 
-use gitops_shared::crypto::{ReencryptError, SecretBox, SecretContext, Sealed, reencrypt_all};
+use gitops_shared::crypto::{ReencryptError, Sealed, SecretBox, SecretContext, reencrypt_all};
 use gitops_shared::model::TenantId;
 use gitops_testkit::TestDb;
 
@@ -35,7 +35,10 @@ async fn reencrypt_moves_every_secret_to_the_active_key_and_names_rows_it_cannot
         store_repository_secret(&client, fx.tenant, &sealed, n).await;
     }
     let in_clear: i64 = client
-        .query_one("SELECT count(*) FROM repository_credential WHERE position('password-'::bytea IN ciphertext) > 0", &[])
+        .query_one(
+            "SELECT count(*) FROM repository_credential WHERE position('password-'::bytea IN ciphertext) > 0",
+            &[],
+        )
         .await
         .expect("scan")
         .get(0);
@@ -46,7 +49,8 @@ async fn reencrypt_moves_every_secret_to_the_active_key_and_names_rows_it_cannot
     assert_eq!(reencrypt_all(&mut client, &rotated).await.expect("again"), 0, "a second run has nothing to do");
 
     let only_new = SecretBox::from_config(Some(&k2), Some("k2")).expect("new key only");
-    let rows = client.query("SELECT key_id, ciphertext, resource_name FROM repository_credential", &[]).await.expect("rows");
+    let rows =
+        client.query("SELECT key_id, ciphertext, resource_name FROM repository_credential", &[]).await.expect("rows");
     for row in &rows {
         let sealed = Sealed { key_id: row.get(0), ciphertext: row.get(1) };
         let name: String = row.get(2);

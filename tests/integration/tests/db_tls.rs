@@ -23,7 +23,9 @@ async fn tls_server() -> &'static PgCluster {
     TLS_SERVER
         .get_or_init(|| async {
             let options = PgOptions { max_connections: 50, ..PgOptions::default() };
-            PgCluster::start_with_tls(options).await.unwrap_or_else(|error| panic!("TLS PostgreSQL unavailable: {error}"))
+            PgCluster::start_with_tls(options)
+                .await
+                .unwrap_or_else(|error| panic!("TLS PostgreSQL unavailable: {error}"))
         })
         .await
 }
@@ -146,7 +148,10 @@ async fn the_pool_and_the_listener_work_over_tls() {
     let mut woken = listener.subscribe(&signal).expect("subscribed");
     assert!(listener.wait_connected(DEADLINE).await, "the LISTEN connection came up");
     // The listener wakes everyone once it is up; wait for that before counting.
-    tokio::time::timeout(DEADLINE, woken.wait_for(|n| *n >= 1)).await.expect("woken on connect").expect("listener alive");
+    tokio::time::timeout(DEADLINE, woken.wait_for(|n| *n >= 1))
+        .await
+        .expect("woken on connect")
+        .expect("listener alive");
     woken.borrow_and_update();
 
     let observer = &*pooled;
@@ -165,7 +170,10 @@ async fn the_pool_and_the_listener_work_over_tls() {
     assert!(listener_ssl, "the LISTEN connection is encrypted");
 
     pooled.execute("SELECT pg_notify($1, '')", &[&signal.channel()]).await.expect("notify");
-    tokio::time::timeout(DEADLINE, woken.changed()).await.expect("notification within the deadline").expect("listener alive");
+    tokio::time::timeout(DEADLINE, woken.changed())
+        .await
+        .expect("notification within the deadline")
+        .expect("listener alive");
     cancel.cancel();
 }
 

@@ -50,7 +50,11 @@ async fn kube_client_lists_creates_a_crd_and_watches() {
     let name = format!("widgets.{group}");
     let established = tokio::time::timeout(
         DEADLINE,
-        kube::runtime::wait::await_condition(crds.clone(), &name, kube::runtime::wait::conditions::is_crd_established()),
+        kube::runtime::wait::await_condition(
+            crds.clone(),
+            &name,
+            kube::runtime::wait::conditions::is_crd_established(),
+        ),
     )
     .await;
     assert!(matches!(established, Ok(Ok(_))), "CRD not Established in time");

@@ -143,7 +143,10 @@ async fn binaries_refuse_to_start_against_an_older_schema_naming_the_versions() 
     let error = db::check_schema(&client).await.expect_err("an empty database is too old");
     assert!(matches!(error, DbError::SchemaTooOld { found: 0, required } if required == db::required_schema_version()));
     let message = error.to_string();
-    assert!(message.contains("version 0") && message.contains(&format!("at least {}", db::required_schema_version())), "{message}");
+    assert!(
+        message.contains("version 0") && message.contains(&format!("at least {}", db::required_schema_version())),
+        "{message}"
+    );
     let migrated = TestDb::migrated().await;
     let ok = db::check_schema(&migrated.connect().await).await.expect("current schema");
     assert_eq!(ok.found, ok.required);

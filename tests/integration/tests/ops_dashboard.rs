@@ -245,7 +245,8 @@ fn alert_rules() -> Vec<(String, Value)> {
         let path = entry.expect("a directory entry").path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
         let text = std::fs::read_to_string(&path).expect("a readable rule file");
-        let json: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name} is not JSON-compatible YAML: {e}"));
+        let json: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name} is not JSON-compatible YAML: {e}"));
         for group in json["groups"].as_array().expect("groups") {
             for rule in group["rules"].as_array().expect("rules") {
                 found.push((name.clone(), rule.clone()));
@@ -290,7 +291,8 @@ async fn alert_rules_query_rendered_metrics_and_link_the_runbook() {
         for label in grouping_labels(expr) {
             assert!(available.contains(label), "{file}: {name} groups by {label}, which none of {names:?} carries");
         }
-        let link = rule["annotations"]["runbook_url"].as_str().unwrap_or_else(|| panic!("{file}: {name} has no runbook link"));
+        let link =
+            rule["annotations"]["runbook_url"].as_str().unwrap_or_else(|| panic!("{file}: {name} has no runbook link"));
         let anchor = link.strip_prefix("ops/runbook.md#").unwrap_or_else(|| panic!("{file}: {name} links {link}"));
         assert!(anchors.contains(anchor), "{file}: {name} links #{anchor}, which ops/runbook.md does not have");
         assert!(rule["labels"]["severity"].is_string(), "{file}: {name} has no severity");

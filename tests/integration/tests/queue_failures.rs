@@ -36,13 +36,17 @@ async fn retryable_failures_back_off_exponentially_then_end_failed_with_both_mes
     for attempt in 1..=3 {
         // Make the retry due now so the test does not wait for the backoff.
         client.execute("UPDATE operation SET run_after = now() WHERE state = 'waiting'", &[]).await.expect("due");
-        let op = operation_claim(&client, fx.instance, "agent", 1, Duration::from_secs(30)).await.expect("claim").remove(0);
+        let op =
+            operation_claim(&client, fx.instance, "agent", 1, Duration::from_secs(30)).await.expect("claim").remove(0);
         assert_eq!(op.attempts, attempt);
         let outcome = operation_fail(&client, &op, &transient(), &policy).await.expect("fail");
         if attempt < 3 {
             let FailOutcome::Retrying { after } = outcome else { panic!("attempt {attempt}: {outcome:?}") };
             let row = client
-                .query_one("SELECT state, extract(epoch FROM run_after - now())::float8 FROM operation WHERE id = $1", &[&op.id.0])
+                .query_one(
+                    "SELECT state, extract(epoch FROM run_after - now())::float8 FROM operation WHERE id = $1",
+                    &[&op.id.0],
+                )
                 .await
                 .expect("row");
             assert_eq!(row.get::<_, OperationState>(0), OperationState::Waiting);
@@ -63,12 +67,16 @@ async fn retryable_failures_back_off_exponentially_then_end_failed_with_both_mes
     assert_eq!(row.get::<_, OperationState>(0), OperationState::Failed);
     let operator_error: String = row.get(1);
     let tenant_message: String = row.get(2);
-    assert!(operator_error.contains("gave up after 3 attempts") && operator_error.contains("10.1.2.3"), "{operator_error}");
+    assert!(
+        operator_error.contains("gave up after 3 attempts") && operator_error.contains("10.1.2.3"),
+        "{operator_error}"
+    );
     assert!(tenant_message.contains("Argo CD is unavailable"), "{tenant_message}");
     assert!(!tenant_message.contains("hunter2") && !tenant_message.contains("argocd.svc"), "{tenant_message}");
 
     // An operator revives it: attempts reset, due now.
-    let op_id = gitops_shared::model::OperationId(client.query_one("SELECT id FROM operation", &[]).await.expect("id").get(0));
+    let op_id =
+        gitops_shared::model::OperationId(client.query_one("SELECT id FROM operation", &[]).await.expect("id").get(0));
     assert_eq!(operation_retry(&mut client, op_id).await.expect("retry"), RetryOutcome::Requeued);
     assert_eq!(operation_retry(&mut client, op_id).await.expect("retry"), RetryOutcome::NotFailed);
     let op = operation_claim(&client, fx.instance, "agent", 1, Duration::from_secs(30)).await.expect("claim");
@@ -99,7 +107,8 @@ async fn permanent_failures_are_dead_lettered_at_once_and_a_newer_change_superse
     // A new change after a dead letter is queued normally.
     assert!(matches!(enqueue(&mut client, &fx, app).await, gitops_shared::queue::Enqueued::New(_)));
     // Reviving the dead one while a newer one waits supersedes it instead.
-    let failed: i64 = client.query_one("SELECT id FROM operation WHERE state = 'failed'", &[]).await.expect("id").get(0);
+    let failed: i64 =
+        client.query_one("SELECT id FROM operation WHERE state = 'failed'", &[]).await.expect("id").get(0);
     assert_eq!(
         operation_retry(&mut client, gitops_shared::model::OperationId(failed)).await.expect("retry"),
         RetryOutcome::Superseded
@@ -116,12 +125,15 @@ async fn an_operation_that_keeps_crashing_its_claimer_ends_failed() {
     let reclaimer = tokio::sync::Mutex::new(db.connect().await);
     for crash in 1..=3 {
         // Each claimer "crashes": it never completes, renews or fails.
-        let claimed = operation_claim(&client, fx.instance, &format!("crashing-{crash}"), 1, Duration::from_millis(300))
-            .await
-            .expect("claim");
+        let claimed =
+            operation_claim(&client, fx.instance, &format!("crashing-{crash}"), 1, Duration::from_millis(300))
+                .await
+                .expect("claim");
         assert_eq!(claimed.len(), 1, "crash {crash}: the operation is claimable again");
         eventually("the lease to expire and be reclaimed", || async {
-            let n = operation_reclaim_expired(&mut *reclaimer.lock().await, fx.instance, &policy, 10).await.expect("reclaim");
+            let n = operation_reclaim_expired(&mut *reclaimer.lock().await, fx.instance, &policy, 10)
+                .await
+                .expect("reclaim");
             (n == 1).then_some(())
         })
         .await;

@@ -71,7 +71,8 @@ async fn racing_consumers_complete_every_operation_once_and_never_overlap_on_a_r
     let recorder = Arc::new(Recorder::default());
     let mut tasks = Vec::new();
     for n in 0..4 {
-        let (_, _, task) = spawn_consumer(&db, config(&fx, &format!("agent-{n}")), recorder.clone(), &db.url(), &cancel);
+        let (_, _, task) =
+            spawn_consumer(&db, config(&fx, &format!("agent-{n}")), recorder.clone(), &db.url(), &cancel);
         tasks.push(task);
     }
     // 40 resources; 6 producers change them at random, 600 changes in all.
@@ -218,7 +219,8 @@ async fn operations_enqueued_while_the_listener_is_down_are_processed_after_it_r
         .map(|row| row.get(0))
         .collect();
     assert_eq!(
-        killed, 1,
+        killed,
+        1,
         "the listener's backend: {sessions:?}, connected {} reconnects {}",
         listener.is_connected(),
         listener.reconnects()
@@ -266,7 +268,11 @@ async fn a_hundred_changes_during_a_reconcile_cause_at_most_one_more() {
     let mut client = db.connect().await;
     let fx = fixture(&mut client).await;
     let cancel = CancellationToken::new();
-    let gate = Arc::new(Gate { calls: Mutex::new(0), entered: tokio::sync::Notify::new(), release: tokio::sync::Semaphore::new(0) });
+    let gate = Arc::new(Gate {
+        calls: Mutex::new(0),
+        entered: tokio::sync::Notify::new(),
+        release: tokio::sync::Semaphore::new(0),
+    });
     let entered = gate.entered.notified();
     let (_, _, task) = spawn_consumer(&db, config(&fx, "agent"), gate.clone(), &db.url(), &cancel);
     let app = new_application(&mut client, &fx).await;

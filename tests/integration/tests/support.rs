@@ -126,11 +126,7 @@ pub async fn enqueue(client: &mut Client, fx: &Fixture, application: i64) -> Enq
 
 /// Counts operations by state.
 pub async fn count_in_state(client: &Client, state: OperationState) -> i64 {
-    client
-        .query_one("SELECT count(*) FROM operation WHERE state = $1", &[&state])
-        .await
-        .expect("count")
-        .get(0)
+    client.query_one("SELECT count(*) FROM operation WHERE state = $1", &[&state]).await.expect("count").get(0)
 }
 
 /// A bare LISTEN connection that reports (channel, payload) of each notification.

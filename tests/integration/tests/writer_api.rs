@@ -9,8 +9,8 @@ use std::path::PathBuf;
 
 use gitops_testkit::cluster::TestCluster;
 use gitops_writer::api::{
-    Condition, DeploymentHealth, DeploymentSource, DeploymentSync, GitOpsDeployment, GitOpsDeploymentManagedEnvironment,
-    GitOpsDeploymentManagedEnvironmentSpec, GitOpsDeploymentRepositoryCredential,
+    Condition, DeploymentHealth, DeploymentSource, DeploymentSync, GitOpsDeployment,
+    GitOpsDeploymentManagedEnvironment, GitOpsDeploymentManagedEnvironmentSpec, GitOpsDeploymentRepositoryCredential,
     GitOpsDeploymentRepositoryCredentialSpec, GitOpsDeploymentSpec, GitOpsDeploymentStatus, GitOpsDeploymentSyncRun,
     GitOpsDeploymentSyncRunSpec,
 };

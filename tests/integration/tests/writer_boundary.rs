@@ -40,14 +40,18 @@ async fn condition_in(kube: &kube::Client, namespace: &str, name: &str) -> (Stri
     eventually("the writer's condition", || async {
         let object = api.get_opt(name).await.ok()??;
         let condition = object.status.as_ref()?.conditions.iter().find(|c| c.type_ == CONDITION)?.clone();
-        (condition.observed_generation == object.metadata.generation).then(|| {
-            (condition.status, condition.reason.unwrap_or_default(), condition.message.unwrap_or_default())
-        })
+        (condition.observed_generation == object.metadata.generation)
+            .then(|| (condition.status, condition.reason.unwrap_or_default(), condition.message.unwrap_or_default()))
     })
     .await
 }
 
-async fn create_in(kube: &kube::Client, namespace: &str, name: &str, spec: serde_json::Value) -> Result<GitOpsDeployment, kube::Error> {
+async fn create_in(
+    kube: &kube::Client,
+    namespace: &str,
+    name: &str,
+    spec: serde_json::Value,
+) -> Result<GitOpsDeployment, kube::Error> {
     let object: GitOpsDeployment = serde_json::from_value(json!({
         "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeployment",
         "metadata": {"name": name}, "spec": spec,
@@ -108,7 +112,10 @@ async fn writer_boundary_namespaces_not_served_get_a_condition_and_nothing_else(
         assert!(bindings.get_opt(HOME_IDENTITY).await.expect("read").is_none(), "no home binding in {namespace}");
     }
     assert_eq!(env.rows(&name).await, 1, "only the tenant namespace's deployment is stored");
-    eventually("one Application", || async { (env.apps().list(&ListParams::default()).await.ok()?.items.len() == 1).then_some(()) }).await;
+    eventually("one Application", || async {
+        (env.apps().list(&ListParams::default()).await.ok()?.items.len() == 1).then_some(())
+    })
+    .await;
     eventually("the unserved namespaces counted", || async {
         (gauge(&metrics, "gitops_writer_unserved_namespaces")? >= 4.0).then_some(())
     })
@@ -132,7 +139,9 @@ async fn writer_boundary_namespaces_not_served_get_a_condition_and_nothing_else(
     assert_eq!(env.apps().list(&ListParams::default()).await.expect("list").items.len(), 1);
 
     for namespace in &reserved {
-        let _ = Api::<GitOpsDeployment>::namespaced(env.kube.clone(), namespace).delete(&name, &DeleteParams::default()).await;
+        let _ = Api::<GitOpsDeployment>::namespaced(env.kube.clone(), namespace)
+            .delete(&name, &DeleteParams::default())
+            .await;
     }
 }
 
@@ -145,7 +154,10 @@ async fn writer_boundary_home_role_changes_converge_and_old_identities_go() {
     let post = PostParams::default();
     let old_account: ServiceAccount =
         serde_json::from_value(json!({"metadata": {"name": HOME_IDENTITY, "labels": labels}})).expect("ServiceAccount");
-    Api::<ServiceAccount>::namespaced(env.kube.clone(), &tenant).create(&post, &old_account).await.expect("old account");
+    Api::<ServiceAccount>::namespaced(env.kube.clone(), &tenant)
+        .create(&post, &old_account)
+        .await
+        .expect("old account");
     let old_role: Role = serde_json::from_value(json!({
         "metadata": {"name": HOME_IDENTITY, "labels": labels},
         "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
@@ -168,7 +180,10 @@ async fn writer_boundary_home_role_changes_converge_and_old_identities_go() {
         let role = Api::<Role>::namespaced(env.kube.clone(), &tenant).get_opt(HOME_IDENTITY).await.ok()?;
         let account = Api::<ServiceAccount>::namespaced(env.kube.clone(), &tenant).get_opt(HOME_IDENTITY).await.ok()?;
         let binding = bindings.get_opt(HOME_IDENTITY).await.ok()??;
-        (role.is_none() && account.is_none() && binding.role_ref.kind == "ClusterRole" && binding.role_ref.name == "admin")
+        (role.is_none()
+            && account.is_none()
+            && binding.role_ref.kind == "ClusterRole"
+            && binding.role_ref.name == "admin")
             .then_some(())
     })
     .await;
@@ -202,7 +217,11 @@ async fn writer_boundary_home_role_changes_converge_and_old_identities_go() {
     env.create("web2", spec(REPO, "apps/web2")).await;
     let (status, reason, _) = env.condition("web2").await;
     assert_eq!((status.as_str(), reason.as_str()), ("True", REASON_HOME_UNAVAILABLE));
-    assert_eq!(bindings.get(HOME_IDENTITY).await.expect("binding").role_ref.name, "view", "a missing role binds nothing");
+    assert_eq!(
+        bindings.get(HOME_IDENTITY).await.expect("binding").role_ref.name,
+        "view",
+        "a missing role binds nothing"
+    );
     assert_eq!(env.rows("web2").await, 0);
 }
 
@@ -214,7 +233,8 @@ async fn env_namespace_uid(env: &Env) -> Uuid {
 /// A token of the tenant's home ServiceAccount, as the admin asks for one.
 async fn request_token(env: &Env, account: &str) -> String {
     use k8s_openapi::api::authentication::v1::TokenRequest;
-    let request: TokenRequest = serde_json::from_value(json!({"spec": {"expirationSeconds": 3600}})).expect("TokenRequest");
+    let request: TokenRequest =
+        serde_json::from_value(json!({"spec": {"expirationSeconds": 3600}})).expect("TokenRequest");
     Api::<ServiceAccount>::namespaced(env.kube.clone(), env.home.name())
         .create_token_request(account, &PostParams::default(), &request)
         .await
@@ -273,8 +293,7 @@ async fn writer_boundary_without_the_webhook_home_deployments_are_not_taken_on_t
     })
     .await;
     assert_eq!(reason, REASON_REQUESTER_UNVERIFIED);
-    let stored: i64 =
-        env.client.query_one("SELECT count(*) FROM sync_operation", &[]).await.expect("count").get(0);
+    let stored: i64 = env.client.query_one("SELECT count(*) FROM sync_operation", &[]).await.expect("count").get(0);
     assert_eq!(stored, 0);
 
     // What was stored before is there for the operator to review.
@@ -374,7 +393,8 @@ async fn writer_boundary_webhook_lets_in_only_who_could_grant_the_home_role() {
         "metadata": {"name": "sync"}, "spec": {"gitopsDeploymentName": "manual", "revisionID": "evil"},
     }))
     .expect("SyncRun");
-    let refused = Api::<GitOpsDeploymentSyncRun>::namespaced(editor.clone(), &tenant).create(&PostParams::default(), &run).await;
+    let refused =
+        Api::<GitOpsDeploymentSyncRun>::namespaced(editor.clone(), &tenant).create(&PostParams::default(), &run).await;
     assert!(forbidden_with(refused, "may not grant"));
     Api::<GitOpsDeploymentSyncRun>::namespaced(owner.clone(), &tenant)
         .create(&PostParams::default(), &run)
@@ -444,15 +464,26 @@ async fn writer_boundary_edit_in_the_tenant_namespace_cannot_act_as_the_home_ide
     let editor = person(&env, "editor", "edit").await;
 
     // No token of it anywhere the editor can read, and none to request.
-    let in_tenant = Api::<Secret>::namespaced(editor.clone(), &tenant).list(&ListParams::default()).await.expect("edit reads Secrets");
+    let in_tenant = Api::<Secret>::namespaced(editor.clone(), &tenant)
+        .list(&ListParams::default())
+        .await
+        .expect("edit reads Secrets");
     assert!(
-        in_tenant.items.iter().all(|s| !s.metadata.annotations.as_ref().is_some_and(|a| a.get("kubernetes.io/service-account.name") == Some(&account))),
+        in_tenant.items.iter().all(|s| !s
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.get("kubernetes.io/service-account.name") == Some(&account))),
         "no token Secret of the home account in the tenant namespace"
     );
     let home_secrets = Api::<Secret>::namespaced(editor.clone(), env.home.name()).list(&ListParams::default()).await;
-    assert!(matches!(home_secrets, Err(kube::Error::Api(s)) if s.code == 403), "the home namespace's Secrets are out of reach");
+    assert!(
+        matches!(home_secrets, Err(kube::Error::Api(s)) if s.code == 403),
+        "the home namespace's Secrets are out of reach"
+    );
     use k8s_openapi::api::authentication::v1::TokenRequest;
-    let request: TokenRequest = serde_json::from_value(json!({"spec": {"expirationSeconds": 3600}})).expect("TokenRequest");
+    let request: TokenRequest =
+        serde_json::from_value(json!({"spec": {"expirationSeconds": 3600}})).expect("TokenRequest");
     let minted = Api::<ServiceAccount>::namespaced(editor.clone(), env.home.name())
         .create_token_request(&account, &PostParams::default(), &request)
         .await;
@@ -474,7 +505,10 @@ async fn writer_boundary_edit_in_the_tenant_namespace_cannot_act_as_the_home_ide
             "subjects": [{"kind": "ServiceAccount", "name": "impostor", "namespace": tenant}]
         }))
         .expect("RoleBinding");
-        Api::<RoleBinding>::namespaced(env.kube.clone(), &tenant).create(&PostParams::default(), &binding).await.expect("bind");
+        Api::<RoleBinding>::namespaced(env.kube.clone(), &tenant)
+            .create(&PostParams::default(), &binding)
+            .await
+            .expect("bind");
         config.auth_info = kube::config::AuthInfo {
             token: Some(identity.token.clone().into()),
             impersonate: Some(format!("system:serviceaccount:{}:{account}", env.home.name())),
@@ -482,14 +516,19 @@ async fn writer_boundary_edit_in_the_tenant_namespace_cannot_act_as_the_home_ide
         };
         let impersonating = kube::Client::try_from(config).expect("client");
         let listed = Api::<ConfigMap>::namespaced(impersonating, &tenant).list(&ListParams::default()).await;
-        assert!(matches!(listed, Err(kube::Error::Api(s)) if s.code == 403), "impersonating the home account is refused");
+        assert!(
+            matches!(listed, Err(kube::Error::Api(s)) if s.code == 403),
+            "impersonating the home account is refused"
+        );
         // A Pod of the tenant namespace cannot run as it (ServiceAccounts are per namespace).
         let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
             "metadata": {"name": "steal"},
             "spec": {"serviceAccountName": account, "containers": [{"name": "c", "image": "example.invalid/x"}]}
         }))
         .expect("Pod");
-        let created = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(editor, &tenant).create(&PostParams::default(), &pod).await;
+        let created = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(editor, &tenant)
+            .create(&PostParams::default(), &pod)
+            .await;
         assert!(created.is_err(), "no Pod runs as the home account: {created:?}");
     }
 }

@@ -89,7 +89,8 @@ async fn server(namespace: &str) -> Server {
         // ByteString serialises as base64, as kubeconfig data fields are.
         serde_json::to_value(k8s_openapi::ByteString(pem)).ok()?.as_str().map(str::to_owned)
     });
-    let authority = url.strip_prefix("https://").expect("an https server").split('/').next().unwrap_or_default().to_owned();
+    let authority =
+        url.strip_prefix("https://").expect("an https server").split('/').next().unwrap_or_default().to_owned();
     let token = cluster.namespace_identity(namespace, "connection-check", json!([])).await.token;
     Server { url, authority, ca_data, insecure: named.insecure_skip_tls_verify.unwrap_or(false), token }
 }
@@ -169,7 +170,11 @@ impl Env {
     /// is stored, and that the message carries no token. Returns the message.
     async fn expect(&self, name: &str, status: &str, reason: &str) -> String {
         let condition = self.connection(name).await;
-        assert_eq!((condition.status.as_str(), condition.reason.as_deref()), (status, Some(reason)), "{name}: {condition:?}");
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_deref()),
+            (status, Some(reason)),
+            "{name}: {condition:?}"
+        );
         let message = condition.message.unwrap_or_default();
         assert!(!message.is_empty(), "{name}: a message");
         for secret in [self.server.token.as_str(), BAD_TOKEN] {

@@ -88,7 +88,12 @@ impl Env {
         self.secrets(namespace).patch(name, &patch, &Patch::Apply(&secret)).await.expect("apply Secret");
     }
 
-    async fn create_environment(&self, namespace: &str, name: &str, secret: &str) -> GitOpsDeploymentManagedEnvironment {
+    async fn create_environment(
+        &self,
+        namespace: &str,
+        name: &str,
+        secret: &str,
+    ) -> GitOpsDeploymentManagedEnvironment {
         let object: GitOpsDeploymentManagedEnvironment = serde_json::from_value(json!({
             "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeploymentManagedEnvironment",
             "metadata": {"name": name},
@@ -197,7 +202,10 @@ async fn writer_credentials_environment_becomes_a_cluster_secret_and_goes_on_del
     let object = env.environments(&tenant).get("prod").await.expect("read");
     let connection = object.status.expect("status").conditions.into_iter().find(|c| c.type_ == CONNECTION_CONDITION);
     let connection = connection.expect("the connection condition");
-    assert_eq!((connection.status.as_str(), connection.reason.as_deref()), ("Unknown", Some(REASON_CONNECTION_CHECK_DISABLED)));
+    assert_eq!(
+        (connection.status.as_str(), connection.reason.as_deref()),
+        ("Unknown", Some(REASON_CONNECTION_CHECK_DISABLED))
+    );
 
     let cluster_secret = names::cluster_secret_name(uid_of(&created.metadata));
     let data = env.argocd_secret(&cluster_secret, |d| d.contains_key("config")).await;
@@ -210,7 +218,8 @@ async fn writer_credentials_environment_becomes_a_cluster_secret_and_goes_on_del
     })
     .await;
     deployments.delete("web", &DeleteParams::default()).await.expect("delete deployment");
-    eventually("the deployment gone", || async { deployments.get_opt("web").await.ok()?.is_none().then_some(()) }).await;
+    eventually("the deployment gone", || async { deployments.get_opt("web").await.ok()?.is_none().then_some(()) })
+        .await;
 
     env.environments(&tenant).delete("prod", &DeleteParams::default()).await.expect("delete environment");
     eventually("the cluster Secret gone", || async {
@@ -227,12 +236,23 @@ async fn writer_credentials_each_refused_kubeconfig_feature_has_its_reason() {
     let env = env("wc-refused").await;
     let tenant = env.tenant.name().to_owned();
     let cases = [
-        ("exec", kubeconfig("    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: /bin/sh", ""),
-         "KubeconfigExecPluginNotAllowed"),
-        ("auth-provider", kubeconfig("    token: t\n    auth-provider:\n      name: gcp", ""), "KubeconfigAuthProviderNotAllowed"),
+        (
+            "exec",
+            kubeconfig("    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: /bin/sh", ""),
+            "KubeconfigExecPluginNotAllowed",
+        ),
+        (
+            "auth-provider",
+            kubeconfig("    token: t\n    auth-provider:\n      name: gcp", ""),
+            "KubeconfigAuthProviderNotAllowed",
+        ),
         ("file-path", kubeconfig("    tokenFile: /var/run/secrets/token", ""), "KubeconfigFilePathNotAllowed"),
         ("basic-auth", kubeconfig("    username: admin\n    password: hunter2", ""), "KubeconfigBasicAuthNotAllowed"),
-        ("proxy", kubeconfig("    token: t", "    proxy-url: http://proxy.example.invalid:3128"), "KubeconfigProxyNotAllowed"),
+        (
+            "proxy",
+            kubeconfig("    token: t", "    proxy-url: http://proxy.example.invalid:3128"),
+            "KubeconfigProxyNotAllowed",
+        ),
     ];
     for (name, config, _) in &cases {
         env.put_secret(&tenant, &format!("{name}-kubeconfig"), json!({"kubeconfig": config})).await;
@@ -242,7 +262,8 @@ async fn writer_credentials_each_refused_kubeconfig_feature_has_its_reason() {
         assert_eq!(env.environment_condition(name).await, ("True".to_owned(), (*want).to_owned()), "{name}");
         assert_eq!(env.environment_rows(name).await, 0, "{name} wrote nothing");
     }
-    let credentials: i64 = env.client.query_one("SELECT count(*) FROM cluster_credential", &[]).await.expect("count").get(0);
+    let credentials: i64 =
+        env.client.query_one("SELECT count(*) FROM cluster_credential", &[]).await.expect("count").get(0);
     assert_eq!(credentials, 0);
 }
 

@@ -16,8 +16,8 @@ use gitops_testkit::argocd::{self, StandinOptions, app_project_crd, application_
 use gitops_testkit::cluster::{TestCluster, TestNamespace};
 use gitops_writer::api::{GitOpsDeployment, GitOpsDeploymentSyncRun, crds};
 use gitops_writer::controller::{
-    CONDITION, FINALIZER, REASON_ACCEPTED, REASON_DEPLOYMENT_AUTOMATED, REASON_DEPLOYMENT_NOT_FOUND, REASON_QUOTA_EXCEEDED,
-    WAIT_FOR_PRUNING,
+    CONDITION, FINALIZER, REASON_ACCEPTED, REASON_DEPLOYMENT_AUTOMATED, REASON_DEPLOYMENT_NOT_FOUND,
+    REASON_QUOTA_EXCEEDED, WAIT_FOR_PRUNING,
 };
 use gitops_writer::run::{WriterConfig, run_writer};
 use gitops_writer::shard::ShardConfig;
@@ -71,8 +71,10 @@ pub(crate) async fn env(purpose: &str) -> Env {
     engine_instance_add(&client, INSTANCE, argocd_ns.name(), 1000).await.expect("add instance");
     let key = SecretBox::generate_key("k1").expect("key");
     let secrets = SecretBox::from_config(Some(&key), Some("k1")).expect("secrets");
-    let kubeconfig =
-        cluster.namespace_identity(argocd_ns.name(), "gitops-agent", crate::support::agent_rbac_rules()).await.kubeconfig;
+    let kubeconfig = cluster
+        .namespace_identity(argocd_ns.name(), "gitops-agent", crate::support::agent_rbac_rules())
+        .await
+        .kubeconfig;
     let mut agent = AgentConfig::new(db.url(), INSTANCE.into(), secrets.clone());
     agent.kubeconfig = Some(kubeconfig);
     agent.metrics_address = "127.0.0.1:0".parse().expect("address");
@@ -197,8 +199,7 @@ pub(crate) fn spec(repo: &str, path: &str) -> serde_json::Value {
 async fn writer_e2e_deployment_becomes_an_application_and_goes_on_delete() {
     let env = env("we-deploy").await;
     let address = std::sync::Arc::new(std::sync::OnceLock::new());
-    let _writer =
-        env.writer_for("writer-a", vec![env.tenant.name().to_owned()], |c| c.http_address = address.clone());
+    let _writer = env.writer_for("writer-a", vec![env.tenant.name().to_owned()], |c| c.http_address = address.clone());
     let created = env.create("web", spec("https://git.example.invalid/org/repo.git", "apps/web")).await;
     let (status, reason, _) = env.condition("web").await;
     assert_eq!((status.as_str(), reason.as_str()), ("False", REASON_ACCEPTED));
@@ -548,11 +549,7 @@ async fn writer_e2e_two_writers_share_the_shards_and_handle_each_namespace_once(
     }
     // A writer reconciles only the namespaces on its shards: one that owns none of
     // them reconciled nothing.
-    let owners = env
-        .client
-        .query("SELECT shard, writer_id FROM writer_shard", &[])
-        .await
-        .expect("owners");
+    let owners = env.client.query("SELECT shard, writer_id FROM writer_shard", &[]).await.expect("owners");
     let owner_of = |namespace: &str| -> String {
         let shard = gitops_writer::shard::shard_of(namespace);
         owners.iter().find(|r| r.get::<_, i32>(0) == shard).map(|r| r.get(1)).expect("owned")
@@ -611,7 +608,8 @@ impl Env {
         let name = format!("gitops-writer-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
         let namespace = self.argocd.name();
         let post = PostParams::default();
-        let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}})).expect("a ServiceAccount");
+        let account: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": name}})).expect("a ServiceAccount");
         Api::<ServiceAccount>::namespaced(self.kube.clone(), namespace)
             .create(&post, &account)
             .await
@@ -631,7 +629,8 @@ impl Env {
             .await
             .expect("create the writer's ClusterRoleBinding");
         let request: TokenRequest =
-            serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}})).expect("a TokenRequest");
+            serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))
+                .expect("a TokenRequest");
         let token = Api::<ServiceAccount>::namespaced(self.kube.clone(), namespace)
             .create_token_request(&name, &post, &request)
             .await
@@ -682,7 +681,15 @@ fn writer_e2e_deploy_cluster_role_grants_exactly_the_tested_rules() {
     let kinds: Vec<&str> = m.keys().map(String::as_str).collect();
     assert_eq!(
         kinds,
-        ["ClusterRole", "ClusterRoleBinding", "Deployment", "Namespace", "Service", "ServiceAccount", "ValidatingWebhookConfiguration"]
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Deployment",
+            "Namespace",
+            "Service",
+            "ServiceAccount",
+            "ValidatingWebhookConfiguration"
+        ]
     );
     assert_eq!(m["ClusterRole"]["rules"], crate::support::writer_rbac_rules());
 
@@ -697,7 +704,10 @@ fn writer_e2e_deploy_cluster_role_grants_exactly_the_tested_rules() {
     assert_eq!(subjects[0]["kind"], "ServiceAccount");
     assert_eq!(subjects[0]["name"], m["ServiceAccount"]["metadata"]["name"]);
     assert_eq!(&subjects[0]["namespace"], namespace);
-    assert_eq!(m["Deployment"]["spec"]["template"]["spec"]["serviceAccountName"], m["ServiceAccount"]["metadata"]["name"]);
+    assert_eq!(
+        m["Deployment"]["spec"]["template"]["spec"]["serviceAccountName"],
+        m["ServiceAccount"]["metadata"]["name"]
+    );
 }
 
 /// The webhook reaches the writer (Service → the Deployment's `webhook` port, where
@@ -708,7 +718,8 @@ fn writer_e2e_deploy_registers_the_webhook_and_the_home_namespace() {
     let m = writer_manifests();
     let container = &m["Deployment"]["spec"]["template"]["spec"]["containers"][0];
     let env = container["env"].as_array().expect("env");
-    let value = |name: &str| env.iter().find(|e| e["name"] == name).and_then(|e| e["value"].as_str()).map(str::to_owned);
+    let value =
+        |name: &str| env.iter().find(|e| e["name"] == name).and_then(|e| e["value"].as_str()).map(str::to_owned);
     let address = value("GITOPS_WRITER_WEBHOOK_ADDRESS").expect("a webhook address");
     let port: u64 = address.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).expect("a port");
     let ports = container["ports"].as_array().expect("ports");
@@ -724,13 +735,21 @@ fn writer_e2e_deploy_registers_the_webhook_and_the_home_namespace() {
     assert_eq!((webhook["failurePolicy"].as_str(), webhook["timeoutSeconds"].as_u64()), (Some("Fail"), Some(5)));
     let rule = &webhook["rules"][0];
     assert_eq!(rule["operations"], json!(["CREATE", "UPDATE"]));
-    let resources: Vec<&str> = rule["resources"].as_array().expect("resources").iter().filter_map(|r| r.as_str()).collect();
+    let resources: Vec<&str> =
+        rule["resources"].as_array().expect("resources").iter().filter_map(|r| r.as_str()).collect();
     for crd in gitops_writer::api::crds() {
-        assert!(resources.contains(&crd.spec.names.plural.as_str()), "{} is not sent to the webhook", crd.spec.names.plural);
+        assert!(
+            resources.contains(&crd.spec.names.plural.as_str()),
+            "{} is not sent to the webhook",
+            crd.spec.names.plural
+        );
     }
     assert!(!resources.iter().any(|r| r.contains('/')), "no subresource (status) is sent");
     assert_eq!(m["Namespace"]["metadata"]["name"], gitops_writer::controller::DEFAULT_HOME_NAMESPACE);
-    assert_eq!(m["ValidatingWebhookConfiguration"]["metadata"]["name"], "gitops-service", "the writer's default registration name");
+    assert_eq!(
+        m["ValidatingWebhookConfiguration"]["metadata"]["name"], "gitops-service",
+        "the writer's default registration name"
+    );
     let mounted = container["volumeMounts"][0]["mountPath"].as_str().expect("a mounted certificate");
     assert!(value("GITOPS_WRITER_WEBHOOK_CERT_FILE").expect("a certificate").starts_with(mounted));
     assert!(value("GITOPS_TENANT_NAMESPACE_SELECTOR").is_some(), "a production install selects its tenant namespaces");

@@ -231,7 +231,12 @@ async fn purge_removes_exactly_the_old_deleted_rows_of_owned_shards() {
     let queued = tenant(c, instance, OWNED, RowState::Deleted).await;
     operation(c, instance, queued, ResourceType::Tenant, queued, OperationState::Waiting).await;
     kept.extend([("tenant", t), ("tenant", not_empty), ("application", remaining), ("tenant", queued)]);
-    purged.extend([("tenant", empty), ("tenant", emptied), ("application", last_app), ("managed_environment", last_env)]);
+    purged.extend([
+        ("tenant", empty),
+        ("tenant", emptied),
+        ("application", last_app),
+        ("managed_environment", last_env),
+    ]);
 
     // Another shard's deleted rows are not this purge's.
     let other = tenant(c, instance, OTHER, RowState::Deleted).await;
@@ -266,13 +271,19 @@ async fn purge_removes_exactly_the_old_deleted_rows_of_owned_shards() {
     );
     assert_eq!(count(c, "SELECT count(*) FROM application_state").await, 0, "observed state cascades");
     assert_eq!(
-        count(c, "SELECT count(*) FROM cluster_credential c
-                   WHERE NOT EXISTS (SELECT 1 FROM managed_environment e WHERE e.id = c.managed_environment_id)")
+        count(
+            c,
+            "SELECT count(*) FROM cluster_credential c
+                   WHERE NOT EXISTS (SELECT 1 FROM managed_environment e WHERE e.id = c.managed_environment_id)"
+        )
         .await,
         0
     );
     // Credentials of kept environments are kept.
-    assert_eq!(count(c, "SELECT count(*) FROM cluster_credential").await, count(c, "SELECT count(*) FROM managed_environment").await);
+    assert_eq!(
+        count(c, "SELECT count(*) FROM cluster_credential").await,
+        count(c, "SELECT count(*) FROM managed_environment").await
+    );
     // A second round finds nothing more.
     assert_eq!(purge_deleted(&mut client, &[OWNED], NOW, BATCH).await.expect("purge"), PurgeReport::default());
     // The other shard's owner purges its rows.
@@ -539,7 +550,10 @@ async fn admission_approvals_are_found_by_generation_and_purged_when_old() {
     assert!(!admission_approval_exists(&client, uuid::Uuid::new_v4(), 2).await.expect("read"));
 
     client
-        .execute("UPDATE admission_approval SET approved_at = now() - interval '2 days' WHERE resource_uid = $1", &[&uid])
+        .execute(
+            "UPDATE admission_approval SET approved_at = now() - interval '2 days' WHERE resource_uid = $1",
+            &[&uid],
+        )
         .await
         .expect("age one approval");
     let purged = admission_approval_purge(&client, Duration::from_secs(24 * 3600), 100).await.expect("purge");

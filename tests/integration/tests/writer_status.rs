@@ -104,8 +104,9 @@ impl Env {
 
     async fn tenant(&mut self, shard: i32) -> TenantId {
         let txn = self.client.transaction().await.expect("begin");
-        let tenant =
-            tenant_upsert_locked_in_txn(&txn, Uuid::new_v4(), self.ns.name(), Some(self.instance)).await.expect("tenant");
+        let tenant = tenant_upsert_locked_in_txn(&txn, Uuid::new_v4(), self.ns.name(), Some(self.instance))
+            .await
+            .expect("tenant");
         txn.execute("UPDATE tenant SET writer_shard = $1 WHERE id = $2", &[&shard, &tenant.id.0]).await.expect("shard");
         txn.commit().await.expect("commit");
         tenant.id
@@ -119,8 +120,11 @@ impl Env {
     /// object's own UID unless given).
     async fn deployment(&mut self, tenant: TenantId, name: &str, row_uid: Option<Uuid>) -> i64 {
         let spec = GitOpsDeploymentSpec { type_: "automated".into(), ..GitOpsDeploymentSpec::default() };
-        let object =
-            self.deployments().create(&PostParams::default(), &GitOpsDeployment::new(name, spec)).await.expect("create");
+        let object = self
+            .deployments()
+            .create(&PostParams::default(), &GitOpsDeployment::new(name, spec))
+            .await
+            .expect("create");
         let uid = object.metadata.uid.as_deref().and_then(|u| u.parse().ok()).expect("a UID");
         let mut app = intent(tenant, row_uid.unwrap_or(uid), 1);
         app.resource_name = name.to_owned();
@@ -230,13 +234,15 @@ async fn the_cursor_waits_for_transactions_in_flight() {
     older_txn.query_one("SELECT pg_current_xact_id()", &[]).await.expect("take an xid");
     let mut holder = env.db.connect().await;
     let txn = holder.transaction().await.expect("begin");
-    let held: i64 = txn.query_one(STATE_UPSERT, &[&early, &"Synced", &"Degraded", &Some("boom")]).await.expect("held").get(0);
+    let held: i64 =
+        txn.query_one(STATE_UPSERT, &[&early, &"Synced", &"Degraded", &Some("boom")]).await.expect("held").get(0);
     let held_seq: i64 = txn
         .query_one("SELECT seq FROM application_state WHERE application_id = $1", &[&early])
         .await
         .expect("held seq")
         .get(0);
-    let committed: i64 = older_txn.query_one(STATE_UPSERT, &[&late, &"Synced", &"Healthy", &None::<String>]).await.expect("late").get(0);
+    let committed: i64 =
+        older_txn.query_one(STATE_UPSERT, &[&late, &"Synced", &"Healthy", &None::<String>]).await.expect("late").get(0);
     let committed_seq: i64 = older_txn
         .query_one("SELECT seq FROM application_state WHERE application_id = $1", &[&late])
         .await
@@ -244,8 +250,7 @@ async fn the_cursor_waits_for_transactions_in_flight() {
         .get(0);
     older_txn.commit().await.expect("commit the older transaction");
     assert!(committed < held && committed_seq > held_seq, "older xid {committed} with the higher seq");
-    eventually("status on late", || async { sync_of(&env.status("late").await.0).filter(|s| s.1 == "Healthy") })
-        .await;
+    eventually("status on late", || async { sync_of(&env.status("late").await.0).filter(|s| s.1 == "Healthy") }).await;
     // Handled, but the cursor stays at or before the open transaction.
     let cursor = env.cursor(OWNED).await;
     assert!(cursor <= held, "cursor {cursor} passed the transaction {held} still in flight");
@@ -296,10 +301,7 @@ async fn sync_runs_follow_their_sync_request_to_the_end() {
     // The agent records the end of a sync after the application state announced it:
     // no new application_state row here, yet the SyncRun must still finish.
     env.client
-        .execute(
-            "UPDATE sync_operation SET state = 'succeeded', synced_revision = 'abc123' WHERE id = $1",
-            &[&sync],
-        )
+        .execute("UPDATE sync_operation SET state = 'succeeded', synced_revision = 'abc123' WHERE id = $1", &[&sync])
         .await
         .expect("finish the sync");
     let done = eventually("a Succeeded condition", || condition("Succeeded")).await;

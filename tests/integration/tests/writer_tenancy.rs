@@ -95,18 +95,27 @@ async fn writer_tenancy_own_namespace_gets_credentials_scoped_to_it() {
     let accounts: Api<ServiceAccount> = Api::namespaced(env.kube.clone(), env.home.name());
     accounts.get(&account).await.expect("the home ServiceAccount in the home namespace");
     let in_tenant: Api<ServiceAccount> = Api::namespaced(env.kube.clone(), &tenant);
-    assert!(in_tenant.get_opt(HOME_IDENTITY).await.expect("read").is_none(), "no ServiceAccount in the tenant namespace");
+    assert!(
+        in_tenant.get_opt(HOME_IDENTITY).await.expect("read").is_none(),
+        "no ServiceAccount in the tenant namespace"
+    );
     assert!(Api::<Role>::namespaced(env.kube.clone(), &tenant).get_opt(HOME_IDENTITY).await.expect("read").is_none());
-    let binding =
-        Api::<RoleBinding>::namespaced(env.kube.clone(), &tenant).get(HOME_IDENTITY).await.expect("the home RoleBinding");
+    let binding = Api::<RoleBinding>::namespaced(env.kube.clone(), &tenant)
+        .get(HOME_IDENTITY)
+        .await
+        .expect("the home RoleBinding");
     assert_eq!((binding.role_ref.kind.as_str(), binding.role_ref.name.as_str()), ("ClusterRole", "admin"));
     let subjects = binding.subjects.expect("subjects");
     assert_eq!(subjects.len(), 1);
-    assert_eq!((subjects[0].name.as_str(), subjects[0].namespace.as_deref()), (account.as_str(), Some(env.home.name())));
+    assert_eq!(
+        (subjects[0].name.as_str(), subjects[0].namespace.as_deref()),
+        (account.as_str(), Some(env.home.name()))
+    );
 
     // The application goes through the home environment; Argo CD gets its cluster Secret.
     let (home, _) = env.home_row().await;
-    let row = env.client.query_one("SELECT managed_environment_id FROM application", &[]).await.expect("application row");
+    let row =
+        env.client.query_one("SELECT managed_environment_id FROM application", &[]).await.expect("application row");
     assert_eq!(row.get::<_, Option<i64>>(0), Some(home));
     let server = names::environment_server(HOME_URL, home);
     let (data, token) = env.home_secret(|_| true).await;
@@ -159,7 +168,10 @@ async fn writer_tenancy_home_token_is_renewed_before_it_expires() {
     let (_, renewed) = env.home_secret(|token| token != first_token).await;
     assert_eq!(env.home_row().await.0, home, "renewal keeps the environment, only its credentials change");
     let scoped = TestCluster::get().await.client_with_token(&renewed).await;
-    Api::<ConfigMap>::namespaced(scoped, env.tenant.name()).list(&ListParams::default()).await.expect("the new token works");
+    Api::<ConfigMap>::namespaced(scoped, env.tenant.name())
+        .list(&ListParams::default())
+        .await
+        .expect("the new token works");
 }
 
 #[tokio::test]
@@ -205,7 +217,10 @@ async fn writer_tenancy_home_identity_changed_by_someone_else_is_made_again() {
     .await;
     let scoped = cluster.client_with_token(&first_token).await;
     let refused = Api::<ConfigMap>::namespaced(scoped, &tenant).list(&ListParams::default()).await;
-    assert!(matches!(refused, Err(kube::Error::Api(status)) if status.code == 401), "the old token died with its ServiceAccount");
+    assert!(
+        matches!(refused, Err(kube::Error::Api(status)) if status.code == 401),
+        "the old token died with its ServiceAccount"
+    );
 }
 
 #[tokio::test]
@@ -214,8 +229,10 @@ async fn writer_tenancy_deleted_namespace_takes_its_tenant_along() {
     let _writer = env.writer_for("writer-a", vec![env.tenant.name().to_owned()], |c| c.home.api_url = HOME_URL.into());
     let tenant = env.tenant.name().to_owned();
     env.create("web", spec(REPO, "apps/web")).await;
-    let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "git"}, "stringData": {"username": "bot", "password": "pw"}}))
-        .expect("Secret");
+    let secret: Secret = serde_json::from_value(
+        json!({"metadata": {"name": "git"}, "stringData": {"username": "bot", "password": "pw"}}),
+    )
+    .expect("Secret");
     Api::<Secret>::namespaced(env.kube.clone(), &tenant)
         .patch("git", &PatchParams::apply("writer-tenancy-test").force(), &Patch::Apply(&secret))
         .await
@@ -251,7 +268,10 @@ async fn writer_tenancy_deleted_namespace_takes_its_tenant_along() {
     })
     .await;
 
-    Api::<Namespace>::all(env.kube.clone()).delete(&tenant, &DeleteParams::background()).await.expect("delete the namespace");
+    Api::<Namespace>::all(env.kube.clone())
+        .delete(&tenant, &DeleteParams::background())
+        .await
+        .expect("delete the namespace");
 
     eventually("the tenant confirmed deleted", || async {
         let row = env.client.query_one("SELECT row_state::text FROM tenant WHERE id = $1", &[&tenant_id]).await.ok()?;
@@ -261,7 +281,10 @@ async fn writer_tenancy_deleted_namespace_takes_its_tenant_along() {
     for table in ["application", "managed_environment", "repository_credential"] {
         let live: i64 = env
             .client
-            .query_one(&format!("SELECT count(*) FROM {table} WHERE tenant_id = $1 AND row_state <> 'deleted'"), &[&tenant_id])
+            .query_one(
+                &format!("SELECT count(*) FROM {table} WHERE tenant_id = $1 AND row_state <> 'deleted'"),
+                &[&tenant_id],
+            )
             .await
             .expect("count")
             .get(0);

@@ -34,7 +34,8 @@ pub fn serving_cert(dir: &Path) -> Result<ServingCert, CertError> {
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca_params.distinguished_name.push(DnType::CommonName, "gitops-webhook-ca");
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    ca_params.key_usages =
+        vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     let ca = ca_params.self_signed(&ca_key)?;
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::new(vec!["127.0.0.1".to_owned(), "::1".to_owned(), "localhost".to_owned()])?;
@@ -53,7 +54,12 @@ pub fn serving_cert(dir: &Path) -> Result<ServingCert, CertError> {
 /// The configuration: GitOpsDeployments and SyncRuns (and the other two kinds),
 /// CREATE and UPDATE, `failurePolicy: Fail`, 5 s, to `url`; only namespaces labelled
 /// `selector` when given (tests share one API server).
-pub fn configuration(name: &str, url: &str, ca_pem: &str, selector: Option<(&str, &str)>) -> ValidatingWebhookConfiguration {
+pub fn configuration(
+    name: &str,
+    url: &str,
+    ca_pem: &str,
+    selector: Option<(&str, &str)>,
+) -> ValidatingWebhookConfiguration {
     let bundle = base64::engine::general_purpose::STANDARD.encode(ca_pem);
     let namespace_selector = match selector {
         Some((key, value)) => serde_json::json!({"matchLabels": {key: value}}),

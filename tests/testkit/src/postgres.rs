@@ -87,11 +87,14 @@ impl PgCluster {
     async fn launch(options: PgOptions, tls: bool) -> Result<Self, PgError> {
         let bin = find_bin_dir().ok_or(PgError::BinariesMissing)?;
         let run_as = if is_root() { Some(postgres_user()?) } else { None };
-        let dir = std::env::temp_dir().join(format!("gitops-pg-{}-{}", std::process::id(), uuid::Uuid::new_v4().simple()));
+        let dir =
+            std::env::temp_dir().join(format!("gitops-pg-{}-{}", std::process::id(), uuid::Uuid::new_v4().simple()));
         let data = dir.join("data");
-        std::fs::create_dir_all(&dir).map_err(|e| PgError::Command { what: "create the data directory", detail: e.to_string() })?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| PgError::Command { what: "create the data directory", detail: e.to_string() })?;
         if let Some((uid, gid)) = run_as {
-            chown(&dir, Some(uid), Some(gid)).map_err(|e| PgError::Command { what: "chown the data directory", detail: e.to_string() })?;
+            chown(&dir, Some(uid), Some(gid))
+                .map_err(|e| PgError::Command { what: "chown the data directory", detail: e.to_string() })?;
         }
         let mut initdb = Command::new(bin.join("initdb"));
         initdb
@@ -143,7 +146,8 @@ impl PgCluster {
         if let Some((uid, gid)) = run_as {
             watchdog.uid(uid).gid(gid);
         }
-        let watchdog = watchdog.spawn().map_err(|e| PgError::Command { what: "start postgres", detail: e.to_string() })?;
+        let watchdog =
+            watchdog.spawn().map_err(|e| PgError::Command { what: "start postgres", detail: e.to_string() })?;
         let cluster = PgCluster { port, dir, ca_pem, watchdog };
         cluster.wait_ready(Duration::from_secs(60)).await?;
         Ok(cluster)
@@ -288,6 +292,10 @@ pub fn find_bin_dir() -> Option<PathBuf> {
 }
 
 fn free_port() -> Result<u16, PgError> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| PgError::Command { what: "find a free port", detail: e.to_string() })?;
-    listener.local_addr().map(|a| a.port()).map_err(|e| PgError::Command { what: "find a free port", detail: e.to_string() })
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| PgError::Command { what: "find a free port", detail: e.to_string() })?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| PgError::Command { what: "find a free port", detail: e.to_string() })
 }

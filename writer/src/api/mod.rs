@@ -85,7 +85,8 @@ pub fn crd_files() -> Result<Vec<(String, String)>, CrdRenderError> {
         .into_iter()
         .map(|crd| {
             let name = crd.metadata.name.clone().unwrap_or_default();
-            let yaml = serde_saphyr::to_string(&crd).map_err(|source| CrdRenderError::Yaml { name: name.clone(), source })?;
+            let yaml =
+                serde_saphyr::to_string(&crd).map_err(|source| CrdRenderError::Yaml { name: name.clone(), source })?;
             Ok((format!("{name}.yaml"), format!("{CRD_FILE_HEADER}{yaml}")))
         })
         .collect()
@@ -98,7 +99,6 @@ fn preserve_unknown_object(_: &mut schemars::SchemaGenerator) -> schemars::Schem
         "x-kubernetes-preserve-unknown-fields": true,
     })
 }
-
 
 /// Writes [`crd_files`] into `dir` (created if missing); returns the paths written.
 pub fn write_crd_files(dir: &std::path::Path) -> Result<Vec<std::path::PathBuf>, CrdRenderError> {

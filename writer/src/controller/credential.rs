@@ -50,24 +50,29 @@ pub(super) async fn tombstone_and_enqueue(
     let shard = shard_of(namespace);
     let writer_id = ctl.ctx.writer_id.clone();
     let mut client = pooled(&ctl.ctx.pool).await?;
-    let owner = ctl.in_txn(&mut client, |txn| {
-        let writer_id = writer_id.clone();
-        Box::pin(async move {
-            if !shard_fence_in_txn(txn, shard, &writer_id).await? {
-                return Ok(false);
-            }
-            let tombstoned = txn.query_opt(tombstone, &[&uid]).await.map_err(DbError::query(action))?;
-            if let Some(row) = tombstoned {
-                let (id, tenant): (i64, i64) = (row.get(0), row.get(1));
-                let instance: Option<i64> =
-                    txn.query_one(TENANT_INSTANCE, &[&tenant]).await.map_err(DbError::query("read a tenant"))?.get(0);
-                if let Some(instance) = instance {
-                    operation_enqueue_in_txn(txn, EngineInstanceId(instance), TenantId(tenant), resource, id).await?;
+    let owner = ctl
+        .in_txn(&mut client, |txn| {
+            let writer_id = writer_id.clone();
+            Box::pin(async move {
+                if !shard_fence_in_txn(txn, shard, &writer_id).await? {
+                    return Ok(false);
                 }
-            }
-            Ok(true)
+                let tombstoned = txn.query_opt(tombstone, &[&uid]).await.map_err(DbError::query(action))?;
+                if let Some(row) = tombstoned {
+                    let (id, tenant): (i64, i64) = (row.get(0), row.get(1));
+                    let instance: Option<i64> = txn
+                        .query_one(TENANT_INSTANCE, &[&tenant])
+                        .await
+                        .map_err(DbError::query("read a tenant"))?
+                        .get(0);
+                    if let Some(instance) = instance {
+                        operation_enqueue_in_txn(txn, EngineInstanceId(instance), TenantId(tenant), resource, id)
+                            .await?;
+                    }
+                }
+                Ok(true)
+            })
         })
-    })
-    .await?;
+        .await?;
     Ok(owner)
 }

@@ -131,33 +131,52 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
     let writer_id = ctl.ctx.writer_id.clone();
     let ns_name = namespace.to_owned();
     let mut client = pooled(&ctl.ctx.pool).await?;
-    let written = ctl.in_txn(&mut client, |txn| {
-        let (intent, writer_id, ns_name) = (intent.clone(), writer_id.clone(), ns_name.clone());
-        Box::pin(async move {
-            let (tenant, instance) =
-                match tenant_placed_in_txn(txn, namespace_uid, &ns_name, shard, &writer_id, settings.healthy_within).await? {
+    let written = ctl
+        .in_txn(&mut client, |txn| {
+            let (intent, writer_id, ns_name) = (intent.clone(), writer_id.clone(), ns_name.clone());
+            Box::pin(async move {
+                let (tenant, instance) = match tenant_placed_in_txn(
+                    txn,
+                    namespace_uid,
+                    &ns_name,
+                    shard,
+                    &writer_id,
+                    settings.healthy_within,
+                )
+                .await?
+                {
                     Tenancy::Placed(tenant, instance) => (tenant, instance),
                     Tenancy::NotOwner | Tenancy::Gone => return Ok(Written::NotOwner),
                     Tenancy::NoEngine => return Ok(Written::NoEngine),
                 };
-            let count: i64 =
-                txn.query_one(COUNT, &[&tenant.0, &intent.resource_uid]).await.map_err(DbError::query("count deployments"))?.get(0);
-            if count >= settings.max_deployments {
-                return Ok(Written::Quota(count));
-            }
-            let intent = gitops_shared::application::ApplicationIntent { tenant_id: tenant, ..intent };
-            if let Some(id) = application_upsert_in_txn(txn, &intent).await? {
-                operation_enqueue_in_txn(txn, instance, tenant, ResourceType::Application, id.0).await?;
-            }
-            Ok(Written::Stored)
+                let count: i64 = txn
+                    .query_one(COUNT, &[&tenant.0, &intent.resource_uid])
+                    .await
+                    .map_err(DbError::query("count deployments"))?
+                    .get(0);
+                if count >= settings.max_deployments {
+                    return Ok(Written::Quota(count));
+                }
+                let intent = gitops_shared::application::ApplicationIntent { tenant_id: tenant, ..intent };
+                if let Some(id) = application_upsert_in_txn(txn, &intent).await? {
+                    operation_enqueue_in_txn(txn, instance, tenant, ResourceType::Application, id.0).await?;
+                }
+                Ok(Written::Stored)
+            })
         })
-    })
-    .await?;
+        .await?;
     drop(client);
     match written {
         Written::NotOwner => Ok(Next::Done),
         Written::Stored => {
-            set_condition(&api, &object, false, REASON_ACCEPTED, "the deployment is stored and handed to the GitOps engine").await?;
+            set_condition(
+                &api,
+                &object,
+                false,
+                REASON_ACCEPTED,
+                "the deployment is stored and handed to the GitOps engine",
+            )
+            .await?;
             Ok(Next::Settled(Settled::Ok))
         }
         Written::Quota(count) => {
@@ -191,7 +210,11 @@ async fn unverified(
 ) -> Result<Next, ReconcileError> {
     let stored: Option<i64> = {
         let client = pooled(&ctl.ctx.pool).await?;
-        client.query_opt(ACTIVE_GENERATION, &[&uid]).await.map_err(DbError::query("read an application"))?.map(|r| r.get(0))
+        client
+            .query_opt(ACTIVE_GENERATION, &[&uid])
+            .await
+            .map_err(DbError::query("read an application"))?
+            .map(|r| r.get(0))
     };
     let message = match stored {
         Some(generation) if Some(generation) == object.metadata.generation => {
@@ -245,25 +268,37 @@ async fn delete(
     let shard = shard_of(&namespace);
     let writer_id = ctl.ctx.writer_id.clone();
     let mut client = pooled(&ctl.ctx.pool).await?;
-    let owner = ctl.in_txn(&mut client, |txn| {
-        let writer_id = writer_id.clone();
-        Box::pin(async move {
-            if !shard_fence_in_txn(txn, shard, &writer_id).await? {
-                return Ok(false);
-            }
-            if let Some(row) = txn.query_opt(TOMBSTONE, &[&uid]).await.map_err(DbError::query("tombstone an application"))? {
-                let (id, tenant): (i64, i64) = (row.get(0), row.get(1));
-                let instance: Option<i64> =
-                    txn.query_one(TENANT_INSTANCE, &[&tenant]).await.map_err(DbError::query("read a tenant"))?.get(0);
-                if let Some(instance) = instance {
-                    operation_enqueue_in_txn(txn, EngineInstanceId(instance), TenantId(tenant), ResourceType::Application, id)
-                        .await?;
+    let owner = ctl
+        .in_txn(&mut client, |txn| {
+            let writer_id = writer_id.clone();
+            Box::pin(async move {
+                if !shard_fence_in_txn(txn, shard, &writer_id).await? {
+                    return Ok(false);
                 }
-            }
-            Ok(true)
+                if let Some(row) =
+                    txn.query_opt(TOMBSTONE, &[&uid]).await.map_err(DbError::query("tombstone an application"))?
+                {
+                    let (id, tenant): (i64, i64) = (row.get(0), row.get(1));
+                    let instance: Option<i64> = txn
+                        .query_one(TENANT_INSTANCE, &[&tenant])
+                        .await
+                        .map_err(DbError::query("read a tenant"))?
+                        .get(0);
+                    if let Some(instance) = instance {
+                        operation_enqueue_in_txn(
+                            txn,
+                            EngineInstanceId(instance),
+                            TenantId(tenant),
+                            ResourceType::Application,
+                            id,
+                        )
+                        .await?;
+                    }
+                }
+                Ok(true)
+            })
         })
-    })
-    .await?;
+        .await?;
     if !owner {
         return Ok(Next::Done);
     }

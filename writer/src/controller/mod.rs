@@ -26,6 +26,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use gitops_shared::db::{DbError, in_txn_retrying};
 use gitops_shared::telemetry::error_chain;
+use gitops_shared::tenancy::NotServed;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -36,16 +37,15 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use gitops_shared::tenancy::NotServed;
 use uuid::Uuid;
 
-pub use home::{
-    DEFAULT_HOME_CLUSTER_ROLE, DEFAULT_HOME_NAMESPACE, HOME_IDENTITY, HomeSettings, HomeStatus, TENANT_NAMESPACE_LABEL, check_loop, check_once,
-    home_account_name, home_binding,
-};
-pub use environment::{CONNECTION_CONDITION, REASON_CONNECTION_CHECK_DISABLED, REASON_SECRET_NOT_FOUND};
 pub use deployment::{
     REASON_HOME_UNAVAILABLE, REASON_NO_ENGINE, REASON_QUOTA_EXCEEDED, REASON_REQUESTER_UNVERIFIED, WAIT_FOR_PRUNING,
+};
+pub use environment::{CONNECTION_CONDITION, REASON_CONNECTION_CHECK_DISABLED, REASON_SECRET_NOT_FOUND};
+pub use home::{
+    DEFAULT_HOME_CLUSTER_ROLE, DEFAULT_HOME_NAMESPACE, HOME_IDENTITY, HomeSettings, HomeStatus, TENANT_NAMESPACE_LABEL,
+    check_loop, check_once, home_account_name, home_binding,
 };
 pub use object::{CONDITION, FINALIZER, REASON_ACCEPTED};
 pub use sync_run::{REASON_DEPLOYMENT_AUTOMATED, REASON_DEPLOYMENT_NOT_FOUND};
@@ -173,7 +173,12 @@ impl Controllers {
     /// says why, and nothing is written (no finalizer, no rows, no identity). Rows
     /// and Argo CD objects of a namespace that stopped being served stay as they
     /// are; a deletion goes on as usual (the caller handles deleting objects).
-    async fn refuse_unserved<K>(&self, api: &Api<K>, name: &str, namespace: &str) -> Result<Option<Next>, ReconcileError>
+    async fn refuse_unserved<K>(
+        &self,
+        api: &Api<K>,
+        name: &str,
+        namespace: &str,
+    ) -> Result<Option<Next>, ReconcileError>
     where
         K: Resource + Clone + DeserializeOwned + std::fmt::Debug + HasConditions,
     {
@@ -182,7 +187,8 @@ impl Controllers {
             self.namespace_state(namespace).await?;
         }
         let Err(not_served) = self.serves(namespace) else { return Ok(None) };
-        let Some(object) = api.get_opt(name).await.map_err(|source| ReconcileError::Kube { action: "read", source })? else {
+        let Some(object) = api.get_opt(name).await.map_err(|source| ReconcileError::Kube { action: "read", source })?
+        else {
             return Ok(Some(Next::Done));
         };
         if object.meta().deletion_timestamp.is_some() {
@@ -267,7 +273,9 @@ impl Controllers {
     /// [`in_txn_retrying`], timed into the transaction histogram (retries included).
     async fn in_txn<T, F>(&self, client: &mut tokio_postgres::Client, body: F) -> Result<T, DbError>
     where
-        F: for<'t> FnMut(&'t tokio_postgres::Transaction<'t>) -> futures_util::future::BoxFuture<'t, Result<T, DbError>>,
+        F: for<'t> FnMut(
+            &'t tokio_postgres::Transaction<'t>,
+        ) -> futures_util::future::BoxFuture<'t, Result<T, DbError>>,
     {
         let started = std::time::Instant::now();
         let outcome = in_txn_retrying(client, body).await;
@@ -327,8 +335,10 @@ impl Controllers {
             return Ok(Some(state));
         }
         let api: Api<Namespace> = Api::all(self.ctx.kube.clone());
-        let object =
-            api.get_opt(namespace).await.map_err(|source| ReconcileError::Kube { action: "read the namespace", source })?;
+        let object = api
+            .get_opt(namespace)
+            .await
+            .map_err(|source| ReconcileError::Kube { action: "read the namespace", source })?;
         let state = object.map(|object| namespace_state_of(&object.metadata)).transpose()?;
         if let Some(state) = &state {
             self.namespace_states().entry(namespace.to_owned()).or_insert_with(|| state.clone());
@@ -380,7 +390,13 @@ pub(crate) fn uid(meta: &ObjectMeta) -> Result<Uuid, ReconcileError> {
 }
 
 /// Sets the writer's condition (and `observedGeneration`) when it changed.
-async fn set_condition<K>(api: &Api<K>, object: &K, error: bool, reason: &str, message: &str) -> Result<(), ReconcileError>
+async fn set_condition<K>(
+    api: &Api<K>,
+    object: &K,
+    error: bool,
+    reason: &str,
+    message: &str,
+) -> Result<(), ReconcileError>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + HasConditions,
 {
@@ -675,7 +691,11 @@ async fn watch_secrets(ctl: Arc<Controllers>, scope: Option<String>, cancel: Can
     }
 }
 
-async fn requeue_on_shard_change(ctl: Arc<Controllers>, mut shards: watch::Receiver<Vec<i32>>, cancel: CancellationToken) {
+async fn requeue_on_shard_change(
+    ctl: Arc<Controllers>,
+    mut shards: watch::Receiver<Vec<i32>>,
+    cancel: CancellationToken,
+) {
     let mut before: BTreeSet<i32> = BTreeSet::new();
     loop {
         let now: BTreeSet<i32> = shards.borrow_and_update().iter().copied().collect();

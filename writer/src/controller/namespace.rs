@@ -67,35 +67,56 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str) -> Result
     let writer_id = ctl.ctx.writer_id.clone();
     let ns_name = namespace.to_owned();
     let mut client = pooled(&ctl.ctx.pool).await?;
-    let cleaned = ctl.in_txn(&mut client, |txn| {
-        let (writer_id, ns_name) = (writer_id.clone(), ns_name.clone());
-        Box::pin(async move {
-            if !shard_fence_in_txn(txn, shard, &writer_id).await? {
-                return Ok(None);
-            }
-            let tenants = txn.query(STALE_TENANTS, &[&ns_name, &keep]).await.map_err(DbError::query("find a namespace's old tenants"))?;
-            let mut cleaned: Vec<Uuid> = Vec::new();
-            for row in tenants {
-                let tenant = TenantId(row.get(0));
-                let instance: Option<i64> = row.get(1);
-                cleaned.push(row.get(2));
-                for (statement, resource_type) in TOMBSTONES {
-                    let ids = txn.query(statement, &[&tenant.0]).await.map_err(DbError::query("tombstone a tenant's rows"))?;
-                    if let Some(instance) = instance {
-                        for id in ids {
-                            operation_enqueue_in_txn(txn, EngineInstanceId(instance), tenant, resource_type, id.get(0)).await?;
+    let cleaned = ctl
+        .in_txn(&mut client, |txn| {
+            let (writer_id, ns_name) = (writer_id.clone(), ns_name.clone());
+            Box::pin(async move {
+                if !shard_fence_in_txn(txn, shard, &writer_id).await? {
+                    return Ok(None);
+                }
+                let tenants = txn
+                    .query(STALE_TENANTS, &[&ns_name, &keep])
+                    .await
+                    .map_err(DbError::query("find a namespace's old tenants"))?;
+                let mut cleaned: Vec<Uuid> = Vec::new();
+                for row in tenants {
+                    let tenant = TenantId(row.get(0));
+                    let instance: Option<i64> = row.get(1);
+                    cleaned.push(row.get(2));
+                    for (statement, resource_type) in TOMBSTONES {
+                        let ids = txn
+                            .query(statement, &[&tenant.0])
+                            .await
+                            .map_err(DbError::query("tombstone a tenant's rows"))?;
+                        if let Some(instance) = instance {
+                            for id in ids {
+                                operation_enqueue_in_txn(
+                                    txn,
+                                    EngineInstanceId(instance),
+                                    tenant,
+                                    resource_type,
+                                    id.get(0),
+                                )
+                                .await?;
+                            }
                         }
                     }
+                    txn.execute(TENANT_TOMBSTONE, &[&tenant.0]).await.map_err(DbError::query("tombstone a tenant"))?;
+                    if let Some(instance) = instance {
+                        operation_enqueue_in_txn(
+                            txn,
+                            EngineInstanceId(instance),
+                            tenant,
+                            ResourceType::Tenant,
+                            tenant.0,
+                        )
+                        .await?;
+                    }
                 }
-                txn.execute(TENANT_TOMBSTONE, &[&tenant.0]).await.map_err(DbError::query("tombstone a tenant"))?;
-                if let Some(instance) = instance {
-                    operation_enqueue_in_txn(txn, EngineInstanceId(instance), tenant, ResourceType::Tenant, tenant.0).await?;
-                }
-            }
-            Ok(Some(cleaned))
+                Ok(Some(cleaned))
+            })
         })
-    })
-    .await?;
+        .await?;
     drop(client);
     let Some(cleaned) = cleaned else { return Ok(Next::Done) };
     ctl.forget_home(&cleaned);

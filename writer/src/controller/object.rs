@@ -3,15 +3,15 @@
 //! and set the writer's condition in its status without touching the other
 //! conditions, which the status loop owns.
 
-use kube::api::{Api, Patch, PatchParams};
 use kube::Resource;
+use kube::api::{Api, Patch, PatchParams};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::ReconcileError;
-use uuid::Uuid;
 use crate::api::Condition;
+use uuid::Uuid;
 
 /// The writer's finalizer on every resource it manages.
 pub const FINALIZER: &str = "managed-gitops.redhat.com/writer";
@@ -63,7 +63,8 @@ pub async fn live<K>(api: &Api<K>, name: &str) -> Result<Live<K>, ReconcileError
 where
     K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
 {
-    let Some(object) = api.get_opt(name).await.map_err(|source| ReconcileError::Kube { action: "read", source })? else {
+    let Some(object) = api.get_opt(name).await.map_err(|source| ReconcileError::Kube { action: "read", source })?
+    else {
         return Ok(Live::Gone);
     };
     let uid = super::uid(object.meta())?;

@@ -80,23 +80,35 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
     let healthy_within = ctl.settings.healthy_within;
     let (writer_id, ns_name, sealer) = (ctl.ctx.writer_id.clone(), namespace.to_owned(), ctl.ctx.secrets.clone());
     let mut client = pooled(&ctl.ctx.pool).await?;
-    let written = ctl.in_txn(&mut client, |txn| {
-        let (intent, writer_id, ns_name, sealer) = (intent.clone(), writer_id.clone(), ns_name.clone(), sealer.clone());
-        Box::pin(async move {
-            let (tenant, instance) =
-                match tenant_placed_in_txn(txn, namespace_uid, &ns_name, shard, &writer_id, healthy_within).await? {
+    let written = ctl
+        .in_txn(&mut client, |txn| {
+            let (intent, writer_id, ns_name, sealer) =
+                (intent.clone(), writer_id.clone(), ns_name.clone(), sealer.clone());
+            Box::pin(async move {
+                let (tenant, instance) = match tenant_placed_in_txn(
+                    txn,
+                    namespace_uid,
+                    &ns_name,
+                    shard,
+                    &writer_id,
+                    healthy_within,
+                )
+                .await?
+                {
                     Tenancy::Placed(tenant, instance) => (tenant, instance),
                     Tenancy::NotOwner | Tenancy::Gone => return Ok(Written::NotOwner),
                     Tenancy::NoEngine => return Ok(Written::NoEngine),
                 };
-            let intent = RepositoryCredentialIntent { tenant_id: tenant, ..intent };
-            if let Some(id) = repository_credential_upsert_in_txn(txn, &sealer, &intent).await.map_err(credential_error)? {
-                operation_enqueue_in_txn(txn, instance, tenant, ResourceType::RepositoryCredential, id).await?;
-            }
-            Ok(Written::Stored)
+                let intent = RepositoryCredentialIntent { tenant_id: tenant, ..intent };
+                if let Some(id) =
+                    repository_credential_upsert_in_txn(txn, &sealer, &intent).await.map_err(credential_error)?
+                {
+                    operation_enqueue_in_txn(txn, instance, tenant, ResourceType::RepositoryCredential, id).await?;
+                }
+                Ok(Written::Stored)
+            })
         })
-    })
-    .await?;
+        .await?;
     drop(client);
     match (written, credentials) {
         (Written::NotOwner, _) => Ok(Next::Done),

@@ -91,30 +91,38 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         revision: valid.revision.clone(),
     };
     let mut client = pooled(&ctl.ctx.pool).await?;
-    let owner = ctl.in_txn(&mut client, |txn| {
-        let (intent, writer_id) = (intent.clone(), writer_id.clone());
-        Box::pin(async move {
-            if !shard_fence_in_txn(txn, shard, &writer_id).await? {
-                return Ok(false);
-            }
-            let instance: Option<i64> = txn
-                .query_one(TENANT_LOCK, &[&intent.tenant_id.0])
-                .await
-                .map_err(DbError::query("lock a tenant"))?
-                .get(0);
-            if let (Some(id), Some(instance)) = (sync_operation_upsert_in_txn(txn, &intent).await?, instance) {
-                operation_enqueue_in_txn(txn, EngineInstanceId(instance), intent.tenant_id, ResourceType::SyncOperation, id)
+    let owner = ctl
+        .in_txn(&mut client, |txn| {
+            let (intent, writer_id) = (intent.clone(), writer_id.clone());
+            Box::pin(async move {
+                if !shard_fence_in_txn(txn, shard, &writer_id).await? {
+                    return Ok(false);
+                }
+                let instance: Option<i64> = txn
+                    .query_one(TENANT_LOCK, &[&intent.tenant_id.0])
+                    .await
+                    .map_err(DbError::query("lock a tenant"))?
+                    .get(0);
+                if let (Some(id), Some(instance)) = (sync_operation_upsert_in_txn(txn, &intent).await?, instance) {
+                    operation_enqueue_in_txn(
+                        txn,
+                        EngineInstanceId(instance),
+                        intent.tenant_id,
+                        ResourceType::SyncOperation,
+                        id,
+                    )
                     .await?;
-            }
-            Ok(true)
+                }
+                Ok(true)
+            })
         })
-    })
-    .await?;
+        .await?;
     drop(client);
     if !owner {
         return Ok(Next::Done);
     }
-    set_condition(&api, &object, false, REASON_ACCEPTED, "the sync run is stored and handed to the GitOps engine").await?;
+    set_condition(&api, &object, false, REASON_ACCEPTED, "the sync run is stored and handed to the GitOps engine")
+        .await?;
     Ok(Next::Settled(Settled::Ok))
 }
 
@@ -141,24 +149,31 @@ async fn delete(
     let shard = shard_of(namespace);
     let writer_id = ctl.ctx.writer_id.clone();
     let mut client = pooled(&ctl.ctx.pool).await?;
-    let owner = ctl.in_txn(&mut client, |txn| {
-        let writer_id = writer_id.clone();
-        Box::pin(async move {
-            if !shard_fence_in_txn(txn, shard, &writer_id).await? {
-                return Ok(false);
-            }
-            if let Some((id, tenant)) = sync_operation_terminate_in_txn(txn, uid).await? {
-                let instance: Option<i64> =
-                    txn.query_one(TENANT_LOCK, &[&tenant.0]).await.map_err(DbError::query("lock a tenant"))?.get(0);
-                if let Some(instance) = instance {
-                    operation_enqueue_in_txn(txn, EngineInstanceId(instance), tenant, ResourceType::SyncOperation, id)
-                        .await?;
+    let owner = ctl
+        .in_txn(&mut client, |txn| {
+            let writer_id = writer_id.clone();
+            Box::pin(async move {
+                if !shard_fence_in_txn(txn, shard, &writer_id).await? {
+                    return Ok(false);
                 }
-            }
-            Ok(true)
+                if let Some((id, tenant)) = sync_operation_terminate_in_txn(txn, uid).await? {
+                    let instance: Option<i64> =
+                        txn.query_one(TENANT_LOCK, &[&tenant.0]).await.map_err(DbError::query("lock a tenant"))?.get(0);
+                    if let Some(instance) = instance {
+                        operation_enqueue_in_txn(
+                            txn,
+                            EngineInstanceId(instance),
+                            tenant,
+                            ResourceType::SyncOperation,
+                            id,
+                        )
+                        .await?;
+                    }
+                }
+                Ok(true)
+            })
         })
-    })
-    .await?;
+        .await?;
     if owner {
         remove_finalizer(api, object).await?;
         return Ok(Next::Settled(Settled::Ok));

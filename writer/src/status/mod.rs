@@ -28,8 +28,8 @@ use std::time::Duration;
 use futures_util::{FutureExt, StreamExt};
 use gitops_shared::db::{DbError, pooled};
 use gitops_shared::listen::Listener;
-use gitops_shared::signal::{Signal, SleepAttempt};
 use gitops_shared::model::RowState;
+use gitops_shared::signal::{Signal, SleepAttempt};
 use gitops_shared::status_feed::{
     STATUS_FEED_BATCH, StatusFeedRow, SyncRunRow, cursor_after, status_feed_read, sync_runs_by_id,
     sync_runs_of_applications, writer_shard_advance_status,

@@ -14,8 +14,8 @@ use gitops_shared::status_feed::{StatusFeedRow, SyncRunRow};
 use serde_json::Value;
 
 use crate::api::{
-    Condition, DeploymentDestination, DeploymentHealth, DeploymentSource, DeploymentSync,
-    GitOpsDeploymentStatus, ReconciledState,
+    Condition, DeploymentDestination, DeploymentHealth, DeploymentSource, DeploymentSync, GitOpsDeploymentStatus,
+    ReconciledState,
 };
 
 /// The condition types the status loop owns on a GitOpsDeployment.
@@ -45,14 +45,10 @@ const FALLBACK_CONDITION: &str = "UnknownError";
 /// 3339) stamps conditions that appear without a transition time of their own.
 pub fn deployment_status(row: &StatusFeedRow, current: &GitOpsDeploymentStatus, now: &str) -> GitOpsDeploymentStatus {
     let mut status = current.clone();
-    status.sync = row
-        .sync_status
-        .as_ref()
-        .map(|s| DeploymentSync { status: s.clone(), revision: row.sync_revision.clone() });
-    status.health = row
-        .health_status
-        .as_ref()
-        .map(|s| DeploymentHealth { status: s.clone(), message: row.health_message.clone() });
+    status.sync =
+        row.sync_status.as_ref().map(|s| DeploymentSync { status: s.clone(), revision: row.sync_revision.clone() });
+    status.health =
+        row.health_status.as_ref().map(|s| DeploymentHealth { status: s.clone(), message: row.health_message.clone() });
     status.resources = row
         .resources
         .as_array()
@@ -60,9 +56,12 @@ pub fn deployment_status(row: &StatusFeedRow, current: &GitOpsDeploymentStatus, 
         .unwrap_or_default();
     status.reconciled_state = row.reconciled_state.as_ref().map(|compared| reconciled_state(compared, row));
     status.operation_state = row.operation_state.clone();
-    status.conditions = merge_conditions(&current.conditions, engine_conditions(&row.conditions), |t| {
-        ENGINE_CONDITION_TYPES.contains(&t)
-    }, now);
+    status.conditions = merge_conditions(
+        &current.conditions,
+        engine_conditions(&row.conditions),
+        |t| ENGINE_CONDITION_TYPES.contains(&t),
+        now,
+    );
     status
 }
 
@@ -215,7 +214,11 @@ mod tests {
 
     #[test]
     fn owned_fields_follow_the_row_and_validation_conditions_stay() {
-        let current = GitOpsDeploymentStatus { conditions: vec![validation()], observed_generation: Some(3), ..Default::default() };
+        let current = GitOpsDeploymentStatus {
+            conditions: vec![validation()],
+            observed_generation: Some(3),
+            ..Default::default()
+        };
         let status = deployment_status(&row(), &current, "2026-01-01T00:00:00Z");
         assert_eq!(status.sync.as_ref().map(|s| s.status.as_str()), Some("Synced"));
         assert_eq!(status.resources[0].name, "demo");

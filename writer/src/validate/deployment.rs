@@ -44,7 +44,15 @@ pub fn deployment(spec: &GitOpsDeploymentSpec) -> Result<ValidDeployment, Invali
     let sync_type = sync_type("spec.type", &spec.type_)?;
     let options = spec.sync_policy.as_ref().map(|p| p.sync_options.as_slice()).unwrap_or_default();
     let create_namespace = sync_options("spec.syncPolicy.syncOptions", options)?;
-    Ok(ValidDeployment { repo_url, path, target_revision, environment, destination_namespace, sync_type, create_namespace })
+    Ok(ValidDeployment {
+        repo_url,
+        path,
+        target_revision,
+        environment,
+        destination_namespace,
+        sync_type,
+        create_namespace,
+    })
 }
 
 fn non_empty(value: Option<&str>) -> Option<&str> {
@@ -57,7 +65,10 @@ fn non_empty(value: Option<&str>) -> Option<&str> {
 pub fn path(field: &str, value: &str) -> Result<String, Invalid> {
     let value = required(field, value, limits::PATH)?;
     if value.trim_matches('/').is_empty() {
-        return Err(Invalid::new(reason::INVALID_PATH, format!("{field} must not be '/'; use '.' for the repository's root")));
+        return Err(Invalid::new(
+            reason::INVALID_PATH,
+            format!("{field} must not be '/'; use '.' for the repository's root"),
+        ));
     }
     if value.starts_with('/') || value.starts_with('\\') {
         return Err(Invalid::new(reason::INVALID_PATH, format!("{field} must be relative to the repository's root")));
@@ -109,12 +120,17 @@ pub fn sync_options(field: &str, options: &[String]) -> Result<bool, Invalid> {
             _ => {
                 return Err(Invalid::new(
                     reason::INVALID_SYNC_OPTION,
-                    format!("{item} is not a supported sync option; only CreateNamespace=true and CreateNamespace=false are"),
+                    format!(
+                        "{item} is not a supported sync option; only CreateNamespace=true and CreateNamespace=false are"
+                    ),
                 ));
             }
         };
         if create.is_some_and(|c| c != value) {
-            return Err(Invalid::new(reason::INVALID_SYNC_OPTION, format!("{field} sets CreateNamespace both true and false")));
+            return Err(Invalid::new(
+                reason::INVALID_SYNC_OPTION,
+                format!("{field} sets CreateNamespace both true and false"),
+            ));
         }
         create = Some(value);
     }
@@ -146,7 +162,9 @@ pub fn environment_resolved(name: &str, found: Option<EnvironmentRef>) -> Result
     found.map(|e| e.id).ok_or_else(|| {
         Invalid::new(
             reason::ENVIRONMENT_NOT_FOUND,
-            format!("spec.destination.environment: no GitOpsDeploymentManagedEnvironment named {name:?} in this namespace"),
+            format!(
+                "spec.destination.environment: no GitOpsDeploymentManagedEnvironment named {name:?} in this namespace"
+            ),
         )
     })
 }

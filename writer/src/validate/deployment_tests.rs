@@ -132,7 +132,12 @@ fn sync_option_rules() {
     assert_eq!(opts(&["CreateNamespace=true"]), Ok(true));
     assert_eq!(opts(&["CreateNamespace=false"]), Ok(false));
     assert_eq!(opts(&["CreateNamespace=true", "CreateNamespace=true"]), Ok(true));
-    for bad in [&["Prune=true"][..], &["CreateNamespace=yes"], &["createnamespace=true"], &["CreateNamespace=true", "CreateNamespace=false"]] {
+    for bad in [
+        &["Prune=true"][..],
+        &["CreateNamespace=yes"],
+        &["createnamespace=true"],
+        &["CreateNamespace=true", "CreateNamespace=false"],
+    ] {
         assert_eq!(opts(bad).unwrap_err().reason, INVALID_SYNC_OPTION, "{bad:?}");
     }
     assert_eq!(opts(&["CreateNamespace=true"; 9]).unwrap_err().reason, FIELD_TOO_LONG);

@@ -149,14 +149,22 @@ mod tests {
     #[test]
     fn secret_refusals() {
         let token = b"users: [{name: u, user: {token: t}}]".as_slice();
-        assert!(environment_secret(&secret(Some("managed-gitops.redhat.com/managed-environment"), &[("kubeconfig", token)])).is_ok());
-        let wrong = environment_secret(&secret(Some("kubernetes.io/tls"), &[("kubeconfig", token)])).expect_err("refused");
+        assert!(
+            environment_secret(&secret(
+                Some("managed-gitops.redhat.com/managed-environment"),
+                &[("kubeconfig", token)]
+            ))
+            .is_ok()
+        );
+        let wrong =
+            environment_secret(&secret(Some("kubernetes.io/tls"), &[("kubeconfig", token)])).expect_err("refused");
         assert_eq!(wrong.reason, SECRET_WRONG_TYPE);
         let missing = environment_secret(&secret(None, &[("config", token)])).expect_err("refused");
         assert_eq!(missing.reason, SECRET_MISSING_CREDENTIALS);
         let binary = environment_secret(&secret(None, &[("kubeconfig", &[0xff, 0xfe])])).expect_err("refused");
         assert_eq!(binary.reason, INVALID_CHARACTERS);
-        let exec = environment_secret(&secret(None, &[("kubeconfig", b"users: [{name: u, user: {exec: {command: sh}}}]")]));
+        let exec =
+            environment_secret(&secret(None, &[("kubeconfig", b"users: [{name: u, user: {exec: {command: sh}}}]")]));
         assert_eq!(exec.expect_err("refused").reason, KUBECONFIG_EXEC_PLUGIN_NOT_ALLOWED);
     }
 }

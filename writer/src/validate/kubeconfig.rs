@@ -116,7 +116,8 @@ pub fn kubeconfig(input: &str) -> Result<ValidKubeconfig, Invalid> {
         None if clusters.len() <= 1 => clusters.first().and_then(|c| c.body.as_ref()),
         None => return Err(malformed("has several clusters and no context choosing one")),
     };
-    let user = user.ok_or_else(|| Invalid::new(reason::KUBECONFIG_NO_CREDENTIALS, "the kubeconfig's user has no credentials"))?;
+    let user = user
+        .ok_or_else(|| Invalid::new(reason::KUBECONFIG_NO_CREDENTIALS, "the kubeconfig's user has no credentials"))?;
     credentials(user, cluster.unwrap_or(&Cluster::default()))
 }
 
@@ -156,7 +157,10 @@ fn refuse_features(clusters: &[Named<Cluster>], users: &[Named<User>]) -> Result
         ));
     }
     if all_clusters().any(|c| set(&c.proxy_url)) {
-        return Err(Invalid::new(reason::KUBECONFIG_PROXY_NOT_ALLOWED, "the kubeconfig sets a proxy-url, which is not allowed"));
+        return Err(Invalid::new(
+            reason::KUBECONFIG_PROXY_NOT_ALLOWED,
+            "the kubeconfig sets a proxy-url, which is not allowed",
+        ));
     }
     if all_users().any(|u| set(&u.as_user) || set(&u.as_uid) || u.as_groups.is_some() || u.as_user_extra.is_some()) {
         return Err(Invalid::new(

@@ -35,7 +35,8 @@ fn reason_of(cluster_extra: &str, user: &str) -> &'static str {
 
 #[test]
 fn an_inline_token_is_accepted() {
-    let valid = kubeconfig(&config("    tls-server-name: api.example.invalid", "    token: abc.def-ghi")).expect("valid");
+    let valid =
+        kubeconfig(&config("    tls-server-name: api.example.invalid", "    token: abc.def-ghi")).expect("valid");
     assert_eq!(valid.credentials.bearer_token.as_deref(), Some("abc.def-ghi"));
     assert_eq!(valid.credentials.certificate_authority_data.as_deref(), Some(CA));
     assert_eq!(valid.credentials.tls_server_name.as_deref(), Some("api.example.invalid"));
@@ -54,7 +55,8 @@ fn an_inline_client_certificate_is_accepted() {
 
 #[test]
 fn json_and_a_kubeconfig_without_contexts_are_accepted() {
-    let json = r#"{"clusters":[{"name":"c","cluster":{"server":"https://h"}}],"users":[{"name":"u","user":{"token":"t"}}]}"#;
+    let json =
+        r#"{"clusters":[{"name":"c","cluster":{"server":"https://h"}}],"users":[{"name":"u","user":{"token":"t"}}]}"#;
     assert_eq!(kubeconfig(json).expect("valid").credentials.bearer_token.as_deref(), Some("t"));
 }
 
@@ -62,13 +64,22 @@ fn json_and_a_kubeconfig_without_contexts_are_accepted() {
 fn each_refused_feature_has_its_reason() {
     let exec = "    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: /bin/sh\n      args: [\"-c\", \"id\"]";
     assert_eq!(reason_of("", exec), KUBECONFIG_EXEC_PLUGIN_NOT_ALLOWED);
-    assert_eq!(reason_of("", "    token: t\n    auth-provider:\n      name: gcp"), KUBECONFIG_AUTH_PROVIDER_NOT_ALLOWED);
+    assert_eq!(
+        reason_of("", "    token: t\n    auth-provider:\n      name: gcp"),
+        KUBECONFIG_AUTH_PROVIDER_NOT_ALLOWED
+    );
     assert_eq!(reason_of("", "    tokenFile: /var/run/secrets/token"), KUBECONFIG_FILE_PATH_NOT_ALLOWED);
-    assert_eq!(reason_of("", "    client-certificate: /etc/c.crt\n    client-key-data: Zm9v"), KUBECONFIG_FILE_PATH_NOT_ALLOWED);
+    assert_eq!(
+        reason_of("", "    client-certificate: /etc/c.crt\n    client-key-data: Zm9v"),
+        KUBECONFIG_FILE_PATH_NOT_ALLOWED
+    );
     assert_eq!(reason_of("", "    client-key: /etc/c.key\n    token: t"), KUBECONFIG_FILE_PATH_NOT_ALLOWED);
     assert_eq!(reason_of("    certificate-authority: /etc/ca.crt", "    token: t"), KUBECONFIG_FILE_PATH_NOT_ALLOWED);
     assert_eq!(reason_of("", "    username: admin\n    password: hunter2"), KUBECONFIG_BASIC_AUTH_NOT_ALLOWED);
-    assert_eq!(reason_of("    proxy-url: http://proxy.example.invalid:3128", "    token: t"), KUBECONFIG_PROXY_NOT_ALLOWED);
+    assert_eq!(
+        reason_of("    proxy-url: http://proxy.example.invalid:3128", "    token: t"),
+        KUBECONFIG_PROXY_NOT_ALLOWED
+    );
     assert_eq!(reason_of("", "    token: t\n    as: system:admin"), KUBECONFIG_IMPERSONATION_NOT_ALLOWED);
     assert_eq!(reason_of("", "    token: t\n    as-groups: [system:masters]"), KUBECONFIG_IMPERSONATION_NOT_ALLOWED);
 }
@@ -105,7 +116,10 @@ fn malformed_documents() {
     }
     let wrong_context = config("", "    token: t").replace("current-context: ctx", "current-context: other");
     assert_eq!(kubeconfig(&wrong_context).expect_err("refused").reason, KUBECONFIG_MALFORMED);
-    assert_eq!(reason_of("", "    client-certificate-data: '!!notbase64'\n    client-key-data: Zm9v"), KUBECONFIG_MALFORMED);
+    assert_eq!(
+        reason_of("", "    client-certificate-data: '!!notbase64'\n    client-key-data: Zm9v"),
+        KUBECONFIG_MALFORMED
+    );
     assert_eq!(reason_of("", "    token: \"a b\""), KUBECONFIG_MALFORMED);
 }
 
@@ -121,7 +135,11 @@ fn size_and_characters() {
 
 #[test]
 fn messages_never_quote_secrets() {
-    for user in ["    username: admin\n    password: hunter2-secret", "    token: \"hunter2-secret x\"", "    token: [hunter2-secret"] {
+    for user in [
+        "    username: admin\n    password: hunter2-secret",
+        "    token: \"hunter2-secret x\"",
+        "    token: [hunter2-secret",
+    ] {
         let invalid = kubeconfig(&config("", user)).expect_err("refused");
         assert!(!invalid.message.contains("hunter2"), "{invalid:?}");
     }

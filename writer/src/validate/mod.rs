@@ -115,10 +115,48 @@ mod tests {
     /// multi-byte characters, NUL and control characters.
     fn inputs() -> impl Iterator<Item = String> {
         const ALPHABET: &[char] = &[
-            'a', 'Z', '0', '9', '-', '.', '_', '/', '\\', ':', '@', '[', ']', '?', '#', '%', '\'', '"', ';', '$', '(',
-            ')', '`', '|', '&', ' ', '\0', '\n', '\t', '\u{7f}', 'é', '\u{1F600}', '{', '}', '*', '!', '&', '~', '=',
+            'a',
+            'Z',
+            '0',
+            '9',
+            '-',
+            '.',
+            '_',
+            '/',
+            '\\',
+            ':',
+            '@',
+            '[',
+            ']',
+            '?',
+            '#',
+            '%',
+            '\'',
+            '"',
+            ';',
+            '$',
+            '(',
+            ')',
+            '`',
+            '|',
+            '&',
+            ' ',
+            '\0',
+            '\n',
+            '\t',
+            '\u{7f}',
+            'é',
+            '\u{1F600}',
+            '{',
+            '}',
+            '*',
+            '!',
+            '&',
+            '~',
+            '=',
         ];
-        const PREFIXES: &[&str] = &["", "https://", "ssh://", "git://", "git@h:", "https://[", "ssh://u@h:", "users:\n- "];
+        const PREFIXES: &[&str] =
+            &["", "https://", "ssh://", "git://", "git@h:", "https://[", "ssh://u@h:", "users:\n- "];
         let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut next = move || {
             state ^= state << 13;

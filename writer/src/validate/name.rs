@@ -11,7 +11,9 @@ pub fn dns_label(field: &str, value: &str, reason: &'static str) -> Result<Strin
     } else {
         Err(Invalid::new(
             reason,
-            format!("{field} must be a DNS-1123 label: lower-case letters, digits and '-', starting and ending with a letter or digit"),
+            format!(
+                "{field} must be a DNS-1123 label: lower-case letters, digits and '-', starting and ending with a letter or digit"
+            ),
         ))
     }
 }
@@ -24,7 +26,9 @@ pub fn dns_subdomain(field: &str, value: &str, reason: &'static str) -> Result<S
     } else {
         Err(Invalid::new(
             reason,
-            format!("{field} must be a DNS-1123 name: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit"),
+            format!(
+                "{field} must be a DNS-1123 name: lower-case letters, digits, '-' and '.', starting and ending with a letter or digit"
+            ),
         ))
     }
 }

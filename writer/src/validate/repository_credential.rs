@@ -20,7 +20,9 @@ pub struct ValidRepositoryCredential {
     pub secret: String,
 }
 
-pub fn repository_credential(spec: &GitOpsDeploymentRepositoryCredentialSpec) -> Result<ValidRepositoryCredential, Invalid> {
+pub fn repository_credential(
+    spec: &GitOpsDeploymentRepositoryCredentialSpec,
+) -> Result<ValidRepositoryCredential, Invalid> {
     let repository = credential_repository_url("spec.repository", &spec.repository)?;
     let secret = dns_subdomain("spec.secret", &spec.secret, reason::INVALID_SECRET_NAME)?;
     Ok(ValidRepositoryCredential { repository, secret })
@@ -86,23 +88,33 @@ mod tests {
 
     #[test]
     fn basic_auth_and_ssh_keys() {
-        let basic = repository_secret(&secret(None, &[("username", "bot"), ("password", "it's;$(x)\n"), ("other", "x")]))
-            .expect("valid");
+        let basic =
+            repository_secret(&secret(None, &[("username", "bot"), ("password", "it's;$(x)\n"), ("other", "x")]))
+                .expect("valid");
         assert_eq!(basic.username.as_deref(), Some("bot"));
         assert_eq!(basic.password.as_deref(), Some("it's;$(x)\n"));
         assert_eq!(basic.ssh_private_key, None);
         let key = "-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----\n";
         let ssh = repository_secret(&secret(None, &[("sshPrivateKey", key)])).expect("valid");
         assert_eq!(ssh.ssh_private_key.as_deref(), Some(key));
-        let typed = repository_secret(&secret(Some("kubernetes.io/ssh-auth"), &[("ssh-privatekey", key)])).expect("valid");
+        let typed =
+            repository_secret(&secret(Some("kubernetes.io/ssh-auth"), &[("ssh-privatekey", key)])).expect("valid");
         assert_eq!(typed.ssh_private_key.as_deref(), Some(key));
-        assert!(repository_secret(&secret(Some("kubernetes.io/basic-auth"), &[("username", "u"), ("password", "p")])).is_ok());
+        assert!(
+            repository_secret(&secret(Some("kubernetes.io/basic-auth"), &[("username", "u"), ("password", "p")]))
+                .is_ok()
+        );
     }
 
     #[test]
     fn refusals() {
-        let reason = |type_: Option<&str>, entries: &[(&str, &str)]| repository_secret(&secret(type_, entries)).unwrap_err().reason;
-        assert_eq!(reason(Some("kubernetes.io/dockerconfigjson"), &[("username", "u"), ("password", "p")]), SECRET_WRONG_TYPE);
+        let reason = |type_: Option<&str>, entries: &[(&str, &str)]| {
+            repository_secret(&secret(type_, entries)).unwrap_err().reason
+        };
+        assert_eq!(
+            reason(Some("kubernetes.io/dockerconfigjson"), &[("username", "u"), ("password", "p")]),
+            SECRET_WRONG_TYPE
+        );
         assert_eq!(reason(Some("kubernetes.io/service-account-token"), &[]), SECRET_WRONG_TYPE);
         assert_eq!(reason(None, &[]), SECRET_MISSING_CREDENTIALS);
         assert_eq!(reason(None, &[("username", "u")]), SECRET_MISSING_CREDENTIALS);

@@ -38,11 +38,13 @@ pub(super) fn secret_text(secret: &Secret, key: &str, max: usize) -> Result<Opti
             format!("the Secret's key {key:?} is {} bytes long; at most {max} are allowed", bytes.len()),
         ));
     }
-    let text = std::str::from_utf8(bytes).map_err(|_| {
-        Invalid::new(reason::INVALID_CHARACTERS, format!("the Secret's key {key:?} is not UTF-8 text"))
-    })?;
+    let text = std::str::from_utf8(bytes)
+        .map_err(|_| Invalid::new(reason::INVALID_CHARACTERS, format!("the Secret's key {key:?} is not UTF-8 text")))?;
     if text.contains('\0') {
-        return Err(Invalid::new(reason::INVALID_CHARACTERS, format!("the Secret's key {key:?} contains a NUL character")));
+        return Err(Invalid::new(
+            reason::INVALID_CHARACTERS,
+            format!("the Secret's key {key:?} contains a NUL character"),
+        ));
     }
     Ok(Some(text.to_owned()))
 }

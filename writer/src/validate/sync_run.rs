@@ -36,10 +36,7 @@ mod tests {
 
     #[test]
     fn valid_runs() {
-        assert_eq!(
-            run("web", "main"),
-            Ok(ValidSyncRun { deployment_name: "web".into(), revision: "main".into() })
-        );
+        assert_eq!(run("web", "main"), Ok(ValidSyncRun { deployment_name: "web".into(), revision: "main".into() }));
         assert!(run("web.v2", "0123456789abcdef0123456789abcdef01234567").is_ok());
         assert_eq!(run("web", "it's;$(x)").map(|r| r.revision), Ok("it's;$(x)".to_owned()));
     }

@@ -14,7 +14,11 @@ pub fn text<'a>(field: &str, value: &'a str, max: usize) -> Result<&'a str, Inva
         ));
     }
     if let Some(c) = value.chars().find(|c| c.is_control()) {
-        let what = if c == '\0' { "a NUL character".to_owned() } else { format!("the control character U+{:04X}", u32::from(c)) };
+        let what = if c == '\0' {
+            "a NUL character".to_owned()
+        } else {
+            format!("the control character U+{:04X}", u32::from(c))
+        };
         return Err(Invalid::new(reason::INVALID_CHARACTERS, format!("{field} contains {what}, which is not allowed")));
     }
     Ok(value)

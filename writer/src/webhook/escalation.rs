@@ -158,7 +158,9 @@ impl Escalation {
                 return Err(Refusal("the GitOps service could not check your permissions now; try again".to_owned()));
             }
             Err(_) => {
-                return Err(Refusal("the GitOps service could not check your permissions in time; try again".to_owned()));
+                return Err(Refusal(
+                    "the GitOps service could not check your permissions in time; try again".to_owned(),
+                ));
             }
         };
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
@@ -175,7 +177,13 @@ impl Escalation {
         cache.get(key).filter(|(at, _)| at.elapsed() < CACHE_TTL).map(|(_, answer)| answer.clone())
     }
 
-    async fn ask(&self, user: &UserInfo, namespace: &str, role: &ClusterRole, role_name: &str) -> Result<Result<(), Refusal>, kube::Error> {
+    async fn ask(
+        &self,
+        user: &UserInfo,
+        namespace: &str,
+        role: &ClusterRole,
+        role_name: &str,
+    ) -> Result<Result<(), Refusal>, kube::Error> {
         let bind = Permission {
             verb: "bind".to_owned(),
             group: "rbac.authorization.k8s.io".to_owned(),
@@ -266,17 +274,25 @@ mod tests {
                 rule(&["", "apps"], &["pods", "deployments/scale"], &["get", "list"], &[]),
                 rule(&[""], &["configmaps"], &["update"], &["a", "b"]),
                 rule(&["*"], &["*"], &["*"], &[]),
-                PolicyRule { non_resource_urls: Some(vec!["/metrics".into()]), verbs: vec!["get".into()], ..Default::default() },
+                PolicyRule {
+                    non_resource_urls: Some(vec!["/metrics".into()]),
+                    verbs: vec!["get".into()],
+                    ..Default::default()
+                },
             ]),
             ..Default::default()
         };
         let all = permissions(&role);
         // 2 verbs × 2 groups × 2 resources, 1 × 1 × 1 × 2 names, and the wildcard; no URL.
         assert_eq!(all.len(), 8 + 2 + 1);
-        let scale = all.iter().find(|p| p.subresource.as_deref() == Some("scale") && p.group == "apps" && p.verb == "get");
+        let scale =
+            all.iter().find(|p| p.subresource.as_deref() == Some("scale") && p.group == "apps" && p.verb == "get");
         assert_eq!(scale.map(|p| p.resource.as_str()), Some("deployments"));
         assert!(all.iter().any(|p| p.name.as_deref() == Some("b") && p.verb == "update"));
         assert!(all.iter().any(|p| p.verb == "*" && p.group == "*" && p.resource == "*"));
-        assert_eq!(all.iter().find(|p| p.name.is_some()).map(ToString::to_string).as_deref(), Some("update configmaps named \"a\""));
+        assert_eq!(
+            all.iter().find(|p| p.name.is_some()).map(ToString::to_string).as_deref(),
+            Some("update configmaps named \"a\"")
+        );
     }
 }

@@ -110,7 +110,9 @@ impl ResolvesServerCert for ReloadingCert {
                         state.2 = key;
                     }
                     // Half-written files: keep serving the old one and look again.
-                    Err(error) => tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "could not reload the webhook certificate; keeping the old one"),
+                    Err(error) => {
+                        tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "could not reload the webhook certificate; keeping the old one")
+                    }
                 }
             }
         }
@@ -136,7 +138,12 @@ pub async fn bind(settings: &WebhookSettings) -> Result<(TcpListener, tokio_rust
 }
 
 /// Answers admission reviews until `cancel`.
-pub async fn serve(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, ctx: Arc<WriterContext>, cancel: CancellationToken) {
+pub async fn serve(
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    ctx: Arc<WriterContext>,
+    cancel: CancellationToken,
+) {
     let reviewer = Arc::new(Reviewer { escalation: escalation::Escalation::new(ctx.kube.clone()), ctx });
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {

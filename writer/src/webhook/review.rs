@@ -80,11 +80,18 @@ impl Reviewer {
             return allow;
         }
         let Some(role) = self.ctx.home_status.role() else {
-            return deny(allow, "the GitOps service cannot act in this namespace now (its home role is missing); ask the operator".to_owned());
+            return deny(
+                allow,
+                "the GitOps service cannot act in this namespace now (its home role is missing); ask the operator"
+                    .to_owned(),
+            );
         };
         match self.escalation.may_grant(&request.user_info, namespace, &role).await {
             Ok(()) => self.approve(allow, request, kind).await,
-            Err(_) if kind == ApprovedKind::SyncRun && !self.sync_run_goes_home(namespace, spec(request.object.as_ref())).await => {
+            Err(_)
+                if kind == ApprovedKind::SyncRun
+                    && !self.sync_run_goes_home(namespace, spec(request.object.as_ref())).await =>
+            {
                 // A run of a deployment to another cluster: allowed, but not approved,
                 // so the writer refuses it should the stored deployment go home.
                 allow
@@ -95,7 +102,12 @@ impl Reviewer {
 
     /// Records the approval of this object at this generation, then allows it; a
     /// failure to record refuses (the writer would refuse it anyway).
-    async fn approve(&self, allow: AdmissionResponse, request: &AdmissionRequest<DynamicObject>, kind: ApprovedKind) -> AdmissionResponse {
+    async fn approve(
+        &self,
+        allow: AdmissionResponse,
+        request: &AdmissionRequest<DynamicObject>,
+        kind: ApprovedKind,
+    ) -> AdmissionResponse {
         let meta = request.object.as_ref().map(|o| &o.metadata);
         let uid = meta.and_then(|m| m.uid.as_deref()).and_then(|u| uuid::Uuid::parse_str(u).ok());
         let generation = meta.and_then(|m| m.generation);

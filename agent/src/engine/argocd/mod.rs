@@ -138,7 +138,13 @@ impl ArgoCdEngine {
         Ok(if still.is_some() { Removal::Pending } else { Removal::Gone })
     }
 
-    async fn merge(&self, name: &str, manager: &str, patch: serde_json::Value, action: &str) -> Result<(), EngineError> {
+    async fn merge(
+        &self,
+        name: &str,
+        manager: &str,
+        patch: serde_json::Value,
+        action: &str,
+    ) -> Result<(), EngineError> {
         let params = PatchParams { field_manager: Some(manager.to_owned()), ..PatchParams::default() };
         self.applications()
             .patch(name, &params, &Patch::Merge(&patch))
@@ -155,10 +161,10 @@ impl ArgoCdEngine {
         let list = api.list(&params).await.map_err(|e| classify(format!("list {kind:?} objects"), e))?;
         for item in list.items {
             let meta = item.meta();
-            let destination_namespace = (kind == ObjectKind::Application)
-                .then(|| serde_json::to_value(&item).ok())
-                .flatten()
-                .and_then(|value| value.pointer("/spec/destination/namespace").and_then(|v| v.as_str()).map(str::to_owned));
+            let destination_namespace =
+                (kind == ObjectKind::Application).then(|| serde_json::to_value(&item).ok()).flatten().and_then(
+                    |value| value.pointer("/spec/destination/namespace").and_then(|v| v.as_str()).map(str::to_owned),
+                );
             out.push(OwnedObject {
                 kind,
                 name: meta.name.clone().unwrap_or_default(),
@@ -187,7 +193,8 @@ impl Engine for ArgoCdEngine {
             let api = self.applications();
             // The API server refuses new finalizers once deletion began: an
             // Application on its way out is recreated after it is gone.
-            let existing = api.get_opt(&spec.name).await.map_err(|e| classify(format!("read Application {}", spec.name), e))?;
+            let existing =
+                api.get_opt(&spec.name).await.map_err(|e| classify(format!("read Application {}", spec.name), e))?;
             if existing.is_some_and(|app| app.metadata.deletion_timestamp.is_some()) {
                 return Err(EngineError::Transient {
                     action: format!("apply Application {}", spec.name),
@@ -210,7 +217,11 @@ impl Engine for ArgoCdEngine {
                 let read = |e| classify(format!("read Application {name}"), e);
                 let Some(existing) = api.get_opt(name).await.map_err(read)? else { return Ok(Removal::Gone) };
                 if !owned_by_us(existing.metadata.labels.as_ref()) {
-                    tracing::warn!(object.kind = "Application", object.name = name, "not removing an object the agent does not own");
+                    tracing::warn!(
+                        object.kind = "Application",
+                        object.name = name,
+                        "not removing an object the agent does not own"
+                    );
                     return Ok(Removal::Gone);
                 }
                 let finalizers = existing.metadata.finalizers.clone().unwrap_or_default();
@@ -221,7 +232,8 @@ impl Engine for ArgoCdEngine {
                 // the resourceVersion makes it conditional on the list read: a change in
                 // between (Argo CD writing status) is a conflict, and the list is read
                 // again — never a lost finalizer of someone else.
-                let remaining: Vec<&String> = finalizers.iter().filter(|f| !objects::is_resources_finalizer(f)).collect();
+                let remaining: Vec<&String> =
+                    finalizers.iter().filter(|f| !objects::is_resources_finalizer(f)).collect();
                 let patch = json!({"metadata": {
                     "resourceVersion": existing.metadata.resource_version,
                     "finalizers": if remaining.is_empty() { serde_json::Value::Null } else { json!(remaining) },
@@ -240,7 +252,8 @@ impl Engine for ArgoCdEngine {
 
     fn apply_cluster<'a>(&'a self, spec: &'a ClusterSpec) -> BoxFuture<'a, Result<(), EngineError>> {
         Box::pin(async move {
-            Self::apply(&self.secrets(), "cluster Secret", &spec.name, &objects::cluster_secret(spec, &self.namespace)).await
+            Self::apply(&self.secrets(), "cluster Secret", &spec.name, &objects::cluster_secret(spec, &self.namespace))
+                .await
         })
     }
 

@@ -89,7 +89,13 @@ pub fn project(spec: &ProjectSpec, namespace: &str) -> Value {
     })
 }
 
-fn secret(name: &str, namespace: &str, labels: &BTreeMap<String, String>, kind: &str, data: BTreeMap<String, String>) -> Secret {
+fn secret(
+    name: &str,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+    kind: &str,
+    data: BTreeMap<String, String>,
+) -> Secret {
     let mut labels = labels.clone();
     labels.insert(SECRET_TYPE_LABEL.to_owned(), kind.to_owned());
     Secret {
@@ -183,10 +189,8 @@ fn text(value: &Value, pointer: &str) -> Option<String> {
 
 /// Reads the requested operation and `status.operationState` of an Application.
 pub fn operation_view(application: &Value) -> OperationView {
-    let requested = application
-        .get("operation")
-        .filter(|op| op.is_object())
-        .map(|op| correlation_of(op).unwrap_or_default());
+    let requested =
+        application.get("operation").filter(|op| op.is_object()).map(|op| correlation_of(op).unwrap_or_default());
     let state = application.pointer("/status/operationState").filter(|s| s.is_object()).map(|state| {
         let phase = match state.get("phase").and_then(Value::as_str).unwrap_or("") {
             "Running" => OperationPhase::Running,
@@ -277,7 +281,11 @@ mod tests {
             labels: BTreeMap::new(),
             project: "p".into(),
             url: "ssh://git.example.invalid/a".into(),
-            credentials: RepositoryCredentials { ssh_private_key: Some("k".into()), password: Some("x".into()), ..Default::default() },
+            credentials: RepositoryCredentials {
+                ssh_private_key: Some("k".into()),
+                password: Some("x".into()),
+                ..Default::default()
+            },
         };
         let data = repository_secret(&spec, "argocd").data.expect("data");
         assert!(data.contains_key("sshPrivateKey") && !data.contains_key("password"));

@@ -315,11 +315,7 @@ async fn watch_applications(
     }
 }
 
-async fn watch_deployments(
-    client: kube::Client,
-    seen: std::sync::Arc<watch::Sender<Seen>>,
-    cancel: CancellationToken,
-) {
+async fn watch_deployments(client: kube::Client, seen: std::sync::Arc<watch::Sender<Seen>>, cancel: CancellationToken) {
     let api: Api<GitOpsDeployment> = Api::all(client);
     let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().applied_objects().boxed();
     loop {

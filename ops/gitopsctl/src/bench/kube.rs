@@ -68,7 +68,8 @@ pub struct KubeBenchReport {
 pub async fn kube_bench(config: &KubeBenchConfig) -> Result<KubeBenchReport, KubeBenchError> {
     let (client, emulator, server) = match &config.kubeconfig {
         Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|source| KubeBenchError::Kubeconfig { source })?;
+            let kubeconfig =
+                kube::config::Kubeconfig::read_from(path).map_err(|source| KubeBenchError::Kubeconfig { source })?;
             let kube_config = Config::from_custom_kubeconfig(kubeconfig, &Default::default())
                 .await
                 .map_err(|source| KubeBenchError::Kubeconfig { source })?;
@@ -103,7 +104,10 @@ async fn measure(config: &KubeBenchConfig, client: &Client, server: String) -> R
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap_or_default();
     namespaces.create(&PostParams::default(), &ns).await.map_err(kube("create the namespace"))?;
 
-    let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"), "applications");
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Application"),
+        "applications",
+    );
     let apps = Api::<DynamicObject>::namespaced_with(client.clone(), &namespace, &resource);
 
     // A watch that starts before the first create and counts what it sees.

@@ -123,8 +123,9 @@ struct Bench<'a> {
 async fn run(config: &QueueBenchConfig, url: &str) -> Result<QueueBenchReport, BenchError> {
     let mut admin = db::connect(url, "gitops-bench").await.map_err(BenchError::db("connect"))?;
     db::migrate(&mut admin).await.map_err(BenchError::db("migrate the scratch database"))?;
-    let instance =
-        engine_instance_add(&admin, INSTANCE_NAME, "argocd", 1000).await.map_err(BenchError::db("register the engine instance"))?;
+    let instance = engine_instance_add(&admin, INSTANCE_NAME, "argocd", 1000)
+        .await
+        .map_err(BenchError::db("register the engine instance"))?;
     admin
         .batch_execute(CREATE_BASELINE)
         .await
@@ -298,7 +299,8 @@ impl Bench<'_> {
     /// Polls until no operation waits or is claimed; returns when that was seen.
     /// Gives up (the rest counts as lost) after `STALL_TIMEOUT` without progress.
     async fn wait_settled(&self, agents: &RunningAgents) -> Result<Instant, BenchError> {
-        let pending = self.admin.prepare(PENDING).await.map_err(DbError::query("prepare")).map_err(BenchError::db("poll"))?;
+        let pending =
+            self.admin.prepare(PENDING).await.map_err(DbError::query("prepare")).map_err(BenchError::db("poll"))?;
         let (mut last_completed, mut last_progress) = (agents.completed(), Instant::now());
         loop {
             let busy: bool = self

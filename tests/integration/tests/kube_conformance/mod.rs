@@ -34,15 +34,25 @@ pub const API_VERSION: &str = "conformance.gitops.example.invalid/v1";
 
 /// A namespaced kind with a `status` subresource, a structural schema and one field
 /// (`spec.extra`) that keeps unknown fields.
-pub const GADGET: TestKind =
-    TestKind { kind: "Gadget", plural: "gadgets", namespaced: true, status_subresource: true, application_shape: false };
+pub const GADGET: TestKind = TestKind {
+    kind: "Gadget",
+    plural: "gadgets",
+    namespaced: true,
+    status_subresource: true,
+    application_shape: false,
+};
 /// Shaped like Argo CD's Application: namespaced, `spec`/`status`/`operation`, and no
 /// status subresource, so status is written on the main resource.
 pub const GIZMO: TestKind =
     TestKind { kind: "Gizmo", plural: "gizmos", namespaced: true, status_subresource: false, application_shape: true };
 /// A cluster-scoped kind.
-pub const BEACON: TestKind =
-    TestKind { kind: "Beacon", plural: "beacons", namespaced: false, status_subresource: false, application_shape: false };
+pub const BEACON: TestKind = TestKind {
+    kind: "Beacon",
+    plural: "beacons",
+    namespaced: false,
+    status_subresource: false,
+    application_shape: false,
+};
 
 #[derive(Debug, Clone, Copy)]
 pub struct TestKind {

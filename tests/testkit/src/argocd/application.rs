@@ -63,7 +63,10 @@ impl AppSpec {
             .is_some_and(|automated| automated.is_object() && automated.get("enabled") != Some(&Value::Bool(false)));
         let automated_prune = automated && spec.pointer("/syncPolicy/automated/prune") == Some(&Value::Bool(true));
         let object_or_empty = |pointer: &str| {
-            spec.pointer(pointer).filter(|value| value.is_object()).cloned().unwrap_or_else(|| Value::Object(Default::default()))
+            spec.pointer(pointer)
+                .filter(|value| value.is_object())
+                .cloned()
+                .unwrap_or_else(|| Value::Object(Default::default()))
         };
         AppSpec {
             project: project.to_owned(),
@@ -107,7 +110,8 @@ mod tests {
 
     #[test]
     fn odd_objects_read_as_empty() {
-        for odd in [json!(null), json!({"spec": 1}), json!({"spec": {"source": "x", "destination": [], "project": 5}})] {
+        for odd in [json!(null), json!({"spec": 1}), json!({"spec": {"source": "x", "destination": [], "project": 5}})]
+        {
             let spec = AppSpec::from_object(&odd);
             assert_eq!(spec.project, "default");
             assert_eq!(spec.source.repo_url, "");

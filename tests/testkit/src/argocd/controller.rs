@@ -103,9 +103,11 @@ pub(super) async fn run_controller(
     let projects: Api<DynamicObject> = Api::namespaced_with(client, namespace, &app_project_resource());
     // Fail fast, with a clear error, when the CRDs are not served.
     for (kind, api) in [("Application", &apps), ("AppProject", &projects)] {
-        api.list(&ListParams::default().limit(1))
-            .await
-            .map_err(|source| StandinError::NotServed { kind, namespace: namespace.to_owned(), source })?;
+        api.list(&ListParams::default().limit(1)).await.map_err(|source| StandinError::NotServed {
+            kind,
+            namespace: namespace.to_owned(),
+            source,
+        })?;
     }
     info!(argocd.ns = namespace, "Argo CD stand-in started");
 
@@ -184,7 +186,8 @@ async fn reconcile(app: Arc<DynamicObject>, context: Arc<Context>) -> Result<Act
 async fn reconcile_object(app: &DynamicObject, context: &Context) -> Result<Action, ReconcileError> {
     let name = app.name_any();
     let annotations = app.annotations().clone();
-    let object = serde_json::to_value(app).map_err(|source| ReconcileError::Serialize { name: name.clone(), source })?;
+    let object =
+        serde_json::to_value(app).map_err(|source| ReconcileError::Serialize { name: name.clone(), source })?;
     let now = Timestamp::now();
     if app.metadata.deletion_timestamp.is_some() {
         return finalize(app, &object, &annotations, now, context).await;
@@ -202,7 +205,8 @@ async fn reconcile_object(app: &DynamicObject, context: &Context) -> Result<Acti
     };
     let rules = match &project {
         Some(project) => {
-            let json = serde_json::to_value(project).map_err(|source| ReconcileError::Serialize { name: name.clone(), source })?;
+            let json = serde_json::to_value(project)
+                .map_err(|source| ReconcileError::Serialize { name: name.clone(), source })?;
             Some(ProjectRules::from_object(&json))
         }
         None => None,
@@ -262,13 +266,19 @@ async fn finalize(
 
 /// `resources-finalizer.argocd.argoproj.io` and its `/background`, `/foreground` forms.
 fn is_resources_finalizer(finalizer: &str) -> bool {
-    finalizer == RESOURCES_FINALIZER || finalizer.strip_prefix(RESOURCES_FINALIZER).is_some_and(|rest| rest.starts_with('/'))
+    finalizer == RESOURCES_FINALIZER
+        || finalizer.strip_prefix(RESOURCES_FINALIZER).is_some_and(|rest| rest.starts_with('/'))
 }
 
 /// A merge patch with the object's `resourceVersion` as precondition, so a write
 /// computed from a stale read fails with 409 and is recomputed. `false`: the
 /// loop guard refused it (logged).
-async fn write(context: &Context, app: &DynamicObject, mut patch: Value, action: &'static str) -> Result<bool, ReconcileError> {
+async fn write(
+    context: &Context,
+    app: &DynamicObject,
+    mut patch: Value,
+    action: &'static str,
+) -> Result<bool, ReconcileError> {
     let name = app.name_any();
     let uid = app.uid().unwrap_or_default();
     let before = app.resource_version().unwrap_or_default();

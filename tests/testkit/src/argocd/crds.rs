@@ -449,7 +449,10 @@ mod tests {
         assert_eq!(columns, ["Sync Status", "Health Status", "Revision", "Project"]);
         let schema = version_schema(&crd);
         assert_eq!(schema["required"], json!(["metadata", "spec"]));
-        assert_eq!(schema["properties"]["status"]["properties"]["operationState"]["required"], json!(["operation", "phase", "startedAt"]));
+        assert_eq!(
+            schema["properties"]["status"]["properties"]["operationState"]["required"],
+            json!(["operation", "phase", "startedAt"])
+        );
     }
 
     #[test]

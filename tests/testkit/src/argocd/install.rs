@@ -48,20 +48,28 @@ pub async fn install_crds(
     let mut outcomes = Vec::new();
     for crd in [application_crd(), app_project_crd()] {
         let name = crd.name_any();
-        let existing =
-            api.get_opt(&name).await.map_err(|source| StandinError::Crd { action: "read", name: name.clone(), source })?;
-        let ours = |crd: &CustomResourceDefinition| crd.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY_VALUE);
+        let existing = api.get_opt(&name).await.map_err(|source| StandinError::Crd {
+            action: "read",
+            name: name.clone(),
+            source,
+        })?;
+        let ours = |crd: &CustomResourceDefinition| {
+            crd.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY_VALUE)
+        };
         let outcome = match existing {
             Some(existing) if !ours(&existing) && foreign == ForeignCrds::Keep => CrdOutcome::KeptForeign,
             _ => {
                 let params = PatchParams::apply(CRD_FIELD_MANAGER).force();
-                api.patch(&name, &params, &Patch::Apply(&crd))
-                    .await
-                    .map_err(|source| StandinError::Crd { action: "apply", name: name.clone(), source })?;
+                api.patch(&name, &params, &Patch::Apply(&crd)).await.map_err(|source| StandinError::Crd {
+                    action: "apply",
+                    name: name.clone(),
+                    source,
+                })?;
                 CrdOutcome::Applied
             }
         };
-        match tokio::time::timeout(timeout, await_condition(api.clone(), &name, conditions::is_crd_established())).await {
+        match tokio::time::timeout(timeout, await_condition(api.clone(), &name, conditions::is_crd_established())).await
+        {
             Ok(Ok(_)) => {}
             Ok(Err(source)) => return Err(StandinError::CrdWait { name, source }),
             Err(_) => return Err(StandinError::CrdNotEstablished { name, timeout }),

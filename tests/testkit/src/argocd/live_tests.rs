@@ -38,14 +38,17 @@ async fn standin_against_live_api_server() {
 pub(crate) async fn exercise(client: Client, namespace: &str) {
     let apps: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &application_resource());
     let projects: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &app_project_resource());
-    create(&projects, json!({
-        "metadata": {"name": "tenant"},
-        "spec": {
-            "sourceRepos": ["https://git.example.invalid/team/*"],
-            "destinations": [{"server": SERVER, "namespace": "team-*"}],
-            "clusterResourceWhitelist": [],
-        },
-    }))
+    create(
+        &projects,
+        json!({
+            "metadata": {"name": "tenant"},
+            "spec": {
+                "sourceRepos": ["https://git.example.invalid/team/*"],
+                "destinations": [{"server": SERVER, "namespace": "team-*"}],
+                "clusterResourceWhitelist": [],
+            },
+        }),
+    )
     .await;
 
     let cancel = CancellationToken::new();
@@ -56,7 +59,11 @@ pub(crate) async fn exercise(client: Client, namespace: &str) {
 
     // Every Application at once: the controller works on them concurrently.
     create(&apps, app("ok", &[], json!({}))).await;
-    create(&apps, app("bad-repo", &[], json!({"spec": {"source": {"repoURL": "https://git.example.invalid/other/app"}}}))).await;
+    create(
+        &apps,
+        app("bad-repo", &[], json!({"spec": {"source": {"repoURL": "https://git.example.invalid/other/app"}}})),
+    )
+    .await;
     create(&apps, app("bad-dest", &[], json!({"spec": {"destination": {"namespace": "kube-system"}}}))).await;
     create(&apps, app("no-project", &[], json!({"spec": {"project": "missing"}}))).await;
     let info = json!([{"name": "sync-run", "value": "run-1"}]);
@@ -64,15 +71,29 @@ pub(crate) async fn exercise(client: Client, namespace: &str) {
     create(&apps, app("sync", &[], json!({"operation": sync}))).await;
     create(&apps, app("held", &[(SYNC_KNOB, "hold")], json!({"operation": {"sync": {}}}))).await;
     create(&apps, app("released", &[(SYNC_KNOB, "hold")], json!({"operation": {"sync": {}}}))).await;
-    create(&apps, app("failing", &[(SYNC_KNOB, "fail"), (SYNC_MESSAGE_KNOB, "boom")], json!({"operation": {"sync": {}}}))).await;
+    create(
+        &apps,
+        app("failing", &[(SYNC_KNOB, "fail"), (SYNC_MESSAGE_KNOB, "boom")], json!({"operation": {"sync": {}}})),
+    )
+    .await;
     create(&apps, app("degraded", &[(HEALTH_KNOB, "Degraded")], json!({}))).await;
     create(&apps, app("unreadable", &[(COMPARISON_ERROR_KNOB, "repository not found")], json!({}))).await;
     create(&apps, app("automated", &[], json!({"spec": {"syncPolicy": {"automated": {"prune": true}}}}))).await;
-    create(&apps, app("deleted", &[], json!({"metadata": {"finalizers": [RESOURCES_FINALIZER, "example.invalid/keep"]}}))).await;
-    create(&apps, app("hanging", &[(FINALIZER_KNOB, "hang")], json!({"metadata": {"finalizers": [RESOURCES_FINALIZER]}}))).await;
+    create(
+        &apps,
+        app("deleted", &[], json!({"metadata": {"finalizers": [RESOURCES_FINALIZER, "example.invalid/keep"]}})),
+    )
+    .await;
+    create(
+        &apps,
+        app("hanging", &[(FINALIZER_KNOB, "hang")], json!({"metadata": {"finalizers": [RESOURCES_FINALIZER]}})),
+    )
+    .await;
 
     // An allowed Application: Synced and Healthy, status on the main resource.
-    let ok = wait_for(&apps, "ok", "Synced and Healthy", |app| sync_status(app) == "Synced" && health(app) == "Healthy").await;
+    let ok =
+        wait_for(&apps, "ok", "Synced and Healthy", |app| sync_status(app) == "Synced" && health(app) == "Healthy")
+            .await;
     assert_eq!(ok["status"]["sync"]["revision"], fake_revision(REPO, "apps/web", "main").as_str());
     assert_eq!(ok["status"]["resources"][0]["kind"], "Deployment");
     assert_eq!(ok["status"]["resources"][0]["name"], "web");
@@ -81,26 +102,38 @@ pub(crate) async fn exercise(client: Client, namespace: &str) {
     assert!(ok["metadata"]["generation"].as_i64().unwrap_or(0) >= 2, "status writes bump generation: {ok:#}");
 
     // The project refuses: Argo CD's condition, Unknown.
-    let refused = wait_for(&apps, "bad-repo", "InvalidSpecError", |app| condition(app, INVALID_SPEC_ERROR).is_some()).await;
+    let refused =
+        wait_for(&apps, "bad-repo", "InvalidSpecError", |app| condition(app, INVALID_SPEC_ERROR).is_some()).await;
     assert_eq!(
         condition(&refused, INVALID_SPEC_ERROR).unwrap(),
         "application repo https://git.example.invalid/other/app is not permitted in project 'tenant'"
     );
     assert_eq!(sync_status(&refused), "Unknown");
-    let refused = wait_for(&apps, "bad-dest", "InvalidSpecError", |app| condition(app, INVALID_SPEC_ERROR).is_some()).await;
+    let refused =
+        wait_for(&apps, "bad-dest", "InvalidSpecError", |app| condition(app, INVALID_SPEC_ERROR).is_some()).await;
     assert_eq!(
         condition(&refused, INVALID_SPEC_ERROR).unwrap(),
-        format!("application destination server '{SERVER}' and namespace 'kube-system' do not match any of the allowed destinations in project 'tenant'")
+        format!(
+            "application destination server '{SERVER}' and namespace 'kube-system' do not match any of the allowed destinations in project 'tenant'"
+        )
     );
-    let missing = wait_for(&apps, "no-project", "InvalidSpecError", |app| condition(app, INVALID_SPEC_ERROR).is_some()).await;
-    assert_eq!(condition(&missing, INVALID_SPEC_ERROR).unwrap(), "Application referencing project missing which does not exist");
+    let missing =
+        wait_for(&apps, "no-project", "InvalidSpecError", |app| condition(app, INVALID_SPEC_ERROR).is_some()).await;
+    assert_eq!(
+        condition(&missing, INVALID_SPEC_ERROR).unwrap(),
+        "Application referencing project missing which does not exist"
+    );
     // Changing the project re-checks its Applications.
     merge(&projects, "tenant", json!({"spec": {"sourceRepos": ["https://git.example.invalid/*"]}})).await;
-    let allowed = wait_for(&apps, "bad-repo", "Synced after the project allowed it", |app| sync_status(app) == "Synced").await;
+    let allowed =
+        wait_for(&apps, "bad-repo", "Synced after the project allowed it", |app| sync_status(app) == "Synced").await;
     assert!(allowed["status"].get("conditions").is_none());
 
     // A requested sync: Succeeded at the requested revision, info echoed, operation cleared.
-    let synced = wait_for(&apps, "sync", "a succeeded sync", |app| op_phase(app) == "Succeeded" && app.get("operation").is_none()).await;
+    let synced = wait_for(&apps, "sync", "a succeeded sync", |app| {
+        op_phase(app) == "Succeeded" && app.get("operation").is_none()
+    })
+    .await;
     let revision = fake_revision(REPO, "apps/web", "v2");
     let state = &synced["status"]["operationState"];
     assert_eq!(state["syncResult"]["revision"], revision.as_str());
@@ -120,7 +153,10 @@ pub(crate) async fn exercise(client: Client, namespace: &str) {
     // ...or released.
     wait_for(&apps, "released", "a running sync", |app| op_phase(app) == "Running").await;
     merge(&apps, "released", json!({"metadata": {"annotations": {SYNC_KNOB: "release"}}})).await;
-    wait_for(&apps, "released", "a released sync", |app| op_phase(app) == "Succeeded" && app.get("operation").is_none()).await;
+    wait_for(&apps, "released", "a released sync", |app| {
+        op_phase(app) == "Succeeded" && app.get("operation").is_none()
+    })
+    .await;
 
     // The failing knob.
     let failed = wait_for(&apps, "failing", "a failed sync", |app| op_phase(app) == "Failed").await;
@@ -131,7 +167,8 @@ pub(crate) async fn exercise(client: Client, namespace: &str) {
     // Health and comparison knobs.
     let degraded = wait_for(&apps, "degraded", "Degraded", |app| health(app) == "Degraded").await;
     assert!(degraded["status"]["health"]["message"].is_string());
-    let unreadable = wait_for(&apps, "unreadable", "ComparisonError", |app| condition(app, COMPARISON_ERROR).is_some()).await;
+    let unreadable =
+        wait_for(&apps, "unreadable", "ComparisonError", |app| condition(app, COMPARISON_ERROR).is_some()).await;
     assert_eq!(condition(&unreadable, COMPARISON_ERROR).unwrap(), "repository not found");
     assert_eq!(sync_status(&unreadable), "Unknown");
 
@@ -142,13 +179,18 @@ pub(crate) async fn exercise(client: Client, namespace: &str) {
 
     // Refresh: the annotation is consumed.
     merge(&apps, "ok", json!({"metadata": {"annotations": {REFRESH_ANNOTATION: "normal"}}})).await;
-    wait_for(&apps, "ok", "the refresh annotation removed", |app| app.pointer(&format!("/metadata/annotations/{}", REFRESH_ANNOTATION.replace('/', "~1"))).is_none())
-        .await;
+    wait_for(&apps, "ok", "the refresh annotation removed", |app| {
+        app.pointer(&format!("/metadata/annotations/{}", REFRESH_ANNOTATION.replace('/', "~1"))).is_none()
+    })
+    .await;
 
     // Deletion: Argo CD's finalizer goes, others stay (then ours, so the object goes).
     wait_for(&apps, "deleted", "Synced before deletion", |app| sync_status(app) == "Synced").await;
     apps.delete("deleted", &DeleteParams::default()).await.expect("delete");
-    let deleting = wait_for(&apps, "deleted", "the resources finalizer removed", |app| finalizers(app) == ["example.invalid/keep"]).await;
+    let deleting = wait_for(&apps, "deleted", "the resources finalizer removed", |app| {
+        finalizers(app) == ["example.invalid/keep"]
+    })
+    .await;
     assert!(deleting["metadata"]["deletionTimestamp"].is_string());
     merge(&apps, "deleted", json!({"metadata": {"finalizers": null}})).await;
     wait_gone(&apps, "deleted").await;
@@ -167,7 +209,8 @@ pub(crate) async fn exercise(client: Client, namespace: &str) {
 }
 
 fn app(name: &str, annotations: &[(&str, &str)], extra: Value) -> Value {
-    let annotations: serde_json::Map<String, Value> = annotations.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect();
+    let annotations: serde_json::Map<String, Value> =
+        annotations.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect();
     let mut app = json!({
         "metadata": {"name": name, "annotations": annotations},
         "spec": {
@@ -181,7 +224,8 @@ fn app(name: &str, annotations: &[(&str, &str)], extra: Value) -> Value {
 }
 
 async fn create(api: &Api<DynamicObject>, mut object: Value) {
-    let resource = if api.resource_url().ends_with("/appprojects") { app_project_resource() } else { application_resource() };
+    let resource =
+        if api.resource_url().ends_with("/appprojects") { app_project_resource() } else { application_resource() };
     object["apiVersion"] = json!(resource.api_version);
     object["kind"] = json!(resource.kind);
     let object: DynamicObject = serde_json::from_value(object).expect("a DynamicObject");
@@ -201,7 +245,8 @@ async fn wait_for(api: &Api<DynamicObject>, name: &str, what: &str, condition: i
         Ok(Ok(None)) => panic!("{name} disappeared while waiting for {what}"),
         Ok(Err(error)) => panic!("watching {name} for {what}: {error}"),
         Err(_) => {
-            let now = api.get_opt(name).await.ok().flatten().map(|object| serde_json::to_value(object).unwrap_or_default());
+            let now =
+                api.get_opt(name).await.ok().flatten().map(|object| serde_json::to_value(object).unwrap_or_default());
             panic!("{name}: no {what} within {DEADLINE:?}; it is now {now:#?}");
         }
     }
@@ -229,7 +274,11 @@ fn op_phase(app: &Value) -> &str {
 }
 
 fn condition<'a>(app: &'a Value, kind: &str) -> Option<&'a str> {
-    app.pointer("/status/conditions")?.as_array()?.iter().find(|c| str_at(c, "/type") == kind).map(|c| str_at(c, "/message"))
+    app.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| str_at(c, "/type") == kind)
+        .map(|c| str_at(c, "/message"))
 }
 
 fn finalizers(app: &Value) -> Vec<String> {

@@ -87,7 +87,9 @@ fn run(input: &OperationInput<'_>, state: Option<&Value>) -> OperationStep {
         SyncKnob::Hold => OperationStep::default(),
         SyncKnob::Fail => {
             let message = input.knobs.sync_message.clone().unwrap_or_else(|| {
-                format!("one or more objects failed to apply, reason: stand-in failure requested by annotation {SYNC}=fail")
+                format!(
+                    "one or more objects failed to apply, reason: stand-in failure requested by annotation {SYNC}=fail"
+                )
             });
             finish(input, state, FAILED, message)
         }
@@ -186,8 +188,21 @@ mod tests {
         AppSpec::from_object(&app)
     }
 
-    fn input<'a>(spec: &'a AppSpec, knobs: &'a Knobs, requested: Option<&'a Value>, state: Option<&'a Value>) -> OperationInput<'a> {
-        OperationInput { spec, knobs, spec_errors: &[], comparison_error: None, requested, state, now: "2030-01-01T00:00:00Z" }
+    fn input<'a>(
+        spec: &'a AppSpec,
+        knobs: &'a Knobs,
+        requested: Option<&'a Value>,
+        state: Option<&'a Value>,
+    ) -> OperationInput<'a> {
+        OperationInput {
+            spec,
+            knobs,
+            spec_errors: &[],
+            comparison_error: None,
+            requested,
+            state,
+            now: "2030-01-01T00:00:00Z",
+        }
     }
 
     #[test]

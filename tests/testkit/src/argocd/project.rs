@@ -162,7 +162,8 @@ pub fn spec_errors(spec: &AppSpec, project: Option<&ProjectRules>) -> Vec<String
         ));
     }
     if !rules.repo_permitted(&spec.source.repo_url) {
-        errors.push(format!("application repo {} is not permitted in project '{}'", spec.source.repo_url, spec.project));
+        errors
+            .push(format!("application repo {} is not permitted in project '{}'", spec.source.repo_url, spec.project));
     }
     let has_cluster = !destination.server.is_empty() || !destination.name.is_empty();
     if has_cluster && !rules.destination_permitted(&destination.server, &destination.name, &destination.namespace) {
@@ -201,8 +202,14 @@ mod tests {
 
     #[test]
     fn repo_urls_are_normalised() {
-        assert_eq!(normalize_repo_url("HTTPS://Git.Example.invalid/Team/App.git/"), "https://git.example.invalid/team/app");
-        let rules = ProjectRules { source_repos: vec!["https://git.example.invalid/team/app.git".into()], ..Default::default() };
+        assert_eq!(
+            normalize_repo_url("HTTPS://Git.Example.invalid/Team/App.git/"),
+            "https://git.example.invalid/team/app"
+        );
+        let rules = ProjectRules {
+            source_repos: vec!["https://git.example.invalid/team/app.git".into()],
+            ..Default::default()
+        };
         assert!(rules.repo_permitted("https://git.example.invalid/team/app"));
         assert!(rules.repo_permitted("https://GIT.example.invalid/team/app/"));
         assert!(!rules.repo_permitted("https://git.example.invalid/team/app2"));

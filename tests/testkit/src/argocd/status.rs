@@ -17,7 +17,7 @@ use serde_json::{Map, Value, json};
 
 use super::application::{AppSpec, str_at};
 use super::knobs::{FINALIZER, Knobs, SyncKnob};
-use super::operation::{self, FAILED, ERROR, OperationInput, SUCCEEDED};
+use super::operation::{self, ERROR, FAILED, OperationInput, SUCCEEDED};
 use super::project::{INVALID_SPEC_ERROR, ProjectRules, spec_errors};
 
 /// Argo CD's annotation asking for a refresh; removed once done.
@@ -100,7 +100,8 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     let operation_state = desired.get("operationState").cloned().unwrap_or(Value::Null);
     let target = operation::target_revision(&spec);
 
-    let mut conditions: Vec<(&str, String)> = errors.iter().map(|message| (INVALID_SPEC_ERROR, message.clone())).collect();
+    let mut conditions: Vec<(&str, String)> =
+        errors.iter().map(|message| (INVALID_SPEC_ERROR, message.clone())).collect();
     let (sync, health) = if !errors.is_empty() {
         // Argo CD only marks both Unknown and leaves the rest of sync as it was.
         (with_status(current.get("sync"), "Unknown"), transition(current.get("health"), "Unknown", None, &now))
@@ -148,7 +149,8 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         patch.insert("metadata".to_owned(), json!({"annotations": {REFRESH_ANNOTATION: null}}));
     }
     let requeue_after = (!input.resync.is_zero()).then(|| {
-        let reconciled = desired.get("reconciledAt").and_then(Value::as_str).and_then(|at| at.parse::<Timestamp>().ok());
+        let reconciled =
+            desired.get("reconciledAt").and_then(Value::as_str).and_then(|at| at.parse::<Timestamp>().ok());
         let age = reconciled.map_or(0, |at| input.now.as_second().saturating_sub(at.as_second()).max(0));
         input.resync.saturating_sub(Duration::from_secs(age.unsigned_abs())).max(Duration::from_secs(1))
     });
@@ -233,7 +235,9 @@ fn health_message(knobs: &Knobs, status: &str, resource: &str) -> Option<String>
     }
     match status {
         "Degraded" => Some(format!("Deployment \"{resource}\" exceeded its progress deadline")),
-        "Progressing" => Some(format!("Waiting for rollout to finish: 0 of 1 updated replicas are available... ({resource})")),
+        "Progressing" => {
+            Some(format!("Waiting for rollout to finish: 0 of 1 updated replicas are available... ({resource})"))
+        }
         _ => None,
     }
 }
@@ -303,7 +307,11 @@ fn set_conditions(status: &mut Map<String, Value>, current: Option<&Value>, want
         .map(|(kind, message)| {
             existing
                 .iter()
-                .find(|c| str_at(c, "/type") == *kind && str_at(c, "/message") == message && c.get("lastTransitionTime").is_some())
+                .find(|c| {
+                    str_at(c, "/type") == *kind
+                        && str_at(c, "/message") == message
+                        && c.get("lastTransitionTime").is_some()
+                })
                 .cloned()
                 .unwrap_or_else(|| json!({"type": kind, "message": message, "lastTransitionTime": now}))
         })
@@ -344,7 +352,8 @@ fn reconcile_is_stale(reconciled_at: Option<&Value>, now: Timestamp, resync: Dur
     let Some(at) = reconciled_at.and_then(Value::as_str).and_then(|at| at.parse::<Timestamp>().ok()) else {
         return true;
     };
-    !resync.is_zero() && now.as_second().saturating_sub(at.as_second()) >= i64::try_from(resync.as_secs()).unwrap_or(i64::MAX)
+    !resync.is_zero()
+        && now.as_second().saturating_sub(at.as_second()) >= i64::try_from(resync.as_secs()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]

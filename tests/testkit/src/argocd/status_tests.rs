@@ -97,7 +97,10 @@ fn missing_or_refusing_project_gives_invalid_spec_error() {
     assert_eq!(object["status"]["sync"]["status"], "Unknown");
     assert_eq!(object["status"]["health"]["status"], "Unknown");
     assert_eq!(object["status"]["conditions"][0]["type"], INVALID_SPEC_ERROR);
-    assert_eq!(object["status"]["conditions"][0]["message"], "Application referencing project tenant which does not exist");
+    assert_eq!(
+        object["status"]["conditions"][0]["message"],
+        "Application referencing project tenant which does not exist"
+    );
 
     // The project appears: the condition goes, the app syncs.
     assert_eq!(converge(&mut object, Some(&project())), 1);

@@ -63,12 +63,7 @@ pub struct EmulatorOptions {
 
 impl Default for EmulatorOptions {
     fn default() -> Self {
-        EmulatorOptions {
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            kubeconfig: None,
-            tokens: None,
-            tls: false,
-        }
+        EmulatorOptions { listen: SocketAddr::from(([127, 0, 0, 1], 0)), kubeconfig: None, tokens: None, tls: false }
     }
 }
 
@@ -115,10 +110,10 @@ fn random_token() -> String {
 
 fn token_book(options: &EmulatorOptions, admin_token: &str) -> Result<TokenBook, EmulatorError> {
     let Some(path) = &options.tokens else { return Ok(TokenBook::with_admin(admin_token.to_owned())) };
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| EmulatorError::ReadTokens { path: path.clone(), source })?;
-    let mut book = TokenBook::from_csv(&text)
-        .map_err(|source| EmulatorError::ParseTokens { path: path.clone(), source })?;
+    let text =
+        std::fs::read_to_string(path).map_err(|source| EmulatorError::ReadTokens { path: path.clone(), source })?;
+    let mut book =
+        TokenBook::from_csv(&text).map_err(|source| EmulatorError::ParseTokens { path: path.clone(), source })?;
     book.add_admin(admin_token.to_owned());
     Ok(book)
 }
@@ -142,12 +137,8 @@ impl KubeEmulator {
         builtin::bootstrap(&mut state, rbac_objects);
         let (stop, stop_rx) = signal::channel(false);
         let state = Arc::new(Mutex::new(state));
-        let shared = Arc::new(Shared {
-            state: state.clone(),
-            book,
-            server_address: addr.to_string(),
-            stop: stop_rx.clone(),
-        });
+        let shared =
+            Arc::new(Shared { state: state.clone(), book, server_address: addr.to_string(), stop: stop_rx.clone() });
         let acceptor = material.as_ref().map(|m| tokio_rustls::TlsAcceptor::from(m.server_config.clone()));
         let task = tokio::spawn(server::serve(listener, acceptor, shared, stop_rx));
 

@@ -57,7 +57,9 @@ pub async fn check_once(kube: &kube::Client, settings: &HomeSettings, status: &H
         Ok(Some(role)) => match namespaces.get_opt(&settings.namespace).await {
             Ok(Some(_)) => (Some(role), None),
             Ok(None) => (Some(role), Some(format!("the home namespace {:?} does not exist", settings.namespace))),
-            Err(error) => (Some(role), Some(format!("could not read the home namespace {:?}: {error}", settings.namespace))),
+            Err(error) => {
+                (Some(role), Some(format!("could not read the home namespace {:?}: {error}", settings.namespace)))
+            }
         },
         Ok(None) => (None, Some(format!("the home ClusterRole {:?} does not exist", settings.cluster_role))),
         Err(error) => (None, Some(format!("could not read the home ClusterRole {:?}: {error}", settings.cluster_role))),
@@ -66,7 +68,9 @@ pub async fn check_once(kube: &kube::Client, settings: &HomeSettings, status: &H
     if before != problem || !status.checked.load(Ordering::Acquire) {
         match &problem {
             Some(problem) => tracing::error!(%problem, "home identities cannot be made; home deployments wait"),
-            None => tracing::info!(role = %settings.cluster_role, namespace = %settings.namespace, "home role and namespace present"),
+            None => {
+                tracing::info!(role = %settings.cluster_role, namespace = %settings.namespace, "home role and namespace present")
+            }
         }
     }
     status.record(problem, role);

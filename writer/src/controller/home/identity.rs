@@ -45,7 +45,12 @@ pub fn home_account_name(namespace_uid: Uuid) -> String {
 fn meta(name: &str, namespace: &str, labels: &[(&str, &str)]) -> ObjectMeta {
     let mut all = BTreeMap::from([(MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned())]);
     all.extend(labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
-    ObjectMeta { name: Some(name.to_owned()), namespace: Some(namespace.to_owned()), labels: Some(all), ..Default::default() }
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(namespace.to_owned()),
+        labels: Some(all),
+        ..Default::default()
+    }
 }
 
 /// The RoleBinding in the tenant namespace: the configured ClusterRole, in that
@@ -104,7 +109,10 @@ pub(super) async fn ensure_identity(
     let bindings: Api<RoleBinding> = Api::namespaced(kube.clone(), namespace);
     let existing = bindings.get_opt(HOME_IDENTITY).await.map_err(kube_error("read the home RoleBinding"))?;
     if existing.is_some_and(|b| b.role_ref != wanted.role_ref) {
-        deleted(bindings.delete(HOME_IDENTITY, &DeleteParams::default()).await.map(drop), "replace the home RoleBinding")?;
+        deleted(
+            bindings.delete(HOME_IDENTITY, &DeleteParams::default()).await.map(drop),
+            "replace the home RoleBinding",
+        )?;
     }
     bindings
         .patch(HOME_IDENTITY, &params, &Patch::Apply(&typed(wanted, "rbac.authorization.k8s.io/v1", "RoleBinding")))
@@ -128,7 +136,10 @@ async fn remove_legacy(kube: &kube::Client, namespace: &str) -> Result<bool, Rec
     let accounts: Api<ServiceAccount> = Api::namespaced(kube.clone(), namespace);
     let account = accounts.get_opt(HOME_IDENTITY).await.map_err(kube_error("read an old home ServiceAccount"))?;
     if let Some(account) = account.filter(|a| ours(&a.metadata)) {
-        deleted(accounts.delete(HOME_IDENTITY, &exactly(&account.metadata)).await.map(drop), "remove an old home ServiceAccount")?;
+        deleted(
+            accounts.delete(HOME_IDENTITY, &exactly(&account.metadata)).await.map(drop),
+            "remove an old home ServiceAccount",
+        )?;
         removed = true;
     }
     Ok(removed)
@@ -141,7 +152,10 @@ fn ours(meta: &ObjectMeta) -> bool {
 
 /// Delete this object and no other of its name.
 fn exactly(meta: &ObjectMeta) -> DeleteParams {
-    DeleteParams { preconditions: meta.uid.clone().map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None }), ..Default::default() }
+    DeleteParams {
+        preconditions: meta.uid.clone().map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None }),
+        ..Default::default()
+    }
 }
 
 /// An object as an apply body (with apiVersion and kind, which the typed structs omit).
@@ -162,7 +176,10 @@ pub(super) async fn request_token(
 ) -> Result<(String, SystemTime), ReconcileError> {
     let accounts: Api<ServiceAccount> = Api::namespaced(kube.clone(), &settings.namespace);
     let request = TokenRequest {
-        spec: TokenRequestSpec { expiration_seconds: Some(settings.token_lifetime.as_secs().max(600) as i64), ..Default::default() },
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(settings.token_lifetime.as_secs().max(600) as i64),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let answer: TokenRequest = accounts
@@ -191,11 +208,17 @@ pub(crate) async fn remove_identity(
 ) -> Result<(), ReconcileError> {
     let accounts: Api<ServiceAccount> = Api::namespaced(kube.clone(), &settings.namespace);
     for uid in namespace_uids {
-        deleted(accounts.delete(&home_account_name(*uid), &DeleteParams::default()).await.map(drop), "remove a home ServiceAccount")?;
+        deleted(
+            accounts.delete(&home_account_name(*uid), &DeleteParams::default()).await.map(drop),
+            "remove a home ServiceAccount",
+        )?;
     }
     if in_namespace {
         let bindings: Api<RoleBinding> = Api::namespaced(kube.clone(), namespace);
-        deleted(bindings.delete(HOME_IDENTITY, &DeleteParams::default()).await.map(drop), "remove the home RoleBinding")?;
+        deleted(
+            bindings.delete(HOME_IDENTITY, &DeleteParams::default()).await.map(drop),
+            "remove the home RoleBinding",
+        )?;
         remove_legacy(kube, namespace).await?;
     }
     Ok(())
@@ -246,7 +269,13 @@ async fn look_at(ctl: &Arc<Controllers>, object: &Identity, deleted: bool) -> Re
     let namespace = object.namespace();
     match object {
         Identity::Account(account) if namespace == settings.namespace => {
-            let tenant = account.metadata.labels.as_ref().and_then(|l| l.get(TENANT_NAMESPACE_LABEL)).cloned().unwrap_or_default();
+            let tenant = account
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(TENANT_NAMESPACE_LABEL))
+                .cloned()
+                .unwrap_or_default();
             if deleted && !tenant.is_empty() {
                 tracing::info!(tenant.ns = %tenant, "home ServiceAccount deleted under the writer; making it again");
                 ctl.home_damaged(&tenant);
@@ -333,7 +362,8 @@ mod tests {
 
     #[test]
     fn the_binding_grants_the_configured_cluster_role_to_an_account_outside_the_tenant_namespace() {
-        let settings = HomeSettings { cluster_role: "edit".into(), namespace: "gitops-home".into(), ..Default::default() };
+        let settings =
+            HomeSettings { cluster_role: "edit".into(), namespace: "gitops-home".into(), ..Default::default() };
         let uid = Uuid::nil();
         let binding = home_binding(&settings, "team-a", uid);
         assert_eq!(binding.metadata.namespace.as_deref(), Some("team-a"));

@@ -74,7 +74,6 @@ impl Default for HomeSettings {
 }
 
 impl HomeSettings {
-
     /// `ca_data` from the DER certificates of a kube client configuration.
     pub fn ca_from_der(certificates: &[Vec<u8>]) -> Option<String> {
         if certificates.is_empty() {
@@ -130,7 +129,11 @@ pub(super) enum Home {
 
 /// The id of the tenant's home environment, with a token that has more than
 /// `renew_before` left; makes the identity and requests a token when needed.
-pub(super) async fn home_environment(ctl: &Arc<Controllers>, namespace: &str, namespace_uid: Uuid) -> Result<Home, ReconcileError> {
+pub(super) async fn home_environment(
+    ctl: &Arc<Controllers>,
+    namespace: &str,
+    namespace_uid: Uuid,
+) -> Result<Home, ReconcileError> {
     // Without the configured role (or its namespace) home identities act with
     // nothing: say so rather than report a deployment that cannot be applied.
     if let Some(problem) = ctl.ctx.home_status.problem() {
@@ -203,32 +206,48 @@ async fn issue(ctl: &Arc<Controllers>, namespace: &str, namespace_uid: Uuid) -> 
     let (writer_id, ns_name, sealer) = (ctl.ctx.writer_id.clone(), namespace.to_owned(), ctl.ctx.secrets.clone());
     let healthy_within = ctl.settings.healthy_within;
     let mut client = pooled(&ctl.ctx.pool).await?;
-    let home = ctl.in_txn(&mut client, |txn| {
-        let (intent, writer_id, ns_name, sealer) = (intent.clone(), writer_id.clone(), ns_name.clone(), sealer.clone());
-        Box::pin(async move {
-            let (tenant, instance) =
-                match tenant_placed_in_txn(txn, namespace_uid, &ns_name, shard, &writer_id, healthy_within).await? {
+    let home = ctl
+        .in_txn(&mut client, |txn| {
+            let (intent, writer_id, ns_name, sealer) =
+                (intent.clone(), writer_id.clone(), ns_name.clone(), sealer.clone());
+            Box::pin(async move {
+                let (tenant, instance) = match tenant_placed_in_txn(
+                    txn,
+                    namespace_uid,
+                    &ns_name,
+                    shard,
+                    &writer_id,
+                    healthy_within,
+                )
+                .await?
+                {
                     Tenancy::Placed(tenant, instance) => (tenant, instance),
                     Tenancy::NotOwner => return Ok(Home::NotOwner),
                     Tenancy::NoEngine => return Ok(Home::NoEngine),
                     Tenancy::Gone => return Ok(Home::Gone),
                 };
-            let intent = ManagedEnvironmentIntent { tenant_id: tenant, ..intent };
-            let changed = managed_environment_upsert_in_txn(txn, &sealer, &intent).await.map_err(credential_error)?;
-            let Some(row) = txn.query_opt(HOME_ID, &[&namespace_uid, &tenant.0]).await.map_err(DbError::query("read a home environment"))?
-            else {
-                return Ok(Home::Gone);
-            };
-            let id: i64 = row.get(0);
-            txn.execute(MARK_HOME, &[&id]).await.map_err(DbError::query("mark a home environment"))?;
-            txn.execute(SET_EXPIRY, &[&id, &expires_at]).await.map_err(DbError::query("record a token's expiry"))?;
-            if changed.is_some() {
-                operation_enqueue_in_txn(txn, instance, tenant, ResourceType::ManagedEnvironment, id).await?;
-            }
-            Ok(Home::Ready(id))
+                let intent = ManagedEnvironmentIntent { tenant_id: tenant, ..intent };
+                let changed =
+                    managed_environment_upsert_in_txn(txn, &sealer, &intent).await.map_err(credential_error)?;
+                let Some(row) = txn
+                    .query_opt(HOME_ID, &[&namespace_uid, &tenant.0])
+                    .await
+                    .map_err(DbError::query("read a home environment"))?
+                else {
+                    return Ok(Home::Gone);
+                };
+                let id: i64 = row.get(0);
+                txn.execute(MARK_HOME, &[&id]).await.map_err(DbError::query("mark a home environment"))?;
+                txn.execute(SET_EXPIRY, &[&id, &expires_at])
+                    .await
+                    .map_err(DbError::query("record a token's expiry"))?;
+                if changed.is_some() {
+                    operation_enqueue_in_txn(txn, instance, tenant, ResourceType::ManagedEnvironment, id).await?;
+                }
+                Ok(Home::Ready(id))
+            })
         })
-    })
-    .await?;
+        .await?;
     if let Home::Ready(id) = home
         && let Some(renew_at) = expires_at.checked_sub(ctl.ctx.home.renew_before)
     {

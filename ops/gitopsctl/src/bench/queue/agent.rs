@@ -95,7 +95,9 @@ impl ReadyAgents {
     ) -> Result<Consumer<CountingHandler>, BenchError> {
         let listener = Listener::start(url, &[signal], cancel.clone()).map_err(BenchError::db("start a listener"))?;
         if !listener.wait_connected(LISTEN_TIMEOUT).await {
-            return Err(BenchError::Invalid(format!("agent {index}: LISTEN connection not up within {LISTEN_TIMEOUT:?}")));
+            return Err(BenchError::Invalid(format!(
+                "agent {index}: LISTEN connection not up within {LISTEN_TIMEOUT:?}"
+            )));
         }
         let pool = db::pool(url, POOL_SIZE, "gitops-bench-agent").map_err(BenchError::db("build an agent pool"))?;
         drop(db::pooled(&pool).await.map_err(BenchError::db("open an agent connection"))?);

@@ -52,12 +52,15 @@ pub struct Producer {
 impl Producer {
     /// Connects and registers the producer's tenant, placed on `instance`.
     pub async fn connect(url: &str, instance: EngineInstanceId, index: usize) -> Result<Self, BenchError> {
-        let mut client = db::connect(url, "gitops-bench-producer").await.map_err(BenchError::db("connect a producer"))?;
+        let mut client =
+            db::connect(url, "gitops-bench-producer").await.map_err(BenchError::db("connect a producer"))?;
         let namespace_uid = Uuid::new_v4();
         let namespace_name = format!("bench-tenant-{index}");
         let tenant = in_txn_retrying(&mut client, |txn| {
             let namespace_name = namespace_name.clone();
-            Box::pin(async move { tenant_upsert_locked_in_txn(txn, namespace_uid, &namespace_name, Some(instance)).await })
+            Box::pin(
+                async move { tenant_upsert_locked_in_txn(txn, namespace_uid, &namespace_name, Some(instance)).await },
+            )
         })
         .await
         .map_err(BenchError::db("register a tenant"))?;
@@ -122,7 +125,9 @@ pub async fn run_closed(
         let next = &next;
         async move {
             let baseline = match work {
-                Work::Baseline => Some(producer.client.prepare(BASELINE_INSERT).await.map_err(DbError::query("prepare"))?),
+                Work::Baseline => {
+                    Some(producer.client.prepare(BASELINE_INSERT).await.map_err(DbError::query("prepare"))?)
+                }
                 Work::Enqueue => None,
             };
             let mut committed = Vec::new();

@@ -74,7 +74,8 @@ fn with_database(url: &str, name: &str) -> String {
     let (rest, query) = rest.split_once('?').map_or((rest, None), |(r, q)| (r, Some(q)));
     let authority = rest.split('/').next().unwrap_or(rest);
     let mut out = format!("{scheme}://{authority}/{name}");
-    let params: Vec<&str> = query.into_iter().flat_map(|q| q.split('&')).filter(|p| !p.starts_with("dbname=")).collect();
+    let params: Vec<&str> =
+        query.into_iter().flat_map(|q| q.split('&')).filter(|p| !p.starts_with("dbname=")).collect();
     if !params.is_empty() {
         out.push('?');
         out.push_str(&params.join("&"));
@@ -94,7 +95,8 @@ mod tests {
         );
         assert_eq!(with_database("postgresql://127.0.0.1", "b"), "postgresql://127.0.0.1/b");
         assert_eq!(with_database("host=127.0.0.1 dbname=gitops", "b"), "host=127.0.0.1 dbname=gitops dbname=b");
-        let parsed = gitops_shared::db::parse_config(&with_database("host=127.0.0.1 dbname=gitops", "b")).expect("parses");
+        let parsed =
+            gitops_shared::db::parse_config(&with_database("host=127.0.0.1 dbname=gitops", "b")).expect("parses");
         assert_eq!(parsed.get_dbname(), Some("b"));
     }
 }
