@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
-use gitops_shared::config::{self, redact_database_url};
+use gitops_shared::config::{self, DatabaseUrl, redact_database_url};
 use gitops_shared::crypto::{CryptoError, SecretBox};
 use gitops_shared::db::{self, DbError};
 use gitops_shared::instance::{EngineInstance, engine_instance_by_name};
@@ -54,11 +54,11 @@ pub enum Command {
 pub struct RunArgs {
     /// PostgreSQL URL or key/value connection string.
     #[arg(long, env = config::DATABASE_URL, hide_env_values = true)]
-    pub database_url: String,
+    pub database_url: DatabaseUrl,
     /// A direct PostgreSQL connection for LISTEN, when DATABASE_URL goes through a
     /// transaction-mode pooler (default: DATABASE_URL).
     #[arg(long, env = config::LISTEN_DATABASE_URL, hide_env_values = true)]
-    pub listen_database_url: Option<String>,
+    pub listen_database_url: Option<DatabaseUrl>,
     /// Name of the engine instance to serve.
     #[arg(long, env = ENGINE_INSTANCE)]
     pub instance: String,
@@ -100,21 +100,8 @@ pub struct RunArgs {
     pub reserved_namespaces: Vec<NamePattern>,
 }
 
-/// Parses `250ms`, `30s`, `5m`, `1h` (a bare number is seconds).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 30s, 5m or 250ms"))?;
-    let duration = match unit {
-        "ms" => Duration::from_millis(number),
-        "" | "s" => Duration::from_secs(number),
-        "m" => Duration::from_secs(number * 60),
-        "h" => Duration::from_secs(number * 3600),
-        _ => return Err(format!("unknown unit {unit:?} in {text:?} (use ms, s, m or h)")),
-    };
-    Ok(duration)
-}
+/// Durations as every binary takes them (`30s`, `5m`, `1m30s`; a bare number is seconds).
+pub use gitops_shared::config::parse_duration;
 
 /// Why the agent stopped. Messages name the step; sources carry the detail.
 #[derive(Debug, thiserror::Error)]
@@ -169,16 +156,32 @@ pub async fn execute(command: Command) -> Result<(), AgentError> {
 /// Builds the configuration from `args` and the environment's keys, then runs
 /// until SIGTERM or SIGINT.
 pub async fn run(args: &RunArgs) -> Result<(), AgentError> {
+    let RunArgs {
+        database_url,
+        listen_database_url,
+        instance,
+        kubeconfig,
+        metrics_address,
+        sweep_interval,
+        sweep_max_deletions,
+        sweep_dry_run,
+        lease,
+        concurrency,
+        home_api_urls: _,
+        service_namespaces: _,
+        reserved_namespaces: _,
+    } = args;
     let secrets = SecretBox::from_env().map_err(|source| AgentError::Keys { source })?;
-    let mut config = AgentConfig::new(args.database_url.clone(), args.instance.clone(), secrets);
-    config.listen_database_url = args.listen_database_url.clone();
-    config.kubeconfig = args.kubeconfig.clone();
-    config.metrics_address = args.metrics_address;
-    config.sweep.interval = args.sweep_interval;
-    config.sweep.max_deletions = args.sweep_max_deletions;
-    config.sweep.dry_run = args.sweep_dry_run;
-    config.lease = args.lease;
-    config.concurrency = args.concurrency;
+    let mut config = AgentConfig::new(database_url.clone(), instance.clone(), secrets);
+    config.listen_database_url = listen_database_url.clone();
+    config.kubeconfig = kubeconfig.clone();
+    config.metrics_address = *metrics_address;
+    config.sweep.interval = *sweep_interval;
+    config.sweep.max_deletions = *sweep_max_deletions;
+    config.sweep.dry_run = *sweep_dry_run;
+    config.lease = *lease;
+    config.concurrency = *concurrency;
+    // The three destination settings are read by `destinations`.
     config.destinations = destinations(args, std::env::var(POD_NAMESPACE).ok());
     let cancel = CancellationToken::new();
     tokio::spawn(gitops_shared::serve::cancel_on_signal(cancel.clone()));

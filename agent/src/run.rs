@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use gitops_shared::config::DatabaseUrl;
 use gitops_shared::crypto::SecretBox;
 use gitops_shared::db::{self, DbPool, pooled};
 use gitops_shared::instance::{EngineInstance, engine_instance_heartbeat};
@@ -49,9 +50,9 @@ impl AgentHandle {
 /// Everything `run_agent` needs; the CLI builds it from flags and environment.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
-    pub database_url: String,
+    pub database_url: DatabaseUrl,
     /// A direct connection for LISTEN (default: `database_url`).
-    pub listen_database_url: Option<String>,
+    pub listen_database_url: Option<DatabaseUrl>,
     pub instance: String,
     /// None: as kube infers it (`KUBECONFIG`, `~/.kube/config`, in-cluster).
     pub kubeconfig: Option<PathBuf>,
@@ -73,9 +74,9 @@ pub struct AgentConfig {
 
 impl AgentConfig {
     /// Defaults for everything but the connection, the instance and the keys.
-    pub fn new(database_url: String, instance: String, secrets: SecretBox) -> Self {
+    pub fn new(database_url: impl Into<DatabaseUrl>, instance: String, secrets: SecretBox) -> Self {
         AgentConfig {
-            database_url,
+            database_url: database_url.into(),
             listen_database_url: None,
             instance,
             kubeconfig: None,
@@ -102,7 +103,7 @@ pub fn default_claimer() -> String {
 
 /// Runs the agent until `cancel` fires; returns Ok after a clean shutdown.
 pub async fn run_agent(config: AgentConfig, cancel: CancellationToken) -> Result<(), AgentError> {
-    let client = connect(&config.database_url).await?;
+    let client = connect(config.database_url.expose()).await?;
     let schema = db::check_schema(&client).await.map_err(|source| AgentError::Schema { source })?;
     tracing::info!(schema.found = schema.found, schema.required = schema.required, "database schema checked");
     let instance = instance(&client, &config.instance).await?;
@@ -111,14 +112,14 @@ pub async fn run_agent(config: AgentConfig, cancel: CancellationToken) -> Result
         .map_err(|message| AgentError::Destinations { message })?;
     tracing::info!(instance.id = %instance.id, instance.name = %instance.name, argocd.ns = %instance.argocd_namespace,
         "serving engine instance");
-    let pool = db::pool(&config.database_url, config.concurrency + 4, APPLICATION_NAME)
+    let pool = db::pool(config.database_url.expose(), config.concurrency + 4, APPLICATION_NAME)
         .map_err(|source| AgentError::Pool { source })?;
     let kube = kube_client(config.kubeconfig.as_ref()).await?;
     heartbeat(&pool, &instance, &config.handle.metrics).await.map_err(|source| AgentError::Heartbeat { source })?;
 
     let metrics = config.handle.metrics.clone();
     let background = CancellationToken::new();
-    let listen_url = config.listen_database_url.as_deref().unwrap_or(&config.database_url);
+    let listen_url = config.listen_database_url.as_ref().unwrap_or(&config.database_url).expose();
     let listener = Listener::start(listen_url, &[Signal::operations(instance.id)], background.clone())
         .map_err(|source| AgentError::Listen { source })?;
     metrics.attach_listener(listener.clone());

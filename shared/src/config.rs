@@ -17,6 +17,93 @@ pub const TEST_DATABASE_URL: &str = "GITOPS_TEST_DATABASE_URL";
 /// Tests only: a Kubernetes cluster to use instead of the emulator.
 pub const TEST_KUBECONFIG: &str = "GITOPS_TEST_KUBECONFIG";
 
+/// Parses a duration as every binary's flags take it: `250ms`, `30s`, `5m`, `1h`,
+/// `2d`, compounds such as `1m30s`, and a bare number of seconds (the form older
+/// settings used).
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    use std::time::Duration;
+    let text = text.trim();
+    let invalid = || format!("{text:?} is not a duration like 30s, 5m, 1m30s or 250ms");
+    if text.is_empty() {
+        return Err(invalid());
+    }
+    if text.bytes().all(|b| b.is_ascii_digit()) {
+        return text.parse().map(Duration::from_secs).map_err(|_| invalid());
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(invalid());
+        }
+        let number: u64 = rest[..digits].parse().map_err(|_| invalid())?;
+        rest = &rest[digits..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let part = match &rest[..unit_len] {
+            "ms" => Duration::from_millis(number),
+            "s" => Duration::from_secs(number),
+            "m" => Duration::from_secs(number.saturating_mul(60)),
+            "h" => Duration::from_secs(number.saturating_mul(3_600)),
+            "d" => Duration::from_secs(number.saturating_mul(86_400)),
+            unit => return Err(format!("unknown unit {unit:?} in {text:?} (use ms, s, m, h or d)")),
+        };
+        total = total.checked_add(part).ok_or_else(invalid)?;
+        rest = &rest[unit_len..];
+    }
+    Ok(total)
+}
+
+/// A PostgreSQL connection string whose `Debug` and `Display` hide the password, so
+/// configurations that derive `Debug` can hold one. [`DatabaseUrl::expose`] gives the
+/// string to the code that connects.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DatabaseUrl(String);
+
+impl DatabaseUrl {
+    pub fn new(url: impl Into<String>) -> DatabaseUrl {
+        DatabaseUrl(url.into())
+    }
+
+    /// The whole string, password included: only for connecting.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DatabaseUrl({:?})", redact_database_url(&self.0))
+    }
+}
+
+impl std::fmt::Display for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&redact_database_url(&self.0))
+    }
+}
+
+impl std::str::FromStr for DatabaseUrl {
+    type Err = std::convert::Infallible;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Ok(DatabaseUrl(text.to_owned()))
+    }
+}
+
+impl From<String> for DatabaseUrl {
+    fn from(url: String) -> Self {
+        DatabaseUrl(url)
+    }
+}
+
+/// Reads a deprecated environment variable: its value, and a warning naming the
+/// variable to use instead (logged once the binary's logging is set up).
+pub fn deprecated_env(old: &str, new: &str) -> Option<(String, String)> {
+    let value = std::env::var(old).ok().filter(|v| !v.is_empty())?;
+    Some((value, format!("{old} is deprecated; set {new} instead")))
+}
+
 /// Removes the password from a connection URL or key/value string, for logs and
 /// error messages.
 pub fn redact_database_url(url: &str) -> String {
@@ -53,7 +140,31 @@ fn redact_password_param(tail: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::redact_database_url;
+    use std::time::Duration;
+
+    use super::{DatabaseUrl, parse_duration, redact_database_url};
+
+    #[test]
+    fn durations_read_simple_compound_and_bare_forms() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1h2m3s4ms"), Ok(Duration::from_millis(3_723_004)));
+        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
+        assert_eq!(parse_duration(" 600 "), Ok(Duration::from_secs(600)), "a bare number is seconds");
+        for bad in ["", "s", "5x", "1.5s", "-3s", "m5", "5 m"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn database_urls_hide_their_password_when_shown() {
+        let url: DatabaseUrl = "postgres://gitops:s3cret@127.0.0.1/gitops".parse().expect("url");
+        assert!(!format!("{url:?}").contains("s3cret"));
+        assert!(!url.to_string().contains("s3cret"));
+        assert!(url.expose().contains("s3cret"));
+    }
 
     #[test]
     fn passwords_are_removed_from_both_url_forms() {

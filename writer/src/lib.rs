@@ -19,7 +19,9 @@ pub mod validate;
 pub mod webhook;
 
 use clap::{Args, Parser, Subcommand};
-use gitops_shared::config::{self, redact_database_url};
+use std::time::Duration;
+
+use gitops_shared::config::{self, DatabaseUrl, parse_duration, redact_database_url};
 use gitops_shared::crypto::{CryptoError, SecretBox};
 use gitops_shared::db::{self, DbError, MigrationReport};
 use tokio_postgres::Client;
@@ -47,9 +49,10 @@ pub enum Command {
 pub struct RunArgs {
     #[command(flatten)]
     pub db: DbArgs,
-    /// A direct PostgreSQL URL for LISTEN when --database-url goes through a pooler.
-    #[arg(long, env = "GITOPS_LISTEN_DATABASE_URL", hide_env_values = true)]
-    pub listen_database_url: Option<String>,
+    /// A direct PostgreSQL URL for LISTEN when --database-url goes through a pooler
+    /// (the deprecated GITOPS_LISTEN_DATABASE_URL is still read, with a warning).
+    #[arg(long, env = config::LISTEN_DATABASE_URL, hide_env_values = true)]
+    pub listen_database_url: Option<DatabaseUrl>,
     /// Kubeconfig of the cluster with the tenant resources (default: as kube infers it).
     #[arg(long, env = "GITOPS_KUBECONFIG")]
     pub kubeconfig: Option<std::path::PathBuf>,
@@ -76,14 +79,17 @@ pub struct RunArgs {
     /// for its own Kubernetes API).
     #[arg(long, env = "GITOPS_WRITER_HOME_CA_FILE")]
     pub home_ca_file: Option<std::path::PathBuf>,
-    /// Lifetime of the tokens of tenants' home ServiceAccounts, in seconds (at least
-    /// 600); a token is renewed when a third of it is left.
-    #[arg(long, env = "GITOPS_WRITER_HOME_TOKEN_SECONDS", default_value_t = 3600,
-          value_parser = clap::value_parser!(u64).range(600..))]
-    pub home_token_seconds: u64,
-    /// Seconds a row stays confirmed deleted before it is purged from the database.
-    #[arg(long, env = "GITOPS_WRITER_PURGE_AFTER_SECONDS", default_value_t = 600)]
-    pub purge_after: u64,
+    /// Lifetime of the tokens of tenants' home ServiceAccounts, e.g. 1h (at least
+    /// 10m; a bare number is seconds); a token is renewed when a third of it is left.
+    /// Default 1h. (`--home-token-seconds` and GITOPS_WRITER_HOME_TOKEN_SECONDS are
+    /// deprecated spellings.)
+    #[arg(long, alias = "home-token-seconds", env = "GITOPS_WRITER_HOME_TOKEN_LIFETIME", value_parser = parse_duration)]
+    pub home_token_lifetime: Option<Duration>,
+    /// How long a row stays confirmed deleted before it is purged from the database,
+    /// e.g. 10m (a bare number is seconds). Default 10m. (GITOPS_WRITER_PURGE_AFTER_SECONDS
+    /// is a deprecated spelling.)
+    #[arg(long, env = "GITOPS_WRITER_PURGE_AFTER", value_parser = parse_duration)]
+    pub purge_after: Option<Duration>,
     /// Check that each GitOpsDeploymentManagedEnvironment's apiURL answers with its
     /// credentials (GET /version), reported in its ConnectionInitializationSucceeded
     /// condition. Off by default: the writer then contacts no tenant API server.
@@ -158,7 +164,54 @@ pub struct WebhookArgs {
 pub struct DbArgs {
     /// PostgreSQL URL or key/value connection string.
     #[arg(long, env = config::DATABASE_URL, hide_env_values = true)]
-    pub database_url: String,
+    pub database_url: DatabaseUrl,
+}
+
+/// Environment variables older versions read, still honoured with a warning: (old,
+/// new).
+pub const DEPRECATED_ENV: &[(&str, &str)] = &[
+    ("GITOPS_LISTEN_DATABASE_URL", config::LISTEN_DATABASE_URL),
+    ("GITOPS_WRITER_HOME_TOKEN_SECONDS", "GITOPS_WRITER_HOME_TOKEN_LIFETIME"),
+    ("GITOPS_WRITER_PURGE_AFTER_SECONDS", "GITOPS_WRITER_PURGE_AFTER"),
+];
+
+/// The shortest home token lifetime (TokenRequest's own minimum).
+pub const MIN_HOME_TOKEN_LIFETIME: Duration = Duration::from_secs(600);
+const DEFAULT_HOME_TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
+const DEFAULT_PURGE_AFTER: Duration = Duration::from_secs(600);
+
+/// Every environment variable `gitops-writer run` reads: its flags' (from the
+/// command-line definition), the encryption keys' and the deprecated spellings.
+/// Deployment manifests are checked against this list.
+pub fn run_env_vars() -> Vec<String> {
+    use clap::CommandFactory;
+    let mut names = vec![config::ENCRYPTION_KEYS.to_owned(), config::ENCRYPTION_ACTIVE_KEY.to_owned()];
+    names.extend(DEPRECATED_ENV.iter().map(|(old, _)| (*old).to_owned()));
+    if let Some(run) = Cli::command().find_subcommand("run") {
+        names.extend(run.get_arguments().filter_map(|arg| arg.get_env()).map(|env| env.to_string_lossy().into_owned()));
+    }
+    names
+}
+
+/// A setting given by its flag or current variable, else by a deprecated variable
+/// (warned about), else the default.
+fn current_or_deprecated<T>(
+    given: Option<T>,
+    old: &str,
+    parse: impl Fn(&str) -> Result<T, String>,
+    default: T,
+) -> Result<T, WriterError> {
+    if let Some(value) = given {
+        return Ok(value);
+    }
+    let Some(new) = DEPRECATED_ENV.iter().find(|(o, _)| *o == old).map(|(_, new)| *new) else { return Ok(default) };
+    match config::deprecated_env(old, new) {
+        Some((text, warning)) => {
+            tracing::warn!("{warning}");
+            parse(&text).map_err(|message| WriterError::Setting { name: old.to_owned(), message })
+        }
+        None => Ok(default),
+    }
 }
 
 /// Why the writer stopped. Messages name the step; sources carry the detail.
@@ -184,12 +237,14 @@ pub enum WriterError {
     HomeCa { path: std::path::PathBuf, source: std::io::Error },
     #[error("could not set up the admission webhook")]
     Webhook { source: webhook::WebhookError },
+    #[error("invalid setting {name}: {message}")]
+    Setting { name: String, message: String },
 }
 
 /// Runs one command; returns what to print on stdout.
 pub async fn execute(command: Command) -> Result<String, WriterError> {
     match command {
-        Command::Migrate(args) => Ok(render_migration(&migrate(&args.database_url).await?)),
+        Command::Migrate(args) => Ok(render_migration(&migrate(args.database_url.expose()).await?)),
         Command::Run(args) => run(*args).await.map(|()| String::new()),
     }
 }
@@ -210,30 +265,68 @@ pub fn render_migration(report: &MigrationReport) -> String {
     out
 }
 
-/// Checks the keys, then runs the writer until SIGTERM or Ctrl-C.
+/// Checks the keys, then runs the writer until SIGTERM or Ctrl-C. The configuration
+/// is built by taking the arguments apart, so a flag that is not used does not compile.
 pub async fn run(args: RunArgs) -> Result<(), WriterError> {
+    let RunArgs {
+        db: DbArgs { database_url },
+        listen_database_url,
+        kubeconfig,
+        workers,
+        namespaces,
+        writer_id,
+        metrics_address,
+        max_deployments,
+        home_api_url,
+        home_ca_file,
+        home_token_lifetime,
+        purge_after,
+        connection_check,
+        connection_check_allow,
+        connection_check_deny,
+        tenancy,
+        webhook,
+    } = args;
     let secrets = SecretBox::from_env().map_err(|source| WriterError::Keys { source })?;
     tracing::info!(active_key = secrets.active_key_id(), "encryption keys loaded");
-    let writer_id = args.writer_id.unwrap_or_else(run::default_writer_id);
-    let mut config = run::WriterConfig::new(args.db.database_url, secrets, writer_id);
-    config.listen_database_url = args.listen_database_url;
-    config.kubeconfig = args.kubeconfig;
-    config.namespaces = args.namespaces;
-    config.controllers.workers = args.workers;
-    config.metrics_address = args.metrics_address;
-    config.controllers.max_deployments = args.max_deployments;
-    config.home.api_url = args.home_api_url;
-    config.home.token_lifetime = std::time::Duration::from_secs(args.home_token_seconds);
-    config.home.renew_before = config.home.token_lifetime / 3;
-    if let Some(path) = args.home_ca_file {
+    let writer_id = writer_id.unwrap_or_else(run::default_writer_id);
+    let mut config = run::WriterConfig::new(database_url.expose().to_owned(), secrets, writer_id);
+    config.listen_database_url = current_or_deprecated(
+        listen_database_url.map(Some),
+        "GITOPS_LISTEN_DATABASE_URL",
+        |text| Ok(Some(DatabaseUrl::new(text))),
+        None,
+    )?
+    .map(|url| url.expose().to_owned());
+    config.kubeconfig = kubeconfig;
+    config.namespaces = namespaces;
+    config.controllers.workers = workers;
+    config.metrics_address = metrics_address;
+    config.controllers.max_deployments = max_deployments;
+    config.home.api_url = home_api_url;
+    let lifetime = current_or_deprecated(
+        home_token_lifetime,
+        "GITOPS_WRITER_HOME_TOKEN_SECONDS",
+        parse_duration,
+        DEFAULT_HOME_TOKEN_LIFETIME,
+    )?;
+    if lifetime < MIN_HOME_TOKEN_LIFETIME {
+        return Err(WriterError::Setting {
+            name: "--home-token-lifetime".to_owned(),
+            message: format!("{lifetime:?} is shorter than the 10 minutes TokenRequest allows"),
+        });
+    }
+    config.home.token_lifetime = lifetime;
+    config.home.renew_before = lifetime / 3;
+    if let Some(path) = home_ca_file {
         use base64::Engine as _;
         let pem = std::fs::read(&path).map_err(|source| WriterError::HomeCa { path: path.clone(), source })?;
         config.home.ca_data = Some(base64::engine::general_purpose::STANDARD.encode(pem));
     }
-    config.purge.after = std::time::Duration::from_secs(args.purge_after);
-    config.connection_check = args
-        .connection_check
-        .then(|| connection::ConnectionPolicy::new(args.connection_check_allow, args.connection_check_deny));
+    config.purge.after =
+        current_or_deprecated(purge_after, "GITOPS_WRITER_PURGE_AFTER_SECONDS", parse_duration, DEFAULT_PURGE_AFTER)?;
+    config.connection_check =
+        connection_check.then(|| connection::ConnectionPolicy::new(connection_check_allow, connection_check_deny));
     let TenancyArgs {
         tenant_namespace_selector,
         tenant_namespaces,
@@ -243,7 +336,7 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
         home_cluster_role,
         home_namespace,
         allow_unverified_home_deployments,
-    } = args.tenancy;
+    } = tenancy;
     let mut service: std::collections::BTreeSet<String> = service_namespaces.into_iter().collect();
     service.extend(pod_namespace.filter(|ns| !ns.is_empty()));
     service.insert(home_namespace.clone());
@@ -256,7 +349,7 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
     config.home.cluster_role = home_cluster_role;
     config.home.namespace = home_namespace;
     config.allow_unverified_home = allow_unverified_home_deployments;
-    let WebhookArgs { webhook_cert_file, webhook_key_file, webhook_address } = args.webhook;
+    let WebhookArgs { webhook_cert_file, webhook_key_file, webhook_address } = webhook;
     config.webhook = webhook_cert_file.zip(webhook_key_file).map(|(cert_file, key_file)| webhook::WebhookSettings {
         address: webhook_address,
         cert_file,
@@ -271,4 +364,44 @@ pub(crate) async fn connect(url: &str) -> Result<Client, WriterError> {
     let database = redact_database_url(url);
     tracing::debug!(%database, "connecting");
     db::connect(url, APPLICATION_NAME).await.map_err(|source| WriterError::Connect { database, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn run_args(extra: &[&str]) -> RunArgs {
+        let mut argv = vec!["gitops-writer", "run", "--database-url", "postgres://u:pw@127.0.0.1/db"];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv).expect("parses").command {
+            Command::Run(args) => *args,
+            Command::Migrate(_) => panic!("not run"),
+        }
+    }
+
+    #[test]
+    fn durations_take_units_and_the_old_flag_still_works() {
+        let args = run_args(&["--home-token-seconds", "900", "--purge-after", "1m30s"]);
+        assert_eq!(args.home_token_lifetime, Some(Duration::from_secs(900)), "a bare number is seconds");
+        assert_eq!(args.purge_after, Some(Duration::from_secs(90)));
+        assert_eq!(run_args(&["--home-token-lifetime", "2h"]).home_token_lifetime, Some(Duration::from_secs(7200)));
+        assert!(Cli::try_parse_from(["gitops-writer", "run", "--database-url", "x", "--purge-after", "soon"]).is_err());
+    }
+
+    #[test]
+    fn the_arguments_never_show_the_password() {
+        let args = run_args(&["--listen-database-url", "postgres://u:listenpw@127.0.0.1/db"]);
+        let shown = format!("{args:?}");
+        assert!(!shown.contains("pw@") && !shown.contains("listenpw"), "{shown}");
+    }
+
+    #[test]
+    fn the_variables_read_include_the_shared_and_deprecated_names() {
+        let names = run_env_vars();
+        for name in [config::DATABASE_URL, config::LISTEN_DATABASE_URL, "GITOPS_LISTEN_DATABASE_URL", "POD_NAMESPACE"] {
+            assert!(names.iter().any(|n| n == name), "{name} missing from {names:?}");
+        }
+    }
 }

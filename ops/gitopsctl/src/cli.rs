@@ -65,7 +65,7 @@ pub struct CrdsArgs {
 pub struct DbArgs {
     /// PostgreSQL URL or key/value connection string.
     #[arg(long, global = true, env = config::DATABASE_URL, hide_env_values = true)]
-    pub database_url: Option<String>,
+    pub database_url: Option<config::DatabaseUrl>,
 }
 
 #[derive(Debug, Args)]
@@ -277,7 +277,7 @@ pub struct QueueBenchArgs {
     /// own variable, not DATABASE_URL, so a benchmark never lands on the database a
     /// shell happens to point at.
     #[arg(long, env = "GITOPS_BENCH_DATABASE_URL", hide_env_values = true)]
-    pub database_url: Option<String>,
+    pub database_url: Option<config::DatabaseUrl>,
     /// Operations an agent claims per statement.
     #[arg(long, env = "GITOPS_BENCH_BATCH", default_value_t = 256,
           value_parser = clap::value_parser!(i64).range(1..=10_000))]
@@ -292,7 +292,7 @@ impl From<QueueBenchArgs> for QueueBenchConfig {
             agents: usize::try_from(args.agents).unwrap_or(1),
             producers: usize::try_from(args.producers).unwrap_or(1),
             rate: args.rate,
-            server_url: args.database_url,
+            server_url: args.database_url.map(|url| url.expose().to_owned()),
             batch: args.batch,
         }
     }
@@ -323,7 +323,7 @@ mod tests {
         let cli = Cli::try_parse_from(["gitopsctl", "queue", "retry", "12", "--database-url", "postgres://h/db"])
             .expect("parses");
         let Command::Queue(args) = cli.command else { panic!("not a queue command") };
-        assert_eq!(args.db.database_url.as_deref(), Some("postgres://h/db"));
+        assert_eq!(args.db.database_url.as_ref().map(|u| u.expose()), Some("postgres://h/db"));
         assert!(matches!(args.command, Some(QueueCommand::Retry { id: Some(12), all_failed: false })));
     }
 

@@ -111,7 +111,7 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
 }
 
 fn database_url(args: &DbArgs) -> Result<&str, CtlError> {
-    args.database_url.as_deref().filter(|url| !url.is_empty()).ok_or(CtlError::NoDatabaseUrl)
+    args.database_url.as_ref().map(|url| url.expose()).filter(|url| !url.is_empty()).ok_or(CtlError::NoDatabaseUrl)
 }
 
 /// A dedicated connection for one command.

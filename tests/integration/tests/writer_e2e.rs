@@ -755,29 +755,13 @@ fn writer_e2e_deploy_registers_the_webhook_and_the_home_namespace() {
     assert!(value("GITOPS_TENANT_NAMESPACE_SELECTOR").is_some(), "a production install selects its tenant namespaces");
 }
 
-/// The environment variables `gitops-writer run` reads: its flags' `env = "…"` in
-/// `writer/src/lib.rs` (the integration tests have no clap to ask), the database URL
-/// and the encryption keys.
-fn writer_env_vars() -> Vec<String> {
-    use gitops_shared::config;
-    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../writer/src/lib.rs");
-    let source = std::fs::read_to_string(path).expect("the writer's lib.rs");
-    let mut names: Vec<String> = source
-        .split("env = \"")
-        .skip(1)
-        .filter_map(|rest| rest.split_once('"').map(|(name, _)| name.to_owned()))
-        .collect();
-    names.extend([config::DATABASE_URL, config::ENCRYPTION_KEYS, config::ENCRYPTION_ACTIVE_KEY].map(str::to_owned));
-    names
-}
-
 #[test]
 fn writer_e2e_deploy_sets_only_variables_the_writer_reads() {
     let m = writer_manifests();
     let container = &m["Deployment"]["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(container["command"], json!(["gitops-writer", "run"]));
 
-    let known = writer_env_vars();
+    let known = gitops_writer::run_env_vars();
     assert!(known.iter().any(|k| k == "GITOPS_WRITER_METRICS_ADDRESS"), "the flags were found: {known:?}");
     let env = container["env"].as_array().expect("env");
     let names: Vec<&str> = env.iter().map(|e| e["name"].as_str().expect("a name")).collect();
