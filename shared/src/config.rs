@@ -12,10 +12,6 @@ pub const ENCRYPTION_KEYS: &str = "GITOPS_ENCRYPTION_KEYS";
 pub const ENCRYPTION_ACTIVE_KEY: &str = "GITOPS_ENCRYPTION_ACTIVE_KEY";
 /// The engine instance an agent serves (`gitops-agent run --instance`).
 pub const ENGINE_INSTANCE: &str = "GITOPS_ENGINE_INSTANCE";
-/// Tests only: a PostgreSQL server to use instead of a throwaway one.
-pub const TEST_DATABASE_URL: &str = "GITOPS_TEST_DATABASE_URL";
-/// Tests only: a Kubernetes cluster to use instead of the emulator.
-pub const TEST_KUBECONFIG: &str = "GITOPS_TEST_KUBECONFIG";
 
 /// Parses a duration as every binary's flags take it: `250ms`, `30s`, `5m`, `1h`,
 /// `2d`, compounds such as `1m30s`, and a bare number of seconds (the form older

@@ -5,7 +5,6 @@
 use gitops_shared::crypto::{CryptoError, ReencryptError};
 use gitops_shared::db::DbError;
 
-use crate::bench::queue::BenchError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CtlError {
@@ -23,14 +22,6 @@ pub enum CtlError {
     Reencrypt { source: ReencryptError },
     #[error("could not generate an encryption key")]
     GenerateKey { source: CryptoError },
-    #[error("the queue benchmark failed")]
-    Bench { source: BenchError },
-    #[error("the Kubernetes benchmark failed")]
-    KubeBench { source: crate::bench::kube::KubeBenchError },
-    #[error("the end-to-end benchmark failed")]
-    E2eBench { source: crate::bench::e2e::E2eBenchError },
-    #[error("the local development service failed")]
-    Dev { source: crate::dev::DevError },
     #[error("could not write the CustomResourceDefinitions")]
     Crds { source: gitops_writer::api::CrdRenderError },
 }

@@ -3,9 +3,7 @@
 //! into text, so integration tests run exactly the code the binary runs. `run`
 //! dispatches a parsed command line and returns the text for stdout.
 
-pub mod bench;
 pub mod cli;
-pub mod dev;
 mod error;
 pub mod instance;
 pub mod migrate;
@@ -20,7 +18,7 @@ use tokio_postgres::Client;
 
 pub use error::CtlError;
 
-use cli::{BenchCommand, Command, DbArgs, InstanceCommand, QueueCommand, SecretsCommand, TenantCommand};
+use cli::{Command, DbArgs, InstanceCommand, QueueCommand, SecretsCommand, TenantCommand};
 
 /// The `application_name` gitopsctl's connections carry.
 const APPLICATION_NAME: &str = "gitopsctl";
@@ -72,37 +70,6 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
             }
             SecretsCommand::GenerateKey { id } => Ok(format!("{}\n", secrets::generate_key(&id)?)),
         },
-        Command::Bench(args) => match args.command {
-            BenchCommand::Queue(args) => {
-                let report =
-                    bench::queue::queue_bench(&args.into()).await.map_err(|source| CtlError::Bench { source })?;
-                Ok(format!("{}\n", report.to_json()))
-            }
-            BenchCommand::Kube(args) => {
-                let report =
-                    bench::kube::kube_bench(&args.into()).await.map_err(|source| CtlError::KubeBench { source })?;
-                Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
-            }
-            BenchCommand::E2e(args) => {
-                let report =
-                    bench::e2e::e2e_bench(&args.into()).await.map_err(|source| CtlError::E2eBench { source })?;
-                Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
-            }
-        },
-        Command::Dev(args) => {
-            dev::dev(&args.dir, |info| {
-                eprintln!(
-                    "kubeconfig: {}\nenvironment: {} (set -a; . {}; set +a)",
-                    info.kubeconfig.display(),
-                    info.env_file.display(),
-                    info.env_file.display()
-                );
-                println!("ready");
-            })
-            .await
-            .map_err(|source| CtlError::Dev { source })?;
-            Ok(String::new())
-        }
         Command::Crds(args) => {
             let written = gitops_writer::api::write_crd_files(&args.out).map_err(|source| CtlError::Crds { source })?;
             Ok(written.iter().map(|path| format!("wrote {}\n", path.display())).collect())

@@ -1,4 +1,4 @@
-//! Test support shared by the integration tests and by `gitopsctl dev`/`bench`:
+//! Test support shared by the integration tests and by `gitops-dev up`/`bench`:
 //! a throwaway PostgreSQL (or the server in `GITOPS_TEST_DATABASE_URL`), a
 //! migrated template database, and a fresh database per test; the Kubernetes API
 //! emulator (`kube_emulator`), the Argo CD stand-in (`argocd`), and `cluster`,
@@ -12,11 +12,16 @@ mod postgres;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use gitops_shared::config::TEST_DATABASE_URL;
 use gitops_shared::db::{self, DbPool};
 use tokio::sync::OnceCell;
 
 pub use postgres::{PgCluster, PgError, PgOptions, find_bin_dir};
+
+/// A PostgreSQL server the tests use instead of a throwaway one (they create and
+/// drop databases on it, so never plain `DATABASE_URL`).
+pub const TEST_DATABASE_URL: &str = "GITOPS_TEST_DATABASE_URL";
+/// A Kubernetes cluster the tests use instead of the emulator.
+pub const TEST_KUBECONFIG: &str = "GITOPS_TEST_KUBECONFIG";
 
 /// The server the tests of this process use, with its migrated template.
 #[derive(Debug)]

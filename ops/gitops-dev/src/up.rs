@@ -1,4 +1,4 @@
-//! `gitopsctl dev`: the whole service on a laptop, throwaway and self-contained. A
+//! `gitops-dev up`: the whole service on a laptop, throwaway and self-contained. A
 //! PostgreSQL server in a temporary directory (durability off), the Kubernetes API
 //! emulator with TLS, the Argo CD stand-in over namespace `argocd`, one registered
 //! engine instance and a development-only encryption key, then one writer (its
@@ -48,7 +48,7 @@ const CRD_DEADLINE: Duration = Duration::from_secs(60);
 /// A heartbeat younger than this counts as an agent that is up.
 const HEARTBEAT_FRESH: &str = "30 seconds";
 
-const FIELD_MANAGER: &str = "gitopsctl-dev";
+const FIELD_MANAGER: &str = "gitops-dev";
 /// The ValidatingWebhookConfiguration of the writer's webhook.
 const DEV_WEBHOOK: &str = "gitops-service";
 
@@ -61,9 +61,9 @@ const AGENT_READY: &str =
 pub enum DevError {
     #[error("could not prepare the directory {path}")]
     Dir { path: PathBuf, source: std::io::Error },
-    #[error("{binary} not found next to gitopsctl (in {dir}); run `cargo build --workspace` first")]
+    #[error("{binary} not found next to gitops-dev (in {dir}); run `cargo build --workspace` first")]
     BinaryMissing { binary: &'static str, dir: PathBuf },
-    #[error("could not find gitopsctl's own location")]
+    #[error("could not find gitops-dev's own location")]
     CurrentExe { source: std::io::Error },
     #[error("could not start PostgreSQL")]
     Postgres { source: gitops_testkit::PgError },
@@ -112,7 +112,7 @@ pub struct DevInfo {
 
 /// Runs the local service until Ctrl-C or SIGTERM; calls `on_ready` once a
 /// GitOpsDeployment can be applied.
-pub async fn dev(dir: &Path, on_ready: impl FnOnce(&DevInfo)) -> Result<(), DevError> {
+pub async fn up(dir: &Path, on_ready: impl FnOnce(&DevInfo)) -> Result<(), DevError> {
     let mut stack = DevStack::start(dir, StandinOptions::default()).await?;
     on_ready(&stack.info);
     let outcome = serve(&mut stack.children).await;
@@ -120,7 +120,7 @@ pub async fn dev(dir: &Path, on_ready: impl FnOnce(&DevInfo)) -> Result<(), DevE
     outcome
 }
 
-/// The whole local service, up and ready: what `dev` serves and what `bench e2e`
+/// The whole local service, up and ready: what `up` serves and what `bench e2e`
 /// measures. Stop it with [`DevStack::stop`].
 pub struct DevStack {
     pub info: DevInfo,
@@ -165,7 +165,7 @@ impl DevStack {
             tokio::spawn(argocd::run(kube.clone(), DEV_ARGOCD_NAMESPACE, standin_options, standin_cancel.clone()));
         tracing::info!(url = emulator.url(), "Kubernetes emulator and Argo CD stand-in up");
 
-        let client = db::connect(&database_url, "gitopsctl")
+        let client = db::connect(&database_url, "gitops-dev")
             .await
             .map_err(|source| DevError::Db { action: "connect", source })?;
         let info =
@@ -367,7 +367,7 @@ fn binary(dir: &Path, binary: &'static str) -> Result<PathBuf, DevError> {
 }
 
 async fn create_database(postgres: &PgCluster) -> Result<String, DevError> {
-    let admin = db::connect(&postgres.url("postgres"), "gitopsctl")
+    let admin = db::connect(&postgres.url("postgres"), "gitops-dev")
         .await
         .map_err(|source| DevError::Db { action: "connect", source })?;
     admin
@@ -376,7 +376,7 @@ async fn create_database(postgres: &PgCluster) -> Result<String, DevError> {
         .map_err(|source| DevError::Query { action: "create the database", source })?;
     let url = postgres.url(DEV_DATABASE);
     let mut client =
-        db::connect(&url, "gitopsctl").await.map_err(|source| DevError::Db { action: "connect", source })?;
+        db::connect(&url, "gitops-dev").await.map_err(|source| DevError::Db { action: "connect", source })?;
     db::migrate(&mut client).await.map_err(|source| DevError::Db { action: "migrate the database", source })?;
     Ok(url)
 }

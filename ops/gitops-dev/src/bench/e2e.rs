@@ -1,4 +1,4 @@
-//! `gitopsctl bench e2e`: the whole service, measured from the tenant's side. The
+//! `gitops-dev bench e2e`: the whole service, measured from the tenant's side. The
 //! `dev` stack (PostgreSQL, the emulator, the Argo CD stand-in without resync, a
 //! writer and an agent as child processes) receives D GitOpsDeployments over T
 //! tenant namespaces; watches time how long until every one has its Argo CD
@@ -21,7 +21,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::dev::{DEV_ARGOCD_NAMESPACE, DevError, DevStack};
+use crate::up::{DEV_ARGOCD_NAMESPACE, DevError, DevStack};
 
 /// The repository every deployment names; the stand-in never fetches it.
 const REPO_URL: &str = "https://git.example.invalid/bench/repo.git";

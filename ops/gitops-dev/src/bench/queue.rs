@@ -1,4 +1,4 @@
-//! `gitopsctl bench queue`: how fast the operation queue takes and hands out work
+//! `gitops-dev bench queue`: how fast the operation queue takes and hands out work
 //! on durable PostgreSQL, set against what the same server commits at all.
 //!
 //! Phases, each on a migrated scratch database with one engine instance and one

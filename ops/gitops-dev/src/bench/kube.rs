@@ -1,4 +1,4 @@
-//! `gitopsctl bench kube`: how the Kubernetes API emulator holds up with tens of
+//! `gitops-dev bench kube`: how the Kubernetes API emulator holds up with tens of
 //! thousands of Argo CD Applications — creating them, listing them (whole, paged,
 //! by label) and watching them — through the real kube client. With
 //! `--kubeconfig` the same figures come from any cluster, for comparison.

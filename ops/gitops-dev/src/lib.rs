@@ -1,0 +1,61 @@
+//! `gitops-dev`, the developers' tool, as a library: `up` runs the whole service
+//! locally on the test kit, `bench` measures the queue, the Kubernetes emulator and
+//! the service end to end. Every command returns what to print, so tests run the code
+//! the binary runs.
+
+pub mod bench;
+pub mod cli;
+pub mod up;
+
+use cli::{BenchCommand, Command};
+
+/// What a `gitops-dev` command could not do; the source chain carries the detail.
+#[derive(Debug, thiserror::Error)]
+pub enum DevToolError {
+    #[error("the queue benchmark failed")]
+    QueueBench { source: bench::queue::BenchError },
+    #[error("the Kubernetes benchmark failed")]
+    KubeBench { source: bench::kube::KubeBenchError },
+    #[error("the end-to-end benchmark failed")]
+    E2eBench { source: bench::e2e::E2eBenchError },
+    #[error("the local service failed")]
+    Up { source: up::DevError },
+}
+
+/// Runs one command; returns what to print on stdout.
+pub async fn run(command: Command) -> Result<String, DevToolError> {
+    match command {
+        Command::Bench(args) => match args.command {
+            BenchCommand::Queue(args) => {
+                let report = bench::queue::queue_bench(&args.into())
+                    .await
+                    .map_err(|source| DevToolError::QueueBench { source })?;
+                Ok(format!("{}\n", report.to_json()))
+            }
+            BenchCommand::Kube(args) => {
+                let report =
+                    bench::kube::kube_bench(&args.into()).await.map_err(|source| DevToolError::KubeBench { source })?;
+                Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
+            }
+            BenchCommand::E2e(args) => {
+                let report =
+                    bench::e2e::e2e_bench(&args.into()).await.map_err(|source| DevToolError::E2eBench { source })?;
+                Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
+            }
+        },
+        Command::Up(args) => {
+            up::up(&args.dir, |info| {
+                eprintln!(
+                    "kubeconfig: {}\nenvironment: {} (set -a; . {}; set +a)",
+                    info.kubeconfig.display(),
+                    info.env_file.display(),
+                    info.env_file.display()
+                );
+                println!("ready");
+            })
+            .await
+            .map_err(|source| DevToolError::Up { source })?;
+            Ok(String::new())
+        }
+    }
+}
