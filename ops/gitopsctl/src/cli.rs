@@ -5,7 +5,6 @@
 use clap::{Args, Parser, Subcommand};
 use gitops_shared::config;
 
-
 /// The number of failed operations `queue failed` lists unless told otherwise.
 const FAILED_LIMIT_DEFAULT: i64 = 100;
 
@@ -178,5 +177,4 @@ mod tests {
         assert!(Cli::try_parse_from(["gitopsctl", "queue", "retry", "3", "--all-failed"]).is_err());
         assert!(Cli::try_parse_from(["gitopsctl", "queue", "retry", "--all-failed"]).is_ok());
     }
-
 }

@@ -5,7 +5,6 @@
 use gitops_shared::crypto::{CryptoError, ReencryptError};
 use gitops_shared::db::DbError;
 
-
 #[derive(Debug, thiserror::Error)]
 pub enum CtlError {
     #[error("no database given: pass --database-url or set DATABASE_URL")]

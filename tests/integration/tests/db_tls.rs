@@ -2,10 +2,10 @@
 //! and a certificate from a test CA (for `localhost` and `127.0.0.1`), the pool and
 //! the LISTEN helper over TLS, and `prefer`/`require` against the plain test server.
 
-use gitops_testkit::TEST_DATABASE_URL;
 use gitops_shared::db::{self, DbError};
 use gitops_shared::listen::Listener;
 use gitops_shared::signal::Signal;
+use gitops_testkit::TEST_DATABASE_URL;
 use gitops_testkit::{PgCluster, PgOptions, TestServer};
 use tokio::sync::OnceCell;
 use tokio_postgres::Client;

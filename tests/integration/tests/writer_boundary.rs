@@ -469,11 +469,12 @@ async fn writer_boundary_edit_in_the_tenant_namespace_cannot_act_as_the_home_ide
         .await
         .expect("edit reads Secrets");
     assert!(
-        in_tenant.items.iter().all(|s| !s
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.get("kubernetes.io/service-account.name") == Some(&account))),
+        !in_tenant.items.iter().any(|s| {
+            s.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.get("kubernetes.io/service-account.name") == Some(&account))
+        }),
         "no token Secret of the home account in the tenant namespace"
     );
     let home_secrets = Api::<Secret>::namespaced(editor.clone(), env.home.name()).list(&ListParams::default()).await;

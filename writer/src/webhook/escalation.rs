@@ -111,10 +111,13 @@ struct CacheKey {
     role_version: String,
 }
 
+/// An answer and when it was given.
+type Cached = (Instant, Result<(), Refusal>);
+
 /// The checker, with its cache.
 pub struct Escalation {
     kube: kube::Client,
-    cache: Mutex<HashMap<CacheKey, (Instant, Result<(), Refusal>)>>,
+    cache: Mutex<HashMap<CacheKey, Cached>>,
     checks: tokio::sync::Semaphore,
     pub deadline: Duration,
 }

@@ -85,8 +85,11 @@ fn modified(path: &PathBuf) -> Option<SystemTime> {
 struct ReloadingCert {
     cert_file: PathBuf,
     key_file: PathBuf,
-    state: Mutex<(Instant, (Option<SystemTime>, Option<SystemTime>), Arc<CertifiedKey>)>,
+    state: Mutex<Loaded>,
 }
+
+/// When the files were last looked at, their modification times then, and the key.
+type Loaded = (Instant, (Option<SystemTime>, Option<SystemTime>), Arc<CertifiedKey>);
 
 impl ReloadingCert {
     fn new(cert_file: PathBuf, key_file: PathBuf) -> Result<ReloadingCert, WebhookError> {
