@@ -157,7 +157,7 @@ impl SecretBox {
 pub enum ReencryptError {
     #[error(transparent)]
     Db(#[from] DbError),
-    #[error("{table} row {id}: {source}")]
+    #[error("could not re-encrypt {table} row {id}")]
     Row { table: &'static str, id: i64, source: CryptoError },
 }
 

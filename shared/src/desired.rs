@@ -334,7 +334,7 @@ pub async fn resource_mark_deleted(client: &Client, resource_type: ResourceType,
         .iter()
         .find(|(t, _)| *t == resource_type)
         .map(|(_, s)| *s)
-        .ok_or_else(|| DbError::Invalid(format!("rows of type {resource_type} cannot be marked deleted")))?;
+        .ok_or_else(|| DbError::NoDeletionConfirmation { resource_type: resource_type.to_string() })?;
     let changed = client.execute(statement, &[&id]).await.map_err(DbError::query("confirm a deletion"))?;
     Ok(changed > 0)
 }

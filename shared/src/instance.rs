@@ -56,20 +56,22 @@ pub async fn engine_instance_add(
     capacity: i32,
 ) -> Result<EngineInstanceId, DbError> {
     if !is_dns_label(name) {
-        return Err(DbError::Invalid(format!("instance name {name:?} is not a DNS label (a-z, 0-9, '-', at most 63)")));
+        return Err(DbError::InvalidInstance {
+            message: format!("instance name {name:?} is not a DNS label (a-z, 0-9, '-', at most 63)"),
+        });
     }
     if !is_dns_label(argocd_namespace) {
-        return Err(DbError::Invalid(format!("namespace {argocd_namespace:?} is not a DNS label")));
+        return Err(DbError::InvalidInstance { message: format!("namespace {argocd_namespace:?} is not a DNS label") });
     }
     if capacity <= 0 {
-        return Err(DbError::Invalid("capacity must be positive".into()));
+        return Err(DbError::InvalidInstance { message: "capacity must be positive".to_owned() });
     }
     match client.query_one(ADD, &[&name, &argocd_namespace, &capacity]).await {
         Ok(row) => Ok(EngineInstanceId(row.get(0))),
         Err(source) => {
             let error = DbError::Query { action: "register an engine instance", source };
             if error.is_unique_violation() {
-                Err(DbError::Invalid(format!("an engine instance named {name:?} already exists")))
+                Err(DbError::InstanceExists { name: name.to_owned() })
             } else {
                 Err(error)
             }
@@ -116,10 +118,7 @@ pub async fn engine_instance_remove(client: &Client, name: &str) -> Result<(), D
         return Ok(());
     }
     let instance = engine_instance_by_name(client, name).await?;
-    Err(DbError::Invalid(format!(
-        "engine instance {name:?} still has {} tenants or queued operations; move them first",
-        instance.tenants
-    )))
+    Err(DbError::InstanceInUse { name: name.to_owned(), tenants: instance.tenants })
 }
 
 /// Records that an agent of this instance is alive.

@@ -30,10 +30,10 @@ pub enum DbError {
     TlsSetup { source: rustls::Error },
     #[error("could not connect to the database")]
     Connect { source: tokio_postgres::Error },
-    #[error("could not build the connection pool: {message}")]
-    PoolBuild { message: String },
-    #[error("could not take a connection from the pool: {message}")]
-    Pool { message: String },
+    #[error("could not build the connection pool")]
+    PoolBuild { source: deadpool_postgres::BuildError },
+    #[error("could not take a connection from the pool")]
+    Pool { source: deadpool_postgres::PoolError },
     #[error("database statement failed: {action}")]
     Query { action: &'static str, source: tokio_postgres::Error },
     #[error("migration failed")]
@@ -45,8 +45,20 @@ pub enum DbError {
     SchemaTooOld { found: i64, required: i64 },
     #[error("{what} not found")]
     NotFound { what: String },
-    #[error("{0}")]
-    Invalid(String),
+    #[error("the listener does not listen on {channel}")]
+    NotListening { channel: String },
+    #[error("operation {operation} kept racing a new waiting operation of its resource")]
+    KeptRacing { operation: i64 },
+    #[error("rows of type {resource_type} are not confirmed deleted this way")]
+    NoDeletionConfirmation { resource_type: String },
+    #[error("invalid engine instance: {message}")]
+    InvalidInstance { message: String },
+    #[error("engine instance {name:?} already exists")]
+    InstanceExists { name: String },
+    #[error("engine instance {name:?} still has {tenants} tenants or queued operations; move them first")]
+    InstanceInUse { name: String, tenants: i64 },
+    #[error("could not store credentials")]
+    Credentials { source: Box<dyn std::error::Error + Send + Sync> },
 }
 
 impl DbError {
@@ -74,14 +86,5 @@ impl DbError {
     /// A unique constraint refused the statement.
     pub fn is_unique_violation(&self) -> bool {
         matches!(self.sql_state(), Some(s) if *s == SqlState::UNIQUE_VIOLATION)
-    }
-
-    /// The connection is gone or the server refused it: worth reconnecting.
-    pub fn is_connection_lost(&self) -> bool {
-        match self {
-            DbError::Connect { .. } | DbError::Pool { .. } => true,
-            DbError::Query { source, .. } => source.is_closed() || source.code().is_none(),
-            _ => false,
-        }
     }
 }

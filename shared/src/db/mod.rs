@@ -77,7 +77,7 @@ pub fn pool(url: &str, size: usize, application_name: &str) -> Result<DbPool, Db
         .wait_timeout(Some(Duration::from_secs(30)))
         .runtime(deadpool_postgres::Runtime::Tokio1)
         .build()
-        .map_err(|e| DbError::PoolBuild { message: e.to_string() })
+        .map_err(|source| DbError::PoolBuild { source })
 }
 
 /// Opens one connection outside any pool (for LISTEN and migrations); the
@@ -92,7 +92,7 @@ pub async fn connect(url: &str, application_name: &str) -> Result<Client, DbErro
 
 /// Takes a pooled connection.
 pub async fn pooled(pool: &DbPool) -> Result<deadpool_postgres::Object, DbError> {
-    pool.get().await.map_err(|e| DbError::Pool { message: e.to_string() })
+    pool.get().await.map_err(|source| DbError::Pool { source })
 }
 
 /// How many times `in_txn_retrying` runs a transaction that PostgreSQL aborted

@@ -196,5 +196,5 @@ pub async fn operation_fail(
             Err(error) => return Err(error),
         }
     }
-    Err(DbError::Invalid(format!("operation {} kept racing a new waiting operation", op.id)))
+    Err(DbError::KeptRacing { operation: op.id.0 })
 }

@@ -117,7 +117,7 @@ impl<H: Handler> Consumer<H> {
         let mut wake = self
             .listener
             .subscribe(&signal)
-            .ok_or_else(|| DbError::Invalid(format!("the listener does not listen on {}", signal.channel())))?;
+            .ok_or_else(|| DbError::NotListening { channel: signal.channel().to_string() })?;
         let mut next_upkeep = Instant::now();
         while !cancel.is_cancelled() {
             // Arm before scanning: a notification from now on makes `changed` return.

@@ -74,11 +74,6 @@ impl Lease {
         self.inner.done.is_cancelled()
     }
 
-    /// True while the holder may still act: not ended, and `margin` before the deadline.
-    pub fn may_act(&self, margin: Duration) -> bool {
-        !self.has_ended() && Instant::now() + margin < self.deadline()
-    }
-
     /// Runs `work` for as long as the lease allows: it is dropped (stopped at its
     /// next await) when the lease ends or its deadline minus `margin` passes.
     pub async fn run<T>(&self, margin: Duration, work: impl Future<Output = T>) -> Result<T, LeaseEnded> {

@@ -33,8 +33,6 @@ pub use sync_run::{GitOpsDeploymentSyncRun, GitOpsDeploymentSyncRunSpec, GitOpsD
 
 /// The API group of every tenant resource.
 pub const GROUP: &str = "managed-gitops.redhat.com";
-/// The one served (and stored) version.
-pub const VERSION: &str = "v1alpha1";
 
 // As `metav1.Condition`, but every field except `type` and `status` is optional,
 // so pure code can build one without a clock.

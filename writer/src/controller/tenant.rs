@@ -63,6 +63,6 @@ pub(super) async fn tenant_placed_in_txn(
 pub(super) fn credential_error(error: CredentialError) -> DbError {
     match error {
         CredentialError::Db(error) => error,
-        other => DbError::Invalid(other.to_string()),
+        other => DbError::Credentials { source: Box::new(other) },
     }
 }

@@ -3,8 +3,6 @@
 //! validated part of shared's `ApplicationIntent`; the controller adds what needs
 //! the cluster or the database (tenant, UID, generation, the environment's row).
 
-use std::future::Future;
-
 use gitops_shared::application::ApplicationIntent;
 use gitops_shared::model::{SyncType, TenantId};
 use uuid::Uuid;
@@ -142,19 +140,6 @@ pub fn sync_options(field: &str, options: &[String]) -> Result<bool, Invalid> {
 pub struct EnvironmentRef {
     /// `managed_environment.id`.
     pub id: i64,
-}
-
-/// How the controller finds `destination.environment`: by name, in the
-/// deployment's own namespace only (a reference never crosses namespaces).
-pub trait EnvironmentLookup {
-    type Error;
-
-    /// The active managed environment named `name` in namespace `namespace`.
-    fn environment_in_namespace(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> impl Future<Output = Result<Option<EnvironmentRef>, Self::Error>> + Send;
 }
 
 /// Turns the lookup's answer into the environment id, or `EnvironmentNotFound`.

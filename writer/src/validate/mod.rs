@@ -33,8 +33,7 @@ mod text;
 mod url;
 
 pub use deployment::{
-    EnvironmentLookup, EnvironmentRef, ValidDeployment, deployment, environment_resolved, path, sync_options,
-    sync_type, target_revision,
+    EnvironmentRef, ValidDeployment, deployment, environment_resolved, path, sync_options, sync_type, target_revision,
 };
 pub use environment::{ValidEnvironment, environment, environment_secret};
 pub use kubeconfig::{KUBECONFIG_KEY, ValidKubeconfig, kubeconfig};

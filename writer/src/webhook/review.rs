@@ -21,8 +21,6 @@ use gitops_shared::db::pooled;
 use crate::context::WriterContext;
 use crate::webhook::escalation::Escalation;
 
-pub const GROUP: &str = "managed-gitops.redhat.com";
-
 /// The webhook's state.
 pub struct Reviewer {
     pub ctx: Arc<WriterContext>,
@@ -52,7 +50,7 @@ pub fn goes_home(spec: Option<&Value>) -> bool {
 impl Reviewer {
     pub async fn review(&self, request: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
         let allow = AdmissionResponse::from(request);
-        if request.kind.group != GROUP || request.sub_resource.is_some() {
+        if request.kind.group != crate::api::GROUP || request.sub_resource.is_some() {
             return allow;
         }
         let changes_spec = match request.operation {

@@ -51,7 +51,7 @@ pub struct Decision {
 
 /// Whether `who` may do what `attrs` asks. `system:masters` always may. (The server
 /// calls [`decide`] for the reason of a denial; this is the verdict alone.)
-#[allow(dead_code)]
+#[cfg(test)]
 pub fn authorize(objects: &dyn RbacObjects, who: &Identity, attrs: &Attributes) -> bool {
     decide(objects, who, attrs).allowed
 }

@@ -99,14 +99,16 @@ impl Producer {
             Box::pin(async move {
                 let app = application_upsert_in_txn(txn, &intent)
                     .await?
-                    .ok_or_else(|| DbError::Invalid("a new application intent wrote no row".into()))?;
+                    .ok_or_else(|| DbError::NotFound { what: "the row of a new application intent".to_owned() })?;
                 operation_enqueue_in_txn(txn, instance, tenant, ResourceType::Application, app.0).await
             })
         })
         .await?;
         match enqueued {
             Enqueued::New(id) => Ok(Committed { id, at: SystemTime::now() }),
-            other => Err(DbError::Invalid(format!("a new application's operation was not new: {other:?}"))),
+            other => {
+                Err(DbError::NotFound { what: format!("a new operation for a new application (found {other:?})") })
+            }
         }
     }
 }
