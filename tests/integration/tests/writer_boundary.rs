@@ -25,7 +25,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::support::eventually;
-use crate::writer_e2e::{Env, env, spec};
+use crate::support::writer::{Env, env, spec};
 
 const HOME_URL: &str = "https://home.example.invalid";
 const REPO: &str = "https://git.example.invalid/org/repo.git";

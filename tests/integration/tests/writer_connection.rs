@@ -38,12 +38,12 @@ struct Server {
 
 /// The writer end-to-end environment, the server, and the writer's policy.
 struct Env {
-    base: crate::writer_e2e::Env,
+    base: crate::support::writer::Env,
     server: Server,
 }
 
 impl std::ops::Deref for Env {
-    type Target = crate::writer_e2e::Env;
+    type Target = crate::support::writer::Env;
 
     fn deref(&self) -> &Self::Target {
         &self.base
@@ -57,7 +57,7 @@ fn destinations(patterns: &[String]) -> Vec<Destination> {
 
 /// The environment; `policy` builds the writer's policy from the server's authority.
 async fn env(purpose: &str, policy: impl FnOnce(&Server) -> ConnectionPolicy) -> Env {
-    let base = crate::writer_e2e::env(purpose).await;
+    let base = crate::support::writer::env(purpose).await;
     let server = server(base.tenant.name()).await;
     let policy = policy(&server);
     base.writer_for("writer-a", vec![base.tenant.name().to_owned()], |config| config.connection_check = Some(policy));

@@ -30,12 +30,12 @@ type Data = std::collections::BTreeMap<String, String>;
 
 /// The writer end-to-end environment plus a second tenant namespace.
 struct Env {
-    base: crate::writer_e2e::Env,
+    base: crate::support::writer::Env,
     other: TestNamespace,
 }
 
 impl std::ops::Deref for Env {
-    type Target = crate::writer_e2e::Env;
+    type Target = crate::support::writer::Env;
 
     fn deref(&self) -> &Self::Target {
         &self.base
@@ -44,7 +44,7 @@ impl std::ops::Deref for Env {
 
 /// Stand-in, agent and one writer for the tenant and the other namespace.
 async fn env(purpose: &str) -> Env {
-    let base = crate::writer_e2e::env(purpose).await;
+    let base = crate::support::writer::env(purpose).await;
     let other = TestCluster::get().await.namespace(&format!("{purpose}-other")).await;
     base.writer_for("writer-a", vec![base.tenant.name().to_owned(), other.name().to_owned()], |_| {});
     Env { base, other }

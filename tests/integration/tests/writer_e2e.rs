@@ -6,167 +6,19 @@
 
 use std::time::Duration;
 
-use gitops_agent::engine::argocd::application_resource;
 use gitops_agent::names;
-use gitops_agent::{AgentConfig, run_agent};
-use gitops_shared::crypto::SecretBox;
-use gitops_shared::instance::engine_instance_add;
-use gitops_testkit::TestDb;
-use gitops_testkit::argocd::{self, StandinOptions, app_project_crd, application_crd};
-use gitops_testkit::cluster::{TestCluster, TestNamespace};
-use gitops_writer::api::{GitOpsDeployment, GitOpsDeploymentSyncRun, crds};
+use gitops_testkit::cluster::TestCluster;
+use gitops_writer::api::{GitOpsDeployment, GitOpsDeploymentSyncRun};
 use gitops_writer::controller::{
     CONDITION, FINALIZER, REASON_ACCEPTED, REASON_DEPLOYMENT_AUTOMATED, REASON_DEPLOYMENT_NOT_FOUND,
     REASON_QUOTA_EXCEEDED, WAIT_FOR_PRUNING,
 };
-use gitops_writer::run::{WriterConfig, run_writer};
-use gitops_writer::shard::ShardConfig;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::eventually;
-
-const INSTANCE: &str = "argocd-1";
-
-/// Stand-in, agent (heartbeat seen) and a tenant namespace; writers start with
-/// `writer`/`writer_for`. Shared with `writer_credentials`.
-pub(crate) struct Env {
-    pub(crate) db: TestDb,
-    pub(crate) client: Client,
-    pub(crate) kube: kube::Client,
-    kubeconfig: std::path::PathBuf,
-    pub(crate) argocd: TestNamespace,
-    pub(crate) tenant: TestNamespace,
-    /// The service's namespace of home ServiceAccounts (one per test).
-    pub(crate) home: TestNamespace,
-    secrets: SecretBox,
-    pub(crate) cancel: CancellationToken,
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        self.cancel.cancel();
-    }
-}
-
-pub(crate) async fn env(purpose: &str) -> Env {
-    let cluster = TestCluster::get().await;
-    let mut all = crds();
-    all.push(application_crd());
-    all.push(app_project_crd());
-    cluster.install_crds(all).await.expect("install the CRDs");
-    let argocd_ns = cluster.namespace(&format!("{purpose}-argo")).await;
-    let tenant = cluster.namespace(purpose).await;
-    let home = cluster.namespace(&format!("{purpose}-home")).await;
-    let kube = cluster.admin().await;
-    let cancel = CancellationToken::new();
-    tokio::spawn({
-        let (kube, name, cancel) = (kube.clone(), argocd_ns.name().to_owned(), cancel.clone());
-        async move { argocd::run(kube, &name, StandinOptions::default(), cancel).await }
-    });
-    let db = TestDb::migrated().await;
-    let client = db.connect().await;
-    engine_instance_add(&client, INSTANCE, argocd_ns.name(), 1000).await.expect("add instance");
-    let key = SecretBox::generate_key("k1").expect("key");
-    let secrets = SecretBox::from_config(Some(&key), Some("k1")).expect("secrets");
-    let kubeconfig = cluster
-        .namespace_identity(argocd_ns.name(), "gitops-agent", crate::support::agent_rbac_rules())
-        .await
-        .kubeconfig;
-    let mut agent = AgentConfig::new(db.url(), INSTANCE.into(), secrets.clone());
-    agent.kubeconfig = Some(kubeconfig);
-    agent.metrics_address = "127.0.0.1:0".parse().expect("address");
-    agent.poll_interval = Duration::from_secs(1);
-    tokio::spawn(run_agent(agent, cancel.clone()));
-    let admin_kubeconfig = cluster.kubeconfig_path().to_owned();
-    let env = Env { db, client, kube, kubeconfig: admin_kubeconfig, argocd: argocd_ns, tenant, home, secrets, cancel };
-    // Placement needs a heartbeat; the agent's first one comes at start.
-    eventually("the agent's heartbeat", || async {
-        let row = env.client.query_one("SELECT heartbeat_at IS NOT NULL FROM engine_instance", &[]).await.ok()?;
-        row.get::<_, bool>(0).then_some(())
-    })
-    .await;
-    env
-}
-
-impl Env {
-    fn writer(&self, id: &str) -> CancellationToken {
-        self.writer_for(id, vec![self.tenant.name().to_owned()], |_| {})
-    }
-
-    /// A writer for `namespaces`, its config adjusted by `adjust`.
-    pub(crate) fn writer_for(
-        &self,
-        id: &str,
-        namespaces: Vec<String>,
-        adjust: impl FnOnce(&mut WriterConfig),
-    ) -> CancellationToken {
-        let mut config = WriterConfig::new(self.db.url(), self.secrets.clone(), id.to_owned());
-        config.namespaces = namespaces;
-        config.kubeconfig = Some(self.kubeconfig.clone());
-        config.metrics_address = "127.0.0.1:0".parse().expect("address");
-        config.shards = ShardConfig { lease: Duration::from_secs(3), interval: Duration::from_millis(300) };
-        config.controllers.retry_delay = Duration::from_millis(500);
-        config.controllers.prune_poll = Duration::from_millis(300);
-        config.home.namespace = self.home.name().to_owned();
-        config.home_check_every = Duration::from_millis(300);
-        // Most tests are not about who asks; those that are register the webhook.
-        config.allow_unverified_home = true;
-        adjust(&mut config);
-        let cancel = self.cancel.child_token();
-        let task = tokio::spawn(run_writer(config, cancel.clone()));
-        tokio::spawn(async move {
-            if let Ok(Err(error)) = task.await {
-                panic!("the writer stopped: {error:?}");
-            }
-        });
-        cancel
-    }
-
-    pub(crate) fn deployments(&self) -> Api<GitOpsDeployment> {
-        Api::namespaced(self.kube.clone(), self.tenant.name())
-    }
-
-    pub(crate) fn apps(&self) -> Api<DynamicObject> {
-        Api::namespaced_with(self.kube.clone(), self.argocd.name(), &application_resource())
-    }
-
-    pub(crate) async fn create(&self, name: &str, spec: serde_json::Value) -> GitOpsDeployment {
-        let object: GitOpsDeployment = serde_json::from_value(json!({
-            "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeployment",
-            "metadata": {"name": name}, "spec": spec,
-        }))
-        .expect("GitOpsDeployment");
-        self.deployments().create(&PostParams::default(), &object).await.expect("create GitOpsDeployment")
-    }
-
-    /// Waits for the writer's condition at the object's current generation.
-    pub(crate) async fn condition(&self, name: &str) -> (String, String, String) {
-        eventually("the writer's condition", || async {
-            let object = self.deployments().get_opt(name).await.ok()??;
-            let status = object.status.as_ref()?;
-            let condition = status.conditions.iter().find(|c| c.type_ == CONDITION)?;
-            (condition.observed_generation == object.metadata.generation).then(|| {
-                (
-                    condition.status.clone(),
-                    condition.reason.clone().unwrap_or_default(),
-                    condition.message.clone().unwrap_or_default(),
-                )
-            })
-        })
-        .await
-    }
-
-    pub(crate) async fn rows(&self, name: &str) -> i64 {
-        self.client
-            .query_one("SELECT count(*) FROM application WHERE resource_name = $1", &[&name])
-            .await
-            .expect("count")
-            .get(0)
-    }
-}
+use crate::support::writer::{Env, env, spec};
 
 /// A minimal HTTP/1.1 GET: (status code, body).
 async fn get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
@@ -189,10 +41,6 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
         .filter_map(|line| line.rsplit_once(' '))
         .find(|(name, _)| *name == series)
         .and_then(|(_, value)| value.parse().ok())
-}
-
-pub(crate) fn spec(repo: &str, path: &str) -> serde_json::Value {
-    json!({"source": {"repoURL": repo, "path": path}, "destination": {}, "type": "automated"})
 }
 
 #[tokio::test]

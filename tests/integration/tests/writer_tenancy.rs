@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::support::eventually;
-use crate::writer_e2e::{Env, env, spec};
+use crate::support::writer::{Env, env, spec};
 
 /// The home cluster as Argo CD would reach it; never contacted by the tests.
 const HOME_URL: &str = "https://home.example.invalid";

@@ -1,6 +1,8 @@
 //! Fixtures shared by the tests: an engine instance, tenants, intents and their
 //! operations, and waiting on conditions with deadlines (never on time alone).
 
+pub mod writer;
+
 use std::future::Future;
 use std::time::{Duration, Instant};
 
