@@ -23,6 +23,8 @@ use crate::model::{RowState, SyncOperationState};
 /// Rows read per shard and statement.
 pub const STATUS_FEED_BATCH: i64 = 500;
 
+pub use crate::db::writer_shard::writer_shard_advance_status;
+
 /// One changed `application_state` row with where its tenant resource lives.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StatusFeedRow {
@@ -67,10 +69,10 @@ pub struct SyncRunRow {
 // reads nothing. The snapshot's xmin comes from the same statement, so from the
 // snapshot the rows were read with. xid8 travels as text.
 const FEED_READ: &str = "
-SELECT s.seq, s.changed_xid::text::bigint,
-       pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
-       a.id, t.namespace_name, a.resource_name, a.resource_uid,
-       CASE WHEN m.home THEN NULL ELSE m.resource_name END,
+SELECT s.seq, s.changed_xid::text::bigint AS xid,
+       pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS snapshot_xmin,
+       a.id AS application_id, t.namespace_name, a.resource_name, a.resource_uid,
+       CASE WHEN m.home THEN NULL ELSE m.resource_name END AS environment,
        s.sync_status, s.sync_revision, s.health_status, s.health_message,
        s.resources, s.conditions, s.operation_state, s.reconciled_state, a.row_state
   FROM writer_shard w
@@ -82,11 +84,6 @@ SELECT s.seq, s.changed_xid::text::bigint,
    AND s.changed_xid >= w.status_xid
  ORDER BY s.changed_xid, s.seq
  LIMIT $3";
-
-const CURSOR_ADVANCE: &str = "
-UPDATE writer_shard
-   SET status_xid = $3::text::xid8, updated_at = now()
- WHERE shard = $1 AND writer_id = $2 AND lease_expires_at > now() AND status_xid < $3::text::xid8";
 
 const SYNC_RUNS_OF: &str = "
 SELECT o.id, t.namespace_name, o.resource_name, o.resource_uid, o.state, o.synced_revision, o.message
@@ -100,6 +97,32 @@ SELECT o.id, t.namespace_name, o.resource_name, o.resource_uid, o.state, o.synce
  WHERE o.id = ANY($1) AND o.row_state = 'active'
  ORDER BY o.id";
 
+impl TryFrom<&tokio_postgres::Row> for StatusFeedRow {
+    type Error = tokio_postgres::Error;
+
+    fn try_from(row: &tokio_postgres::Row) -> Result<Self, Self::Error> {
+        Ok(StatusFeedRow {
+            seq: row.try_get("seq")?,
+            xid: row.try_get("xid")?,
+            snapshot_xmin: row.try_get("snapshot_xmin")?,
+            application_id: row.try_get("application_id")?,
+            namespace: row.try_get("namespace_name")?,
+            resource_name: row.try_get("resource_name")?,
+            resource_uid: row.try_get("resource_uid")?,
+            environment: row.try_get("environment")?,
+            sync_status: row.try_get("sync_status")?,
+            sync_revision: row.try_get("sync_revision")?,
+            health_status: row.try_get("health_status")?,
+            health_message: row.try_get("health_message")?,
+            resources: row.try_get("resources")?,
+            conditions: row.try_get("conditions")?,
+            operation_state: row.try_get("operation_state")?,
+            reconciled_state: row.try_get("reconciled_state")?,
+            row_state: row.try_get("row_state")?,
+        })
+    }
+}
+
 /// Up to `limit` rows of `shard` past its cursor, in `seq` order; none unless
 /// `writer_id` holds the shard's lease.
 pub async fn status_feed_read(
@@ -110,28 +133,7 @@ pub async fn status_feed_read(
 ) -> Result<Vec<StatusFeedRow>, DbError> {
     let rows =
         client.query(FEED_READ, &[&shard, &writer_id, &limit]).await.map_err(DbError::query("read the status feed"))?;
-    Ok(rows
-        .iter()
-        .map(|row| StatusFeedRow {
-            seq: row.get(0),
-            xid: row.get(1),
-            snapshot_xmin: row.get(2),
-            application_id: row.get(3),
-            namespace: row.get(4),
-            resource_name: row.get(5),
-            resource_uid: row.get(6),
-            environment: row.get(7),
-            sync_status: row.get(8),
-            sync_revision: row.get(9),
-            health_status: row.get(10),
-            health_message: row.get(11),
-            resources: row.get(12),
-            conditions: row.get(13),
-            operation_state: row.get(14),
-            reconciled_state: row.get(15),
-            row_state: row.get(16),
-        })
-        .collect())
+    rows.iter().map(|row| StatusFeedRow::try_from(row).map_err(DbError::query("read the status feed"))).collect()
 }
 
 /// Where the cursor may move after the first `handled` of `rows` (one read, in
@@ -143,21 +145,6 @@ pub fn cursor_after(rows: &[StatusFeedRow], handled: usize, batch: i64) -> Optio
     let last = rows.get(handled.checked_sub(1)?)?;
     let whole = handled == rows.len() && (rows.len() as i64) < batch;
     Some(if whole { last.snapshot_xmin } else { last.xid.min(last.snapshot_xmin) })
-}
-
-/// Moves `shard`'s cursor forward to transaction `xid`. False when `writer_id` no
-/// longer holds the shard, or the cursor is already there.
-pub async fn writer_shard_advance_status(
-    client: &Client,
-    shard: i32,
-    writer_id: &str,
-    xid: i64,
-) -> Result<bool, DbError> {
-    let updated = client
-        .execute(CURSOR_ADVANCE, &[&shard, &writer_id, &xid.to_string()])
-        .await
-        .map_err(DbError::query("advance the status cursor"))?;
-    Ok(updated == 1)
 }
 
 /// The active sync requests of `applications`.

@@ -11,9 +11,11 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use gitops_shared::db::writer_shard::{
+    writer_shard_acquire, writer_shard_other_writers, writer_shard_release, writer_shard_renew, writer_shard_take_over,
+};
 use gitops_shared::db::{DbError, DbPool, pooled};
 use tokio::sync::watch;
-use tokio_postgres::Transaction;
 use tokio_util::sync::CancellationToken;
 
 /// The number of shards; the rows exist from migration V2.
@@ -30,46 +32,7 @@ pub fn shard_of(namespace: &str) -> i32 {
     i32::try_from(hash % SHARDS.unsigned_abs()).unwrap_or(0)
 }
 
-const RENEW: &str = "
-UPDATE writer_shard SET lease_expires_at = now() + $2::bigint * interval '1 millisecond', updated_at = now()
- WHERE writer_id = $1 AND lease_expires_at > now()
-RETURNING shard";
-
-const OTHER_WRITERS: &str = "
-SELECT count(DISTINCT writer_id) FROM writer_shard WHERE lease_expires_at > now() AND writer_id <> $1";
-
-const RELEASE: &str = "
-UPDATE writer_shard SET writer_id = NULL, lease_expires_at = NULL, updated_at = now()
- WHERE writer_id = $1 AND shard = ANY($2)";
-
-const ACQUIRE: &str = "
-UPDATE writer_shard SET writer_id = $1, lease_expires_at = now() + $2::bigint * interval '1 millisecond', updated_at = now()
- WHERE shard IN (SELECT shard FROM writer_shard
-                  WHERE writer_id IS NULL OR lease_expires_at <= now()
-                  ORDER BY shard LIMIT $3 FOR UPDATE SKIP LOCKED)
-RETURNING shard";
-
-// One shard of the writer holding the most, when that writer holds more than $3.
-const TAKE_OVER: &str = "
-UPDATE writer_shard SET writer_id = $1, lease_expires_at = now() + $2::bigint * interval '1 millisecond', updated_at = now()
- WHERE shard = (SELECT shard FROM writer_shard
-                 WHERE lease_expires_at > now()
-                   AND writer_id = (SELECT writer_id FROM writer_shard
-                                     WHERE lease_expires_at > now() AND writer_id <> $1
-                                     GROUP BY writer_id HAVING count(*) > $3
-                                     ORDER BY count(*) DESC, writer_id LIMIT 1)
-                 ORDER BY shard DESC LIMIT 1 FOR UPDATE SKIP LOCKED)
-RETURNING shard";
-
-const FENCE: &str = "
-SELECT 1 FROM writer_shard WHERE shard = $1 AND writer_id = $2 AND lease_expires_at > now() FOR SHARE";
-
-/// Whether `writer_id` holds `shard`, locking the row against a hand-over until
-/// `txn` ends.
-pub async fn shard_fence_in_txn(txn: &Transaction<'_>, shard: i32, writer_id: &str) -> Result<bool, DbError> {
-    let row = txn.query_opt(FENCE, &[&shard, &writer_id]).await.map_err(DbError::query("check a shard lease"))?;
-    Ok(row.is_some())
-}
+pub use gitops_shared::db::writer_shard::writer_shard_fence_in_txn as shard_fence_in_txn;
 
 /// How the keeper holds its leases.
 #[derive(Debug, Clone, Copy)]
@@ -134,39 +97,24 @@ impl ShardKeeper {
     /// One renewal and rebalancing; returns the shards held afterwards.
     async fn round(&self) -> Result<Vec<i32>, DbError> {
         let client = pooled(&self.pool).await?;
-        let lease_ms = i64::try_from(self.config.lease.as_millis()).unwrap_or(i64::MAX);
-        let id = self.writer_id.as_str();
-        let mut owned: BTreeSet<i32> = client
-            .query(RENEW, &[&id, &lease_ms])
-            .await
-            .map_err(DbError::query("renew shard leases"))?
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
-        let others: i64 =
-            client.query_one(OTHER_WRITERS, &[&id]).await.map_err(DbError::query("count live writers"))?.get(0);
-        let live = others + 1;
+        let (id, lease) = (self.writer_id.as_str(), self.config.lease);
+        let mut owned: BTreeSet<i32> = writer_shard_renew(&client, id, lease).await?.into_iter().collect();
+        let live = writer_shard_other_writers(&client, id).await? + 1;
         let total = i64::from(SHARDS);
         let share = usize::try_from((total + live - 1) / live).unwrap_or(0);
         let floor = usize::try_from(total / live).unwrap_or(0);
         if owned.len() > share {
             let excess: Vec<i32> = owned.iter().rev().take(owned.len() - share).copied().collect();
-            client.execute(RELEASE, &[&id, &excess]).await.map_err(DbError::query("release shards"))?;
+            writer_shard_release(&client, id, &excess).await?;
             for shard in excess {
                 owned.remove(&shard);
             }
         } else if owned.len() < share {
             let want = i64::try_from(share - owned.len()).unwrap_or(0);
-            let rows =
-                client.query(ACQUIRE, &[&id, &lease_ms, &want]).await.map_err(DbError::query("acquire shards"))?;
-            owned.extend(rows.iter().map(|row| row.get::<_, i32>(0)));
+            owned.extend(writer_shard_acquire(&client, id, lease, want).await?);
             if owned.len() < floor {
-                let share_i64 = i64::try_from(share).unwrap_or(i64::MAX);
-                let rows = client
-                    .query(TAKE_OVER, &[&id, &lease_ms, &share_i64])
-                    .await
-                    .map_err(DbError::query("take over a shard"))?;
-                owned.extend(rows.iter().map(|row| row.get::<_, i32>(0)));
+                let share = i64::try_from(share).unwrap_or(i64::MAX);
+                owned.extend(writer_shard_take_over(&client, id, lease, share).await?);
             }
         }
         Ok(owned.into_iter().collect())
@@ -175,8 +123,7 @@ impl ShardKeeper {
     async fn release_all(&self) -> Result<(), DbError> {
         let client = pooled(&self.pool).await?;
         let all: Vec<i32> = (0..SHARDS).collect();
-        client.execute(RELEASE, &[&self.writer_id, &all]).await.map_err(DbError::query("release shards"))?;
-        Ok(())
+        writer_shard_release(&client, &self.writer_id, &all).await
     }
 }
 

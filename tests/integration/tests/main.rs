@@ -18,6 +18,7 @@ mod queue_admin;
 mod queue_failures;
 mod queue_race;
 mod signal_race;
+mod statements;
 mod writer_api;
 mod writer_boundary;
 mod writer_connection;

@@ -1,0 +1,127 @@
+//! The `writer_shard` table: one row per shard of tenant namespaces (64, from
+//! migration V2), each held by at most one writer at a time under a lease, and the
+//! shard's durable cursor over the status feed (`status_xid`). Every statement that
+//! reads or writes it is here; the writer's shard keeper decides when to call them.
+
+use std::time::Duration;
+
+use tokio_postgres::{Client, Transaction};
+
+use crate::db::DbError;
+
+const RENEW: &str = "
+UPDATE writer_shard SET lease_expires_at = now() + $2::bigint * interval '1 millisecond', updated_at = now()
+ WHERE writer_id = $1 AND lease_expires_at > now()
+RETURNING shard";
+
+const OTHER_WRITERS: &str = "
+SELECT count(DISTINCT writer_id) AS writers FROM writer_shard WHERE lease_expires_at > now() AND writer_id <> $1";
+
+const RELEASE: &str = "
+UPDATE writer_shard SET writer_id = NULL, lease_expires_at = NULL, updated_at = now()
+ WHERE writer_id = $1 AND shard = ANY($2)";
+
+const ACQUIRE: &str = "
+UPDATE writer_shard SET writer_id = $1, lease_expires_at = now() + $2::bigint * interval '1 millisecond', updated_at = now()
+ WHERE shard IN (SELECT shard FROM writer_shard
+                  WHERE writer_id IS NULL OR lease_expires_at <= now()
+                  ORDER BY shard LIMIT $3 FOR UPDATE SKIP LOCKED)
+RETURNING shard";
+
+// One shard of the writer holding the most, when that writer holds more than $3.
+const TAKE_OVER: &str = "
+UPDATE writer_shard SET writer_id = $1, lease_expires_at = now() + $2::bigint * interval '1 millisecond', updated_at = now()
+ WHERE shard = (SELECT shard FROM writer_shard
+                 WHERE lease_expires_at > now()
+                   AND writer_id = (SELECT writer_id FROM writer_shard
+                                     WHERE lease_expires_at > now() AND writer_id <> $1
+                                     GROUP BY writer_id HAVING count(*) > $3
+                                     ORDER BY count(*) DESC, writer_id LIMIT 1)
+                 ORDER BY shard DESC LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING shard";
+
+const FENCE: &str = "
+SELECT 1 FROM writer_shard WHERE shard = $1 AND writer_id = $2 AND lease_expires_at > now() FOR SHARE";
+
+const CURSOR_ADVANCE: &str = "
+UPDATE writer_shard
+   SET status_xid = $3::text::xid8, updated_at = now()
+ WHERE shard = $1 AND writer_id = $2 AND lease_expires_at > now() AND status_xid < $3::text::xid8";
+
+/// Every statement of this module (a test prepares them against the schema).
+pub const STATEMENTS: &[&str] = &[RENEW, OTHER_WRITERS, RELEASE, ACQUIRE, TAKE_OVER, FENCE, CURSOR_ADVANCE];
+
+fn millis(lease: Duration) -> i64 {
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn shards(rows: &[tokio_postgres::Row]) -> Result<Vec<i32>, DbError> {
+    rows.iter().map(|row| row.try_get("shard").map_err(DbError::query("read a shard"))).collect()
+}
+
+/// Extends every unexpired lease of `writer_id` by `lease`; returns the shards held.
+pub async fn writer_shard_renew(client: &Client, writer_id: &str, lease: Duration) -> Result<Vec<i32>, DbError> {
+    let rows =
+        client.query(RENEW, &[&writer_id, &millis(lease)]).await.map_err(DbError::query("renew shard leases"))?;
+    shards(&rows)
+}
+
+/// How many other writers hold an unexpired lease.
+pub async fn writer_shard_other_writers(client: &Client, writer_id: &str) -> Result<i64, DbError> {
+    let row = client.query_one(OTHER_WRITERS, &[&writer_id]).await.map_err(DbError::query("count live writers"))?;
+    row.try_get("writers").map_err(DbError::query("count live writers"))
+}
+
+/// Gives `shards` back (those `writer_id` holds).
+pub async fn writer_shard_release(client: &Client, writer_id: &str, shards: &[i32]) -> Result<(), DbError> {
+    client.execute(RELEASE, &[&writer_id, &shards]).await.map_err(DbError::query("release shards"))?;
+    Ok(())
+}
+
+/// Takes up to `want` free or expired shards; returns them.
+pub async fn writer_shard_acquire(
+    client: &Client,
+    writer_id: &str,
+    lease: Duration,
+    want: i64,
+) -> Result<Vec<i32>, DbError> {
+    let rows =
+        client.query(ACQUIRE, &[&writer_id, &millis(lease), &want]).await.map_err(DbError::query("acquire shards"))?;
+    shards(&rows)
+}
+
+/// Takes one shard from the writer holding the most, when it holds more than `share`.
+pub async fn writer_shard_take_over(
+    client: &Client,
+    writer_id: &str,
+    lease: Duration,
+    share: i64,
+) -> Result<Vec<i32>, DbError> {
+    let rows = client
+        .query(TAKE_OVER, &[&writer_id, &millis(lease), &share])
+        .await
+        .map_err(DbError::query("take over a shard"))?;
+    shards(&rows)
+}
+
+/// Whether `writer_id` holds `shard`, locking the row against a hand-over until
+/// `txn` ends.
+pub async fn writer_shard_fence_in_txn(txn: &Transaction<'_>, shard: i32, writer_id: &str) -> Result<bool, DbError> {
+    let row = txn.query_opt(FENCE, &[&shard, &writer_id]).await.map_err(DbError::query("check a shard lease"))?;
+    Ok(row.is_some())
+}
+
+/// Moves `shard`'s status cursor forward to transaction `xid`. False when
+/// `writer_id` no longer holds the shard, or the cursor is already there.
+pub async fn writer_shard_advance_status(
+    client: &Client,
+    shard: i32,
+    writer_id: &str,
+    xid: i64,
+) -> Result<bool, DbError> {
+    let updated = client
+        .execute(CURSOR_ADVANCE, &[&shard, &writer_id, &xid.to_string()])
+        .await
+        .map_err(DbError::query("advance the status cursor"))?;
+    Ok(updated == 1)
+}
