@@ -4,7 +4,6 @@
 //! This crate knows PostgreSQL and nothing about Kubernetes or command lines, so it
 //! is tested with a database alone.
 
-pub mod application;
 pub mod config;
 pub mod credential;
 pub mod crypto;
@@ -25,4 +24,3 @@ pub mod status_feed;
 pub mod sync_run;
 pub mod telemetry;
 pub mod tenancy;
-pub mod tenant;

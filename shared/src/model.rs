@@ -143,7 +143,8 @@ pg_enum!(
 macro_rules! id_type {
     ($(#[$meta:meta])* $name:ident) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, postgres_types::ToSql, postgres_types::FromSql)]
+        #[postgres(transparent)]
         pub struct $name(pub i64);
 
         impl fmt::Display for $name {
@@ -169,6 +170,18 @@ id_type!(
 id_type!(
     /// `application.id`.
     ApplicationId
+);
+id_type!(
+    /// `managed_environment.id`.
+    ManagedEnvironmentId
+);
+id_type!(
+    /// `repository_credential.id`.
+    RepositoryCredentialId
+);
+id_type!(
+    /// `sync_operation.id`.
+    SyncOperationId
 );
 
 #[cfg(test)]

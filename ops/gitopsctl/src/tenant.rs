@@ -4,7 +4,7 @@
 //! repository — so that those stored before requesters were checked at admission
 //! can be looked at (and deleted by their owners when they should not be there).
 
-use gitops_shared::application::{HomeDeploymentRow, application_list_home};
+use gitops_shared::db::application::{HomeDeploymentRow, application_list_home};
 
 use crate::{CtlError, table};
 

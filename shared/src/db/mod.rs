@@ -4,8 +4,11 @@
 //! serialization failures and deadlocks.
 
 pub mod admission_approval;
+pub mod application;
 mod error;
+pub mod managed_environment;
 mod migrate;
+pub mod tenant;
 mod tls;
 pub mod writer_shard;
 
@@ -15,8 +18,13 @@ pub use error::DbError;
 
 /// Every statement of every table module, by module: one test prepares them all
 /// against the migrated schema, so a renamed column fails a test, not production.
-pub const STATEMENTS: &[(&str, &[&str])] =
-    &[("admission_approval", admission_approval::STATEMENTS), ("writer_shard", writer_shard::STATEMENTS)];
+pub const STATEMENTS: &[(&str, &[&str])] = &[
+    ("admission_approval", admission_approval::STATEMENTS),
+    ("application", application::STATEMENTS),
+    ("managed_environment", managed_environment::STATEMENTS),
+    ("tenant", tenant::STATEMENTS),
+    ("writer_shard", writer_shard::STATEMENTS),
+];
 pub use migrate::{MigrationReport, SchemaVersion, check_schema, migrate, required_schema_version, schema_version};
 pub use tls::{MakeRustlsConnect, RootCerts, SslMode, TlsParams, split_tls_params};
 

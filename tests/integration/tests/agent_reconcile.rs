@@ -10,16 +10,16 @@ use std::time::Duration;
 use gitops_agent::engine::argocd::{ArgoCdEngine, app_project_resource, application_resource};
 use gitops_agent::names;
 use gitops_agent::reconcile::Reconciler;
-use gitops_shared::application::application_upsert_in_txn;
 use gitops_shared::credential::{
     ClusterCredentials, ManagedEnvironmentIntent, RepositoryCredentialIntent, RepositoryCredentials,
     managed_environment_upsert_in_txn, repository_credential_upsert_in_txn,
 };
 use gitops_shared::crypto::SecretBox;
+use gitops_shared::db::application::application_upsert_in_txn;
+use gitops_shared::db::tenant::tenant_upsert_locked_in_txn;
 use gitops_shared::instance::EngineInstance;
 use gitops_shared::model::{ResourceType, SyncType, TenantId};
 use gitops_shared::queue::{Outcome, operation_enqueue_in_txn};
-use gitops_shared::tenant::tenant_upsert_locked_in_txn;
 use gitops_testkit::TestDb;
 use gitops_testkit::argocd::fake_revision;
 use gitops_testkit::cluster::TestNamespace;
@@ -115,7 +115,7 @@ impl Env {
         tenant: TenantId,
         generation: i64,
         uid: Uuid,
-        change: impl FnOnce(&mut gitops_shared::application::ApplicationIntent),
+        change: impl FnOnce(&mut gitops_shared::db::application::ApplicationIntent),
     ) -> i64 {
         let mut intent = intent(tenant, uid, generation);
         intent.managed_environment_id = self.homes.get(&tenant).copied();

@@ -12,12 +12,12 @@ use std::time::Duration;
 use gitops_agent::engine::argocd::application_resource;
 use gitops_agent::names::{self, APPLICATION_ID_LABEL, MANAGED_BY_LABEL, MANAGED_BY_VALUE, TENANT_ID_LABEL};
 use gitops_agent::{AgentConfig, AgentHandle, run_agent};
-use gitops_shared::application::application_upsert_in_txn;
 use gitops_shared::crypto::SecretBox;
+use gitops_shared::db::application::application_upsert_in_txn;
+use gitops_shared::db::tenant::tenant_upsert_locked_in_txn;
 use gitops_shared::instance::engine_instance_add;
 use gitops_shared::model::{EngineInstanceId, ResourceType, SyncType, TenantId};
 use gitops_shared::queue::operation_enqueue_in_txn;
-use gitops_shared::tenant::tenant_upsert_locked_in_txn;
 use gitops_testkit::TestDb;
 use gitops_testkit::argocd::{
     self, COMPARISON_ERROR_KNOB, HEALTH_KNOB, SYNC_KNOB, StandinOptions, app_project_crd, application_crd,

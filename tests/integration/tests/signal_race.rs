@@ -150,7 +150,7 @@ async fn enqueue_is_atomic_with_the_intent_rolled_back_means_no_operation_and_no
 /// Begins a transaction on `client` with a new intent and its operation, and leaves
 /// it open (commit or roll back with `batch_execute`). Returns the application id.
 async fn new_application_uncommitted(client: &mut tokio_postgres::Client, fx: &Fixture) -> i64 {
-    use gitops_shared::application::application_upsert_in_txn;
+    use gitops_shared::db::application::application_upsert_in_txn;
     use gitops_shared::model::ResourceType;
     use gitops_shared::queue::operation_enqueue_in_txn;
     let txn = client.transaction().await.expect("begin");

@@ -9,9 +9,13 @@
 
 use std::sync::Arc;
 
-use gitops_shared::application::application_upsert_in_txn;
-use gitops_shared::db::{DbError, pooled};
-use gitops_shared::model::{EngineInstanceId, ResourceType, RowState, TenantId};
+use gitops_shared::db::application::{
+    application_active_generation, application_count_others_in_txn, application_row_state,
+    application_tombstone_in_txn, application_upsert_in_txn,
+};
+use gitops_shared::db::managed_environment::managed_environment_by_name;
+use gitops_shared::db::pooled;
+use gitops_shared::model::{ResourceType, RowState, TenantId};
 use gitops_shared::queue::operation_enqueue_in_txn;
 use kube::api::Api;
 use uuid::Uuid;
@@ -36,23 +40,6 @@ pub const REASON_HOME_UNAVAILABLE: &str = "HomeIdentityUnavailable";
 /// How long a home deployment refused for an unverified requester waits before it
 /// is looked at again (the webhook may have been registered meanwhile).
 const UNVERIFIED_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
-
-const TOMBSTONE: &str = "
-UPDATE application SET row_state = 'deleting', updated_at = now()
- WHERE resource_uid = $1 AND row_state = 'active'
-RETURNING id, tenant_id";
-
-const ROW_STATE: &str = "SELECT row_state FROM application WHERE resource_uid = $1";
-
-const TENANT_INSTANCE: &str = "SELECT engine_instance_id FROM tenant WHERE id = $1";
-
-const COUNT: &str = "
-SELECT count(*) FROM application WHERE tenant_id = $1 AND row_state <> 'deleted' AND resource_uid <> $2";
-
-// Tenants name their own environments; the home environment is never one of them.
-const ENVIRONMENT: &str = "
-SELECT e.id FROM managed_environment e JOIN tenant t ON t.id = e.tenant_id
- WHERE t.namespace_uid = $1 AND e.resource_name = $2 AND e.row_state = 'active' AND NOT e.home";
 
 /// What the intent transaction decided.
 enum Written {
@@ -106,11 +93,8 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         }
         Some(env) => {
             let client = pooled(&ctl.ctx.pool).await?;
-            let row = client
-                .query_opt(ENVIRONMENT, &[&namespace_uid, env])
-                .await
-                .map_err(DbError::query("look up a managed environment"))?;
-            match environment_resolved(env, row.map(|r| validate::EnvironmentRef { id: r.get(0) })) {
+            let found = managed_environment_by_name(&client, namespace_uid, env).await?;
+            match environment_resolved(env, found.map(|id| validate::EnvironmentRef { id: id.0 })) {
                 Ok(id) => id,
                 Err(invalid) => return invalid_condition(&api, &object, &invalid).await,
             }
@@ -149,15 +133,11 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
                     Tenancy::NotOwner | Tenancy::Gone => return Ok(Written::NotOwner),
                     Tenancy::NoEngine => return Ok(Written::NoEngine),
                 };
-                let count: i64 = txn
-                    .query_one(COUNT, &[&tenant.0, &intent.resource_uid])
-                    .await
-                    .map_err(DbError::query("count deployments"))?
-                    .get(0);
+                let count = application_count_others_in_txn(txn, tenant, intent.resource_uid).await?;
                 if count >= settings.max_deployments {
                     return Ok(Written::Quota(count));
                 }
-                let intent = gitops_shared::application::ApplicationIntent { tenant_id: tenant, ..intent };
+                let intent = gitops_shared::db::application::ApplicationIntent { tenant_id: tenant, ..intent };
                 if let Some(id) = application_upsert_in_txn(txn, &intent).await? {
                     operation_enqueue_in_txn(txn, instance, tenant, ResourceType::Application, id.0).await?;
                 }
@@ -198,8 +178,6 @@ pub(super) async fn approved(ctl: &Arc<Controllers>, uid: Uuid, generation: i64)
     Ok(gitops_shared::db::admission_approval::admission_approval_exists(&client, uid, generation).await?)
 }
 
-const ACTIVE_GENERATION: &str = "SELECT generation FROM application WHERE resource_uid = $1 AND row_state = 'active'";
-
 /// A home deployment while nobody checks who asked for it: refused, unless it was
 /// stored before (it keeps running as stored; the new generation is not applied).
 async fn unverified(
@@ -210,11 +188,7 @@ async fn unverified(
 ) -> Result<Next, ReconcileError> {
     let stored: Option<i64> = {
         let client = pooled(&ctl.ctx.pool).await?;
-        client
-            .query_opt(ACTIVE_GENERATION, &[&uid])
-            .await
-            .map_err(DbError::query("read an application"))?
-            .map(|r| r.get(0))
+        application_active_generation(&client, uid).await?
     };
     let message = match stored {
         Some(generation) if Some(generation) == object.metadata.generation => {
@@ -275,25 +249,11 @@ async fn delete(
                 if !shard_fence_in_txn(txn, shard, &writer_id).await? {
                     return Ok(false);
                 }
-                if let Some(row) =
-                    txn.query_opt(TOMBSTONE, &[&uid]).await.map_err(DbError::query("tombstone an application"))?
+                if let Some(tombstoned) = application_tombstone_in_txn(txn, uid).await?
+                    && let Some(instance) = tombstoned.engine_instance_id
                 {
-                    let (id, tenant): (i64, i64) = (row.get(0), row.get(1));
-                    let instance: Option<i64> = txn
-                        .query_one(TENANT_INSTANCE, &[&tenant])
-                        .await
-                        .map_err(DbError::query("read a tenant"))?
-                        .get(0);
-                    if let Some(instance) = instance {
-                        operation_enqueue_in_txn(
-                            txn,
-                            EngineInstanceId(instance),
-                            TenantId(tenant),
-                            ResourceType::Application,
-                            id,
-                        )
-                        .await?;
-                    }
+                    let (tenant, id) = (tombstoned.tenant_id, tombstoned.id.0);
+                    operation_enqueue_in_txn(txn, instance, tenant, ResourceType::Application, id).await?;
                 }
                 Ok(true)
             })
@@ -302,8 +262,7 @@ async fn delete(
     if !owner {
         return Ok(Next::Done);
     }
-    let state: Option<RowState> =
-        client.query_opt(ROW_STATE, &[&uid]).await.map_err(DbError::query("read an application"))?.map(|r| r.get(0));
+    let state = application_row_state(&client, uid).await?;
     drop(client);
     let pruned = matches!(state, None | Some(RowState::Deleted));
     if wait_for_pruning(object) && !pruned {

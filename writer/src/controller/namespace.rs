@@ -13,48 +13,13 @@
 
 use std::sync::Arc;
 
-use gitops_shared::db::{DbError, pooled};
-use gitops_shared::model::{EngineInstanceId, ResourceType, TenantId};
+use gitops_shared::db::pooled;
+use gitops_shared::db::tenant::{tenant_live_in_shards, tenant_stale_in_txn, tenant_tombstone_with_rows_in_txn};
 use gitops_shared::queue::operation_enqueue_in_txn;
 use uuid::Uuid;
 
 use super::{Controllers, Next, ReconcileError, Settled, home};
 use crate::shard::{shard_fence_in_txn, shard_of};
-
-const STALE_TENANTS: &str = "
-SELECT id, engine_instance_id, namespace_uid FROM tenant
- WHERE namespace_name = $1 AND row_state = 'active' AND namespace_uid IS DISTINCT FROM $2
- ORDER BY id
-   FOR UPDATE";
-
-/// Each live row of a tenant, tombstoned; `resource_type` names the operation.
-const TOMBSTONES: [(&str, ResourceType); 4] = [
-    (
-        "UPDATE sync_operation SET row_state = 'deleting', terminate_requested = true, updated_at = now()
-          WHERE tenant_id = $1 AND row_state = 'active' RETURNING id",
-        ResourceType::SyncOperation,
-    ),
-    (
-        "UPDATE application SET row_state = 'deleting', updated_at = now()
-          WHERE tenant_id = $1 AND row_state = 'active' RETURNING id",
-        ResourceType::Application,
-    ),
-    (
-        "UPDATE repository_credential SET row_state = 'deleting', updated_at = now()
-          WHERE tenant_id = $1 AND row_state = 'active' RETURNING id",
-        ResourceType::RepositoryCredential,
-    ),
-    (
-        "UPDATE managed_environment SET row_state = 'deleting', updated_at = now()
-          WHERE tenant_id = $1 AND row_state = 'active' RETURNING id",
-        ResourceType::ManagedEnvironment,
-    ),
-];
-
-const TENANT_TOMBSTONE: &str = "UPDATE tenant SET row_state = 'deleting', updated_at = now() WHERE id = $1";
-
-const LIVE_TENANTS: &str = "
-SELECT namespace_name, namespace_uid FROM tenant WHERE row_state = 'active' AND writer_shard = ANY($1)";
 
 /// Cleans up the tenants of `namespace` that are not its live UID.
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str) -> Result<Next, ReconcileError> {
@@ -74,43 +39,14 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str) -> Result
                 if !shard_fence_in_txn(txn, shard, &writer_id).await? {
                     return Ok(None);
                 }
-                let tenants = txn
-                    .query(STALE_TENANTS, &[&ns_name, &keep])
-                    .await
-                    .map_err(DbError::query("find a namespace's old tenants"))?;
                 let mut cleaned: Vec<Uuid> = Vec::new();
-                for row in tenants {
-                    let tenant = TenantId(row.get(0));
-                    let instance: Option<i64> = row.get(1);
-                    cleaned.push(row.get(2));
-                    for (statement, resource_type) in TOMBSTONES {
-                        let ids = txn
-                            .query(statement, &[&tenant.0])
-                            .await
-                            .map_err(DbError::query("tombstone a tenant's rows"))?;
-                        if let Some(instance) = instance {
-                            for id in ids {
-                                operation_enqueue_in_txn(
-                                    txn,
-                                    EngineInstanceId(instance),
-                                    tenant,
-                                    resource_type,
-                                    id.get(0),
-                                )
-                                .await?;
-                            }
+                for stale in tenant_stale_in_txn(txn, &ns_name, keep).await? {
+                    cleaned.push(stale.namespace_uid);
+                    let tombstoned = tenant_tombstone_with_rows_in_txn(txn, stale.id).await?;
+                    if let Some(instance) = stale.engine_instance_id {
+                        for (resource_type, id) in tombstoned {
+                            operation_enqueue_in_txn(txn, instance, stale.id, resource_type, id).await?;
                         }
-                    }
-                    txn.execute(TENANT_TOMBSTONE, &[&tenant.0]).await.map_err(DbError::query("tombstone a tenant"))?;
-                    if let Some(instance) = instance {
-                        operation_enqueue_in_txn(
-                            txn,
-                            EngineInstanceId(instance),
-                            tenant,
-                            ResourceType::Tenant,
-                            tenant.0,
-                        )
-                        .await?;
                     }
                 }
                 Ok(Some(cleaned))
@@ -137,13 +73,7 @@ pub(super) async fn queue_missing(ctl: &Arc<Controllers>) -> Result<(), Reconcil
     }
     let tenants: Vec<(String, Uuid)> = {
         let client = pooled(&ctl.ctx.pool).await?;
-        client
-            .query(LIVE_TENANTS, &[&shards])
-            .await
-            .map_err(DbError::query("list live tenants"))?
-            .iter()
-            .map(|row| (row.get(0), row.get(1)))
-            .collect()
+        tenant_live_in_shards(&client, &shards).await?
     };
     for (namespace, uid) in tenants {
         let current = ctl.namespace_cached(&namespace);

@@ -6,8 +6,10 @@
 
 use std::sync::Arc;
 
-use gitops_shared::db::{DbError, pooled};
-use gitops_shared::model::{EngineInstanceId, ResourceType, SyncType, TenantId};
+use gitops_shared::db::application::{SyncTargetRow, application_sync_target};
+use gitops_shared::db::pooled;
+use gitops_shared::db::tenant::tenant_lock_in_txn;
+use gitops_shared::model::{ResourceType, SyncType};
 use gitops_shared::queue::operation_enqueue_in_txn;
 use gitops_shared::sync_run::{SyncIntent, sync_operation_terminate_in_txn, sync_operation_upsert_in_txn};
 use kube::api::Api;
@@ -20,14 +22,6 @@ use crate::validate;
 
 pub const REASON_DEPLOYMENT_NOT_FOUND: &str = "DeploymentNotFound";
 pub const REASON_DEPLOYMENT_AUTOMATED: &str = "DeploymentAutomated";
-
-const APPLICATION: &str = "
-SELECT a.id, a.tenant_id, a.sync_type, t.engine_instance_id, coalesce(e.home, false) AS home
-  FROM application a JOIN tenant t ON t.id = a.tenant_id
-  LEFT JOIN managed_environment e ON e.id = a.managed_environment_id
- WHERE a.resource_uid = $1 AND a.row_state = 'active'";
-
-const TENANT_LOCK: &str = "SELECT engine_instance_id FROM tenant WHERE id = $1 FOR UPDATE";
 
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
     let api: Api<GitOpsDeploymentSyncRun> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
@@ -57,13 +51,12 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         Some(uid) => uid,
         None => return wait_for_deployment(ctl, &api, &object, &valid.deployment_name).await,
     };
-    let row = {
+    let target = {
         let client = pooled(&ctl.ctx.pool).await?;
-        client.query_opt(APPLICATION, &[&deployment_uid]).await.map_err(DbError::query("read an application"))?
+        application_sync_target(&client, deployment_uid).await?
     };
-    let Some(row) = row else { return wait_for_deployment(ctl, &api, &object, &valid.deployment_name).await };
-    let (application_id, tenant, sync_type, home): (i64, i64, SyncType, bool) =
-        (row.get("id"), row.get("tenant_id"), row.get("sync_type"), row.get("home"));
+    let Some(target) = target else { return wait_for_deployment(ctl, &api, &object, &valid.deployment_name).await };
+    let SyncTargetRow { id: application_id, tenant_id, sync_type, home, .. } = target;
     // Its revision chooses what runs with the home role: the requester must have
     // been checked, as for the deployment.
     let generation = object.metadata.generation.unwrap_or(0);
@@ -82,12 +75,12 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         return Ok(Next::Settled(Settled::Invalid(REASON_DEPLOYMENT_AUTOMATED)));
     }
     let intent = SyncIntent {
-        tenant_id: TenantId(tenant),
+        tenant_id,
         resource_uid: uid,
         resource_name: name.to_owned(),
         generation: object.metadata.generation.unwrap_or(0),
         deployment_name: valid.deployment_name.clone(),
-        application_id,
+        application_id: application_id.0,
         revision: valid.revision.clone(),
     };
     let mut client = pooled(&ctl.ctx.pool).await?;
@@ -98,20 +91,9 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
                 if !shard_fence_in_txn(txn, shard, &writer_id).await? {
                     return Ok(false);
                 }
-                let instance: Option<i64> = txn
-                    .query_one(TENANT_LOCK, &[&intent.tenant_id.0])
-                    .await
-                    .map_err(DbError::query("lock a tenant"))?
-                    .get(0);
+                let instance = tenant_lock_in_txn(txn, intent.tenant_id).await?;
                 if let (Some(id), Some(instance)) = (sync_operation_upsert_in_txn(txn, &intent).await?, instance) {
-                    operation_enqueue_in_txn(
-                        txn,
-                        EngineInstanceId(instance),
-                        intent.tenant_id,
-                        ResourceType::SyncOperation,
-                        id,
-                    )
-                    .await?;
+                    operation_enqueue_in_txn(txn, instance, intent.tenant_id, ResourceType::SyncOperation, id).await?;
                 }
                 Ok(true)
             })
@@ -156,19 +138,10 @@ async fn delete(
                 if !shard_fence_in_txn(txn, shard, &writer_id).await? {
                     return Ok(false);
                 }
-                if let Some((id, tenant)) = sync_operation_terminate_in_txn(txn, uid).await? {
-                    let instance: Option<i64> =
-                        txn.query_one(TENANT_LOCK, &[&tenant.0]).await.map_err(DbError::query("lock a tenant"))?.get(0);
-                    if let Some(instance) = instance {
-                        operation_enqueue_in_txn(
-                            txn,
-                            EngineInstanceId(instance),
-                            tenant,
-                            ResourceType::SyncOperation,
-                            id,
-                        )
-                        .await?;
-                    }
+                if let Some((id, tenant)) = sync_operation_terminate_in_txn(txn, uid).await?
+                    && let Some(instance) = tenant_lock_in_txn(txn, tenant).await?
+                {
+                    operation_enqueue_in_txn(txn, instance, tenant, ResourceType::SyncOperation, id).await?;
                 }
                 Ok(true)
             })

@@ -7,18 +7,13 @@ use std::time::Duration;
 
 use gitops_shared::credential::CredentialError;
 use gitops_shared::db::DbError;
+use gitops_shared::db::tenant::{tenant_placement_in_txn, tenant_set_shard_in_txn, tenant_upsert_locked_in_txn};
 use gitops_shared::model::{EngineInstanceId, RowState, TenantId};
 use gitops_shared::placement::placement_choose_in_txn;
-use gitops_shared::tenant::tenant_upsert_locked_in_txn;
 use tokio_postgres::Transaction;
 use uuid::Uuid;
 
 use crate::shard::shard_fence_in_txn;
-
-const PLACED: &str = "SELECT engine_instance_id FROM tenant WHERE namespace_uid = $1";
-
-const SET_SHARD: &str = "
-UPDATE tenant SET writer_shard = $2, updated_at = now() WHERE id = $1 AND writer_shard IS DISTINCT FROM $2";
 
 /// Where the intent goes, or why it cannot be written now.
 pub(super) enum Tenancy {
@@ -40,8 +35,7 @@ pub(super) async fn tenant_placed_in_txn(
     if !shard_fence_in_txn(txn, shard, writer_id).await? {
         return Ok(Tenancy::NotOwner);
     }
-    let placed: Option<Option<i64>> =
-        txn.query_opt(PLACED, &[&namespace_uid]).await.map_err(DbError::query("read a tenant"))?.map(|r| r.get(0));
+    let placed = tenant_placement_in_txn(txn, namespace_uid).await?;
     let place_on = match placed.flatten() {
         Some(_) => None,
         None => match placement_choose_in_txn(txn, healthy_within).await? {
@@ -54,7 +48,7 @@ pub(super) async fn tenant_placed_in_txn(
         return Ok(Tenancy::Gone);
     }
     let Some(instance) = tenant.engine_instance_id else { return Ok(Tenancy::NoEngine) };
-    txn.execute(SET_SHARD, &[&tenant.id.0, &shard]).await.map_err(DbError::query("record a tenant's shard"))?;
+    tenant_set_shard_in_txn(txn, tenant.id, shard).await?;
     Ok(Tenancy::Placed(tenant.id, instance))
 }
 

@@ -3,7 +3,7 @@
 //! validated part of shared's `ApplicationIntent`; the controller adds what needs
 //! the cluster or the database (tenant, UID, generation, the environment's row).
 
-use gitops_shared::application::ApplicationIntent;
+use gitops_shared::db::application::ApplicationIntent;
 use gitops_shared::model::{SyncType, TenantId};
 use uuid::Uuid;
 

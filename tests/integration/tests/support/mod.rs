@@ -6,11 +6,11 @@ pub mod writer;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use gitops_shared::application::{ApplicationIntent, application_upsert_in_txn};
+use gitops_shared::db::application::{ApplicationIntent, application_upsert_in_txn};
+use gitops_shared::db::tenant::tenant_upsert_locked_in_txn;
 use gitops_shared::instance::engine_instance_add;
 use gitops_shared::model::{EngineInstanceId, OperationState, ResourceType, SyncType, TenantId};
 use gitops_shared::queue::{Enqueued, operation_enqueue_in_txn};
-use gitops_shared::tenant::tenant_upsert_locked_in_txn;
 use tokio_postgres::Client;
 use uuid::Uuid;
 

@@ -25,7 +25,11 @@ use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
 use gitops_shared::credential::{ClusterCredentials, ManagedEnvironmentIntent, managed_environment_upsert_in_txn};
-use gitops_shared::db::{DbError, pooled};
+use gitops_shared::db::managed_environment::{
+    managed_environment_home, managed_environment_home_near_expiry, managed_environment_live_in_txn,
+    managed_environment_set_home_in_txn,
+};
+use gitops_shared::db::pooled;
 use gitops_shared::model::{ResourceType, TenantId};
 use gitops_shared::queue::operation_enqueue_in_txn;
 use tokio_util::sync::CancellationToken;
@@ -94,27 +98,6 @@ impl HomeSettings {
     }
 }
 
-const HOME: &str = "
-SELECT e.id, c.expires_at FROM managed_environment e
-  JOIN tenant t ON t.id = e.tenant_id
-  LEFT JOIN cluster_credential c ON c.managed_environment_id = e.id
- WHERE t.namespace_uid = $1 AND e.home AND e.row_state = 'active'";
-
-const MARK_HOME: &str = "
-UPDATE managed_environment SET home = true WHERE id = $1 AND NOT home";
-
-const SET_EXPIRY: &str = "
-UPDATE cluster_credential SET expires_at = $2 WHERE managed_environment_id = $1";
-
-const NEAR_EXPIRY: &str = "
-SELECT t.namespace_name, t.namespace_uid FROM managed_environment e
-  JOIN tenant t ON t.id = e.tenant_id
-  JOIN cluster_credential c ON c.managed_environment_id = e.id
- WHERE e.home AND e.row_state = 'active' AND t.row_state = 'active'
-   AND t.writer_shard = ANY($1) AND c.expires_at < $2
- ORDER BY c.expires_at
- LIMIT 500";
-
 /// The home environment of a namespace, or why there is none yet.
 pub(super) enum Home {
     Ready(i64),
@@ -157,13 +140,9 @@ pub(super) async fn home_environment(
         return Ok(Home::Ready(id));
     }
     let renew_before = ctl.ctx.home.renew_before;
-    let stored: Option<(i64, Option<SystemTime>)> = {
+    let stored = {
         let client = pooled(&ctl.ctx.pool).await?;
-        client
-            .query_opt(HOME, &[&namespace_uid])
-            .await
-            .map_err(DbError::query("read a home environment"))?
-            .map(|row| (row.get(0), row.get(1)))
+        managed_environment_home(&client, namespace_uid).await?.map(|(id, expires_at)| (id.0, expires_at))
     };
     if let Some((id, Some(expires_at))) = stored
         && let Some(renew_at) = expires_at.checked_sub(renew_before)
@@ -229,22 +208,14 @@ async fn issue(ctl: &Arc<Controllers>, namespace: &str, namespace_uid: Uuid) -> 
                 let intent = ManagedEnvironmentIntent { tenant_id: tenant, ..intent };
                 let changed =
                     managed_environment_upsert_in_txn(txn, &sealer, &intent).await.map_err(credential_error)?;
-                let Some(row) = txn
-                    .query_opt(HOME_ID, &[&namespace_uid, &tenant.0])
-                    .await
-                    .map_err(DbError::query("read a home environment"))?
-                else {
+                let Some(id) = managed_environment_live_in_txn(txn, namespace_uid, tenant).await? else {
                     return Ok(Home::Gone);
                 };
-                let id: i64 = row.get(0);
-                txn.execute(MARK_HOME, &[&id]).await.map_err(DbError::query("mark a home environment"))?;
-                txn.execute(SET_EXPIRY, &[&id, &expires_at])
-                    .await
-                    .map_err(DbError::query("record a token's expiry"))?;
+                managed_environment_set_home_in_txn(txn, id, expires_at).await?;
                 if changed.is_some() {
-                    operation_enqueue_in_txn(txn, instance, tenant, ResourceType::ManagedEnvironment, id).await?;
+                    operation_enqueue_in_txn(txn, instance, tenant, ResourceType::ManagedEnvironment, id.0).await?;
                 }
-                Ok(Home::Ready(id))
+                Ok(Home::Ready(id.0))
             })
         })
         .await?;
@@ -256,9 +227,6 @@ async fn issue(ctl: &Arc<Controllers>, namespace: &str, namespace_uid: Uuid) -> 
     }
     Ok(home)
 }
-
-const HOME_ID: &str = "
-SELECT id FROM managed_environment WHERE resource_uid = $1 AND tenant_id = $2 AND row_state = 'active'";
 
 /// Renews, every `renew_every`, the home tokens of the owned shards that are due, until `cancel`.
 pub(super) async fn renew_loop(ctl: Arc<Controllers>, cancel: CancellationToken) {
@@ -280,15 +248,9 @@ async fn renew_due(ctl: &Arc<Controllers>) -> Result<usize, ReconcileError> {
         return Ok(0);
     }
     let horizon = SystemTime::now() + ctl.ctx.home.renew_before;
-    let due: Vec<(String, Uuid)> = {
+    let due = {
         let client = pooled(&ctl.ctx.pool).await?;
-        client
-            .query(NEAR_EXPIRY, &[&shards, &horizon])
-            .await
-            .map_err(DbError::query("find home tokens near expiry"))?
-            .iter()
-            .map(|row| (row.get(0), row.get(1)))
-            .collect()
+        managed_environment_home_near_expiry(&client, &shards, horizon).await?
     };
     let mut renewed = 0;
     for (namespace, namespace_uid) in due {

@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::future::try_join_all;
-use gitops_shared::application::{ApplicationIntent, application_upsert_in_txn};
+use gitops_shared::db::application::{ApplicationIntent, application_upsert_in_txn};
+use gitops_shared::db::tenant::tenant_upsert_locked_in_txn;
 use gitops_shared::db::{self, DbError, in_txn_retrying};
 use gitops_shared::model::{EngineInstanceId, OperationId, ResourceType, SyncType, TenantId};
 use gitops_shared::queue::{Enqueued, operation_enqueue_in_txn};
-use gitops_shared::tenant::tenant_upsert_locked_in_txn;
 use tokio_postgres::Client;
 use uuid::Uuid;
 

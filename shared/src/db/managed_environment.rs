@@ -1,0 +1,112 @@
+//! The `managed_environment` table (with its sealed `cluster_credential`), as the
+//! writer reads it: environments found by name within a tenant, and the tenant's
+//! *home* environment — the credentials of its home identity — with the expiry of
+//! its token. (The upsert of an environment and its credentials is in
+//! `credential`, which seals them.)
+
+use std::time::SystemTime;
+
+use tokio_postgres::{Client, Transaction};
+use uuid::Uuid;
+
+use crate::db::DbError;
+use crate::model::{ManagedEnvironmentId, TenantId};
+
+// Tenants name their own environments; the home environment is never one of them.
+const BY_NAME: &str = "
+SELECT e.id FROM managed_environment e JOIN tenant t ON t.id = e.tenant_id
+ WHERE t.namespace_uid = $1 AND e.resource_name = $2 AND e.row_state = 'active' AND NOT e.home";
+
+const HOME: &str = "
+SELECT e.id, c.expires_at FROM managed_environment e
+  JOIN tenant t ON t.id = e.tenant_id
+  LEFT JOIN cluster_credential c ON c.managed_environment_id = e.id
+ WHERE t.namespace_uid = $1 AND e.home AND e.row_state = 'active'";
+
+const LIVE_OF_RESOURCE: &str = "
+SELECT id FROM managed_environment WHERE resource_uid = $1 AND tenant_id = $2 AND row_state = 'active'";
+
+const MARK_HOME: &str = "UPDATE managed_environment SET home = true WHERE id = $1 AND NOT home";
+
+const SET_EXPIRY: &str = "UPDATE cluster_credential SET expires_at = $2 WHERE managed_environment_id = $1";
+
+const HOME_NEAR_EXPIRY: &str = "
+SELECT t.namespace_name, t.namespace_uid FROM managed_environment e
+  JOIN tenant t ON t.id = e.tenant_id
+  JOIN cluster_credential c ON c.managed_environment_id = e.id
+ WHERE e.home AND e.row_state = 'active' AND t.row_state = 'active'
+   AND t.writer_shard = ANY($1) AND c.expires_at < $2
+ ORDER BY c.expires_at
+ LIMIT 500";
+
+/// Every statement of this module (a test prepares them against the schema).
+pub const STATEMENTS: &[&str] = &[BY_NAME, HOME, LIVE_OF_RESOURCE, MARK_HOME, SET_EXPIRY, HOME_NEAR_EXPIRY];
+
+fn id(row: &tokio_postgres::Row) -> Result<ManagedEnvironmentId, DbError> {
+    row.try_get("id").map_err(DbError::query("read a managed environment"))
+}
+
+/// The live environment called `name` of the tenant of namespace `namespace_uid`.
+pub async fn managed_environment_by_name(
+    client: &Client,
+    namespace_uid: Uuid,
+    name: &str,
+) -> Result<Option<ManagedEnvironmentId>, DbError> {
+    let row = client
+        .query_opt(BY_NAME, &[&namespace_uid, &name])
+        .await
+        .map_err(DbError::query("look up a managed environment"))?;
+    row.as_ref().map(id).transpose()
+}
+
+/// The home environment of the tenant of namespace `namespace_uid` and when its
+/// token expires (None: no token stored yet).
+pub async fn managed_environment_home(
+    client: &Client,
+    namespace_uid: Uuid,
+) -> Result<Option<(ManagedEnvironmentId, Option<SystemTime>)>, DbError> {
+    let row = client.query_opt(HOME, &[&namespace_uid]).await.map_err(DbError::query("read a home environment"))?;
+    row.map(|row| Ok((id(&row)?, row.try_get("expires_at").map_err(DbError::query("read a home environment"))?)))
+        .transpose()
+}
+
+/// The live environment row of resource `resource_uid` of `tenant`.
+pub async fn managed_environment_live_in_txn(
+    txn: &Transaction<'_>,
+    resource_uid: Uuid,
+    tenant: TenantId,
+) -> Result<Option<ManagedEnvironmentId>, DbError> {
+    let row = txn
+        .query_opt(LIVE_OF_RESOURCE, &[&resource_uid, &tenant])
+        .await
+        .map_err(DbError::query("read a managed environment"))?;
+    row.as_ref().map(id).transpose()
+}
+
+/// Marks an environment as its tenant's home one and records its token's expiry.
+pub async fn managed_environment_set_home_in_txn(
+    txn: &Transaction<'_>,
+    environment: ManagedEnvironmentId,
+    expires_at: SystemTime,
+) -> Result<(), DbError> {
+    txn.execute(MARK_HOME, &[&environment]).await.map_err(DbError::query("mark a home environment"))?;
+    txn.execute(SET_EXPIRY, &[&environment, &expires_at]).await.map_err(DbError::query("record a token's expiry"))?;
+    Ok(())
+}
+
+/// (namespace name, namespace UID) of the tenants in `shards` whose home token
+/// expires before `horizon`, soonest first (at most 500).
+pub async fn managed_environment_home_near_expiry(
+    client: &Client,
+    shards: &[i32],
+    horizon: SystemTime,
+) -> Result<Vec<(String, Uuid)>, DbError> {
+    let rows = client
+        .query(HOME_NEAR_EXPIRY, &[&shards, &horizon])
+        .await
+        .map_err(DbError::query("find home tokens near expiry"))?;
+    rows.iter()
+        .map(|row| Ok((row.try_get("namespace_name")?, row.try_get("namespace_uid")?)))
+        .collect::<Result<_, tokio_postgres::Error>>()
+        .map_err(DbError::query("read a home token near expiry"))
+}
