@@ -34,11 +34,6 @@ ON CONFLICT (resource_uid) DO UPDATE
    AND sync_operation.row_state = 'active'
 RETURNING id";
 
-const TERMINATE: &str = "
-UPDATE sync_operation SET terminate_requested = true, row_state = 'deleting', updated_at = now()
- WHERE resource_uid = $1 AND row_state = 'active'
-RETURNING id, tenant_id";
-
 /// Writes the request if newer than the stored one; the row id when it changed.
 pub async fn sync_operation_upsert_in_txn(txn: &Transaction<'_>, intent: &SyncIntent) -> Result<Option<i64>, DbError> {
     let row = txn
@@ -57,14 +52,4 @@ pub async fn sync_operation_upsert_in_txn(txn: &Transaction<'_>, intent: &SyncIn
         .await
         .map_err(DbError::query("upsert a sync operation"))?;
     Ok(row.map(|row| row.get(0)))
-}
-
-/// Marks the sync of a deleted SyncRun for termination and removal; its `(id,
-/// tenant)` when the row was active.
-pub async fn sync_operation_terminate_in_txn(
-    txn: &Transaction<'_>,
-    resource_uid: Uuid,
-) -> Result<Option<(i64, TenantId)>, DbError> {
-    let row = txn.query_opt(TERMINATE, &[&resource_uid]).await.map_err(DbError::query("terminate a sync operation"))?;
-    Ok(row.map(|row| (row.get(0), TenantId(row.get(1)))))
 }

@@ -117,14 +117,6 @@ pub async fn application_list_home(client: &tokio_postgres::Client) -> Result<Ve
     rows.iter().map(|row| HomeDeploymentRow::try_from(row).map_err(DbError::query("read a home deployment"))).collect()
 }
 
-const TOMBSTONE: &str = "
-WITH tombstoned AS (
-    UPDATE application SET row_state = 'deleting', updated_at = now()
-     WHERE resource_uid = $1 AND row_state = 'active'
-    RETURNING id, tenant_id)
-SELECT tombstoned.id, tombstoned.tenant_id, t.engine_instance_id
-  FROM tombstoned JOIN tenant t ON t.id = tombstoned.tenant_id";
-
 const ROW_STATE: &str = "SELECT row_state FROM application WHERE resource_uid = $1";
 
 const COUNT_OTHERS: &str = "
@@ -139,32 +131,7 @@ SELECT a.id, a.tenant_id, a.sync_type, t.engine_instance_id, coalesce(e.home, fa
  WHERE a.resource_uid = $1 AND a.row_state = 'active'";
 
 /// Every statement of this module (a test prepares them against the schema).
-pub const STATEMENTS: &[&str] =
-    &[UPSERT, HOME_DEPLOYMENTS, TOMBSTONE, ROW_STATE, COUNT_OTHERS, ACTIVE_GENERATION, SYNC_TARGET];
-
-/// An application tombstoned for deletion: its operation goes to the tenant's instance.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TombstonedApplication {
-    pub id: ApplicationId,
-    pub tenant_id: TenantId,
-    pub engine_instance_id: Option<EngineInstanceId>,
-}
-
-/// Marks the live application of a GitOpsDeployment `deleting`; None when there was none.
-pub async fn application_tombstone_in_txn(
-    txn: &Transaction<'_>,
-    resource_uid: Uuid,
-) -> Result<Option<TombstonedApplication>, DbError> {
-    let row = txn.query_opt(TOMBSTONE, &[&resource_uid]).await.map_err(DbError::query("tombstone an application"))?;
-    let read = |row: tokio_postgres::Row| -> Result<TombstonedApplication, tokio_postgres::Error> {
-        Ok(TombstonedApplication {
-            id: row.try_get("id")?,
-            tenant_id: row.try_get("tenant_id")?,
-            engine_instance_id: row.try_get("engine_instance_id")?,
-        })
-    };
-    row.map(read).transpose().map_err(DbError::query("read a tombstoned application"))
-}
+pub const STATEMENTS: &[&str] = &[UPSERT, HOME_DEPLOYMENTS, ROW_STATE, COUNT_OTHERS, ACTIVE_GENERATION, SYNC_TARGET];
 
 /// The row state of a GitOpsDeployment's application; None once purged (or never stored).
 pub async fn application_row_state(

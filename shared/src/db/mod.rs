@@ -10,6 +10,7 @@ pub mod managed_environment;
 mod migrate;
 pub mod tenant;
 mod tls;
+pub mod tombstone;
 pub mod writer_shard;
 
 use std::time::Duration;

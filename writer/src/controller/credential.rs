@@ -1,12 +1,13 @@
-//! What the two credential-bearing kinds (GitOpsDeploymentManagedEnvironment and
-//! GitOpsDeploymentRepositoryCredential) do the same way: read the Secret they name
-//! (same namespace only; a missing one is a refusal the tenant can read) and, on
-//! deletion, tombstone their row and enqueue an operation for the tenant's engine.
+//! What the controllers do the same way: the two credential-bearing kinds
+//! (GitOpsDeploymentManagedEnvironment and GitOpsDeploymentRepositoryCredential)
+//! read the Secret they name (same namespace only; a missing one is a refusal the
+//! tenant can read), and every kind, on deletion, tombstones its row and enqueues an
+//! operation for the tenant's engine in one transaction under the shard fence.
 
 use std::sync::Arc;
 
-use gitops_shared::db::{DbError, pooled};
-use gitops_shared::model::{EngineInstanceId, ResourceType, TenantId};
+use gitops_shared::db::pooled;
+use gitops_shared::db::tombstone::{TombstoneOf, resource_tombstone_in_txn};
 use gitops_shared::queue::operation_enqueue_in_txn;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
@@ -16,8 +17,6 @@ use super::environment::REASON_SECRET_NOT_FOUND;
 use super::{Controllers, ReconcileError};
 use crate::shard::{shard_fence_in_txn, shard_of};
 use crate::validate::Invalid;
-
-const TENANT_INSTANCE: &str = "SELECT engine_instance_id FROM tenant WHERE id = $1";
 
 /// The Secret `name` in `namespace`; a missing one is `Err(Invalid)` with
 /// `REASON_SECRET_NOT_FOUND`.
@@ -36,16 +35,14 @@ pub(super) async fn secret_read(
     }))
 }
 
-/// Tombstones the row of resource `uid` with `tombstone` (an `UPDATE … RETURNING id,
-/// tenant_id`) and enqueues a `resource` operation for the tenant's engine, when this
-/// writer owns the namespace's shard. `false` when it does not (nothing written).
+/// Tombstones the row of resource `uid` and enqueues its operation for the tenant's
+/// engine, when this writer owns the namespace's shard. `false` when it does not
+/// (nothing written).
 pub(super) async fn tombstone_and_enqueue(
     ctl: &Arc<Controllers>,
     namespace: &str,
     uid: Uuid,
-    tombstone: &'static str,
-    resource: ResourceType,
-    action: &'static str,
+    of: TombstoneOf,
 ) -> Result<bool, ReconcileError> {
     let shard = shard_of(namespace);
     let writer_id = ctl.ctx.writer_id.clone();
@@ -57,18 +54,10 @@ pub(super) async fn tombstone_and_enqueue(
                 if !shard_fence_in_txn(txn, shard, &writer_id).await? {
                     return Ok(false);
                 }
-                let tombstoned = txn.query_opt(tombstone, &[&uid]).await.map_err(DbError::query(action))?;
-                if let Some(row) = tombstoned {
-                    let (id, tenant): (i64, i64) = (row.get(0), row.get(1));
-                    let instance: Option<i64> = txn
-                        .query_one(TENANT_INSTANCE, &[&tenant])
-                        .await
-                        .map_err(DbError::query("read a tenant"))?
-                        .get(0);
-                    if let Some(instance) = instance {
-                        operation_enqueue_in_txn(txn, EngineInstanceId(instance), TenantId(tenant), resource, id)
-                            .await?;
-                    }
+                if let Some(row) = resource_tombstone_in_txn(txn, of, uid).await?
+                    && let Some(instance) = row.engine_instance_id
+                {
+                    operation_enqueue_in_txn(txn, instance, row.tenant_id, of.resource_type(), row.id).await?;
                 }
                 Ok(true)
             })

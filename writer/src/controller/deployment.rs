@@ -10,8 +10,7 @@
 use std::sync::Arc;
 
 use gitops_shared::db::application::{
-    application_active_generation, application_count_others_in_txn, application_row_state,
-    application_tombstone_in_txn, application_upsert_in_txn,
+    application_active_generation, application_count_others_in_txn, application_row_state, application_upsert_in_txn,
 };
 use gitops_shared::db::managed_environment::managed_environment_by_name;
 use gitops_shared::db::pooled;
@@ -20,12 +19,15 @@ use gitops_shared::queue::operation_enqueue_in_txn;
 use kube::api::Api;
 use uuid::Uuid;
 
+use gitops_shared::db::tombstone::TombstoneOf;
+
+use super::credential::tombstone_and_enqueue;
 use super::home::{Home, home_environment};
 use super::object::{Live, REASON_ACCEPTED, live, remove_finalizer};
 use super::tenant::{Tenancy, tenant_placed_in_txn};
 use super::{Controllers, Next, ReconcileError, Settled, set_condition};
 use crate::api::GitOpsDeployment;
-use crate::shard::{shard_fence_in_txn, shard_of};
+use crate::shard::shard_of;
 use crate::validate::{self, Invalid, environment_resolved};
 
 /// The annotation by which a tenant asks the finalizer to stay until Argo CD pruned.
@@ -239,29 +241,10 @@ async fn delete(
     uid: Uuid,
 ) -> Result<Next, ReconcileError> {
     let namespace = object.metadata.namespace.clone().unwrap_or_default();
-    let shard = shard_of(&namespace);
-    let writer_id = ctl.ctx.writer_id.clone();
-    let mut client = pooled(&ctl.ctx.pool).await?;
-    let owner = ctl
-        .in_txn(&mut client, |txn| {
-            let writer_id = writer_id.clone();
-            Box::pin(async move {
-                if !shard_fence_in_txn(txn, shard, &writer_id).await? {
-                    return Ok(false);
-                }
-                if let Some(tombstoned) = application_tombstone_in_txn(txn, uid).await?
-                    && let Some(instance) = tombstoned.engine_instance_id
-                {
-                    let (tenant, id) = (tombstoned.tenant_id, tombstoned.id.0);
-                    operation_enqueue_in_txn(txn, instance, tenant, ResourceType::Application, id).await?;
-                }
-                Ok(true)
-            })
-        })
-        .await?;
-    if !owner {
+    if !tombstone_and_enqueue(ctl, &namespace, uid, TombstoneOf::Application).await? {
         return Ok(Next::Done);
     }
+    let client = pooled(&ctl.ctx.pool).await?;
     let state = application_row_state(&client, uid).await?;
     drop(client);
     let pruned = matches!(state, None | Some(RowState::Deleted));

@@ -22,6 +22,8 @@ use gitops_shared::queue::operation_enqueue_in_txn;
 use kube::api::Api;
 use uuid::Uuid;
 
+use gitops_shared::db::tombstone::TombstoneOf;
+
 use super::credential::{secret_read, tombstone_and_enqueue};
 use super::object::{Live, REASON_ACCEPTED, live, now_rfc3339, remove_finalizer};
 use super::tenant::{Tenancy, credential_error, tenant_placed_in_txn};
@@ -39,11 +41,6 @@ pub const CONNECTION_CONDITION: &str = "ConnectionInitializationSucceeded";
 /// Its reason while connection checks are off (the default); the others are in
 /// `crate::connection`.
 pub use crate::connection::REASON_CONNECTION_CHECK_DISABLED;
-
-const TOMBSTONE: &str = "
-UPDATE managed_environment SET row_state = 'deleting', updated_at = now()
- WHERE resource_uid = $1 AND row_state = 'active'
-RETURNING id, tenant_id";
 
 enum Written {
     Stored { changed: bool },
@@ -191,8 +188,7 @@ async fn delete(
     uid: Uuid,
 ) -> Result<Next, ReconcileError> {
     let namespace = object.metadata.namespace.clone().unwrap_or_default();
-    let action = "tombstone a managed environment";
-    if !tombstone_and_enqueue(ctl, &namespace, uid, TOMBSTONE, ResourceType::ManagedEnvironment, action).await? {
+    if !tombstone_and_enqueue(ctl, &namespace, uid, TombstoneOf::ManagedEnvironment).await? {
         return Ok(Next::Done);
     }
     ctl.deployments_again(&namespace);

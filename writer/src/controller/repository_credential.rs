@@ -15,6 +15,8 @@ use gitops_shared::queue::operation_enqueue_in_txn;
 use kube::api::Api;
 use uuid::Uuid;
 
+use gitops_shared::db::tombstone::TombstoneOf;
+
 use super::credential::{secret_read, tombstone_and_enqueue};
 use super::object::{Live, REASON_ACCEPTED, live, remove_finalizer};
 use super::tenant::{Tenancy, credential_error, tenant_placed_in_txn};
@@ -23,11 +25,6 @@ use crate::api::GitOpsDeploymentRepositoryCredential;
 use crate::queue::{Key, Kind};
 use crate::shard::shard_of;
 use crate::validate;
-
-const TOMBSTONE: &str = "
-UPDATE repository_credential SET row_state = 'deleting', updated_at = now()
- WHERE resource_uid = $1 AND row_state = 'active'
-RETURNING id, tenant_id";
 
 enum Written {
     Stored,
@@ -137,8 +134,7 @@ async fn delete(
     uid: Uuid,
 ) -> Result<Next, ReconcileError> {
     let namespace = object.metadata.namespace.clone().unwrap_or_default();
-    let action = "tombstone a repository credential";
-    if !tombstone_and_enqueue(ctl, &namespace, uid, TOMBSTONE, ResourceType::RepositoryCredential, action).await? {
+    if !tombstone_and_enqueue(ctl, &namespace, uid, TombstoneOf::RepositoryCredential).await? {
         return Ok(Next::Done);
     }
     remove_finalizer(api, object).await?;

@@ -9,11 +9,13 @@ use std::sync::Arc;
 use gitops_shared::db::application::{SyncTargetRow, application_sync_target};
 use gitops_shared::db::pooled;
 use gitops_shared::db::tenant::tenant_lock_in_txn;
+use gitops_shared::db::tombstone::TombstoneOf;
 use gitops_shared::model::{ResourceType, SyncType};
 use gitops_shared::queue::operation_enqueue_in_txn;
-use gitops_shared::sync_run::{SyncIntent, sync_operation_terminate_in_txn, sync_operation_upsert_in_txn};
+use gitops_shared::sync_run::{SyncIntent, sync_operation_upsert_in_txn};
 use kube::api::Api;
 
+use super::credential::tombstone_and_enqueue;
 use super::object::{Live, REASON_ACCEPTED, live, remove_finalizer};
 use super::{Controllers, Next, REASON_REQUESTER_UNVERIFIED, ReconcileError, Settled, set_condition};
 use crate::api::{GitOpsDeployment, GitOpsDeploymentSyncRun};
@@ -128,25 +130,7 @@ async fn delete(
     uid: uuid::Uuid,
     namespace: &str,
 ) -> Result<Next, ReconcileError> {
-    let shard = shard_of(namespace);
-    let writer_id = ctl.ctx.writer_id.clone();
-    let mut client = pooled(&ctl.ctx.pool).await?;
-    let owner = ctl
-        .in_txn(&mut client, |txn| {
-            let writer_id = writer_id.clone();
-            Box::pin(async move {
-                if !shard_fence_in_txn(txn, shard, &writer_id).await? {
-                    return Ok(false);
-                }
-                if let Some((id, tenant)) = sync_operation_terminate_in_txn(txn, uid).await?
-                    && let Some(instance) = tenant_lock_in_txn(txn, tenant).await?
-                {
-                    operation_enqueue_in_txn(txn, instance, tenant, ResourceType::SyncOperation, id).await?;
-                }
-                Ok(true)
-            })
-        })
-        .await?;
+    let owner = tombstone_and_enqueue(ctl, namespace, uid, TombstoneOf::SyncOperation).await?;
     if owner {
         remove_finalizer(api, object).await?;
         return Ok(Next::Settled(Settled::Ok));
