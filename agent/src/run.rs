@@ -203,17 +203,11 @@ async fn kube_client(path: Option<&PathBuf>) -> Result<kube::Client, AgentError>
     kube::Client::try_from(config).map_err(|source| AgentError::KubeClient { source })
 }
 
-const QUEUE_DEPTH: &str = "SELECT count(*) FROM operation WHERE engine_instance_id = $1 AND state = 'waiting'";
-
 async fn heartbeat(pool: &DbPool, instance: &EngineInstance, metrics: &Metrics) -> Result<(), db::DbError> {
     let client = pooled(pool).await?;
     engine_instance_heartbeat(&client, instance.id).await?;
     metrics.heartbeats.fetch_add(1, Ordering::Relaxed);
-    let depth: i64 = client
-        .query_one(QUEUE_DEPTH, &[&instance.id.0])
-        .await
-        .map_err(db::DbError::query("count waiting operations"))?
-        .get(0);
+    let depth = gitops_shared::queue::operation_waiting_count(&client, instance.id).await?;
     metrics.queue_depth.store(depth, Ordering::Relaxed);
     Ok(())
 }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use gitops_shared::db::placed_rows::{PlacedTable, placed_elsewhere, placed_rows};
 use gitops_shared::db::{DbError, DbPool, pooled};
 use gitops_shared::model::{EngineInstanceId, ResourceType, RowState, TenantId};
 use gitops_shared::queue::operation_enqueue_in_txn;
@@ -125,44 +126,13 @@ impl ResourceTypeKey {
         }
     }
 
-    /// Rows of this type placed on the instance ($1), with tenant and state.
-    fn rows_sql(self) -> &'static str {
+    /// The table its rows live in.
+    fn table(self) -> PlacedTable {
         match self {
-            ResourceTypeKey::Application => {
-                "SELECT r.id, r.tenant_id, r.row_state FROM application r
-                   JOIN tenant t ON t.id = r.tenant_id WHERE t.engine_instance_id = $1"
-            }
-            ResourceTypeKey::ManagedEnvironment => {
-                "SELECT r.id, r.tenant_id, r.row_state FROM managed_environment r
-                   JOIN tenant t ON t.id = r.tenant_id WHERE t.engine_instance_id = $1"
-            }
-            ResourceTypeKey::RepositoryCredential => {
-                "SELECT r.id, r.tenant_id, r.row_state FROM repository_credential r
-                   JOIN tenant t ON t.id = r.tenant_id WHERE t.engine_instance_id = $1"
-            }
-            ResourceTypeKey::Tenant => "SELECT t.id, t.id, t.row_state FROM tenant t WHERE t.engine_instance_id = $1",
-        }
-    }
-
-    /// Ids among $1 whose live rows belong to another instance: not orphans here.
-    fn elsewhere_sql(self) -> &'static str {
-        match self {
-            ResourceTypeKey::Application => {
-                "SELECT r.id FROM application r JOIN tenant t ON t.id = r.tenant_id
-                  WHERE r.id = ANY($1) AND r.row_state <> 'deleted' AND t.engine_instance_id IS DISTINCT FROM $2"
-            }
-            ResourceTypeKey::ManagedEnvironment => {
-                "SELECT r.id FROM managed_environment r JOIN tenant t ON t.id = r.tenant_id
-                  WHERE r.id = ANY($1) AND r.row_state <> 'deleted' AND t.engine_instance_id IS DISTINCT FROM $2"
-            }
-            ResourceTypeKey::RepositoryCredential => {
-                "SELECT r.id FROM repository_credential r JOIN tenant t ON t.id = r.tenant_id
-                  WHERE r.id = ANY($1) AND r.row_state <> 'deleted' AND t.engine_instance_id IS DISTINCT FROM $2"
-            }
-            ResourceTypeKey::Tenant => {
-                "SELECT t.id FROM tenant t
-                  WHERE t.id = ANY($1) AND t.row_state <> 'deleted' AND t.engine_instance_id IS DISTINCT FROM $2"
-            }
+            ResourceTypeKey::Application => PlacedTable::Application,
+            ResourceTypeKey::ManagedEnvironment => PlacedTable::ManagedEnvironment,
+            ResourceTypeKey::RepositoryCredential => PlacedTable::RepositoryCredential,
+            ResourceTypeKey::Tenant => PlacedTable::Tenant,
         }
     }
 }
@@ -258,16 +228,10 @@ impl Sweeper {
         let mut client = pooled(&self.pool).await.map_err(SweepError::Rows)?;
         let mut rows: Rows = HashMap::new();
         for key in ResourceTypeKey::ALL {
-            let found = client
-                .query(key.rows_sql(), &[&self.instance.0])
-                .await
-                .map_err(|e| SweepError::Rows(DbError::query("read rows for the sweep")(e)))?;
+            let found = placed_rows(&client, key.table(), self.instance).await.map_err(SweepError::Rows)?;
             rows.insert(
                 key,
-                found
-                    .iter()
-                    .map(|r| (r.get(0), RowView { tenant_id: TenantId(r.get(1)), row_state: r.get(2) }))
-                    .collect(),
+                found.iter().map(|r| (r.id, RowView { tenant_id: r.tenant_id, row_state: r.row_state })).collect(),
             );
         }
         let mut plan = plan(&objects, &rows, self.config.max_deletions);
@@ -330,12 +294,10 @@ impl Sweeper {
             if ids.is_empty() {
                 continue;
             }
-            let elsewhere: HashSet<i64> = client
-                .query(key.elsewhere_sql(), &[&ids, &self.instance.0])
+            let elsewhere: HashSet<i64> = placed_elsewhere(client, key.table(), &ids, self.instance)
                 .await
-                .map_err(|e| SweepError::Rows(DbError::query("find rows of other instances")(e)))?
-                .iter()
-                .map(|r| r.get(0))
+                .map_err(SweepError::Rows)?
+                .into_iter()
                 .collect();
             for id in &elsewhere {
                 tracing::warn!(resource.type = %key.resource_type(), resource.id = id,

@@ -8,6 +8,7 @@ pub mod application;
 mod error;
 pub mod managed_environment;
 mod migrate;
+pub mod placed_rows;
 pub mod tenant;
 mod tls;
 pub mod tombstone;

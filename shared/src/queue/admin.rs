@@ -35,6 +35,17 @@ const EXPIRED_COUNT: &str = "SELECT count(*) FROM operation WHERE state = 'claim
 const COMPLETED_LAST_HOUR: &str = "SELECT count(*) FROM operation
  WHERE state = 'completed' AND completed_at > now() - interval '1 hour'";
 
+const WAITING: &str = "SELECT count(*) AS waiting FROM operation WHERE engine_instance_id = $1 AND state = 'waiting'";
+
+/// Operations of `instance` waiting to be claimed.
+pub async fn operation_waiting_count(
+    client: &Client,
+    instance: crate::model::EngineInstanceId,
+) -> Result<i64, DbError> {
+    let row = client.query_one(WAITING, &[&instance]).await.map_err(DbError::query("count waiting operations"))?;
+    row.try_get("waiting").map_err(DbError::query("count waiting operations"))
+}
+
 /// Reads the queue summary.
 pub async fn queue_summary(client: &Client) -> Result<QueueSummary, DbError> {
     let rows = client

@@ -1,0 +1,99 @@
+//! The rows an engine instance serves, across the four tables whose rows become
+//! Argo CD objects (application, managed_environment, repository_credential and
+//! tenant, each placed through its tenant): what an agent's sweep compares with the
+//! objects it finds in Argo CD.
+
+use tokio_postgres::Client;
+
+use crate::db::DbError;
+use crate::model::{EngineInstanceId, RowState, TenantId};
+
+/// A table whose rows become Argo CD objects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PlacedTable {
+    Application,
+    ManagedEnvironment,
+    RepositoryCredential,
+    Tenant,
+}
+
+const ROWS: [&str; 4] = [
+    "SELECT r.id, r.tenant_id, r.row_state FROM application r
+       JOIN tenant t ON t.id = r.tenant_id WHERE t.engine_instance_id = $1",
+    "SELECT r.id, r.tenant_id, r.row_state FROM managed_environment r
+       JOIN tenant t ON t.id = r.tenant_id WHERE t.engine_instance_id = $1",
+    "SELECT r.id, r.tenant_id, r.row_state FROM repository_credential r
+       JOIN tenant t ON t.id = r.tenant_id WHERE t.engine_instance_id = $1",
+    "SELECT t.id, t.id AS tenant_id, t.row_state FROM tenant t WHERE t.engine_instance_id = $1",
+];
+
+const ELSEWHERE: [&str; 4] = [
+    "SELECT r.id FROM application r JOIN tenant t ON t.id = r.tenant_id
+      WHERE r.id = ANY($1) AND r.row_state <> 'deleted' AND t.engine_instance_id IS DISTINCT FROM $2",
+    "SELECT r.id FROM managed_environment r JOIN tenant t ON t.id = r.tenant_id
+      WHERE r.id = ANY($1) AND r.row_state <> 'deleted' AND t.engine_instance_id IS DISTINCT FROM $2",
+    "SELECT r.id FROM repository_credential r JOIN tenant t ON t.id = r.tenant_id
+      WHERE r.id = ANY($1) AND r.row_state <> 'deleted' AND t.engine_instance_id IS DISTINCT FROM $2",
+    "SELECT t.id FROM tenant t
+      WHERE t.id = ANY($1) AND t.row_state <> 'deleted' AND t.engine_instance_id IS DISTINCT FROM $2",
+];
+
+/// Every statement of this module (a test prepares them against the schema).
+pub const STATEMENTS: &[&str] =
+    &[ROWS[0], ROWS[1], ROWS[2], ROWS[3], ELSEWHERE[0], ELSEWHERE[1], ELSEWHERE[2], ELSEWHERE[3]];
+
+impl PlacedTable {
+    fn index(self) -> usize {
+        match self {
+            PlacedTable::Application => 0,
+            PlacedTable::ManagedEnvironment => 1,
+            PlacedTable::RepositoryCredential => 2,
+            PlacedTable::Tenant => 3,
+        }
+    }
+}
+
+/// A row placed on an instance: its id, tenant and state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlacedRow {
+    pub id: i64,
+    pub tenant_id: TenantId,
+    pub row_state: RowState,
+}
+
+impl TryFrom<&tokio_postgres::Row> for PlacedRow {
+    type Error = tokio_postgres::Error;
+
+    fn try_from(row: &tokio_postgres::Row) -> Result<Self, Self::Error> {
+        Ok(PlacedRow {
+            id: row.try_get("id")?,
+            tenant_id: row.try_get("tenant_id")?,
+            row_state: row.try_get("row_state")?,
+        })
+    }
+}
+
+/// Every row of `table` whose tenant is placed on `instance`.
+pub async fn placed_rows(
+    client: &Client,
+    table: PlacedTable,
+    instance: EngineInstanceId,
+) -> Result<Vec<PlacedRow>, DbError> {
+    let rows =
+        client.query(ROWS[table.index()], &[&instance]).await.map_err(DbError::query("read rows for the sweep"))?;
+    rows.iter().map(|row| PlacedRow::try_from(row).map_err(DbError::query("read rows for the sweep"))).collect()
+}
+
+/// Those of `ids` (rows of `table`) that are live and placed on another instance.
+pub async fn placed_elsewhere(
+    client: &Client,
+    table: PlacedTable,
+    ids: &[i64],
+    instance: EngineInstanceId,
+) -> Result<Vec<i64>, DbError> {
+    let rows = client
+        .query(ELSEWHERE[table.index()], &[&ids, &instance])
+        .await
+        .map_err(DbError::query("find rows of other instances"))?;
+    rows.iter().map(|row| row.try_get("id").map_err(DbError::query("find rows of other instances"))).collect()
+}
