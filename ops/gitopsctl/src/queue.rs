@@ -2,11 +2,9 @@
 //! how deep it is and how old its oldest work, which operations were
 //! dead-lettered and why, and a way to put them back once the cause is fixed.
 
-use std::time::SystemTime;
-
-use gitops_shared::db::DbError;
-use gitops_shared::model::{OperationId, ResourceType};
-use gitops_shared::queue::{self, QueueSummary, RetryOutcome};
+use gitops_shared::model::OperationId;
+pub use gitops_shared::queue::FailedOperation;
+use gitops_shared::queue::{self, QueueSummary, RetryOutcome, operation_list_failed};
 
 use crate::{CtlError, table};
 
@@ -83,50 +81,10 @@ pub fn render_retry_all(report: RetryAllReport) -> String {
     )
 }
 
-/// A dead-lettered operation as an operator sees it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FailedOperation {
-    pub id: OperationId,
-    pub instance: String,
-    pub resource_type: ResourceType,
-    pub resource_id: i64,
-    pub attempts: i32,
-    pub operator_error: Option<String>,
-    pub tenant_message: Option<String>,
-    pub failed_at: Option<SystemTime>,
-}
-
-// Served by operation_failed_idx for the state; a dead letter queue stays small.
-const FAILED: &str = "
-SELECT o.id, i.name, o.resource_type, o.resource_id, o.attempts,
-       o.operator_error, o.tenant_message, o.completed_at
-  FROM operation o
-  JOIN engine_instance i ON i.id = o.engine_instance_id
- WHERE o.state = 'failed'
- ORDER BY o.id
- LIMIT $1";
-
 /// Up to `limit` failed operations, oldest id first.
 pub async fn failed(database_url: &str, limit: i64) -> Result<Vec<FailedOperation>, CtlError> {
     let client = crate::connect(database_url).await?;
-    let rows = client
-        .query(FAILED, &[&limit])
-        .await
-        .map_err(DbError::query("select failed operations"))
-        .map_err(CtlError::db("list failed operations"))?;
-    Ok(rows
-        .iter()
-        .map(|row| FailedOperation {
-            id: OperationId(row.get(0)),
-            instance: row.get(1),
-            resource_type: row.get(2),
-            resource_id: row.get(3),
-            attempts: row.get(4),
-            operator_error: row.get(5),
-            tenant_message: row.get(6),
-            failed_at: row.get(7),
-        })
-        .collect())
+    operation_list_failed(&client, limit).await.map_err(CtlError::db("list failed operations"))
 }
 
 /// What `queue failed` prints: one block per operation, since both messages can
@@ -158,6 +116,8 @@ mod tests {
 
     use gitops_shared::model::OperationState;
     use gitops_shared::queue::QueueSummaryRow;
+
+    use gitops_shared::model::ResourceType;
 
     use super::*;
 

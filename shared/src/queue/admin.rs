@@ -129,3 +129,49 @@ pub async fn operation_retry_all_failed(client: &mut Client) -> Result<(u64, u64
     }
     Ok((requeued, superseded))
 }
+
+/// A dead-lettered operation as an operator sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailedOperation {
+    pub id: OperationId,
+    pub instance: String,
+    pub resource_type: crate::model::ResourceType,
+    pub resource_id: i64,
+    pub attempts: i32,
+    pub operator_error: Option<String>,
+    pub tenant_message: Option<String>,
+    pub failed_at: Option<std::time::SystemTime>,
+}
+
+impl TryFrom<&tokio_postgres::Row> for FailedOperation {
+    type Error = tokio_postgres::Error;
+
+    fn try_from(row: &tokio_postgres::Row) -> Result<Self, Self::Error> {
+        Ok(FailedOperation {
+            id: row.try_get("id")?,
+            instance: row.try_get("instance")?,
+            resource_type: row.try_get("resource_type")?,
+            resource_id: row.try_get("resource_id")?,
+            attempts: row.try_get("attempts")?,
+            operator_error: row.try_get("operator_error")?,
+            tenant_message: row.try_get("tenant_message")?,
+            failed_at: row.try_get("completed_at")?,
+        })
+    }
+}
+
+// Served by operation_failed_idx for the state; a dead letter queue stays small.
+const FAILED: &str = "
+SELECT o.id, i.name AS instance, o.resource_type, o.resource_id, o.attempts,
+       o.operator_error, o.tenant_message, o.completed_at
+  FROM operation o
+  JOIN engine_instance i ON i.id = o.engine_instance_id
+ WHERE o.state = 'failed'
+ ORDER BY o.id
+ LIMIT $1";
+
+/// Up to `limit` failed operations, oldest id first.
+pub async fn operation_list_failed(client: &Client, limit: i64) -> Result<Vec<FailedOperation>, DbError> {
+    let rows = client.query(FAILED, &[&limit]).await.map_err(DbError::query("select failed operations"))?;
+    rows.iter().map(|row| FailedOperation::try_from(row).map_err(DbError::query("read a failed operation"))).collect()
+}

@@ -24,8 +24,8 @@ mod maintain;
 use std::time::{Duration, SystemTime};
 
 pub use admin::{
-    QueueSummary, QueueSummaryRow, RetryOutcome, operation_retry, operation_retry_all_failed, operation_waiting_count,
-    queue_summary,
+    FailedOperation, QueueSummary, QueueSummaryRow, RetryOutcome, operation_list_failed, operation_retry,
+    operation_retry_all_failed, operation_waiting_count, queue_summary,
 };
 pub use backoff::RetryPolicy;
 pub use claim::{CLAIM as CLAIM_SQL, FailOutcome, Failure, operation_claim, operation_complete, operation_fail};
