@@ -7,11 +7,11 @@ use std::sync::Arc;
 use gitops_shared::crypto::SecretBox;
 use gitops_shared::db::DbPool;
 
-use crate::connection::ConnectionPolicy;
+use crate::controller::connection::ConnectionPolicy;
 use crate::controller::{HomeSettings, HomeStatus};
 use crate::metrics::WriterMetrics;
-use crate::queue::WorkQueue;
 use crate::tenancy::ServedNamespaces;
+use crate::work_queue::WorkQueue;
 
 /// The shared state of one running writer.
 #[derive(Clone)]

@@ -4,19 +4,18 @@
 //! loop). A library so tests drive the code the binary runs.
 
 pub mod api;
-pub mod connection;
 pub mod context;
 pub mod controller;
 pub mod http;
 pub mod metrics;
 pub mod purge;
-pub mod queue;
 pub mod run;
 pub mod shard;
 pub mod status;
 pub mod tenancy;
 pub mod validate;
 pub mod webhook;
+pub mod work_queue;
 
 use clap::{Args, Parser, Subcommand};
 use std::time::Duration;
@@ -99,10 +98,10 @@ pub struct RunArgs {
     /// `*.domain`, `10.0.0.0/8`, `[fd00::/8]`, `*`, each optionally with `:port`.
     /// Matched on the URL's host as written, without DNS. Empty: nothing is contacted.
     #[arg(long, env = "GITOPS_WRITER_CONNECTION_CHECK_ALLOW", value_delimiter = ',')]
-    pub connection_check_allow: Vec<connection::Destination>,
+    pub connection_check_allow: Vec<controller::connection::Destination>,
     /// Destinations connection checks never contact, even when allowed (same syntax).
     #[arg(long, env = "GITOPS_WRITER_CONNECTION_CHECK_DENY", value_delimiter = ',')]
-    pub connection_check_deny: Vec<connection::Destination>,
+    pub connection_check_deny: Vec<controller::connection::Destination>,
     #[command(flatten)]
     pub tenancy: TenancyArgs,
     #[command(flatten)]
@@ -325,8 +324,8 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
     }
     config.purge.after =
         current_or_deprecated(purge_after, "GITOPS_WRITER_PURGE_AFTER_SECONDS", parse_duration, DEFAULT_PURGE_AFTER)?;
-    config.connection_check =
-        connection_check.then(|| connection::ConnectionPolicy::new(connection_check_allow, connection_check_deny));
+    config.connection_check = connection_check
+        .then(|| controller::connection::ConnectionPolicy::new(connection_check_allow, connection_check_deny));
     let TenancyArgs {
         tenant_namespace_selector,
         tenant_namespaces,

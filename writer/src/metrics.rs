@@ -10,7 +10,7 @@ use std::sync::{Mutex, Weak};
 
 use gitops_shared::histogram::Histogram;
 
-use crate::queue::Kind;
+use crate::work_queue::Kind;
 
 /// Upper bounds (seconds) of the intent-transaction buckets.
 const TRANSACTION_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];

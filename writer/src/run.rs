@@ -15,8 +15,8 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::connection::ConnectionPolicy;
 use crate::context::WriterContext;
+use crate::controller::connection::ConnectionPolicy;
 use crate::controller::{ControllerSettings, HomeSettings, HomeStatus, run_controllers};
 use crate::metrics::WriterMetrics;
 use crate::purge::PurgeSettings;
@@ -126,7 +126,7 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
         writer_id: config.writer_id.clone(),
         metrics: config.metrics.clone(),
         home,
-        queue: crate::queue::WorkQueue::new(),
+        queue: crate::work_queue::WorkQueue::new(),
         connection_check: config.connection_check.clone(),
         served: served.clone(),
         home_status: home_status.clone(),

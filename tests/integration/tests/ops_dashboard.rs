@@ -15,7 +15,7 @@ use gitops_shared::queue::ConsumerStats;
 use gitops_shared::signal::Signal;
 use gitops_testkit::TestDb;
 use gitops_writer::metrics::WriterMetrics;
-use gitops_writer::queue::Kind;
+use gitops_writer::work_queue::Kind;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 

@@ -13,7 +13,7 @@ use std::net::TcpListener;
 
 use gitops_testkit::cluster::TestCluster;
 use gitops_writer::api::{Condition, GitOpsDeploymentManagedEnvironment};
-use gitops_writer::connection::{
+use gitops_writer::controller::connection::{
     ConnectionPolicy, Destination, REASON_CONNECTION_CHECK_DENIED, REASON_CONNECTION_FAILED, REASON_SUCCEEDED,
     REASON_UNAUTHORIZED,
 };

@@ -25,7 +25,7 @@ use super::credential::tombstone_and_enqueue;
 use super::home::{Home, home_environment};
 use super::object::{Live, REASON_ACCEPTED, live, remove_finalizer};
 use super::tenant::{Tenancy, tenant_placed_in_txn};
-use super::{Controllers, Next, ReconcileError, Settled, set_condition};
+use super::{Controllers, Next, ReconcileError, Settled, refuse, set_condition};
 use crate::api::GitOpsDeployment;
 use crate::shard::shard_of;
 use crate::validate::{self, Invalid, environment_resolved};
@@ -207,7 +207,7 @@ async fn unverified(
             .to_owned(),
     };
     set_condition(api, object, true, REASON_REQUESTER_UNVERIFIED, &message).await?;
-    ctl.ctx.metrics.validation_failed(crate::queue::Kind::Deployment, REASON_REQUESTER_UNVERIFIED);
+    ctl.ctx.metrics.validation_failed(crate::work_queue::Kind::Deployment, REASON_REQUESTER_UNVERIFIED);
     Ok(Next::Retry(UNVERIFIED_RETRY))
 }
 
@@ -225,9 +225,7 @@ async fn invalid_condition(
     object: &GitOpsDeployment,
     invalid: &Invalid,
 ) -> Result<Next, ReconcileError> {
-    tracing::debug!(reason = invalid.reason, "invalid GitOpsDeployment");
-    set_condition(api, object, true, invalid.reason, &invalid.message).await?;
-    Ok(Next::Settled(Settled::Invalid(invalid.reason)))
+    refuse(api, object, invalid.reason, &invalid.message).await
 }
 
 fn wait_for_pruning(object: &GitOpsDeployment) -> bool {

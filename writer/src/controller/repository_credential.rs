@@ -20,11 +20,11 @@ use gitops_shared::db::tombstone::TombstoneOf;
 use super::credential::{secret_read, tombstone_and_enqueue};
 use super::object::{Live, REASON_ACCEPTED, live, remove_finalizer};
 use super::tenant::{Tenancy, credential_error, tenant_placed_in_txn};
-use super::{Controllers, Next, ReconcileError, Settled, set_condition};
+use super::{Controllers, Next, ReconcileError, Settled, refuse, set_condition};
 use crate::api::GitOpsDeploymentRepositoryCredential;
-use crate::queue::{Key, Kind};
 use crate::shard::shard_of;
 use crate::validate;
+use crate::work_queue::{Key, Kind};
 
 enum Written {
     Stored,
@@ -52,9 +52,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
     let valid = match validate::repository_credential(&object.spec) {
         Ok(valid) => valid,
         Err(invalid) => {
-            tracing::debug!(reason = invalid.reason, "invalid GitOpsDeploymentRepositoryCredential");
-            set_condition(&api, &object, true, invalid.reason, &invalid.message).await?;
-            return Ok(Next::Settled(Settled::Invalid(invalid.reason)));
+            return refuse(&api, &object, invalid.reason, &invalid.message).await;
         }
     };
     ctl.refer(key, &valid.secret);
@@ -119,11 +117,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
             set_condition(&api, &object, false, REASON_ACCEPTED, message).await?;
             Ok(Next::Settled(Settled::Ok))
         }
-        (Written::Stored, Err(invalid)) => {
-            tracing::debug!(reason = invalid.reason, "GitOpsDeploymentRepositoryCredential without usable Secret");
-            set_condition(&api, &object, true, invalid.reason, &invalid.message).await?;
-            Ok(Next::Settled(Settled::Invalid(invalid.reason)))
-        }
+        (Written::Stored, Err(invalid)) => refuse(&api, &object, invalid.reason, &invalid.message).await,
     }
 }
 

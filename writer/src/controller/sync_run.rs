@@ -17,7 +17,7 @@ use kube::api::Api;
 
 use super::credential::tombstone_and_enqueue;
 use super::object::{Live, REASON_ACCEPTED, live, remove_finalizer};
-use super::{Controllers, Next, REASON_REQUESTER_UNVERIFIED, ReconcileError, Settled, set_condition};
+use super::{Controllers, Next, REASON_REQUESTER_UNVERIFIED, ReconcileError, Settled, refuse, set_condition};
 use crate::api::{GitOpsDeployment, GitOpsDeploymentSyncRun};
 use crate::shard::{shard_fence_in_txn, shard_of};
 use crate::validate;
@@ -39,10 +39,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
     let writer_id = ctl.ctx.writer_id.clone();
     let valid = match validate::sync_run(&object.spec) {
         Ok(valid) => valid,
-        Err(invalid) => {
-            set_condition(&api, &object, true, invalid.reason, &invalid.message).await?;
-            return Ok(Next::Settled(Settled::Invalid(invalid.reason)));
-        }
+        Err(invalid) => return refuse(&api, &object, invalid.reason, &invalid.message).await,
     };
     let deployments: Api<GitOpsDeployment> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
     let deployment = deployments
@@ -65,16 +62,14 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
     if home && !ctl.ctx.allow_unverified_home && !super::deployment::approved(ctl, uid, generation).await? {
         let message = "sync runs of deployments into this namespace need the GitOps service's admission webhook to \
                        check that you could grant its role here, and it did not approve this one";
-        set_condition(&api, &object, true, REASON_REQUESTER_UNVERIFIED, message).await?;
-        return Ok(Next::Settled(Settled::Invalid(REASON_REQUESTER_UNVERIFIED)));
+        return refuse(&api, &object, REASON_REQUESTER_UNVERIFIED, message).await;
     }
     if sync_type == SyncType::Automated {
         let message = format!(
             "GitOpsDeployment {:?} is automated; sync runs are only for manual deployments",
             valid.deployment_name
         );
-        set_condition(&api, &object, true, REASON_DEPLOYMENT_AUTOMATED, &message).await?;
-        return Ok(Next::Settled(Settled::Invalid(REASON_DEPLOYMENT_AUTOMATED)));
+        return refuse(&api, &object, REASON_DEPLOYMENT_AUTOMATED, &message).await;
     }
     let intent = SyncIntent {
         tenant_id,

@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 pub use patch::{PatchOutcome, patch_deployment, patch_sync_run};
 
 use crate::context::WriterContext;
-use crate::queue::{Key, Kind};
+use crate::work_queue::{Key, Kind};
 
 /// Status patches in flight at once within a batch of the feed.
 const PATCHES_IN_FLIGHT: usize = 16;

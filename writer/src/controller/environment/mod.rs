@@ -2,7 +2,7 @@
 //! and of the kubeconfig in the referenced Secret (same namespace only), then the
 //! environment row, its sealed cluster credential and an operation in one
 //! transaction. Then, after the commit, the optional connection check
-//! (`crate::connection`): the writer contacts `apiURL` only when the operator turned
+//! (`crate::controller::connection`): the writer contacts `apiURL` only when the operator turned
 //! checks on and its allow/deny lists allow it, and the
 //! `ConnectionInitializationSucceeded` condition reports the outcome (disabled,
 //! denied, failed, unauthorized or succeeded); a failed check never undoes or
@@ -12,6 +12,8 @@
 //! and enqueues; the finalizer goes at once. A refusal writes nothing: an
 //! environment stored before keeps its last valid credentials until the tenant
 //! fixes or deletes it.
+
+pub mod connection;
 
 use std::sync::Arc;
 
@@ -27,20 +29,20 @@ use gitops_shared::db::tombstone::TombstoneOf;
 use super::credential::{secret_read, tombstone_and_enqueue};
 use super::object::{Live, REASON_ACCEPTED, live, now_rfc3339, remove_finalizer};
 use super::tenant::{Tenancy, credential_error, tenant_placed_in_txn};
-use super::{Controllers, Next, ReconcileError, Settled, set_condition, set_conditions};
+use super::{Controllers, Next, ReconcileError, Settled, refuse, set_condition, set_conditions};
 use crate::api::{Condition, GitOpsDeploymentManagedEnvironment};
-use crate::connection::connection_check;
-use crate::queue::{Key, Kind};
+use crate::controller::connection::connection_check;
 use crate::shard::shard_of;
 use crate::validate::{self, Invalid};
+use crate::work_queue::{Key, Kind};
 
 /// The credentials Secret does not exist in the environment's namespace.
 pub const REASON_SECRET_NOT_FOUND: &str = "SecretNotFound";
 /// The condition about reaching the environment's API server.
 pub const CONNECTION_CONDITION: &str = "ConnectionInitializationSucceeded";
 /// Its reason while connection checks are off (the default); the others are in
-/// `crate::connection`.
-pub use crate::connection::REASON_CONNECTION_CHECK_DISABLED;
+/// `crate::controller::connection`.
+pub use crate::controller::connection::REASON_CONNECTION_CHECK_DISABLED;
 
 enum Written {
     Stored { changed: bool },
@@ -176,9 +178,7 @@ async fn refused(
     object: &GitOpsDeploymentManagedEnvironment,
     invalid: &Invalid,
 ) -> Result<Next, ReconcileError> {
-    tracing::debug!(reason = invalid.reason, "invalid GitOpsDeploymentManagedEnvironment");
-    set_condition(api, object, true, invalid.reason, &invalid.message).await?;
-    Ok(Next::Settled(Settled::Invalid(invalid.reason)))
+    refuse(api, object, invalid.reason, &invalid.message).await
 }
 
 async fn delete(
