@@ -193,9 +193,15 @@ pub async fn reencrypt_all(client: &mut Client, secrets: &SecretBox) -> Result<u
                         .map_err(DbError::query("read sealed secrets"))?;
                     let mut resealed = Vec::with_capacity(rows.len());
                     for row in &rows {
-                        let id: i64 = row.get(0);
-                        let context = SecretContext { table, tenant: TenantId(row.get(1)) };
-                        let sealed = Sealed { key_id: row.get(2), ciphertext: row.get(3) };
+                        let read = DbError::query("read a sealed secret");
+                        let id: i64 = row.try_get("id").map_err(read)?;
+                        let tenant: TenantId =
+                            row.try_get("tenant_id").map_err(DbError::query("read a sealed secret"))?;
+                        let context = SecretContext { table, tenant };
+                        let sealed = Sealed {
+                            key_id: row.try_get("key_id").map_err(DbError::query("read a sealed secret"))?,
+                            ciphertext: row.try_get("ciphertext").map_err(DbError::query("read a sealed secret"))?,
+                        };
                         let outcome = secrets.open(context, &sealed).and_then(|plain| secrets.seal(context, &plain));
                         match outcome {
                             Ok(new) => resealed.push((id, new)),

@@ -132,8 +132,9 @@ pub struct ProjectEnvironment {
 const APPLICATION: &str = "
 SELECT a.id, a.tenant_id, a.resource_uid, a.resource_name, a.repo_url, a.path, a.target_revision,
        a.destination_namespace, a.sync_type, a.create_namespace, a.row_state,
-       EXTRACT(EPOCH FROM (now() - a.updated_at))::float8, t.namespace_name,
-       e.id, e.api_url, e.row_state, a.managed_environment_id, e.home
+       EXTRACT(EPOCH FROM (now() - a.updated_at))::float8 AS unchanged_for_s, t.namespace_name,
+       e.id AS environment_id, e.api_url AS environment_api_url, e.row_state AS environment_row_state,
+       a.managed_environment_id, e.home AS environment_home
   FROM application a
   JOIN tenant t ON t.id = a.tenant_id
   LEFT JOIN managed_environment e ON e.id = a.managed_environment_id AND e.tenant_id = a.tenant_id
@@ -152,7 +153,8 @@ SELECT id, tenant_id, resource_uid, resource_name, repo_url, row_state, key_id, 
 
 const SYNC_OPERATION: &str = "
 SELECT s.id, s.tenant_id, s.resource_name, s.deployment_name, s.revision, s.correlation_id, s.state,
-       s.terminate_requested, s.row_state, a.id, a.resource_uid, a.row_state, a.sync_type
+       s.terminate_requested, s.row_state, a.id AS application_id, a.resource_uid AS application_resource_uid,
+       a.row_state AS application_row_state, a.sync_type AS application_sync_type
   FROM sync_operation s
   LEFT JOIN application a ON a.id = s.application_id AND a.tenant_id = s.tenant_id
  WHERE s.id = $1";
@@ -168,7 +170,7 @@ SELECT repo_url FROM repository_credential WHERE tenant_id = $1 AND row_state <>
 const TENANT_ENVIRONMENTS: &str = "
 SELECT e.id, e.api_url, e.namespaces, e.cluster_resources,
        COALESCE(array_agg(DISTINCT a.destination_namespace ORDER BY a.destination_namespace)
-                FILTER (WHERE a.id IS NOT NULL), '{}'),
+                FILTER (WHERE a.id IS NOT NULL), '{}') AS application_namespaces,
        e.home
   FROM managed_environment e
   LEFT JOIN application a
@@ -177,56 +179,145 @@ SELECT e.id, e.api_url, e.namespaces, e.cluster_resources,
  GROUP BY e.id
  ORDER BY e.id";
 
-fn sealed(row: &Row, key: usize, bytes: usize) -> Option<Sealed> {
-    match (row.get::<_, Option<String>>(key), row.get::<_, Option<Vec<u8>>>(bytes)) {
+type RowResult<T> = Result<T, tokio_postgres::Error>;
+
+/// Sealed credentials from the `key_id` and `ciphertext` columns (None without them).
+fn sealed(row: &Row) -> RowResult<Option<Sealed>> {
+    Ok(match (row.try_get::<_, Option<String>>("key_id")?, row.try_get::<_, Option<Vec<u8>>>("ciphertext")?) {
         (Some(key_id), Some(ciphertext)) => Some(Sealed { key_id, ciphertext }),
         _ => None,
+    })
+}
+
+impl TryFrom<&Row> for DesiredApplication {
+    type Error = tokio_postgres::Error;
+
+    fn try_from(row: &Row) -> RowResult<Self> {
+        let environment = match row.try_get::<_, Option<i64>>("environment_id")? {
+            Some(id) => Some(EnvironmentRef {
+                id,
+                api_url: row.try_get("environment_api_url")?,
+                row_state: row.try_get("environment_row_state")?,
+                home: row.try_get("environment_home")?,
+            }),
+            None => None,
+        };
+        Ok(DesiredApplication {
+            id: row.try_get("id")?,
+            tenant_id: row.try_get("tenant_id")?,
+            resource_uid: row.try_get("resource_uid")?,
+            resource_name: row.try_get("resource_name")?,
+            repo_url: row.try_get("repo_url")?,
+            path: row.try_get("path")?,
+            target_revision: row.try_get("target_revision")?,
+            destination_namespace: row.try_get("destination_namespace")?,
+            sync_type: row.try_get("sync_type")?,
+            create_namespace: row.try_get("create_namespace")?,
+            row_state: row.try_get("row_state")?,
+            unchanged_for: Duration::from_secs_f64(row.try_get::<_, f64>("unchanged_for_s")?.max(0.0)),
+            tenant_namespace: row.try_get("namespace_name")?,
+            managed_environment_id: row.try_get("managed_environment_id")?,
+            environment,
+        })
     }
+}
+
+impl TryFrom<&Row> for DesiredEnvironment {
+    type Error = tokio_postgres::Error;
+
+    fn try_from(row: &Row) -> RowResult<Self> {
+        Ok(DesiredEnvironment {
+            id: row.try_get("id")?,
+            tenant_id: row.try_get("tenant_id")?,
+            resource_uid: row.try_get("resource_uid")?,
+            resource_name: row.try_get("resource_name")?,
+            api_url: row.try_get("api_url")?,
+            allow_insecure_skip_tls_verify: row.try_get("allow_insecure_skip_tls_verify")?,
+            namespaces: row.try_get("namespaces")?,
+            cluster_resources: row.try_get("cluster_resources")?,
+            row_state: row.try_get("row_state")?,
+            home: row.try_get("home")?,
+            credentials: sealed(row)?,
+        })
+    }
+}
+
+impl TryFrom<&Row> for DesiredRepositoryCredential {
+    type Error = tokio_postgres::Error;
+
+    fn try_from(row: &Row) -> RowResult<Self> {
+        Ok(DesiredRepositoryCredential {
+            id: row.try_get("id")?,
+            tenant_id: row.try_get("tenant_id")?,
+            resource_uid: row.try_get("resource_uid")?,
+            resource_name: row.try_get("resource_name")?,
+            repo_url: row.try_get("repo_url")?,
+            row_state: row.try_get("row_state")?,
+            credentials: sealed(row)?,
+        })
+    }
+}
+
+impl TryFrom<&Row> for DesiredSyncOperation {
+    type Error = tokio_postgres::Error;
+
+    fn try_from(row: &Row) -> RowResult<Self> {
+        let application = match row.try_get::<_, Option<i64>>("application_id")? {
+            Some(id) => Some(SyncTarget {
+                id,
+                resource_uid: row.try_get("application_resource_uid")?,
+                row_state: row.try_get("application_row_state")?,
+                sync_type: row.try_get("application_sync_type")?,
+            }),
+            None => None,
+        };
+        Ok(DesiredSyncOperation {
+            id: row.try_get("id")?,
+            tenant_id: row.try_get("tenant_id")?,
+            resource_name: row.try_get("resource_name")?,
+            deployment_name: row.try_get("deployment_name")?,
+            revision: row.try_get("revision")?,
+            correlation_id: row.try_get("correlation_id")?,
+            state: row.try_get("state")?,
+            terminate_requested: row.try_get("terminate_requested")?,
+            row_state: row.try_get("row_state")?,
+            application,
+        })
+    }
+}
+
+impl TryFrom<&Row> for ProjectEnvironment {
+    type Error = tokio_postgres::Error;
+
+    fn try_from(row: &Row) -> RowResult<Self> {
+        Ok(ProjectEnvironment {
+            id: row.try_get("id")?,
+            api_url: row.try_get("api_url")?,
+            namespaces: row.try_get("namespaces")?,
+            cluster_resources: row.try_get("cluster_resources")?,
+            application_namespaces: row.try_get("application_namespaces")?,
+            home: row.try_get("home")?,
+        })
+    }
+}
+
+/// Reads the one row of `statement` for `id` as a `T`.
+async fn load_one<T>(client: &Client, statement: &str, id: i64, action: &'static str) -> Result<Option<T>, DbError>
+where
+    T: for<'r> TryFrom<&'r Row, Error = tokio_postgres::Error>,
+{
+    let row = client.query_opt(statement, &[&id]).await.map_err(DbError::query(action))?;
+    row.as_ref().map(T::try_from).transpose().map_err(DbError::query(action))
 }
 
 /// The application `id` (None: no such row).
 pub async fn application_load(client: &Client, id: i64) -> Result<Option<DesiredApplication>, DbError> {
-    let row = client.query_opt(APPLICATION, &[&id]).await.map_err(DbError::query("read an application"))?;
-    Ok(row.map(|row| DesiredApplication {
-        id: row.get(0),
-        tenant_id: TenantId(row.get(1)),
-        resource_uid: row.get(2),
-        resource_name: row.get(3),
-        repo_url: row.get(4),
-        path: row.get(5),
-        target_revision: row.get(6),
-        destination_namespace: row.get(7),
-        sync_type: row.get(8),
-        create_namespace: row.get(9),
-        row_state: row.get(10),
-        unchanged_for: Duration::from_secs_f64(row.get::<_, f64>(11).max(0.0)),
-        tenant_namespace: row.get(12),
-        managed_environment_id: row.get(16),
-        environment: row.get::<_, Option<i64>>(13).map(|id| EnvironmentRef {
-            id,
-            api_url: row.get(14),
-            row_state: row.get(15),
-            home: row.get(17),
-        }),
-    }))
+    load_one(client, APPLICATION, id, "read an application").await
 }
 
 /// The managed environment `id` with its sealed credentials.
 pub async fn managed_environment_load(client: &Client, id: i64) -> Result<Option<DesiredEnvironment>, DbError> {
-    let row = client.query_opt(ENVIRONMENT, &[&id]).await.map_err(DbError::query("read a managed environment"))?;
-    Ok(row.map(|row| DesiredEnvironment {
-        id: row.get(0),
-        tenant_id: TenantId(row.get(1)),
-        resource_uid: row.get(2),
-        resource_name: row.get(3),
-        api_url: row.get(4),
-        allow_insecure_skip_tls_verify: row.get(5),
-        namespaces: row.get(6),
-        cluster_resources: row.get(7),
-        row_state: row.get(8),
-        home: row.get(11),
-        credentials: sealed(&row, 9, 10),
-    }))
+    load_one(client, ENVIRONMENT, id, "read a managed environment").await
 }
 
 /// The repository credential `id`.
@@ -234,41 +325,12 @@ pub async fn repository_credential_load(
     client: &Client,
     id: i64,
 ) -> Result<Option<DesiredRepositoryCredential>, DbError> {
-    let row = client
-        .query_opt(REPOSITORY_CREDENTIAL, &[&id])
-        .await
-        .map_err(DbError::query("read a repository credential"))?;
-    Ok(row.map(|row| DesiredRepositoryCredential {
-        id: row.get(0),
-        tenant_id: TenantId(row.get(1)),
-        resource_uid: row.get(2),
-        resource_name: row.get(3),
-        repo_url: row.get(4),
-        row_state: row.get(5),
-        credentials: sealed(&row, 6, 7),
-    }))
+    load_one(client, REPOSITORY_CREDENTIAL, id, "read a repository credential").await
 }
 
 /// The sync operation `id` with its application.
 pub async fn sync_operation_load(client: &Client, id: i64) -> Result<Option<DesiredSyncOperation>, DbError> {
-    let row = client.query_opt(SYNC_OPERATION, &[&id]).await.map_err(DbError::query("read a sync operation"))?;
-    Ok(row.map(|row| DesiredSyncOperation {
-        id: row.get(0),
-        tenant_id: TenantId(row.get(1)),
-        resource_name: row.get(2),
-        deployment_name: row.get(3),
-        revision: row.get(4),
-        correlation_id: row.get(5),
-        state: row.get(6),
-        terminate_requested: row.get(7),
-        row_state: row.get(8),
-        application: row.get::<_, Option<i64>>(9).map(|id| SyncTarget {
-            id,
-            resource_uid: row.get(10),
-            row_state: row.get(11),
-            sync_type: row.get(12),
-        }),
-    }))
+    load_one(client, SYNC_OPERATION, id, "read a sync operation").await
 }
 
 /// What the tenant's project must permit (None: no such tenant).
@@ -282,22 +344,21 @@ pub async fn tenant_project_load(client: &Client, tenant: TenantId) -> Result<Op
         .query(TENANT_ENVIRONMENTS, &[&tenant.0])
         .await
         .map_err(DbError::query("read a tenant's environments"))?;
+    let read = |action: &'static str| DbError::query(action);
     Ok(Some(TenantProject {
-        tenant_id: TenantId(row.get(0)),
-        namespace_name: row.get(1),
-        row_state: row.get(2),
-        repo_urls: repos.iter().map(|r| r.get(0)).collect(),
+        tenant_id: row.try_get("id").map_err(read("read a tenant"))?,
+        namespace_name: row.try_get("namespace_name").map_err(read("read a tenant"))?,
+        row_state: row.try_get("row_state").map_err(read("read a tenant"))?,
+        repo_urls: repos
+            .iter()
+            .map(|r| r.try_get("repo_url"))
+            .collect::<RowResult<_>>()
+            .map_err(read("read a tenant's repositories"))?,
         environments: environments
             .iter()
-            .map(|r| ProjectEnvironment {
-                id: r.get(0),
-                api_url: r.get(1),
-                namespaces: r.get(2),
-                cluster_resources: r.get(3),
-                application_namespaces: r.get(4),
-                home: r.get(5),
-            })
-            .collect(),
+            .map(ProjectEnvironment::try_from)
+            .collect::<RowResult<_>>()
+            .map_err(read("read a tenant's environments"))?,
     }))
 }
 

@@ -79,22 +79,30 @@ pub async fn engine_instance_add(
     }
 }
 
-fn from_row(row: &tokio_postgres::Row) -> EngineInstance {
-    EngineInstance {
-        id: EngineInstanceId(row.get(0)),
-        name: row.get(1),
-        argocd_namespace: row.get(2),
-        capacity: row.get(3),
-        heartbeat_at: row.get(4),
-        tenants: row.get(5),
+impl TryFrom<&tokio_postgres::Row> for EngineInstance {
+    type Error = tokio_postgres::Error;
+
+    fn try_from(row: &tokio_postgres::Row) -> Result<Self, Self::Error> {
+        Ok(EngineInstance {
+            id: row.try_get("id")?,
+            name: row.try_get("name")?,
+            argocd_namespace: row.try_get("argocd_namespace")?,
+            capacity: row.try_get("capacity")?,
+            heartbeat_at: row.try_get("heartbeat_at")?,
+            tenants: row.try_get("tenants")?,
+        })
     }
+}
+
+fn from_row(row: &tokio_postgres::Row) -> Result<EngineInstance, DbError> {
+    EngineInstance::try_from(row).map_err(DbError::query("read an engine instance"))
 }
 
 /// Every instance, by name.
 pub async fn engine_instance_list(client: &Client) -> Result<Vec<EngineInstance>, DbError> {
     let statement = format!("{LIST} ORDER BY i.name");
     let rows = client.query(&statement, &[]).await.map_err(DbError::query("list engine instances"))?;
-    Ok(rows.iter().map(from_row).collect())
+    rows.iter().map(from_row).collect()
 }
 
 /// The namespace of every registered instance: never a tenant namespace, and never
@@ -108,7 +116,7 @@ pub async fn engine_instance_namespaces(client: &Client) -> Result<std::collecti
 pub async fn engine_instance_by_name(client: &Client, name: &str) -> Result<EngineInstance, DbError> {
     let statement = format!("{LIST} WHERE i.name = $1");
     let row = client.query_opt(&statement, &[&name]).await.map_err(DbError::query("look up an engine instance"))?;
-    row.as_ref().map(from_row).ok_or_else(|| DbError::NotFound { what: format!("engine instance {name:?}") })
+    row.as_ref().map(from_row).ok_or_else(|| DbError::NotFound { what: format!("engine instance {name:?}") })?
 }
 
 /// Removes an instance that has no tenants and no operations left.

@@ -136,7 +136,15 @@ pub async fn application_owner_by_id(
 ) -> Result<Option<ApplicationOwner>, DbError> {
     let row =
         client.query_opt(OWNER_BY_ID, &[&id, &instance.0]).await.map_err(DbError::query("find an application"))?;
-    Ok(row.map(|row| ApplicationOwner { application_id: ApplicationId(row.get(0)), tenant_id: TenantId(row.get(1)) }))
+    row.as_ref().map(ApplicationOwner::try_from).transpose().map_err(DbError::query("find an application"))
+}
+
+impl TryFrom<&tokio_postgres::Row> for ApplicationOwner {
+    type Error = tokio_postgres::Error;
+
+    fn try_from(row: &tokio_postgres::Row) -> Result<Self, Self::Error> {
+        Ok(ApplicationOwner { application_id: row.try_get("id")?, tenant_id: row.try_get("tenant_id")? })
+    }
 }
 
 /// The application row of tenant resource `uid` if it belongs to a tenant on `instance`.
@@ -147,7 +155,7 @@ pub async fn application_owner_by_uid(
 ) -> Result<Option<ApplicationOwner>, DbError> {
     let row =
         client.query_opt(OWNER_BY_UID, &[&uid, &instance.0]).await.map_err(DbError::query("find an application"))?;
-    Ok(row.map(|row| ApplicationOwner { application_id: ApplicationId(row.get(0)), tenant_id: TenantId(row.get(1)) }))
+    row.as_ref().map(ApplicationOwner::try_from).transpose().map_err(DbError::query("find an application"))
 }
 
 /// Writes `observed` when it differs from the stored row. Returns the new sequence

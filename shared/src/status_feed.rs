@@ -162,18 +162,18 @@ async fn sync_runs(client: &Client, statement: &str, ids: &[i64]) -> Result<Vec<
         return Ok(Vec::new());
     }
     let rows = client.query(statement, &[&ids]).await.map_err(DbError::query("read sync requests"))?;
-    Ok(rows
-        .iter()
-        .map(|row| SyncRunRow {
-            id: row.get(0),
-            namespace: row.get(1),
-            resource_name: row.get(2),
-            resource_uid: row.get(3),
-            state: row.get(4),
-            synced_revision: row.get(5),
-            message: row.get(6),
+    let read = |row: &tokio_postgres::Row| -> Result<SyncRunRow, tokio_postgres::Error> {
+        Ok(SyncRunRow {
+            id: row.try_get("id")?,
+            namespace: row.try_get("namespace_name")?,
+            resource_name: row.try_get("resource_name")?,
+            resource_uid: row.try_get("resource_uid")?,
+            state: row.try_get("state")?,
+            synced_revision: row.try_get("synced_revision")?,
+            message: row.try_get("message")?,
         })
-        .collect())
+    };
+    rows.iter().map(|row| read(row).map_err(DbError::query("read sync requests"))).collect()
 }
 
 #[cfg(test)]
