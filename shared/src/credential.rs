@@ -81,7 +81,6 @@ pub enum CredentialError {
 /// A validated GitOpsDeploymentManagedEnvironment with its credentials.
 #[derive(Debug, Clone)]
 pub struct ManagedEnvironmentIntent {
-    pub tenant_id: TenantId,
     pub resource_uid: Uuid,
     pub resource_name: String,
     pub generation: i64,
@@ -130,13 +129,14 @@ RETURNING id";
 pub async fn managed_environment_upsert_in_txn(
     txn: &Transaction<'_>,
     secrets: &SecretBox,
+    tenant: TenantId,
     intent: &ManagedEnvironmentIntent,
 ) -> Result<Option<i64>, CredentialError> {
     let changed = txn
         .query_opt(
             ENVIRONMENT_UPSERT,
             &[
-                &intent.tenant_id.0,
+                &tenant,
                 &intent.resource_uid,
                 &intent.resource_name,
                 &intent.generation,
@@ -150,7 +150,7 @@ pub async fn managed_environment_upsert_in_txn(
         .map_err(DbError::query("upsert a managed environment"))?
         .is_some();
     let Some(row) = txn
-        .query_opt(ENVIRONMENT_ID, &[&intent.resource_uid, &intent.tenant_id.0])
+        .query_opt(ENVIRONMENT_ID, &[&intent.resource_uid, &tenant])
         .await
         .map_err(DbError::query("read a managed environment"))?
     else {
@@ -158,19 +158,12 @@ pub async fn managed_environment_upsert_in_txn(
     };
     let id: i64 = row.get(0);
     let plain = serde_json::to_vec(&intent.credentials).map_err(CredentialError::Encode)?;
-    let context = SecretContext { table: CLUSTER_CREDENTIAL_TABLE, tenant: intent.tenant_id };
+    let context = SecretContext { table: CLUSTER_CREDENTIAL_TABLE, tenant };
     let sealed = secrets.seal(context, &plain).map_err(CredentialError::Seal)?;
     let rotated = txn
         .query_opt(
             CLUSTER_CREDENTIAL_UPSERT,
-            &[
-                &intent.tenant_id.0,
-                &id,
-                &intent.secret_name,
-                &intent.secret_resource_version,
-                &sealed.key_id,
-                &sealed.ciphertext,
-            ],
+            &[&tenant, &id, &intent.secret_name, &intent.secret_resource_version, &sealed.key_id, &sealed.ciphertext],
         )
         .await
         .map_err(DbError::query("store cluster credentials"))?
@@ -182,7 +175,6 @@ pub async fn managed_environment_upsert_in_txn(
 /// its Secret is missing or invalid.
 #[derive(Debug, Clone)]
 pub struct RepositoryCredentialIntent {
-    pub tenant_id: TenantId,
     pub resource_uid: Uuid,
     pub resource_name: String,
     pub generation: i64,
@@ -216,12 +208,13 @@ RETURNING id";
 pub async fn repository_credential_upsert_in_txn(
     txn: &Transaction<'_>,
     secrets: &SecretBox,
+    tenant: TenantId,
     intent: &RepositoryCredentialIntent,
 ) -> Result<Option<i64>, CredentialError> {
     let sealed = match &intent.credentials {
         Some(credentials) => {
             let plain = serde_json::to_vec(credentials).map_err(CredentialError::Encode)?;
-            let context = SecretContext { table: REPOSITORY_CREDENTIAL_TABLE, tenant: intent.tenant_id };
+            let context = SecretContext { table: REPOSITORY_CREDENTIAL_TABLE, tenant };
             Some(secrets.seal(context, &plain).map_err(CredentialError::Seal)?)
         }
         None => None,
@@ -230,7 +223,7 @@ pub async fn repository_credential_upsert_in_txn(
         .query_opt(
             REPOSITORY_CREDENTIAL_UPSERT,
             &[
-                &intent.tenant_id.0,
+                &tenant,
                 &intent.resource_uid,
                 &intent.resource_name,
                 &intent.generation,

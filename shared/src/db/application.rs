@@ -8,10 +8,10 @@ use uuid::Uuid;
 use crate::db::DbError;
 use crate::model::{ApplicationId, EngineInstanceId, RowState, SyncType, TenantId};
 
-/// What a tenant asked for, validated.
+/// What a tenant asked for, validated (the tenant is passed beside it: it is known
+/// only inside the intent transaction).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApplicationIntent {
-    pub tenant_id: TenantId,
     pub resource_uid: Uuid,
     pub resource_name: String,
     pub generation: i64,
@@ -50,13 +50,14 @@ RETURNING id";
 /// new or newer.
 pub async fn application_upsert_in_txn(
     txn: &Transaction<'_>,
+    tenant: TenantId,
     intent: &ApplicationIntent,
 ) -> Result<Option<ApplicationId>, DbError> {
     let row = txn
         .query_opt(
             UPSERT,
             &[
-                &intent.tenant_id.0,
+                &tenant,
                 &intent.resource_uid,
                 &intent.resource_name,
                 &intent.generation,

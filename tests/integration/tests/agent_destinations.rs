@@ -125,13 +125,13 @@ impl Env {
 
     /// An application row (with its operation) written straight into the database.
     async fn application(&mut self, uid: Uuid, change: impl FnOnce(&mut ApplicationIntent)) -> i64 {
-        let mut intent = intent(self.tenant, uid, 1);
+        let mut intent = intent(uid, 1);
         intent.repo_url = REPO.into();
         intent.sync_type = SyncType::Manual;
         intent.managed_environment_id = Some(self.home);
         change(&mut intent);
         let txn = self.client.transaction().await.expect("begin");
-        let id = application_upsert_in_txn(&txn, &intent).await.expect("upsert").expect("changed").0;
+        let id = application_upsert_in_txn(&txn, self.tenant, &intent).await.expect("upsert").expect("changed").0;
         operation_enqueue_in_txn(&txn, self.instance.id, self.tenant, ResourceType::Application, id)
             .await
             .expect("enqueue");
@@ -143,7 +143,6 @@ impl Env {
     async fn environment(&mut self, api_url: &str, namespaces: &[&str]) -> (i64, Uuid) {
         let uid = Uuid::new_v4();
         let intent = ManagedEnvironmentIntent {
-            tenant_id: self.tenant,
             resource_uid: uid,
             resource_name: "cluster".into(),
             generation: 1,
@@ -156,7 +155,10 @@ impl Env {
             credentials: ClusterCredentials { bearer_token: Some("tenant-token".into()), ..Default::default() },
         };
         let txn = self.client.transaction().await.expect("begin");
-        let id = managed_environment_upsert_in_txn(&txn, &self.secrets, &intent).await.expect("upsert").expect("new");
+        let id = managed_environment_upsert_in_txn(&txn, &self.secrets, self.tenant, &intent)
+            .await
+            .expect("upsert")
+            .expect("new");
         operation_enqueue_in_txn(&txn, self.instance.id, self.tenant, ResourceType::ManagedEnvironment, id)
             .await
             .expect("enqueue");
@@ -366,7 +368,6 @@ async fn agent_allows_any_namespace_on_other_clusters_and_keeps_secrets_project_
     .await;
     let repo_uid = Uuid::new_v4();
     let repo = RepositoryCredentialIntent {
-        tenant_id: env.tenant,
         resource_uid: repo_uid,
         resource_name: "repo".into(),
         generation: 1,
@@ -380,7 +381,8 @@ async fn agent_allows_any_namespace_on_other_clusters_and_keeps_secrets_project_
         }),
     };
     let txn = env.client.transaction().await.expect("begin");
-    let repo_id = repository_credential_upsert_in_txn(&txn, &env.secrets, &repo).await.expect("upsert").expect("new");
+    let repo_id =
+        repository_credential_upsert_in_txn(&txn, &env.secrets, env.tenant, &repo).await.expect("upsert").expect("new");
     operation_enqueue_in_txn(&txn, env.instance.id, env.tenant, ResourceType::RepositoryCredential, repo_id)
         .await
         .expect("enqueue");

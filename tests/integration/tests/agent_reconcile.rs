@@ -117,11 +117,11 @@ impl Env {
         uid: Uuid,
         change: impl FnOnce(&mut gitops_shared::db::application::ApplicationIntent),
     ) -> i64 {
-        let mut intent = intent(tenant, uid, generation);
+        let mut intent = intent(uid, generation);
         intent.managed_environment_id = self.homes.get(&tenant).copied();
         change(&mut intent);
         let txn = self.client.transaction().await.expect("begin");
-        let id = application_upsert_in_txn(&txn, &intent).await.expect("upsert").expect("changed").0;
+        let id = application_upsert_in_txn(&txn, tenant, &intent).await.expect("upsert").expect("changed").0;
         operation_enqueue_in_txn(&txn, self.instance.id, tenant, ResourceType::Application, id).await.expect("enqueue");
         txn.commit().await.expect("commit");
         id
@@ -130,7 +130,6 @@ impl Env {
     async fn environment(&mut self, tenant: TenantId, token: &str, namespaces: &[&str]) -> (i64, Uuid) {
         let uid = Uuid::new_v4();
         let intent = ManagedEnvironmentIntent {
-            tenant_id: tenant,
             resource_uid: uid,
             resource_name: "cluster".into(),
             generation: 1,
@@ -143,7 +142,10 @@ impl Env {
             credentials: ClusterCredentials { bearer_token: Some(token.into()), ..Default::default() },
         };
         let txn = self.client.transaction().await.expect("begin");
-        let id = managed_environment_upsert_in_txn(&txn, &self.secrets, &intent).await.expect("upsert").expect("new");
+        let id = managed_environment_upsert_in_txn(&txn, &self.secrets, tenant, &intent)
+            .await
+            .expect("upsert")
+            .expect("new");
         operation_enqueue_in_txn(&txn, self.instance.id, tenant, ResourceType::ManagedEnvironment, id)
             .await
             .expect("enqueue");
@@ -154,7 +156,6 @@ impl Env {
     async fn repository_credential(&mut self, tenant: TenantId, password: &str) -> Uuid {
         let uid = Uuid::new_v4();
         let intent = RepositoryCredentialIntent {
-            tenant_id: tenant,
             resource_uid: uid,
             resource_name: "repo".into(),
             generation: 1,
@@ -168,7 +169,10 @@ impl Env {
             }),
         };
         let txn = self.client.transaction().await.expect("begin");
-        let id = repository_credential_upsert_in_txn(&txn, &self.secrets, &intent).await.expect("upsert").expect("new");
+        let id = repository_credential_upsert_in_txn(&txn, &self.secrets, tenant, &intent)
+            .await
+            .expect("upsert")
+            .expect("new");
         operation_enqueue_in_txn(&txn, self.instance.id, tenant, ResourceType::RepositoryCredential, id)
             .await
             .expect("enqueue");

@@ -133,11 +133,11 @@ impl Env {
     /// A manual application row with its operation, as the writer writes it.
     async fn application(&mut self) -> (i64, String) {
         let uid = Uuid::new_v4();
-        let mut intent = intent(self.tenant, uid, 1);
+        let mut intent = intent(uid, 1);
         intent.sync_type = SyncType::Manual;
         intent.managed_environment_id = Some(self.home);
         let txn = self.client.transaction().await.expect("begin");
-        let id = application_upsert_in_txn(&txn, &intent).await.expect("upsert").expect("new row").0;
+        let id = application_upsert_in_txn(&txn, self.tenant, &intent).await.expect("upsert").expect("new row").0;
         operation_enqueue_in_txn(&txn, self.instance, self.tenant, ResourceType::Application, id)
             .await
             .expect("enqueue");

@@ -154,7 +154,7 @@ async fn new_application_uncommitted(client: &mut tokio_postgres::Client, fx: &F
     use gitops_shared::model::ResourceType;
     use gitops_shared::queue::operation_enqueue_in_txn;
     let txn = client.transaction().await.expect("begin");
-    let id = application_upsert_in_txn(&txn, &intent(fx.tenant, uuid::Uuid::new_v4(), 1))
+    let id = application_upsert_in_txn(&txn, fx.tenant, &intent(uuid::Uuid::new_v4(), 1))
         .await
         .expect("upsert")
         .expect("new row");

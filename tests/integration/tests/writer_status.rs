@@ -126,10 +126,10 @@ impl Env {
             .await
             .expect("create");
         let uid = object.metadata.uid.as_deref().and_then(|u| u.parse().ok()).expect("a UID");
-        let mut app = intent(tenant, row_uid.unwrap_or(uid), 1);
+        let mut app = intent(row_uid.unwrap_or(uid), 1);
         app.resource_name = name.to_owned();
         let txn = self.client.transaction().await.expect("begin");
-        let id = application_upsert_in_txn(&txn, &app).await.expect("upsert").expect("a new row");
+        let id = application_upsert_in_txn(&txn, tenant, &app).await.expect("upsert").expect("a new row");
         txn.commit().await.expect("commit");
         id.0
     }

@@ -14,7 +14,7 @@ use gitops_shared::db::application::{
 };
 use gitops_shared::db::managed_environment::managed_environment_by_name;
 use gitops_shared::db::pooled;
-use gitops_shared::model::{ResourceType, RowState, TenantId};
+use gitops_shared::model::{ResourceType, RowState};
 use gitops_shared::queue::operation_enqueue_in_txn;
 use kube::api::Api;
 use uuid::Uuid;
@@ -103,15 +103,8 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         }
     };
     let wait = wait_for_pruning(&object);
-    let intent = valid.into_intent(
-        TenantId(0),
-        uid,
-        name.to_owned(),
-        generation.unwrap_or(0),
-        Some(environment_id),
-        namespace,
-        wait,
-    );
+    let intent =
+        valid.into_intent(uid, name.to_owned(), generation.unwrap_or(0), Some(environment_id), namespace, wait);
     let shard = shard_of(namespace);
     let settings = ctl.settings;
     let writer_id = ctl.ctx.writer_id.clone();
@@ -139,8 +132,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
                 if count >= settings.max_deployments {
                     return Ok(Written::Quota(count));
                 }
-                let intent = gitops_shared::db::application::ApplicationIntent { tenant_id: tenant, ..intent };
-                if let Some(id) = application_upsert_in_txn(txn, &intent).await? {
+                if let Some(id) = application_upsert_in_txn(txn, tenant, &intent).await? {
                     operation_enqueue_in_txn(txn, instance, tenant, ResourceType::Application, id.0).await?;
                 }
                 Ok(Written::Stored)

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use gitops_shared::credential::{RepositoryCredentialIntent, repository_credential_upsert_in_txn};
 use gitops_shared::db::pooled;
-use gitops_shared::model::{ResourceType, TenantId};
+use gitops_shared::model::ResourceType;
 use gitops_shared::queue::operation_enqueue_in_txn;
 use kube::api::Api;
 use uuid::Uuid;
@@ -62,7 +62,6 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
     };
     let namespace_uid = ctl.namespace_uid(namespace).await?;
     let intent = RepositoryCredentialIntent {
-        tenant_id: TenantId(0),
         resource_uid: uid,
         resource_name: name.to_owned(),
         generation: object.metadata.generation.unwrap_or(0),
@@ -94,9 +93,9 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
                     Tenancy::NotOwner | Tenancy::Gone => return Ok(Written::NotOwner),
                     Tenancy::NoEngine => return Ok(Written::NoEngine),
                 };
-                let intent = RepositoryCredentialIntent { tenant_id: tenant, ..intent };
-                if let Some(id) =
-                    repository_credential_upsert_in_txn(txn, &sealer, &intent).await.map_err(credential_error)?
+                if let Some(id) = repository_credential_upsert_in_txn(txn, &sealer, tenant, &intent)
+                    .await
+                    .map_err(credential_error)?
                 {
                     operation_enqueue_in_txn(txn, instance, tenant, ResourceType::RepositoryCredential, id).await?;
                 }

@@ -4,7 +4,7 @@
 //! the cluster or the database (tenant, UID, generation, the environment's row).
 
 use gitops_shared::db::application::ApplicationIntent;
-use gitops_shared::model::{SyncType, TenantId};
+use gitops_shared::model::SyncType;
 use uuid::Uuid;
 
 use super::text::{required, text};
@@ -160,7 +160,6 @@ impl ValidDeployment {
     #[allow(clippy::too_many_arguments)]
     pub fn into_intent(
         self,
-        tenant_id: TenantId,
         resource_uid: Uuid,
         resource_name: String,
         generation: i64,
@@ -169,7 +168,6 @@ impl ValidDeployment {
         wait_for_pruning: bool,
     ) -> ApplicationIntent {
         ApplicationIntent {
-            tenant_id,
             resource_uid,
             resource_name,
             generation,

@@ -31,7 +31,7 @@ fn a_minimal_deployment_gets_defaults() {
     assert_eq!(valid.destination_namespace, None);
     assert_eq!(valid.sync_type, SyncType::Automated);
     assert!(!valid.create_namespace);
-    let intent = valid.into_intent(TenantId(7), Uuid::nil(), "web".into(), 3, None, "tenant-a", false);
+    let intent = valid.into_intent(Uuid::nil(), "web".into(), 3, None, "tenant-a", false);
     assert_eq!(intent.destination_namespace, "tenant-a");
     assert_eq!(intent.generation, 3);
 }

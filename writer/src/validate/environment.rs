@@ -4,7 +4,6 @@
 //! (`SecretNotFound`); contacting `apiURL` is the connection checker's.
 
 use gitops_shared::credential::ManagedEnvironmentIntent;
-use gitops_shared::model::TenantId;
 use k8s_openapi::api::core::v1::Secret;
 use uuid::Uuid;
 
@@ -67,7 +66,6 @@ impl ValidEnvironment {
     /// the kubeconfig asks for it (the tenant controls both).
     pub fn into_intent(
         self,
-        tenant_id: TenantId,
         resource_uid: Uuid,
         resource_name: String,
         generation: i64,
@@ -75,7 +73,6 @@ impl ValidEnvironment {
         kubeconfig: ValidKubeconfig,
     ) -> ManagedEnvironmentIntent {
         ManagedEnvironmentIntent {
-            tenant_id,
             resource_uid,
             resource_name,
             generation,
@@ -123,7 +120,7 @@ mod tests {
         assert!(!valid.allow_insecure_skip_tls_verify);
         let kube = environment_secret(&secret(None, &[("kubeconfig", b"users: [{name: u, user: {token: t}}]")]))
             .expect("valid secret");
-        let intent = valid.into_intent(TenantId(1), Uuid::nil(), "prod".into(), 2, Some("17".into()), kube);
+        let intent = valid.into_intent(Uuid::nil(), "prod".into(), 2, Some("17".into()), kube);
         assert_eq!(intent.credentials.bearer_token.as_deref(), Some("t"));
         assert_eq!(intent.secret_name, "cluster-creds");
     }

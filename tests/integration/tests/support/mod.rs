@@ -52,9 +52,8 @@ pub async fn new_tenant(client: &mut Client, instance: EngineInstanceId) -> Tena
     tenant.id
 }
 
-pub fn intent(tenant: TenantId, uid: Uuid, generation: i64) -> ApplicationIntent {
+pub fn intent(uid: Uuid, generation: i64) -> ApplicationIntent {
     ApplicationIntent {
-        tenant_id: tenant,
         resource_uid: uid,
         resource_name: format!("app-{}", &uid.simple().to_string()[..8]),
         generation,
@@ -84,7 +83,6 @@ pub async fn home_environment(
 ) -> i64 {
     use gitops_shared::credential::{ClusterCredentials, ManagedEnvironmentIntent, managed_environment_upsert_in_txn};
     let intent = ManagedEnvironmentIntent {
-        tenant_id: tenant,
         resource_uid: Uuid::new_v4(),
         resource_name: namespace.to_owned(),
         generation: 1,
@@ -97,7 +95,7 @@ pub async fn home_environment(
         credentials: ClusterCredentials { bearer_token: Some("home-token".into()), ..Default::default() },
     };
     let txn = client.transaction().await.expect("begin");
-    let id = managed_environment_upsert_in_txn(&txn, secrets, &intent).await.expect("upsert").expect("new");
+    let id = managed_environment_upsert_in_txn(&txn, secrets, tenant, &intent).await.expect("upsert").expect("new");
     txn.execute("UPDATE managed_environment SET home = true WHERE id = $1", &[&id]).await.expect("home");
     operation_enqueue_in_txn(&txn, instance, tenant, ResourceType::ManagedEnvironment, id).await.expect("enqueue");
     txn.commit().await.expect("commit");
@@ -107,7 +105,7 @@ pub async fn home_environment(
 /// Writes a new application intent with its operation, as the writer does.
 pub async fn new_application(client: &mut Client, fx: &Fixture) -> i64 {
     let txn = client.transaction().await.expect("begin");
-    let id = application_upsert_in_txn(&txn, &intent(fx.tenant, Uuid::new_v4(), 1))
+    let id = application_upsert_in_txn(&txn, fx.tenant, &intent(Uuid::new_v4(), 1))
         .await
         .expect("upsert")
         .expect("a new row");

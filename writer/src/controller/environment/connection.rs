@@ -669,7 +669,6 @@ mod tests {
     #[tokio::test]
     async fn disabled_and_denied_checks_contact_nothing() {
         let intent = ManagedEnvironmentIntent {
-            tenant_id: gitops_shared::model::TenantId(1),
             resource_uid: uuid::Uuid::nil(),
             resource_name: "prod".into(),
             generation: 1,

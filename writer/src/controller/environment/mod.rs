@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use gitops_shared::credential::{ManagedEnvironmentIntent, managed_environment_upsert_in_txn};
 use gitops_shared::db::pooled;
-use gitops_shared::model::{ResourceType, TenantId};
+use gitops_shared::model::ResourceType;
 use gitops_shared::queue::operation_enqueue_in_txn;
 use kube::api::Api;
 use uuid::Uuid;
@@ -82,7 +82,6 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
     };
     let namespace_uid = ctl.namespace_uid(namespace).await?;
     let intent = valid.into_intent(
-        TenantId(0),
         uid,
         name.to_owned(),
         object.metadata.generation.unwrap_or(0),
@@ -112,9 +111,8 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
                     Tenancy::NotOwner | Tenancy::Gone => return Ok(Written::NotOwner),
                     Tenancy::NoEngine => return Ok(Written::NoEngine),
                 };
-                let intent = ManagedEnvironmentIntent { tenant_id: tenant, ..intent };
                 let changed =
-                    managed_environment_upsert_in_txn(txn, &sealer, &intent).await.map_err(credential_error)?;
+                    managed_environment_upsert_in_txn(txn, &sealer, tenant, &intent).await.map_err(credential_error)?;
                 if let Some(id) = changed {
                     operation_enqueue_in_txn(txn, instance, tenant, ResourceType::ManagedEnvironment, id).await?;
                 }

@@ -30,7 +30,7 @@ use gitops_shared::db::managed_environment::{
     managed_environment_set_home_in_txn,
 };
 use gitops_shared::db::pooled;
-use gitops_shared::model::{ResourceType, TenantId};
+use gitops_shared::model::ResourceType;
 use gitops_shared::queue::operation_enqueue_in_txn;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -163,7 +163,6 @@ async fn issue(ctl: &Arc<Controllers>, namespace: &str, namespace_uid: Uuid) -> 
     let (token, expires_at) = identity::request_token(&ctl.ctx.kube, &ctl.ctx.home, namespace_uid).await?;
     let settings = &ctl.ctx.home;
     let intent = ManagedEnvironmentIntent {
-        tenant_id: TenantId(0),
         resource_uid: namespace_uid,
         resource_name: namespace.to_owned(),
         generation: 1,
@@ -205,9 +204,8 @@ async fn issue(ctl: &Arc<Controllers>, namespace: &str, namespace_uid: Uuid) -> 
                     Tenancy::NoEngine => return Ok(Home::NoEngine),
                     Tenancy::Gone => return Ok(Home::Gone),
                 };
-                let intent = ManagedEnvironmentIntent { tenant_id: tenant, ..intent };
                 let changed =
-                    managed_environment_upsert_in_txn(txn, &sealer, &intent).await.map_err(credential_error)?;
+                    managed_environment_upsert_in_txn(txn, &sealer, tenant, &intent).await.map_err(credential_error)?;
                 let Some(id) = managed_environment_live_in_txn(txn, namespace_uid, tenant).await? else {
                     return Ok(Home::Gone);
                 };

@@ -80,7 +80,6 @@ impl Producer {
     /// returns the operation and when its commit was acknowledged.
     async fn enqueue(&mut self, seq: u64) -> Result<Committed, DbError> {
         let intent = Arc::new(ApplicationIntent {
-            tenant_id: self.tenant,
             resource_uid: Uuid::new_v4(),
             resource_name: format!("bench-app-{seq}"),
             generation: 1,
@@ -97,7 +96,7 @@ impl Producer {
         let enqueued = in_txn_retrying(&mut self.client, |txn| {
             let intent = intent.clone();
             Box::pin(async move {
-                let app = application_upsert_in_txn(txn, &intent)
+                let app = application_upsert_in_txn(txn, tenant, &intent)
                     .await?
                     .ok_or_else(|| DbError::NotFound { what: "the row of a new application intent".to_owned() })?;
                 operation_enqueue_in_txn(txn, instance, tenant, ResourceType::Application, app.0).await
