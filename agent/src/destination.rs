@@ -20,8 +20,8 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use gitops_shared::db::engine_instance::engine_instance_namespaces;
 use gitops_shared::db::{DbError, DbPool, pooled};
-use gitops_shared::instance::engine_instance_namespaces;
 use gitops_shared::model::TenantId;
 use gitops_shared::tenancy::{NamePattern, Reserved};
 

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use gitops_shared::config::DatabaseUrl;
 use gitops_shared::crypto::SecretBox;
+use gitops_shared::db::engine_instance::{EngineInstance, engine_instance_heartbeat};
 use gitops_shared::db::{self, DbPool, pooled};
-use gitops_shared::instance::{EngineInstance, engine_instance_heartbeat};
 use gitops_shared::listen::Listener;
 use gitops_shared::queue::{ClaimedOperation, Consumer, ConsumerConfig, Handler, Outcome};
 use gitops_shared::signal::Signal;

@@ -16,12 +16,12 @@ use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
 use futures_util::StreamExt;
-use gitops_shared::db::{DbError, DbPool, pooled};
-use gitops_shared::model::{ApplicationId, EngineInstanceId, SyncOperationState};
-use gitops_shared::observed::{
+use gitops_shared::db::application_state::{
     self, ApplicationOwner, ObservedSync, application_owner_by_id, application_owner_by_uid, application_state_upsert,
     sync_operation_progress,
 };
+use gitops_shared::db::{DbError, DbPool, pooled};
+use gitops_shared::model::{ApplicationId, EngineInstanceId, SyncOperationState};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -66,7 +66,7 @@ struct StatusWriter {
     pool: DbPool,
     metrics: Arc<Metrics>,
     /// What was last written (or found unchanged) per Application name.
-    last: HashMap<String, observed::ObservedApplication>,
+    last: HashMap<String, application_state::ObservedApplication>,
 }
 
 impl StatusWriter {
@@ -137,8 +137,8 @@ pub fn uid_from_name(name: &str) -> Option<Uuid> {
 pub fn observe_application(
     owner: ApplicationOwner,
     application: &ObservedApplication,
-) -> observed::ObservedApplication {
-    observed::ObservedApplication {
+) -> application_state::ObservedApplication {
+    application_state::ObservedApplication {
         application_id: owner.application_id,
         tenant_id: owner.tenant_id,
         sync_status: application.sync_status.clone(),

@@ -5,22 +5,14 @@
 //! is tested with a database alone.
 
 pub mod config;
-pub mod credential;
 pub mod crypto;
 pub mod db;
-pub mod desired;
 pub mod histogram;
-pub mod instance;
 pub mod listen;
 pub mod model;
-pub mod observed;
-pub mod placement;
-pub mod purge;
 pub mod queue;
 pub mod sanitize;
 pub mod serve;
 pub mod signal;
-pub mod status_feed;
-pub mod sync_run;
 pub mod telemetry;
 pub mod tenancy;

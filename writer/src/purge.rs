@@ -1,6 +1,6 @@
 //! The purge loop: every `interval`, rows of this writer's shards that have been
 //! `deleted` for longer than `after` are removed for good
-//! ([`gitops_shared::purge::purge_deleted`]). The grace period lets the deletion
+//! ([`gitops_shared::db::purge::purge_deleted`]). The grace period lets the deletion
 //! paths (which release a finalizer once the row is `deleted` or gone) and the
 //! status loop see the confirmed deletion first; a row that is gone reads the same
 //! to them as one that is `deleted`.
@@ -10,8 +10,8 @@
 
 use std::time::Duration;
 
+use gitops_shared::db::purge::{PurgeReport, purge_deleted};
 use gitops_shared::db::{DbError, DbPool, pooled};
-use gitops_shared::purge::{PurgeReport, purge_deleted};
 use gitops_shared::telemetry::error_chain;
 use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;

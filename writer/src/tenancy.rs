@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use gitops_shared::db::engine_instance::engine_instance_namespaces;
 use gitops_shared::db::{DbError, DbPool, pooled};
-use gitops_shared::instance::engine_instance_namespaces;
 use gitops_shared::tenancy::{LabelSelector, NamePattern, NamespacePolicy, NotServed, Reserved};
 use tokio_util::sync::CancellationToken;
 

@@ -12,7 +12,7 @@ use std::fmt;
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
-use gitops_shared::credential::{ClusterCredentials, RepositoryCredentials};
+use gitops_shared::db::credential::{ClusterCredentials, RepositoryCredentials};
 
 /// A boxed error source.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -9,10 +9,10 @@
 //! pruning — Argo CD's resources finalizer is taken off before the delete, so what
 //! it deployed there stays untouched.
 
-use gitops_shared::db::pooled;
-use gitops_shared::desired::{
+use gitops_shared::db::desired::{
     DesiredApplication, application_load, application_mark_deleted, application_set_deletion_message,
 };
+use gitops_shared::db::pooled;
 use gitops_shared::model::{RowState, SyncType, TenantId};
 
 use super::{ReconcileError, Reconciler, same_tenant};

@@ -8,14 +8,14 @@
 //! reserved (`crate::destination`): otherwise the environment is refused and its
 //! Secret removed, before its credentials are even opened.
 
-use gitops_shared::credential::{
+use gitops_shared::crypto::{Sealed, SecretContext};
+use gitops_shared::db::credential::{
     CLUSTER_CREDENTIAL_TABLE, ClusterCredentials, REPOSITORY_CREDENTIAL_TABLE, RepositoryCredentials,
 };
-use gitops_shared::crypto::{Sealed, SecretContext};
-use gitops_shared::db::pooled;
-use gitops_shared::desired::{
+use gitops_shared::db::desired::{
     DesiredEnvironment, managed_environment_load, repository_credential_load, resource_mark_deleted,
 };
+use gitops_shared::db::pooled;
 use gitops_shared::model::{ResourceType, RowState, TenantId};
 use serde::de::DeserializeOwned;
 

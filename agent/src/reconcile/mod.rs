@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gitops_shared::crypto::{CryptoError, SecretBox};
+use gitops_shared::db::engine_instance::EngineInstance;
 use gitops_shared::db::{DbError, DbPool};
-use gitops_shared::instance::EngineInstance;
 use gitops_shared::model::{ResourceType, TenantId};
 use gitops_shared::queue::{ClaimedOperation, Failure, Handler, Outcome};
 

@@ -7,8 +7,8 @@
 //! on the home cluster in a reserved namespace (`crate::destination`) is left out
 //! whatever the rows say, and the omission counted.
 
+use gitops_shared::db::desired::{TenantProject, resource_mark_deleted, tenant_project_load, tenant_rows_pending};
 use gitops_shared::db::pooled;
-use gitops_shared::desired::{TenantProject, resource_mark_deleted, tenant_project_load, tenant_rows_pending};
 use gitops_shared::model::{ResourceType, RowState, TenantId};
 
 use super::{ReconcileError, Reconciler};
@@ -132,7 +132,7 @@ impl Reconciler {
 
 #[cfg(test)]
 mod tests {
-    use gitops_shared::desired::ProjectEnvironment;
+    use gitops_shared::db::desired::ProjectEnvironment;
 
     use super::*;
 

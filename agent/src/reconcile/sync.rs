@@ -9,11 +9,11 @@
 
 use std::time::SystemTime;
 
-use gitops_shared::db::pooled;
-use gitops_shared::desired::{
+use gitops_shared::db::desired::{
     DesiredSyncOperation, SyncOutcome, resource_mark_deleted, sync_operation_load, sync_operation_record_outcome,
     sync_operation_set_state,
 };
+use gitops_shared::db::pooled;
 use gitops_shared::model::{ResourceType, RowState, SyncOperationState, SyncType, TenantId};
 
 use super::{ReconcileError, Reconciler, same_tenant};

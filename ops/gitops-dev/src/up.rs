@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use gitops_shared::config::{DATABASE_URL, ENCRYPTION_ACTIVE_KEY, ENCRYPTION_KEYS, ENGINE_INSTANCE};
 use gitops_shared::crypto::SecretBox;
 use gitops_shared::db;
-use gitops_shared::instance::engine_instance_add;
+use gitops_shared::db::engine_instance::engine_instance_add;
 use gitops_testkit::admission;
 use gitops_testkit::argocd::{self, ForeignCrds, StandinOptions};
 use gitops_testkit::kube_emulator::{EmulatorOptions, KubeEmulator};

@@ -2,7 +2,7 @@
 //! agents serve and tenants are placed on, list them with their load and the age
 //! of their agents' last heartbeat, and remove empty ones.
 
-use gitops_shared::instance::{self, EngineInstance};
+use gitops_shared::db::engine_instance::{self, EngineInstance};
 use gitops_shared::model::EngineInstanceId;
 
 use crate::{CtlError, table};
@@ -15,7 +15,7 @@ pub async fn add(
     capacity: i32,
 ) -> Result<EngineInstanceId, CtlError> {
     let client = crate::connect(database_url).await?;
-    instance::engine_instance_add(&client, name, argocd_namespace, capacity)
+    engine_instance::engine_instance_add(&client, name, argocd_namespace, capacity)
         .await
         .map_err(CtlError::db("register the engine instance"))
 }
@@ -23,13 +23,13 @@ pub async fn add(
 /// Every instance, by name.
 pub async fn list(database_url: &str) -> Result<Vec<EngineInstance>, CtlError> {
     let client = crate::connect(database_url).await?;
-    instance::engine_instance_list(&client).await.map_err(CtlError::db("list engine instances"))
+    engine_instance::engine_instance_list(&client).await.map_err(CtlError::db("list engine instances"))
 }
 
 /// Removes an instance without tenants or operations.
 pub async fn remove(database_url: &str, name: &str) -> Result<(), CtlError> {
     let client = crate::connect(database_url).await?;
-    instance::engine_instance_remove(&client, name).await.map_err(CtlError::db("remove the engine instance"))
+    engine_instance::engine_instance_remove(&client, name).await.map_err(CtlError::db("remove the engine instance"))
 }
 
 /// The table `instance list` prints.

@@ -1,14 +1,24 @@
 //! Database access: the connection pool, dedicated connections (TLS as the
 //! connection string's `sslmode` says), embedded migrations, the start-up schema
 //! check and the retry wrapper for transactions that PostgreSQL aborts on
-//! serialization failures and deadlocks.
+//! serialization failures and deadlocks; and one module per table (or tight group
+//! of tables) holding every statement that reads or writes it, each listed in its
+//! `STATEMENTS` (the operation queue's live in `crate::queue`, its home).
 
 pub mod admission_approval;
 pub mod application;
+pub mod application_state;
+pub mod credential;
+pub mod desired;
+pub mod engine_instance;
 mod error;
 pub mod managed_environment;
 mod migrate;
 pub mod placed_rows;
+pub mod placement;
+pub mod purge;
+pub mod status_feed;
+pub mod sync_operation;
 pub mod tenant;
 mod tls;
 pub mod tombstone;
@@ -23,8 +33,18 @@ pub use error::DbError;
 pub const STATEMENTS: &[(&str, &[&str])] = &[
     ("admission_approval", admission_approval::STATEMENTS),
     ("application", application::STATEMENTS),
+    ("application_state", application_state::STATEMENTS),
+    ("credential", credential::STATEMENTS),
+    ("desired", desired::STATEMENTS),
+    ("engine_instance", engine_instance::STATEMENTS),
     ("managed_environment", managed_environment::STATEMENTS),
+    ("placed_rows", placed_rows::STATEMENTS),
+    ("placement", placement::STATEMENTS),
+    ("purge", purge::STATEMENTS),
+    ("status_feed", status_feed::STATEMENTS),
+    ("sync_operation", sync_operation::STATEMENTS),
     ("tenant", tenant::STATEMENTS),
+    ("tombstone", tombstone::STATEMENTS),
     ("writer_shard", writer_shard::STATEMENTS),
 ];
 pub use migrate::{MigrationReport, SchemaVersion, check_schema, migrate, required_schema_version, schema_version};

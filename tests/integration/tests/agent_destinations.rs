@@ -17,14 +17,14 @@ use gitops_agent::metrics::Metrics;
 use gitops_agent::names;
 use gitops_agent::reconcile::Reconciler;
 use gitops_agent::{AgentConfig, run_agent};
-use gitops_shared::credential::{
+use gitops_shared::crypto::SecretBox;
+use gitops_shared::db::application::{ApplicationIntent, application_upsert_in_txn};
+use gitops_shared::db::credential::{
     ClusterCredentials, ManagedEnvironmentIntent, RepositoryCredentialIntent, RepositoryCredentials,
     managed_environment_upsert_in_txn, repository_credential_upsert_in_txn,
 };
-use gitops_shared::crypto::SecretBox;
-use gitops_shared::db::application::{ApplicationIntent, application_upsert_in_txn};
+use gitops_shared::db::engine_instance::{EngineInstance, engine_instance_add};
 use gitops_shared::db::tenant::tenant_upsert_locked_in_txn;
-use gitops_shared::instance::{EngineInstance, engine_instance_add};
 use gitops_shared::model::{ResourceType, SyncType, TenantId};
 use gitops_shared::queue::{Failure, Outcome, operation_enqueue_in_txn};
 use gitops_testkit::TestDb;

@@ -10,14 +10,14 @@ use std::time::Duration;
 use gitops_agent::engine::argocd::{ArgoCdEngine, app_project_resource, application_resource};
 use gitops_agent::names;
 use gitops_agent::reconcile::Reconciler;
-use gitops_shared::credential::{
+use gitops_shared::crypto::SecretBox;
+use gitops_shared::db::application::application_upsert_in_txn;
+use gitops_shared::db::credential::{
     ClusterCredentials, ManagedEnvironmentIntent, RepositoryCredentialIntent, RepositoryCredentials,
     managed_environment_upsert_in_txn, repository_credential_upsert_in_txn,
 };
-use gitops_shared::crypto::SecretBox;
-use gitops_shared::db::application::application_upsert_in_txn;
+use gitops_shared::db::engine_instance::EngineInstance;
 use gitops_shared::db::tenant::tenant_upsert_locked_in_txn;
-use gitops_shared::instance::EngineInstance;
 use gitops_shared::model::{ResourceType, SyncType, TenantId};
 use gitops_shared::queue::{Outcome, operation_enqueue_in_txn};
 use gitops_testkit::TestDb;

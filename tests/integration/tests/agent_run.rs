@@ -14,8 +14,8 @@ use gitops_agent::names::{self, APPLICATION_ID_LABEL, MANAGED_BY_LABEL, MANAGED_
 use gitops_agent::{AgentConfig, AgentHandle, run_agent};
 use gitops_shared::crypto::SecretBox;
 use gitops_shared::db::application::application_upsert_in_txn;
+use gitops_shared::db::engine_instance::engine_instance_add;
 use gitops_shared::db::tenant::tenant_upsert_locked_in_txn;
-use gitops_shared::instance::engine_instance_add;
 use gitops_shared::model::{EngineInstanceId, ResourceType, SyncType, TenantId};
 use gitops_shared::queue::operation_enqueue_in_txn;
 use gitops_testkit::TestDb;

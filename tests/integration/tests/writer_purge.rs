@@ -16,9 +16,9 @@ use gitops_agent::engine::{
 };
 use gitops_agent::reconcile::Reconciler;
 use gitops_shared::crypto::SecretBox;
-use gitops_shared::instance::{engine_instance_add, engine_instance_by_name};
+use gitops_shared::db::engine_instance::{engine_instance_add, engine_instance_by_name};
+use gitops_shared::db::purge::{PURGE_STATEMENTS, PurgeReport, purge_deleted};
 use gitops_shared::model::{OperationState, ResourceType, RowState};
-use gitops_shared::purge::{PURGE_STATEMENTS, PurgeReport, purge_deleted};
 use gitops_shared::queue::{Handler, Outcome, operation_claim, operation_complete};
 use gitops_testkit::TestDb;
 use gitops_writer::purge::{PurgeSettings, run_purge_loop};

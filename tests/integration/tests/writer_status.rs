@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use gitops_shared::crypto::SecretBox;
 use gitops_shared::db::application::application_upsert_in_txn;
+use gitops_shared::db::engine_instance::engine_instance_add;
 use gitops_shared::db::tenant::tenant_upsert_locked_in_txn;
-use gitops_shared::instance::engine_instance_add;
 use gitops_shared::listen::Listener;
 use gitops_shared::model::{EngineInstanceId, TenantId};
 use gitops_shared::signal::Signal;

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use gitops_shared::credential::{RepositoryCredentialIntent, repository_credential_upsert_in_txn};
+use gitops_shared::db::credential::{RepositoryCredentialIntent, repository_credential_upsert_in_txn};
 use gitops_shared::db::pooled;
 use gitops_shared::model::ResourceType;
 use gitops_shared::queue::operation_enqueue_in_txn;

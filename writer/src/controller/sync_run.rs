@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use gitops_shared::db::application::{SyncTargetRow, application_sync_target};
 use gitops_shared::db::pooled;
+use gitops_shared::db::sync_operation::{SyncIntent, sync_operation_upsert_in_txn};
 use gitops_shared::db::tenant::tenant_lock_in_txn;
 use gitops_shared::db::tombstone::TombstoneOf;
 use gitops_shared::model::{ResourceType, SyncType};
 use gitops_shared::queue::operation_enqueue_in_txn;
-use gitops_shared::sync_run::{SyncIntent, sync_operation_upsert_in_txn};
 use kube::api::Api;
 
 use super::credential::tombstone_and_enqueue;

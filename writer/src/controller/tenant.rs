@@ -5,11 +5,11 @@
 
 use std::time::Duration;
 
-use gitops_shared::credential::CredentialError;
 use gitops_shared::db::DbError;
+use gitops_shared::db::credential::CredentialError;
+use gitops_shared::db::placement::placement_choose_in_txn;
 use gitops_shared::db::tenant::{tenant_placement_in_txn, tenant_set_shard_in_txn, tenant_upsert_locked_in_txn};
 use gitops_shared::model::{EngineInstanceId, RowState, TenantId};
-use gitops_shared::placement::placement_choose_in_txn;
 use tokio_postgres::Transaction;
 use uuid::Uuid;
 

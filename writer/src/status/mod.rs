@@ -6,7 +6,7 @@
 //! shard's durable cursor (`writer_shard.status_xid`), patches the matching
 //! GitOpsDeployment's status when it differs, refreshes the SyncRuns of those
 //! deployments, and moves the cursor past what it handled, never past a
-//! transaction still in flight (see `gitops_shared::status_feed`). It scans on start, on every `status`
+//! transaction still in flight (see `gitops_shared::db::status_feed`). It scans on start, on every `status`
 //! notification and reconnect of the listener, when the owned shards change and
 //! on a timer; it never polls every deployment. Sync requests still in flight are
 //! looked at again on each scan until they finish, because the agent records a
@@ -26,14 +26,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
+use gitops_shared::db::status_feed::{
+    STATUS_FEED_BATCH, StatusFeedRow, SyncRunRow, cursor_after, status_feed_read, sync_runs_by_id,
+    sync_runs_of_applications, writer_shard_advance_status,
+};
 use gitops_shared::db::{DbError, pooled};
 use gitops_shared::listen::Listener;
 use gitops_shared::model::RowState;
 use gitops_shared::signal::{Signal, SleepAttempt};
-use gitops_shared::status_feed::{
-    STATUS_FEED_BATCH, StatusFeedRow, SyncRunRow, cursor_after, status_feed_read, sync_runs_by_id,
-    sync_runs_of_applications, writer_shard_advance_status,
-};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

@@ -4,7 +4,7 @@
 //! preconditions, so a recreated object or a concurrent status write (the
 //! writer's validation conditions) is never overwritten; a conflict reads again.
 
-use gitops_shared::status_feed::{StatusFeedRow, SyncRunRow};
+use gitops_shared::db::status_feed::{StatusFeedRow, SyncRunRow};
 use kube::api::{Api, Patch, PatchParams};
 use serde::Serialize;
 use serde::de::DeserializeOwned;

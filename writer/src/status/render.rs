@@ -9,8 +9,8 @@
 //! a GitOpsDeploymentSyncRun. Every other condition (the writer's validation and
 //! placement conditions) is kept untouched, in place.
 
+use gitops_shared::db::status_feed::{StatusFeedRow, SyncRunRow};
 use gitops_shared::model::SyncOperationState;
-use gitops_shared::status_feed::{StatusFeedRow, SyncRunRow};
 use serde_json::Value;
 
 use crate::api::{

@@ -3,7 +3,7 @@
 //! Secret exists in the same namespace is the controller's check
 //! (`SecretNotFound`); contacting `apiURL` is the connection checker's.
 
-use gitops_shared::credential::ManagedEnvironmentIntent;
+use gitops_shared::db::credential::ManagedEnvironmentIntent;
 use k8s_openapi::api::core::v1::Secret;
 use uuid::Uuid;
 

@@ -9,7 +9,7 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use gitops_shared::credential::ClusterCredentials;
+use gitops_shared::db::credential::ClusterCredentials;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 

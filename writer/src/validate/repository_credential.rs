@@ -3,7 +3,7 @@
 //! `password`, or `sshPrivateKey` — reduced to shared's allow-listed
 //! `RepositoryCredentials`. A missing Secret is the controller's `SecretNotFound`.
 
-use gitops_shared::credential::RepositoryCredentials;
+use gitops_shared::db::credential::RepositoryCredentials;
 use k8s_openapi::api::core::v1::Secret;
 
 use super::secret::{require_type, secret_text, secret_type};

@@ -214,7 +214,7 @@ pub fn operation_view(application: &Value) -> OperationView {
 
 #[cfg(test)]
 mod tests {
-    use gitops_shared::credential::{ClusterCredentials, RepositoryCredentials};
+    use gitops_shared::db::credential::{ClusterCredentials, RepositoryCredentials};
 
     use super::*;
 

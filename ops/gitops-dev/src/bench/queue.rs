@@ -23,8 +23,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use gitops_shared::db::engine_instance::engine_instance_add;
 use gitops_shared::db::{self, DbError};
-use gitops_shared::instance::engine_instance_add;
 use gitops_shared::model::{EngineInstanceId, OperationState};
 use gitops_testkit::PgError;
 use tokio_postgres::Client;

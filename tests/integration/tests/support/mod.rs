@@ -7,8 +7,8 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use gitops_shared::db::application::{ApplicationIntent, application_upsert_in_txn};
+use gitops_shared::db::engine_instance::engine_instance_add;
 use gitops_shared::db::tenant::tenant_upsert_locked_in_txn;
-use gitops_shared::instance::engine_instance_add;
 use gitops_shared::model::{EngineInstanceId, OperationState, ResourceType, SyncType, TenantId};
 use gitops_shared::queue::{Enqueued, operation_enqueue_in_txn};
 use tokio_postgres::Client;
@@ -81,7 +81,9 @@ pub async fn home_environment(
     tenant: TenantId,
     namespace: &str,
 ) -> i64 {
-    use gitops_shared::credential::{ClusterCredentials, ManagedEnvironmentIntent, managed_environment_upsert_in_txn};
+    use gitops_shared::db::credential::{
+        ClusterCredentials, ManagedEnvironmentIntent, managed_environment_upsert_in_txn,
+    };
     let intent = ManagedEnvironmentIntent {
         resource_uid: Uuid::new_v4(),
         resource_name: namespace.to_owned(),
@@ -328,7 +330,7 @@ pub struct AgentGround {
     pub agent_kube: kube::Client,
     pub agent_kubeconfig: std::path::PathBuf,
     pub ns: gitops_testkit::cluster::TestNamespace,
-    pub instance: gitops_shared::instance::EngineInstance,
+    pub instance: gitops_shared::db::engine_instance::EngineInstance,
     pub secrets: gitops_shared::crypto::SecretBox,
     pub cancel: tokio_util::sync::CancellationToken,
 }
@@ -347,7 +349,8 @@ pub async fn agent_ground(purpose: &str) -> AgentGround {
     let db = gitops_testkit::TestDb::migrated().await;
     let client = db.connect().await;
     engine_instance_add(&client, "argocd-1", ns.name(), 1000).await.expect("add instance");
-    let instance = gitops_shared::instance::engine_instance_by_name(&client, "argocd-1").await.expect("instance");
+    let instance =
+        gitops_shared::db::engine_instance::engine_instance_by_name(&client, "argocd-1").await.expect("instance");
     let key = gitops_shared::crypto::SecretBox::generate_key("k1").expect("key");
     let secrets = gitops_shared::crypto::SecretBox::from_config(Some(&key), Some("k1")).expect("secrets");
     // The agent acts with an identity that may touch only its Argo CD namespace.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use gitops_agent::engine::argocd::application_resource;
 use gitops_agent::{AgentConfig, run_agent};
 use gitops_shared::crypto::SecretBox;
-use gitops_shared::instance::engine_instance_add;
+use gitops_shared::db::engine_instance::engine_instance_add;
 use gitops_testkit::TestDb;
 use gitops_testkit::argocd::{self, StandinOptions, app_project_crd, application_crd};
 use gitops_testkit::cluster::{TestCluster, TestNamespace};

@@ -41,7 +41,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use gitops_shared::credential::ManagedEnvironmentIntent;
+use gitops_shared::db::credential::ManagedEnvironmentIntent;
 use gitops_shared::telemetry::error_chain;
 
 /// The check succeeded: the API server answered `GET /version` with these credentials.
@@ -678,7 +678,7 @@ mod tests {
             cluster_resources: false,
             secret_name: "kc".into(),
             secret_resource_version: None,
-            credentials: gitops_shared::credential::ClusterCredentials {
+            credentials: gitops_shared::db::credential::ClusterCredentials {
                 bearer_token: Some("s3cret".into()),
                 ..Default::default()
             },

@@ -17,7 +17,7 @@ pub mod connection;
 
 use std::sync::Arc;
 
-use gitops_shared::credential::{ManagedEnvironmentIntent, managed_environment_upsert_in_txn};
+use gitops_shared::db::credential::{ManagedEnvironmentIntent, managed_environment_upsert_in_txn};
 use gitops_shared::db::pooled;
 use gitops_shared::model::ResourceType;
 use gitops_shared::queue::operation_enqueue_in_txn;

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
-use gitops_shared::credential::{ClusterCredentials, ManagedEnvironmentIntent, managed_environment_upsert_in_txn};
+use gitops_shared::db::credential::{ClusterCredentials, ManagedEnvironmentIntent, managed_environment_upsert_in_txn};
 use gitops_shared::db::managed_environment::{
     managed_environment_home, managed_environment_home_near_expiry, managed_environment_live_in_txn,
     managed_environment_set_home_in_txn,

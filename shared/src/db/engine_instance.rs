@@ -27,7 +27,14 @@ RETURNING id";
 const LIST: &str = "
 SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at,
        (SELECT count(*) FROM tenant t WHERE t.engine_instance_id = i.id) AS tenants
-  FROM engine_instance i";
+  FROM engine_instance i
+ ORDER BY i.name";
+
+const BY_NAME: &str = "
+SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at,
+       (SELECT count(*) FROM tenant t WHERE t.engine_instance_id = i.id) AS tenants
+  FROM engine_instance i
+ WHERE i.name = $1";
 
 const REMOVE: &str = "
 DELETE FROM engine_instance i
@@ -39,6 +46,9 @@ RETURNING id";
 const NAMESPACES: &str = "SELECT DISTINCT argocd_namespace FROM engine_instance";
 
 const HEARTBEAT: &str = "UPDATE engine_instance SET heartbeat_at = now() WHERE id = $1";
+
+/// Every statement of this module (a test prepares them against the schema).
+pub const STATEMENTS: &[&str] = &[ADD, LIST, BY_NAME, REMOVE, NAMESPACES, HEARTBEAT];
 
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
@@ -100,8 +110,7 @@ fn from_row(row: &tokio_postgres::Row) -> Result<EngineInstance, DbError> {
 
 /// Every instance, by name.
 pub async fn engine_instance_list(client: &Client) -> Result<Vec<EngineInstance>, DbError> {
-    let statement = format!("{LIST} ORDER BY i.name");
-    let rows = client.query(&statement, &[]).await.map_err(DbError::query("list engine instances"))?;
+    let rows = client.query(LIST, &[]).await.map_err(DbError::query("list engine instances"))?;
     rows.iter().map(from_row).collect()
 }
 
@@ -114,8 +123,7 @@ pub async fn engine_instance_namespaces(client: &Client) -> Result<std::collecti
 
 /// One instance by name.
 pub async fn engine_instance_by_name(client: &Client, name: &str) -> Result<EngineInstance, DbError> {
-    let statement = format!("{LIST} WHERE i.name = $1");
-    let row = client.query_opt(&statement, &[&name]).await.map_err(DbError::query("look up an engine instance"))?;
+    let row = client.query_opt(BY_NAME, &[&name]).await.map_err(DbError::query("look up an engine instance"))?;
     row.as_ref().map(from_row).ok_or_else(|| DbError::NotFound { what: format!("engine instance {name:?}") })?
 }
 

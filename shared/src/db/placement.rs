@@ -17,6 +17,9 @@ SELECT e.id
  ORDER BY (SELECT count(*) FROM tenant t WHERE t.engine_instance_id = e.id)::float8 / e.capacity, e.id
  LIMIT 1";
 
+/// Every statement of this module (a test prepares them against the schema).
+pub const STATEMENTS: &[&str] = &[CHOOSE];
+
 /// The healthy, least-loaded instance, or None when no instance is healthy.
 pub async fn placement_choose_in_txn(
     txn: &Transaction<'_>,

@@ -203,6 +203,10 @@ ON CONFLICT (resource_uid) DO UPDATE
                     IS DISTINCT FROM EXCLUDED.secret_resource_version)))
 RETURNING id";
 
+/// Every statement of this module (a test prepares them against the schema).
+pub const STATEMENTS: &[&str] =
+    &[ENVIRONMENT_UPSERT, ENVIRONMENT_ID, CLUSTER_CREDENTIAL_UPSERT, REPOSITORY_CREDENTIAL_UPSERT];
+
 /// Writes a repository credential, sealing its secret. Returns the row id when
 /// something changed.
 pub async fn repository_credential_upsert_in_txn(

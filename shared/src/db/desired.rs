@@ -486,3 +486,23 @@ pub async fn sync_operation_record_outcome(
         .map_err(DbError::query("record a sync's result"))?;
     Ok(changed > 0)
 }
+
+/// Every statement of this module (a test prepares them against the schema).
+pub const STATEMENTS: &[&str] = &[
+    APPLICATION,
+    ENVIRONMENT,
+    REPOSITORY_CREDENTIAL,
+    SYNC_OPERATION,
+    TENANT,
+    TENANT_REPOS,
+    TENANT_ENVIRONMENTS,
+    MARK_DELETED[0].1,
+    MARK_DELETED[1].1,
+    MARK_DELETED[2].1,
+    MARK_DELETED[3].1,
+    APPLICATION_MARK_DELETED,
+    TENANT_ROWS_PENDING,
+    DELETION_MESSAGE,
+    SYNC_STARTED,
+    SYNC_FINISHED,
+];

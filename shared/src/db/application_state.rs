@@ -128,6 +128,9 @@ UPDATE sync_operation s
        IS DISTINCT FROM (o.state, $4, $5, o.started_at, $7)
 RETURNING s.id";
 
+/// Every statement of this module (a test prepares them against the schema).
+pub const STATEMENTS: &[&str] = &[OWNER_BY_ID, OWNER_BY_UID, UNCHANGED, UPSERT, SYNC_PROGRESS];
+
 /// The application row with id `id` if it belongs to a tenant on `instance`.
 pub async fn application_owner_by_id(
     client: &Client,

@@ -34,6 +34,9 @@ ON CONFLICT (resource_uid) DO UPDATE
    AND sync_operation.row_state = 'active'
 RETURNING id";
 
+/// Every statement of this module (a test prepares them against the schema).
+pub const STATEMENTS: &[&str] = &[UPSERT];
+
 /// Writes the request if newer than the stored one; the row id when it changed.
 pub async fn sync_operation_upsert_in_txn(txn: &Transaction<'_>, intent: &SyncIntent) -> Result<Option<i64>, DbError> {
     let row = txn

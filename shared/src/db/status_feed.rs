@@ -97,6 +97,9 @@ SELECT o.id, t.namespace_name, o.resource_name, o.resource_uid, o.state, o.synce
  WHERE o.id = ANY($1) AND o.row_state = 'active'
  ORDER BY o.id";
 
+/// Every statement of this module (a test prepares them against the schema).
+pub const STATEMENTS: &[&str] = &[FEED_READ, SYNC_RUNS_OF, SYNC_RUNS_BY_ID];
+
 impl TryFrom<&tokio_postgres::Row> for StatusFeedRow {
     type Error = tokio_postgres::Error;
 

@@ -137,6 +137,9 @@ DELETE FROM tenant t USING doomed WHERE t.id = doomed.id AND t.row_state = 'dele
 
 /// The purge statements in foreign-key order, each with the action its error names
 /// (public so a test can prepare and explain them).
+/// Every statement of this module (a test prepares them against the schema).
+pub const STATEMENTS: &[&str] = &[SYNC_OPERATIONS, APPLICATIONS, REPOSITORY_CREDENTIALS, MANAGED_ENVIRONMENTS, TENANTS];
+
 pub const PURGE_STATEMENTS: [(&str, &str); 5] = [
     ("purge deleted sync operations", SYNC_OPERATIONS),
     ("purge deleted applications", APPLICATIONS),
