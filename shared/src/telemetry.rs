@@ -28,6 +28,31 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// How a command-line binary ends: its output written to stdout (0), or its error
+/// chain printed to stderr (1, or 2 when `usage` says the command line was at fault).
+pub fn finish_command<E: std::error::Error>(
+    outcome: Result<String, E>,
+    usage: impl Fn(&E) -> bool,
+) -> std::process::ExitCode {
+    use std::io::Write as _;
+    match outcome {
+        Ok(output) => {
+            let mut stdout = std::io::stdout().lock();
+            match stdout.write_all(output.as_bytes()).and_then(|()| stdout.flush()) {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("error: could not write the output: {error}");
+                    std::process::ExitCode::FAILURE
+                }
+            }
+        }
+        Err(error) => {
+            print_error_chain(&error);
+            if usage(&error) { std::process::ExitCode::from(2) } else { std::process::ExitCode::FAILURE }
+        }
+    }
+}
+
 /// Prints `error: …` and one `caused by: …` line per source to stderr.
 pub fn print_error_chain(error: &dyn std::error::Error) {
     eprintln!("error: {error}");

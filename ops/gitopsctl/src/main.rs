@@ -1,11 +1,10 @@
 //! The `gitopsctl` binary: parses the command line, sets up logging to stderr and
 //! runs the command from the library. Exit codes: 0 success, 1 failure, 2 usage.
 
-use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use gitops_shared::telemetry::{init_logging, print_error_chain};
+use gitops_shared::telemetry::{finish_command, init_logging};
 use gitopsctl::cli::Cli;
 
 #[tokio::main]
@@ -13,20 +12,5 @@ async fn main() -> ExitCode {
     // clap prints usage errors and exits with 2 itself.
     let cli = Cli::parse();
     init_logging();
-    match gitopsctl::run(cli.command).await {
-        Ok(output) => {
-            let mut stdout = std::io::stdout().lock();
-            match stdout.write_all(output.as_bytes()).and_then(|()| stdout.flush()) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(error) => {
-                    eprintln!("error: could not write the output: {error}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
-        Err(error) => {
-            print_error_chain(&error);
-            if error.is_usage() { ExitCode::from(2) } else { ExitCode::FAILURE }
-        }
-    }
+    finish_command(gitopsctl::run(cli.command).await, gitopsctl::CtlError::is_usage)
 }
