@@ -208,12 +208,19 @@ async fn writer_boundary_home_role_changes_converge_and_old_identities_go() {
     let refused = Api::<ConfigMap>::namespaced(acting, &tenant).create(&post, &made).await;
     assert!(matches!(refused, Err(kube::Error::Api(s)) if s.code == 403), "view may not create");
 
-    // A role that does not exist: nothing is bound, and deployments say why.
+    // A role that does not exist: nothing is bound, the writer is not ready, and
+    // deployments say why.
     writer.cancel();
+    let bound = Arc::new(std::sync::OnceLock::new());
     let _writer = env.writer_for("writer-c", vec![tenant.clone()], |c| {
         c.home.api_url = HOME_URL.into();
         c.home.cluster_role = format!("missing-{}", short_id());
+        c.http_address = bound.clone();
     });
+    let address = eventually("the writer's HTTP endpoint", || async { bound.get().copied() }).await;
+    let (code, body) = crate::support::http_get(address, "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("home_identity_possible=false"), "{body}");
     env.create("web2", spec(REPO, "apps/web2")).await;
     let (status, reason, _) = env.condition("web2").await;
     assert_eq!((status.as_str(), reason.as_str()), ("True", REASON_HOME_UNAVAILABLE));

@@ -20,19 +20,6 @@ use tokio_util::sync::CancellationToken;
 use crate::support::eventually;
 use crate::support::writer::{Env, env, spec};
 
-/// A minimal HTTP/1.1 GET: (status code, body).
-async fn get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(address).await.expect("connect to the writer");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: writer\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.expect("read");
-    let code = response.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("status code");
-    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
-    (code, body)
-}
-
 /// The value of the sample `series` (name and labels, exactly) in a Prometheus text body.
 fn sample(metrics: &str, series: &str) -> Option<f64> {
     metrics
@@ -57,7 +44,10 @@ async fn writer_e2e_deployment_becomes_an_application_and_goes_on_delete() {
     let object = env.deployments().get("web").await.expect("read");
     assert!(object.metadata.finalizers.unwrap_or_default().iter().any(|f| f == FINALIZER));
     let address = *address.get().expect("the endpoint is bound");
-    eventually("/readyz answers 200", || async { (get(address, "/readyz").await.0 == 200).then_some(()) }).await;
+    eventually("/readyz answers 200", || async {
+        (crate::support::http_get(address, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
     // One refusal, so the validation series has a sample.
     env.create("bad", spec("https://git.example.invalid/org/repo.git", "/")).await;
     assert_eq!(env.condition("bad").await.1, "InvalidPath");
@@ -65,7 +55,7 @@ async fn writer_e2e_deployment_becomes_an_application_and_goes_on_delete() {
     let invalid_path = "gitops_writer_validation_failures_total{kind=\"GitOpsDeployment\",reason=\"InvalidPath\"}";
     // Counters move just after the condition is written: scrape until they did.
     let metrics = eventually("both reconciles counted", || async {
-        let (code, metrics) = get(address, "/metrics").await;
+        let (code, metrics) = crate::support::http_get(address, "/metrics").await;
         assert_eq!(code, 200);
         (sample(&metrics, deployment_ok)? >= 1.0 && sample(&metrics, invalid_path)? >= 1.0).then_some(metrics)
     })
@@ -87,7 +77,7 @@ async fn writer_e2e_deployment_becomes_an_application_and_goes_on_delete() {
     let sum = value("gitops_writer_transaction_seconds_sum");
     assert!(sum > 0.0 && sum < 60.0 * transactions, "{sum} s for {transactions} transactions");
     assert!(value("gitops_writer_transaction_seconds_bucket{le=\"10\"}") <= transactions);
-    assert_eq!(get(address, "/healthz").await.0, 200);
+    assert_eq!(crate::support::http_get(address, "/healthz").await.0, 200);
 
     env.deployments().delete("web", &DeleteParams::default()).await.expect("delete");
     eventually("the GitOpsDeployment gone", || async {

@@ -141,7 +141,24 @@ async fn writer_tenancy_own_namespace_gets_credentials_scoped_to_it() {
     Api::<ConfigMap>::namespaced(scoped.clone(), &tenant).list(&ListParams::default()).await.expect("in its namespace");
     assert!(forbidden(Api::<ConfigMap>::namespaced(scoped.clone(), other.name()).list(&ListParams::default()).await));
     assert!(forbidden(Api::<Namespace>::all(scoped.clone()).list(&ListParams::default()).await));
-    assert!(forbidden(Api::<ConfigMap>::all(scoped).list(&ListParams::default()).await));
+    assert!(forbidden(Api::<ConfigMap>::all(scoped.clone()).list(&ListParams::default()).await));
+    // `admin` is aggregated: custom resources nobody aggregated into it (Argo CD's
+    // Applications, the service's own kinds) cannot be deployed into the namespace.
+    let apps = Api::<DynamicObject>::namespaced_with(
+        scoped.clone(),
+        &tenant,
+        &gitops_agent::engine::argocd::application_resource(),
+    );
+    assert!(
+        forbidden(apps.list(&ListParams::default()).await),
+        "no right on a custom resource not aggregated into admin"
+    );
+    let made: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application", "metadata": {"name": "x"}, "spec": {}
+    }))
+    .expect("Application");
+    assert!(forbidden(apps.create(&PostParams::default(), &made).await), "nor may the home identity create one");
+    assert!(forbidden(env.deployments_with(scoped).list(&ListParams::default()).await));
 
     // Without an environment, only the tenant's own namespace is a destination.
     let elsewhere = json!({"source": {"repoURL": REPO, "path": "apps/x"}, "destination": {"namespace": other.name()}, "type": "automated"});

@@ -358,3 +358,15 @@ pub async fn agent_ground(purpose: &str) -> AgentGround {
     let agent_kube = cluster.client_with_token(&identity.token).await;
     AgentGround { db, client, kube, agent_kube, agent_kubeconfig: identity.kubeconfig, ns, instance, secrets, cancel }
 }
+
+/// A plain HTTP/1.1 GET on loopback: (status code, body).
+pub async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.expect("connect to the writer");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: writer\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    let code = response.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("a status code");
+    (code, response.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned())
+}

@@ -121,7 +121,12 @@ impl Env {
     }
 
     pub(crate) fn deployments(&self) -> Api<GitOpsDeployment> {
-        Api::namespaced(self.kube.clone(), self.tenant.name())
+        self.deployments_with(self.kube.clone())
+    }
+
+    /// The tenant namespace's GitOpsDeployments as `client` sees them.
+    pub(crate) fn deployments_with(&self, client: kube::Client) -> Api<GitOpsDeployment> {
+        Api::namespaced(client, self.tenant.name())
     }
 
     pub(crate) fn apps(&self) -> Api<DynamicObject> {
