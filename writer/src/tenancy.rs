@@ -5,8 +5,8 @@
 //! before they write anything for a namespace; the admission webhook asks before
 //! it lets a resource in.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, RwLock};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use gitops_shared::db::engine_instance::engine_instance_namespaces;
@@ -32,6 +32,9 @@ pub struct TenancySettings {
 pub struct ServedNamespaces {
     settings: TenancySettings,
     engines: RwLock<BTreeSet<String>>,
+    /// Namespace labels as the controllers' namespace watcher last saw them (the
+    /// admission webhook answers from here instead of reading each namespace).
+    labels: Mutex<HashMap<String, BTreeMap<String, String>>>,
     pub refresh_every: Duration,
 }
 
@@ -40,6 +43,7 @@ impl ServedNamespaces {
         Arc::new(ServedNamespaces {
             settings,
             engines: RwLock::new(BTreeSet::new()),
+            labels: Mutex::new(HashMap::new()),
             refresh_every: Duration::from_secs(15),
         })
     }
@@ -60,6 +64,21 @@ impl ServedNamespaces {
     /// Whether `namespace`, labelled `labels`, is a tenant namespace.
     pub fn serves(&self, namespace: &str, labels: &BTreeMap<String, String>) -> Result<(), NotServed> {
         self.policy().serves(namespace, labels)
+    }
+
+    /// Records the labels of `namespace`; returns those recorded before.
+    pub fn remember(&self, namespace: &str, labels: BTreeMap<String, String>) -> Option<BTreeMap<String, String>> {
+        self.labels.lock().unwrap_or_else(PoisonError::into_inner).insert(namespace.to_owned(), labels)
+    }
+
+    /// Forgets a namespace that went.
+    pub fn forget(&self, namespace: &str) {
+        self.labels.lock().unwrap_or_else(PoisonError::into_inner).remove(namespace);
+    }
+
+    /// The labels of `namespace` as last seen; None when it was never seen.
+    pub fn labels_of(&self, namespace: &str) -> Option<BTreeMap<String, String>> {
+        self.labels.lock().unwrap_or_else(PoisonError::into_inner).get(namespace).cloned()
     }
 
     /// Reads the engine instances' namespaces.

@@ -28,7 +28,7 @@ impl Controllers {
 
     /// Whether the service serves `namespace` (as the namespace watcher last saw its labels).
     pub(crate) fn serves(&self, namespace: &str) -> Result<(), NotServed> {
-        let labels = self.namespace_cached(namespace).map(|state| state.labels).unwrap_or_default();
+        let labels = self.ctx.served.labels_of(namespace).unwrap_or_default();
         self.ctx.served.serves(namespace, &labels)
     }
 
@@ -200,8 +200,11 @@ impl Controllers {
             .get_opt(namespace)
             .await
             .map_err(|source| ReconcileError::Kube { action: "read the namespace", source })?;
-        let state = object.map(|object| namespace_state_of(&object.metadata)).transpose()?;
-        if let Some(state) = &state {
+        let state = object.as_ref().map(|object| namespace_state_of(&object.metadata)).transpose()?;
+        if let (Some(state), Some(object)) = (&state, &object) {
+            if self.ctx.served.labels_of(namespace).is_none() {
+                self.ctx.served.remember(namespace, object.metadata.labels.clone().unwrap_or_default());
+            }
             self.namespace_states().entry(namespace.to_owned()).or_insert_with(|| state.clone());
         }
         Ok(state)

@@ -154,8 +154,6 @@ pub(crate) struct NamespaceState {
     pub uid: Uuid,
     /// Deletion has begun (`deletionTimestamp` set).
     pub terminating: bool,
-    /// Its labels (the operator selects tenant namespaces by them).
-    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// The work-queue key of a namespace's tenant cleanup.
@@ -185,11 +183,7 @@ impl Inventory for Controllers {
 }
 
 fn namespace_state_of(meta: &ObjectMeta) -> Result<NamespaceState, ReconcileError> {
-    Ok(NamespaceState {
-        uid: uid(meta)?,
-        terminating: meta.deletion_timestamp.is_some(),
-        labels: meta.labels.clone().unwrap_or_default(),
-    })
+    Ok(NamespaceState { uid: uid(meta)?, terminating: meta.deletion_timestamp.is_some() })
 }
 
 pub(crate) fn uid(meta: &ObjectMeta) -> Result<Uuid, ReconcileError> {

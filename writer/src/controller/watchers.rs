@@ -122,7 +122,9 @@ pub(super) async fn watch_namespaces(ctl: Arc<Controllers>, scope: Option<String
                 let name = object.metadata.name.clone().unwrap_or_default();
                 let Ok(state) = namespace_state_of(&object.metadata) else { continue };
                 listing.insert(name.clone());
-                let (terminating, uid, labels) = (state.terminating, state.uid, state.labels.clone());
+                let (terminating, uid) = (state.terminating, state.uid);
+                let labels = object.metadata.labels.clone().unwrap_or_default();
+                let labels_before = ctl.ctx.served.remember(&name, labels.clone());
                 let before = ctl.namespace_states().insert(name.clone(), state);
                 // Terminating, or made again under the same name: the old tenant goes.
                 let replaced = before.as_ref().is_some_and(|b| b.uid != uid);
@@ -130,13 +132,14 @@ pub(super) async fn watch_namespaces(ctl: Arc<Controllers>, scope: Option<String
                     ctl.offer(namespace_key(&name));
                 }
                 // Selected or unselected by a label change: look at its objects again.
-                if before.is_some_and(|b| b.labels != labels) {
+                if labels_before.is_some_and(|b| b != labels) {
                     ctl.namespace_again(&name);
                 }
             }
             Ok(Event::Delete(object)) => {
                 let name = object.metadata.name.clone().unwrap_or_default();
                 ctl.namespace_states().remove(&name);
+                ctl.ctx.served.forget(&name);
                 ctl.offer(namespace_key(&name));
             }
             Ok(Event::Init) => listing.clear(),

@@ -127,6 +127,10 @@ impl Reviewer {
     }
 
     async fn served(&self, namespace: &str) -> Result<(), String> {
+        // As the writer's namespace watcher last saw it; read when not seen yet.
+        if let Some(labels) = self.ctx.served.labels_of(namespace) {
+            return self.ctx.served.serves(namespace, &labels).map_err(|not| not.message(namespace));
+        }
         let api: Api<Namespace> = Api::all(self.ctx.kube.clone());
         let labels = match api.get_opt(namespace).await {
             Ok(object) => object.and_then(|o| o.metadata.labels).unwrap_or_default(),
