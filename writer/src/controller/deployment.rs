@@ -24,10 +24,9 @@ use gitops_shared::db::tombstone::TombstoneOf;
 use super::credential::tombstone_and_enqueue;
 use super::home::{Home, home_environment};
 use super::object::{Live, REASON_ACCEPTED, live, remove_finalizer};
-use super::tenant::{Tenancy, tenant_placed_in_txn};
+use super::tenant::Placed;
 use super::{Controllers, Next, ReconcileError, Settled, refuse, set_condition};
 use crate::api::GitOpsDeployment;
-use crate::shard::shard_of;
 use crate::validate::{self, Invalid, environment_resolved};
 
 /// The annotation by which a tenant asks the finalizer to stay until Argo CD pruned.
@@ -44,11 +43,9 @@ pub const REASON_HOME_UNAVAILABLE: &str = "HomeIdentityUnavailable";
 const UNVERIFIED_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What the intent transaction decided.
-enum Written {
+enum Stored {
     Stored,
     Quota(i64),
-    NoEngine,
-    NotOwner,
 }
 
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
@@ -105,44 +102,25 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
     let wait = wait_for_pruning(&object);
     let intent =
         valid.into_intent(uid, name.to_owned(), generation.unwrap_or(0), Some(environment_id), namespace, wait);
-    let shard = shard_of(namespace);
     let settings = ctl.settings;
-    let writer_id = ctl.ctx.writer_id.clone();
-    let ns_name = namespace.to_owned();
-    let mut client = pooled(&ctl.ctx.pool).await?;
     let written = ctl
-        .in_txn(&mut client, |txn| {
-            let (intent, writer_id, ns_name) = (intent.clone(), writer_id.clone(), ns_name.clone());
+        .in_tenant_txn(namespace, namespace_uid, move |txn, tenant, instance| {
+            let intent = intent.clone();
             Box::pin(async move {
-                let (tenant, instance) = match tenant_placed_in_txn(
-                    txn,
-                    namespace_uid,
-                    &ns_name,
-                    shard,
-                    &writer_id,
-                    settings.healthy_within,
-                )
-                .await?
-                {
-                    Tenancy::Placed(tenant, instance) => (tenant, instance),
-                    Tenancy::NotOwner | Tenancy::Gone => return Ok(Written::NotOwner),
-                    Tenancy::NoEngine => return Ok(Written::NoEngine),
-                };
                 let count = application_count_others_in_txn(txn, tenant, intent.resource_uid).await?;
                 if count >= settings.max_deployments {
-                    return Ok(Written::Quota(count));
+                    return Ok(Stored::Quota(count));
                 }
                 if let Some(id) = application_upsert_in_txn(txn, tenant, &intent).await? {
                     operation_enqueue_in_txn(txn, instance, tenant, ResourceType::Application, id.0).await?;
                 }
-                Ok(Written::Stored)
+                Ok(Stored::Stored)
             })
         })
         .await?;
-    drop(client);
     match written {
-        Written::NotOwner => Ok(Next::Done),
-        Written::Stored => {
+        Placed::NotOwner | Placed::Gone => Ok(Next::Done),
+        Placed::Stored(Stored::Stored) => {
             set_condition(
                 &api,
                 &object,
@@ -153,7 +131,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
             .await?;
             Ok(Next::Settled(Settled::Ok))
         }
-        Written::Quota(count) => {
+        Placed::Stored(Stored::Quota(count)) => {
             let message = format!(
                 "this namespace has {count} GitOpsDeployments; at most {} are allowed",
                 settings.max_deployments
@@ -161,7 +139,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
             set_condition(&api, &object, true, REASON_QUOTA_EXCEEDED, &message).await?;
             Ok(Next::Retry(settings.retry_delay))
         }
-        Written::NoEngine => no_engine(&api, &object, settings.retry_delay).await,
+        Placed::NoEngine => no_engine(&api, &object, settings.retry_delay).await,
     }
 }
 

@@ -9,7 +9,6 @@
 use std::sync::Arc;
 
 use gitops_shared::db::credential::{RepositoryCredentialIntent, repository_credential_upsert_in_txn};
-use gitops_shared::db::pooled;
 use gitops_shared::model::ResourceType;
 use gitops_shared::queue::operation_enqueue_in_txn;
 use kube::api::Api;
@@ -19,18 +18,11 @@ use gitops_shared::db::tombstone::TombstoneOf;
 
 use super::credential::{secret_read, tombstone_and_enqueue};
 use super::object::{Live, REASON_ACCEPTED, live, remove_finalizer};
-use super::tenant::{Tenancy, credential_error, tenant_placed_in_txn};
+use super::tenant::{Placed, credential_error};
 use super::{Controllers, Next, ReconcileError, Settled, refuse, set_condition};
 use crate::api::GitOpsDeploymentRepositoryCredential;
-use crate::shard::shard_of;
 use crate::validate;
 use crate::work_queue::{Key, Kind};
-
-enum Written {
-    Stored,
-    NoEngine,
-    NotOwner,
-}
 
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
     let key = Key { kind: Kind::RepositoryCredential, namespace: namespace.to_owned(), name: name.to_owned() };
@@ -70,53 +62,34 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         secret_resource_version,
         credentials: credentials.as_ref().ok().cloned(),
     };
-    let shard = shard_of(namespace);
-    let healthy_within = ctl.settings.healthy_within;
-    let (writer_id, ns_name, sealer) = (ctl.ctx.writer_id.clone(), namespace.to_owned(), ctl.ctx.secrets.clone());
-    let mut client = pooled(&ctl.ctx.pool).await?;
+    let sealer = ctl.ctx.secrets.clone();
     let written = ctl
-        .in_txn(&mut client, |txn| {
-            let (intent, writer_id, ns_name, sealer) =
-                (intent.clone(), writer_id.clone(), ns_name.clone(), sealer.clone());
+        .in_tenant_txn(namespace, namespace_uid, move |txn, tenant, instance| {
+            let (intent, sealer) = (intent.clone(), sealer.clone());
             Box::pin(async move {
-                let (tenant, instance) = match tenant_placed_in_txn(
-                    txn,
-                    namespace_uid,
-                    &ns_name,
-                    shard,
-                    &writer_id,
-                    healthy_within,
-                )
-                .await?
-                {
-                    Tenancy::Placed(tenant, instance) => (tenant, instance),
-                    Tenancy::NotOwner | Tenancy::Gone => return Ok(Written::NotOwner),
-                    Tenancy::NoEngine => return Ok(Written::NoEngine),
-                };
                 if let Some(id) = repository_credential_upsert_in_txn(txn, &sealer, tenant, &intent)
                     .await
                     .map_err(credential_error)?
                 {
                     operation_enqueue_in_txn(txn, instance, tenant, ResourceType::RepositoryCredential, id).await?;
                 }
-                Ok(Written::Stored)
+                Ok(())
             })
         })
         .await?;
-    drop(client);
     match (written, credentials) {
-        (Written::NotOwner, _) => Ok(Next::Done),
-        (Written::NoEngine, _) => {
+        (Placed::NotOwner | Placed::Gone, _) => Ok(Next::Done),
+        (Placed::NoEngine, _) => {
             let message = "no GitOps engine instance is available; retrying";
             set_condition(&api, &object, true, super::REASON_NO_ENGINE, message).await?;
             Ok(Next::Retry(ctl.settings.retry_delay))
         }
-        (Written::Stored, Ok(_)) => {
+        (Placed::Stored(()), Ok(_)) => {
             let message = "the credentials are stored and handed to the GitOps engine";
             set_condition(&api, &object, false, REASON_ACCEPTED, message).await?;
             Ok(Next::Settled(Settled::Ok))
         }
-        (Written::Stored, Err(invalid)) => refuse(&api, &object, invalid.reason, &invalid.message).await,
+        (Placed::Stored(()), Err(invalid)) => refuse(&api, &object, invalid.reason, &invalid.message).await,
     }
 }
 

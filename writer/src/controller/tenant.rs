@@ -1,9 +1,11 @@
-//! The tenant step of the credential controllers' intent transactions: fence the
-//! shard, then find the namespace's tenant (placing it on an engine instance on
-//! first use) under its row lock and record its shard, as the deployment
-//! controller does before storing an application.
+//! The intent transaction every controller writes through: fence the shard, then
+//! find the namespace's tenant (placing it on an engine instance on first use) under
+//! its row lock and record its shard, then store the intent (`Controllers::in_tenant_txn`).
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use futures_util::future::BoxFuture;
 
 use gitops_shared::db::DbError;
 use gitops_shared::db::credential::CredentialError;
@@ -13,10 +15,59 @@ use gitops_shared::model::{EngineInstanceId, RowState, TenantId};
 use tokio_postgres::Transaction;
 use uuid::Uuid;
 
-use crate::shard::shard_fence_in_txn;
+use super::Controllers;
+use crate::shard::{shard_fence_in_txn, shard_of};
+
+/// What an intent transaction did.
+pub(super) enum Placed<T> {
+    /// The intent's own outcome.
+    Stored(T),
+    /// This writer does not hold the namespace's shard (nothing written).
+    NotOwner,
+    /// No engine instance can take the tenant now.
+    NoEngine,
+    /// The tenant is being cleaned up (its namespace went): nothing written.
+    Gone,
+}
+
+impl Controllers {
+    /// Runs `body` (retried on conflicts) in a transaction that first places and
+    /// locks the tenant of `namespace`, under the shard fence; `body` gets the tenant
+    /// and its engine instance.
+    pub(super) async fn in_tenant_txn<T, F>(
+        &self,
+        namespace: &str,
+        namespace_uid: Uuid,
+        body: F,
+    ) -> Result<Placed<T>, DbError>
+    where
+        T: Send + 'static,
+        F: for<'t> Fn(&'t Transaction<'t>, TenantId, EngineInstanceId) -> BoxFuture<'t, Result<T, DbError>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        let body = Arc::new(body);
+        let (shard, healthy_within) = (shard_of(namespace), self.settings.healthy_within);
+        let (writer_id, namespace) = (Arc::new(self.ctx.writer_id.clone()), Arc::new(namespace.to_owned()));
+        let mut client = gitops_shared::db::pooled(&self.ctx.pool).await?;
+        self.in_txn(&mut client, |txn| {
+            let (body, writer_id, namespace) = (body.clone(), writer_id.clone(), namespace.clone());
+            Box::pin(async move {
+                match tenant_placed_in_txn(txn, namespace_uid, &namespace, shard, &writer_id, healthy_within).await? {
+                    Tenancy::Placed(tenant, instance) => body(txn, tenant, instance).await.map(Placed::Stored),
+                    Tenancy::NotOwner => Ok(Placed::NotOwner),
+                    Tenancy::NoEngine => Ok(Placed::NoEngine),
+                    Tenancy::Gone => Ok(Placed::Gone),
+                }
+            })
+        })
+        .await
+    }
+}
 
 /// Where the intent goes, or why it cannot be written now.
-pub(super) enum Tenancy {
+enum Tenancy {
     Placed(TenantId, EngineInstanceId),
     NotOwner,
     NoEngine,
@@ -24,7 +75,7 @@ pub(super) enum Tenancy {
     Gone,
 }
 
-pub(super) async fn tenant_placed_in_txn(
+async fn tenant_placed_in_txn(
     txn: &Transaction<'_>,
     namespace_uid: Uuid,
     namespace: &str,

@@ -18,7 +18,6 @@ pub mod connection;
 use std::sync::Arc;
 
 use gitops_shared::db::credential::{ManagedEnvironmentIntent, managed_environment_upsert_in_txn};
-use gitops_shared::db::pooled;
 use gitops_shared::model::ResourceType;
 use gitops_shared::queue::operation_enqueue_in_txn;
 use kube::api::Api;
@@ -28,11 +27,10 @@ use gitops_shared::db::tombstone::TombstoneOf;
 
 use super::credential::{secret_read, tombstone_and_enqueue};
 use super::object::{Live, REASON_ACCEPTED, live, now_rfc3339, remove_finalizer};
-use super::tenant::{Tenancy, credential_error, tenant_placed_in_txn};
+use super::tenant::{Placed, credential_error};
 use super::{Controllers, Next, ReconcileError, Settled, refuse, set_condition, set_conditions};
 use crate::api::{Condition, GitOpsDeploymentManagedEnvironment};
 use crate::controller::connection::connection_check;
-use crate::shard::shard_of;
 use crate::validate::{self, Invalid};
 use crate::work_queue::{Key, Kind};
 
@@ -43,12 +41,6 @@ pub const CONNECTION_CONDITION: &str = "ConnectionInitializationSucceeded";
 /// Its reason while connection checks are off (the default); the others are in
 /// `crate::controller::connection`.
 pub use crate::controller::connection::REASON_CONNECTION_CHECK_DISABLED;
-
-enum Written {
-    Stored { changed: bool },
-    NoEngine,
-    NotOwner,
-}
 
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
     let key = Key { kind: Kind::Environment, namespace: namespace.to_owned(), name: name.to_owned() };
@@ -88,42 +80,23 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         secret.metadata.resource_version.clone(),
         kubeconfig,
     );
-    let shard = shard_of(namespace);
-    let healthy_within = ctl.settings.healthy_within;
-    let (writer_id, ns_name, sealer) = (ctl.ctx.writer_id.clone(), namespace.to_owned(), ctl.ctx.secrets.clone());
-    let mut client = pooled(&ctl.ctx.pool).await?;
+    let (sealer, stored) = (ctl.ctx.secrets.clone(), intent.clone());
     let written = ctl
-        .in_txn(&mut client, |txn| {
-            let (intent, writer_id, ns_name, sealer) =
-                (intent.clone(), writer_id.clone(), ns_name.clone(), sealer.clone());
+        .in_tenant_txn(namespace, namespace_uid, move |txn, tenant, instance| {
+            let (intent, sealer) = (stored.clone(), sealer.clone());
             Box::pin(async move {
-                let (tenant, instance) = match tenant_placed_in_txn(
-                    txn,
-                    namespace_uid,
-                    &ns_name,
-                    shard,
-                    &writer_id,
-                    healthy_within,
-                )
-                .await?
-                {
-                    Tenancy::Placed(tenant, instance) => (tenant, instance),
-                    Tenancy::NotOwner | Tenancy::Gone => return Ok(Written::NotOwner),
-                    Tenancy::NoEngine => return Ok(Written::NoEngine),
-                };
                 let changed =
                     managed_environment_upsert_in_txn(txn, &sealer, tenant, &intent).await.map_err(credential_error)?;
                 if let Some(id) = changed {
                     operation_enqueue_in_txn(txn, instance, tenant, ResourceType::ManagedEnvironment, id).await?;
                 }
-                Ok(Written::Stored { changed: changed.is_some() })
+                Ok(changed.is_some())
             })
         })
         .await?;
-    drop(client);
     match written {
-        Written::NotOwner => Ok(Next::Done),
-        Written::Stored { changed } => {
+        Placed::NotOwner | Placed::Gone => Ok(Next::Done),
+        Placed::Stored(changed) => {
             if changed {
                 ctl.deployments_again(namespace);
             }
@@ -132,7 +105,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
             set_conditions(&api, &object, false, REASON_ACCEPTED, message, Some(connection)).await?;
             Ok(Next::Settled(Settled::Ok))
         }
-        Written::NoEngine => {
+        Placed::NoEngine => {
             let message = "no GitOps engine instance is available; retrying";
             set_condition(&api, &object, true, super::REASON_NO_ENGINE, message).await?;
             Ok(Next::Retry(ctl.settings.retry_delay))

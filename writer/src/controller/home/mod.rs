@@ -35,9 +35,8 @@ use gitops_shared::queue::operation_enqueue_in_txn;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::tenant::{Tenancy, credential_error, tenant_placed_in_txn};
+use super::tenant::{Placed, credential_error};
 use super::{Controllers, ReconcileError};
-use crate::shard::shard_of;
 
 /// The ClusterRole bound in tenant namespaces unless the operator chooses another.
 pub const DEFAULT_HOME_CLUSTER_ROLE: &str = "admin";
@@ -180,30 +179,11 @@ async fn issue(ctl: &Arc<Controllers>, namespace: &str, namespace_uid: Uuid) -> 
             ..Default::default()
         },
     };
-    let shard = shard_of(namespace);
-    let (writer_id, ns_name, sealer) = (ctl.ctx.writer_id.clone(), namespace.to_owned(), ctl.ctx.secrets.clone());
-    let healthy_within = ctl.settings.healthy_within;
-    let mut client = pooled(&ctl.ctx.pool).await?;
-    let home = ctl
-        .in_txn(&mut client, |txn| {
-            let (intent, writer_id, ns_name, sealer) =
-                (intent.clone(), writer_id.clone(), ns_name.clone(), sealer.clone());
+    let sealer = ctl.ctx.secrets.clone();
+    let placed = ctl
+        .in_tenant_txn(namespace, namespace_uid, move |txn, tenant, instance| {
+            let (intent, sealer) = (intent.clone(), sealer.clone());
             Box::pin(async move {
-                let (tenant, instance) = match tenant_placed_in_txn(
-                    txn,
-                    namespace_uid,
-                    &ns_name,
-                    shard,
-                    &writer_id,
-                    healthy_within,
-                )
-                .await?
-                {
-                    Tenancy::Placed(tenant, instance) => (tenant, instance),
-                    Tenancy::NotOwner => return Ok(Home::NotOwner),
-                    Tenancy::NoEngine => return Ok(Home::NoEngine),
-                    Tenancy::Gone => return Ok(Home::Gone),
-                };
                 let changed =
                     managed_environment_upsert_in_txn(txn, &sealer, tenant, &intent).await.map_err(credential_error)?;
                 let Some(id) = managed_environment_live_in_txn(txn, namespace_uid, tenant).await? else {
@@ -217,6 +197,12 @@ async fn issue(ctl: &Arc<Controllers>, namespace: &str, namespace_uid: Uuid) -> 
             })
         })
         .await?;
+    let home = match placed {
+        Placed::Stored(home) => home,
+        Placed::NotOwner => Home::NotOwner,
+        Placed::NoEngine => Home::NoEngine,
+        Placed::Gone => Home::Gone,
+    };
     if let Home::Ready(id) = home
         && let Some(renew_at) = expires_at.checked_sub(ctl.ctx.home.renew_before)
     {
