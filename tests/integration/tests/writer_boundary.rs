@@ -330,7 +330,11 @@ async fn person(env: &Env, name: &str, cluster_role: &str) -> kube::Client {
         .create(&PostParams::default(), &binding)
         .await
         .expect("bind the cluster role");
-    cluster.client_with_token(&identity.token).await
+    let client = cluster.client_with_token(&identity.token).await;
+    // A real API server's authorizer sees a new binding a moment later.
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), env.tenant.name());
+    eventually("the cluster role in effect", || async { configmaps.list(&ListParams::default()).await.ok() }).await;
+    client
 }
 
 fn forbidden_with<T: std::fmt::Debug>(result: Result<T, kube::Error>, needle: &str) -> bool {
