@@ -10,13 +10,10 @@ use std::sync::atomic::Ordering;
 use gitops_shared::db::{DbError, in_txn_retrying};
 use gitops_shared::tenancy::NotServed;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::Resource;
 use kube::api::Api;
-use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
-use super::condition::{HasConditions, refuse};
-use super::{Controllers, NamespaceState, Next, ReconcileError, namespace_state_of};
+use super::{Controllers, NamespaceState, ReconcileError, namespace_state_of};
 use crate::shard::shard_of;
 use crate::work_queue::{Key, Kind};
 
@@ -32,32 +29,13 @@ impl Controllers {
         self.ctx.served.serves(namespace, &labels)
     }
 
-    /// Refuses an object in a namespace the service does not serve: its condition
-    /// says why, and nothing is written (no finalizer, no rows, no identity). Rows
-    /// and Argo CD objects of a namespace that stopped being served stay as they
-    /// are; a deletion goes on as usual (the caller handles deleting objects).
-    pub(super) async fn refuse_unserved<K>(
-        &self,
-        api: &Api<K>,
-        name: &str,
-        namespace: &str,
-    ) -> Result<Option<Next>, ReconcileError>
-    where
-        K: Resource + Clone + DeserializeOwned + std::fmt::Debug + HasConditions,
-    {
-        // A namespace the watcher has not seen yet is read first (its labels decide).
+    /// [`Self::serves`], reading the namespace first when the watcher has not seen it
+    /// yet (its labels decide).
+    pub(super) async fn serves_read(&self, namespace: &str) -> Result<Result<(), NotServed>, ReconcileError> {
         if self.namespace_cached(namespace).is_none() {
             self.namespace_state(namespace).await?;
         }
-        let Err(not_served) = self.serves(namespace) else { return Ok(None) };
-        let Some(object) = api.get_opt(name).await.map_err(|source| ReconcileError::Kube { action: "read", source })?
-        else {
-            return Ok(Some(Next::Done));
-        };
-        if object.meta().deletion_timestamp.is_some() {
-            return Ok(None);
-        }
-        refuse(api, &object, not_served.reason(), &not_served.message(namespace)).await.map(Some)
+        Ok(self.serves(namespace))
     }
 
     pub(super) fn owns(&self, namespace: &str) -> bool {

@@ -23,7 +23,7 @@ use gitops_shared::db::tombstone::TombstoneOf;
 
 use super::credential::tombstone_and_enqueue;
 use super::home::{Home, home_environment};
-use super::object::{Live, REASON_ACCEPTED, live, remove_finalizer};
+use super::object::{Live, Opened, REASON_ACCEPTED, open, remove_finalizer};
 use super::tenant::Placed;
 use super::{Controllers, Next, ReconcileError, Settled, refuse, set_condition};
 use crate::api::GitOpsDeployment;
@@ -50,13 +50,11 @@ enum Stored {
 
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
     let api: Api<GitOpsDeployment> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
-    if let Some(next) = ctl.refuse_unserved(&api, name, namespace).await? {
-        return Ok(next);
-    }
-    let (object, uid) = match live(&api, name).await? {
-        Live::Present(object, uid) => (object, uid),
-        Live::Gone => return Ok(Next::Done),
-        Live::Deleting(object, uid) => return delete(ctl, &api, &object, uid).await,
+    let (object, uid) = match open(ctl, &api, name, namespace).await? {
+        Opened::Ended(next) => return Ok(next),
+        Opened::Live(Live::Present(object, uid)) => (object, uid),
+        Opened::Live(Live::Gone) => return Ok(Next::Done),
+        Opened::Live(Live::Deleting(object, uid)) => return delete(ctl, &api, &object, uid).await,
     };
     let generation = object.metadata.generation;
     let valid = match validate::deployment(&object.spec) {

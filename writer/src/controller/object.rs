@@ -9,7 +9,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use super::ReconcileError;
+use super::condition::{HasConditions, refuse};
+use super::{Controllers, Next, ReconcileError};
 use crate::api::Condition;
 use uuid::Uuid;
 
@@ -57,22 +58,36 @@ pub enum Live<K> {
     Present(K, Uuid),
 }
 
+/// Where a managed resource stands when a reconcile starts, or the outcome that
+/// already ends it (the object's namespace is not served: refused).
+pub enum Opened<K> {
+    Live(Live<K>),
+    Ended(Next),
+}
+
 /// Reads `name` and sorts it into `Live`, adding the writer's finalizer to a live
-/// object that lacks it — the opening every controller's reconcile shares.
-pub async fn live<K>(api: &Api<K>, name: &str) -> Result<Live<K>, ReconcileError>
+/// object that lacks it — the opening every controller's reconcile shares. An object
+/// in a namespace the service does not serve is refused instead: its condition says
+/// why and nothing is written (no finalizer, no rows, no identity); rows and Argo CD
+/// objects of a namespace that stopped being served stay as they are, and a deletion
+/// goes on as usual.
+pub async fn open<K>(ctl: &Controllers, api: &Api<K>, name: &str, namespace: &str) -> Result<Opened<K>, ReconcileError>
 where
-    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+    K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug + HasConditions,
 {
     let Some(object) = api.get_opt(name).await.map_err(|source| ReconcileError::Kube { action: "read", source })?
     else {
-        return Ok(Live::Gone);
+        return Ok(Opened::Live(Live::Gone));
     };
     let uid = super::uid(object.meta())?;
     if object.meta().deletion_timestamp.is_some() {
-        return Ok(if has_finalizer(&object) { Live::Deleting(object, uid) } else { Live::Gone });
+        return Ok(Opened::Live(if has_finalizer(&object) { Live::Deleting(object, uid) } else { Live::Gone }));
+    }
+    if let Err(not_served) = ctl.serves_read(namespace).await? {
+        return refuse(api, &object, not_served.reason(), &not_served.message(namespace)).await.map(Opened::Ended);
     }
     let object = if has_finalizer(&object) { object } else { add_finalizer(api, &object).await? };
-    Ok(Live::Present(object, uid))
+    Ok(Opened::Live(Live::Present(object, uid)))
 }
 
 pub async fn remove_finalizer<K>(api: &Api<K>, object: &K) -> Result<(), ReconcileError>

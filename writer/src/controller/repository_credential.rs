@@ -17,7 +17,7 @@ use uuid::Uuid;
 use gitops_shared::db::tombstone::TombstoneOf;
 
 use super::credential::{secret_read, tombstone_and_enqueue};
-use super::object::{Live, REASON_ACCEPTED, live, remove_finalizer};
+use super::object::{Live, Opened, REASON_ACCEPTED, open, remove_finalizer};
 use super::tenant::{Placed, credential_error};
 use super::{Controllers, Next, ReconcileError, Settled, refuse, set_condition};
 use crate::api::GitOpsDeploymentRepositoryCredential;
@@ -27,16 +27,14 @@ use crate::work_queue::{Key, Kind};
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
     let key = Key { kind: Kind::RepositoryCredential, namespace: namespace.to_owned(), name: name.to_owned() };
     let api: Api<GitOpsDeploymentRepositoryCredential> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
-    if let Some(next) = ctl.refuse_unserved(&api, name, namespace).await? {
-        return Ok(next);
-    }
-    let (object, uid) = match live(&api, name).await? {
-        Live::Present(object, uid) => (object, uid),
-        Live::Gone => {
+    let (object, uid) = match open(ctl, &api, name, namespace).await? {
+        Opened::Ended(next) => return Ok(next),
+        Opened::Live(Live::Present(object, uid)) => (object, uid),
+        Opened::Live(Live::Gone) => {
             ctl.unrefer(&key);
             return Ok(Next::Done);
         }
-        Live::Deleting(object, uid) => {
+        Opened::Live(Live::Deleting(object, uid)) => {
             ctl.unrefer(&key);
             return delete(ctl, &api, &object, uid).await;
         }

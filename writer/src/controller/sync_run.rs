@@ -16,7 +16,7 @@ use gitops_shared::queue::operation_enqueue_in_txn;
 use kube::api::Api;
 
 use super::credential::tombstone_and_enqueue;
-use super::object::{Live, REASON_ACCEPTED, live, remove_finalizer};
+use super::object::{Live, Opened, REASON_ACCEPTED, open, remove_finalizer};
 use super::{Controllers, Next, REASON_REQUESTER_UNVERIFIED, ReconcileError, Settled, refuse, set_condition};
 use crate::api::{GitOpsDeployment, GitOpsDeploymentSyncRun};
 use crate::shard::{shard_fence_in_txn, shard_of};
@@ -27,13 +27,11 @@ pub const REASON_DEPLOYMENT_AUTOMATED: &str = "DeploymentAutomated";
 
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
     let api: Api<GitOpsDeploymentSyncRun> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
-    if let Some(next) = ctl.refuse_unserved(&api, name, namespace).await? {
-        return Ok(next);
-    }
-    let (object, uid) = match live(&api, name).await? {
-        Live::Present(object, uid) => (object, uid),
-        Live::Gone => return Ok(Next::Done),
-        Live::Deleting(object, uid) => return delete(ctl, &api, &object, uid, namespace).await,
+    let (object, uid) = match open(ctl, &api, name, namespace).await? {
+        Opened::Ended(next) => return Ok(next),
+        Opened::Live(Live::Present(object, uid)) => (object, uid),
+        Opened::Live(Live::Gone) => return Ok(Next::Done),
+        Opened::Live(Live::Deleting(object, uid)) => return delete(ctl, &api, &object, uid, namespace).await,
     };
     let shard = shard_of(namespace);
     let writer_id = ctl.ctx.writer_id.clone();

@@ -26,7 +26,7 @@ use uuid::Uuid;
 use gitops_shared::db::tombstone::TombstoneOf;
 
 use super::credential::{secret_read, tombstone_and_enqueue};
-use super::object::{Live, REASON_ACCEPTED, live, now_rfc3339, remove_finalizer};
+use super::object::{Live, Opened, REASON_ACCEPTED, now_rfc3339, open, remove_finalizer};
 use super::tenant::{Placed, credential_error};
 use super::{Controllers, Next, ReconcileError, Settled, refuse, set_condition, set_conditions};
 use crate::api::{Condition, GitOpsDeploymentManagedEnvironment};
@@ -45,16 +45,14 @@ pub use crate::controller::connection::REASON_CONNECTION_CHECK_DISABLED;
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
     let key = Key { kind: Kind::Environment, namespace: namespace.to_owned(), name: name.to_owned() };
     let api: Api<GitOpsDeploymentManagedEnvironment> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
-    if let Some(next) = ctl.refuse_unserved(&api, name, namespace).await? {
-        return Ok(next);
-    }
-    let (object, uid) = match live(&api, name).await? {
-        Live::Present(object, uid) => (object, uid),
-        Live::Gone => {
+    let (object, uid) = match open(ctl, &api, name, namespace).await? {
+        Opened::Ended(next) => return Ok(next),
+        Opened::Live(Live::Present(object, uid)) => (object, uid),
+        Opened::Live(Live::Gone) => {
             ctl.unrefer(&key);
             return Ok(Next::Done);
         }
-        Live::Deleting(object, uid) => {
+        Opened::Live(Live::Deleting(object, uid)) => {
             ctl.unrefer(&key);
             return delete(ctl, &api, &object, uid).await;
         }
