@@ -233,10 +233,11 @@ impl DestinationGuard {
     }
 
     /// Counts and logs one refusal; `object` names what was refused (never a secret).
-    pub fn refused(&self, kind: RefusedKind, tenant: TenantId, namespace: &str, object: &str, why: &str) {
+    /// `tenant` is None for an object whose tenant label is missing or unreadable.
+    pub fn refused(&self, kind: RefusedKind, tenant: Option<TenantId>, namespace: &str, object: &str, why: &str) {
         self.metrics.destination_refused(kind);
         tracing::warn!(
-            tenant.id = %tenant,
+            tenant.id = tenant.map(|t| t.0),
             destination.namespace = namespace,
             refused.kind = kind.as_str(),
             argocd.object = object,

@@ -6,7 +6,7 @@
 
 use uuid::Uuid;
 
-use gitops_shared::model::TenantId;
+use gitops_shared::model::{ManagedEnvironmentId, TenantId};
 
 /// Field manager of ordinary server-side applies (always with `force`).
 pub const FIELD_MANAGER: &str = "gitops-agent";
@@ -50,7 +50,7 @@ pub fn repository_secret_name(uid: Uuid) -> String {
 }
 
 /// The cluster name shown in Argo CD for environment `id`.
-pub fn cluster_display_name(id: i64) -> String {
+pub fn cluster_display_name(id: ManagedEnvironmentId) -> String {
     format!("managed-environment-{id}")
 }
 
@@ -59,7 +59,7 @@ pub fn cluster_display_name(id: i64) -> String {
 /// with the same API URL (two tenants, or one tenant twice) stay two clusters with
 /// their own credentials; the parameter is passed through to the API server, which
 /// ignores it.
-pub fn environment_server(api_url: &str, id: i64) -> String {
+pub fn environment_server(api_url: &str, id: ManagedEnvironmentId) -> String {
     let separator = if api_url.contains('?') { '&' } else { '?' };
     format!("{api_url}{separator}{ENVIRONMENT_QUERY}={id}")
 }
@@ -90,16 +90,16 @@ mod tests {
             );
         }
         assert_eq!(
-            environment_server("https://c.example.invalid:6443", 4),
+            environment_server("https://c.example.invalid:6443", ManagedEnvironmentId(4)),
             "https://c.example.invalid:6443?managed-environment=4"
         );
         assert_eq!(
-            environment_server("https://c.example.invalid/?x=1", 4),
+            environment_server("https://c.example.invalid/?x=1", ManagedEnvironmentId(4)),
             "https://c.example.invalid/?x=1&managed-environment=4"
         );
         assert_ne!(
-            environment_server("https://c.example.invalid", 1),
-            environment_server("https://c.example.invalid", 2)
+            environment_server("https://c.example.invalid", ManagedEnvironmentId(1)),
+            environment_server("https://c.example.invalid", ManagedEnvironmentId(2))
         );
     }
 }

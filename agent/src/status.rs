@@ -119,7 +119,7 @@ impl StatusWriter {
     ) -> Result<Option<ApplicationOwner>, DbError> {
         let labelled = application.labels.get(APPLICATION_ID_LABEL);
         if let Some(id) = labelled.and_then(|v| v.parse::<i64>().ok()) {
-            return application_owner_by_id(client, self.instance, id).await;
+            return application_owner_by_id(client, self.instance, ApplicationId(id)).await;
         }
         match uid_from_name(&application.name) {
             Some(uid) => application_owner_by_uid(client, self.instance, uid).await,

@@ -78,7 +78,7 @@ pub struct SweepPlan {
 pub struct Target {
     pub resource_type: ResourceTypeKey,
     pub resource_id: i64,
-    pub tenant_id: i64,
+    pub tenant_id: TenantId,
 }
 
 /// `ResourceType` with an order, for stable plans.
@@ -159,7 +159,7 @@ pub fn plan(objects: &[OwnedObject], rows: &Rows, max_deletions: usize) -> Sweep
         present.insert((key, id));
         let live = rows.get(&key).and_then(|r| r.get(&id)).filter(|row| row.row_state != RowState::Deleted);
         if live.is_none() && !object.deleting {
-            orphans.insert(Target { resource_type: key, resource_id: id, tenant_id: tenant }, ());
+            orphans.insert(Target { resource_type: key, resource_id: id, tenant_id: TenantId(tenant) }, ());
         }
     }
     for key in ResourceTypeKey::ALL {
@@ -167,7 +167,7 @@ pub fn plan(objects: &[OwnedObject], rows: &Rows, max_deletions: usize) -> Sweep
         let mut ids: Vec<_> = of_type.iter().filter(|(_, row)| row.row_state != RowState::Deleted).collect();
         ids.sort_by_key(|(id, _)| **id);
         for (id, row) in ids {
-            let target = Target { resource_type: key, resource_id: *id, tenant_id: row.tenant_id.0 };
+            let target = Target { resource_type: key, resource_id: *id, tenant_id: row.tenant_id };
             if present.contains(&(key, *id)) || row.row_state == RowState::Deleting {
                 plan.resyncs.push(target);
             } else {
@@ -251,7 +251,7 @@ impl Sweeper {
         for target in &plan.deletions {
             tracing::warn!(
                 resource.type = %target.resource_type.resource_type(), resource.id = target.resource_id,
-                tenant.id = target.tenant_id, dry_run = self.config.dry_run,
+                tenant.id = target.tenant_id.0, dry_run = self.config.dry_run,
                 "orphaned object: queued for deletion by the reconciler"
             );
         }
@@ -267,7 +267,7 @@ impl Sweeper {
                 operation_enqueue_in_txn(
                     &txn,
                     self.instance,
-                    TenantId(target.tenant_id),
+                    target.tenant_id,
                     target.resource_type.resource_type(),
                     target.resource_id,
                 )

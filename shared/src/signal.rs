@@ -45,7 +45,7 @@ pub enum SleepAttempt {
 const MARK_AWAKE: &str =
     "UPDATE signal SET sleeping = false, updated_at = now() WHERE kind = $1 AND ref_id = $2 AND sleeping";
 
-const TRY_LOCK: &str = "SELECT pg_try_advisory_xact_lock(signal_lock_key($1, $2))";
+const TRY_LOCK: &str = "SELECT pg_try_advisory_xact_lock(signal_lock_key($1, $2)) AS locked";
 
 const MARK_SLEEPING: &str = "
 INSERT INTO signal (kind, ref_id, sleeping) VALUES ($1, $2, true)
@@ -78,8 +78,9 @@ impl Signal {
     /// The part of `try_sleep` inside its transaction: the caller commits. Split
     /// out so tests can hold a consumer at this point of the protocol.
     pub async fn try_sleep_in_txn(&self, txn: &Transaction<'_>) -> Result<SleepAttempt, DbError> {
-        let locked: bool =
-            txn.query_one(TRY_LOCK, &[&self.kind, &self.ref_id]).await.map_err(DbError::query("lock a signal"))?.get(0);
+        let row =
+            txn.query_one(TRY_LOCK, &[&self.kind, &self.ref_id]).await.map_err(DbError::query("lock a signal"))?;
+        let locked: bool = crate::db::column(&row, "locked", "lock a signal")?;
         if !locked {
             return Ok(SleepAttempt::EnqueuerInFlight);
         }

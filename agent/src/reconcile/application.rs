@@ -13,7 +13,7 @@ use gitops_shared::db::desired::{
     DesiredApplication, application_load, application_mark_deleted, application_set_deletion_message,
 };
 use gitops_shared::db::pooled;
-use gitops_shared::model::{RowState, SyncType, TenantId};
+use gitops_shared::model::{ApplicationId, RowState, SyncType, TenantId};
 
 use super::{ReconcileError, Reconciler, same_tenant};
 use crate::destination::{DestinationPolicy, RefusedKind};
@@ -77,12 +77,12 @@ pub fn application_refusal(policy: &DestinationPolicy, app: &DesiredApplication)
 }
 
 impl Reconciler {
-    pub(super) async fn application(&self, tenant: TenantId, id: i64) -> Result<(), ReconcileError> {
+    pub(super) async fn application(&self, tenant: TenantId, id: ApplicationId) -> Result<(), ReconcileError> {
         let app = {
             let client = pooled(&self.pool).await?;
             application_load(&client, id).await?
         };
-        let Some(app) = app else { return self.remove_orphans(ObjectKind::Application, id).await };
+        let Some(app) = app else { return self.remove_orphans(ObjectKind::Application, id.0).await };
         same_tenant(tenant, app.tenant_id, "application")?;
         match app.row_state {
             RowState::Active => {
@@ -96,7 +96,7 @@ impl Reconciler {
                 Ok(())
             }
             RowState::Deleting => self.delete_application(&app).await,
-            RowState::Deleted => self.remove_orphans(ObjectKind::Application, id).await,
+            RowState::Deleted => self.remove_orphans(ObjectKind::Application, id.0).await,
             RowState::Unknown => Err(ReconcileError::not_yet(
                 format!("application {id} has a row state this agent does not know"),
                 "waiting for an agent upgrade",
@@ -109,7 +109,7 @@ impl Reconciler {
     async fn refuse_application(&self, app: &DesiredApplication, why: &str) -> Result<(), ReconcileError> {
         let name = application_name(app.resource_uid);
         let namespace = &app.destination_namespace;
-        self.destinations.refused(RefusedKind::Application, app.tenant_id, namespace, &name, why);
+        self.destinations.refused(RefusedKind::Application, Some(app.tenant_id), namespace, &name, why);
         let removal = self.engine().release_application(&name).await?;
         // The project is rebuilt under the same policy, which drops such destinations.
         self.apply_project(app.tenant_id).await?;
@@ -132,7 +132,7 @@ impl Reconciler {
             Some(why) => {
                 self.destinations.refused(
                     RefusedKind::Application,
-                    app.tenant_id,
+                    Some(app.tenant_id),
                     &app.destination_namespace,
                     &name,
                     &why,

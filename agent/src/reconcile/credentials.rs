@@ -16,7 +16,7 @@ use gitops_shared::db::desired::{
     DesiredEnvironment, managed_environment_load, repository_credential_load, resource_mark_deleted,
 };
 use gitops_shared::db::pooled;
-use gitops_shared::model::{ResourceType, RowState, TenantId};
+use gitops_shared::model::{ManagedEnvironmentId, RepositoryCredentialId, ResourceType, RowState, TenantId};
 use serde::de::DeserializeOwned;
 
 use super::{ReconcileError, Reconciler, same_tenant};
@@ -58,13 +58,13 @@ impl Reconciler {
         serde_json::from_slice(&plain).map_err(|source| ReconcileError::CredentialsFormat { what, source })
     }
 
-    pub(super) async fn environment(&self, tenant: TenantId, id: i64) -> Result<(), ReconcileError> {
+    pub(super) async fn environment(&self, tenant: TenantId, id: ManagedEnvironmentId) -> Result<(), ReconcileError> {
         let environment = {
             let client = pooled(&self.pool).await?;
             managed_environment_load(&client, id).await?
         };
         let Some(environment) = environment else {
-            self.remove_orphans(ObjectKind::Cluster, id).await?;
+            self.remove_orphans(ObjectKind::Cluster, id.0).await?;
             return self.apply_project(tenant).await;
         };
         same_tenant(tenant, environment.tenant_id, "managed environment")?;
@@ -73,7 +73,7 @@ impl Reconciler {
             RowState::Active => {
                 let policy = self.destination_policy().await?;
                 if let Some((namespace, why)) = cluster_refusal(&policy, &environment) {
-                    self.destinations.refused(RefusedKind::ClusterSecret, tenant, &namespace, &name, &why);
+                    self.destinations.refused(RefusedKind::ClusterSecret, Some(tenant), &namespace, &name, &why);
                     let removal = self.engine().delete_cluster(&name).await?;
                     self.apply_project(tenant).await?;
                     return Err(ReconcileError::refused(
@@ -120,14 +120,14 @@ impl Reconciler {
                 self.confirm_removed(
                     self.engine().delete_cluster(&name).await?,
                     ResourceType::ManagedEnvironment,
-                    id,
+                    id.0,
                     &name,
                 )
                 .await?;
                 self.apply_project(tenant).await
             }
             RowState::Deleted => {
-                self.remove_orphans(ObjectKind::Cluster, id).await?;
+                self.remove_orphans(ObjectKind::Cluster, id.0).await?;
                 self.apply_project(tenant).await
             }
             RowState::Unknown => Err(ReconcileError::not_yet(
@@ -137,13 +137,13 @@ impl Reconciler {
         }
     }
 
-    pub(super) async fn repository(&self, tenant: TenantId, id: i64) -> Result<(), ReconcileError> {
+    pub(super) async fn repository(&self, tenant: TenantId, id: RepositoryCredentialId) -> Result<(), ReconcileError> {
         let credential = {
             let client = pooled(&self.pool).await?;
             repository_credential_load(&client, id).await?
         };
         let Some(credential) = credential else {
-            self.remove_orphans(ObjectKind::Repository, id).await?;
+            self.remove_orphans(ObjectKind::Repository, id.0).await?;
             return self.apply_project(tenant).await;
         };
         same_tenant(tenant, credential.tenant_id, "repository credential")?;
@@ -170,11 +170,11 @@ impl Reconciler {
             }
             (RowState::Deleting, _) => {
                 let removal = self.engine().delete_repository(&name).await?;
-                self.confirm_removed(removal, ResourceType::RepositoryCredential, id, &name).await?;
+                self.confirm_removed(removal, ResourceType::RepositoryCredential, id.0, &name).await?;
                 self.apply_project(tenant).await
             }
             (RowState::Deleted, _) => {
-                self.remove_orphans(ObjectKind::Repository, id).await?;
+                self.remove_orphans(ObjectKind::Repository, id.0).await?;
                 self.apply_project(tenant).await
             }
             (RowState::Unknown, _) => Err(ReconcileError::not_yet(
@@ -215,7 +215,7 @@ mod tests {
 
     fn environment(api_url: &str, home: bool, namespaces: &[&str]) -> DesiredEnvironment {
         DesiredEnvironment {
-            id: 1,
+            id: ManagedEnvironmentId(1),
             tenant_id: TenantId(1),
             resource_uid: Uuid::new_v4(),
             resource_name: "e".into(),

@@ -18,7 +18,9 @@ use std::time::Duration;
 use gitops_shared::crypto::{CryptoError, SecretBox};
 use gitops_shared::db::engine_instance::EngineInstance;
 use gitops_shared::db::{DbError, DbPool};
-use gitops_shared::model::{ResourceType, TenantId};
+use gitops_shared::model::{
+    ApplicationId, ManagedEnvironmentId, RepositoryCredentialId, ResourceType, SyncOperationId, TenantId,
+};
 use gitops_shared::queue::{ClaimedOperation, Failure, Handler, Outcome};
 
 use crate::destination::{DestinationGuard, DestinationPolicy};
@@ -127,10 +129,14 @@ impl Reconciler {
     /// Reconciles the resource of `op` to its current rows.
     pub async fn reconcile(&self, op: &ClaimedOperation) -> Result<(), ReconcileError> {
         match op.resource_type {
-            ResourceType::Application => self.application(op.tenant_id, op.resource_id).await,
-            ResourceType::ManagedEnvironment => self.environment(op.tenant_id, op.resource_id).await,
-            ResourceType::RepositoryCredential => self.repository(op.tenant_id, op.resource_id).await,
-            ResourceType::SyncOperation => self.sync(op.tenant_id, op.resource_id).await,
+            ResourceType::Application => self.application(op.tenant_id, ApplicationId(op.resource_id)).await,
+            ResourceType::ManagedEnvironment => {
+                self.environment(op.tenant_id, ManagedEnvironmentId(op.resource_id)).await
+            }
+            ResourceType::RepositoryCredential => {
+                self.repository(op.tenant_id, RepositoryCredentialId(op.resource_id)).await
+            }
+            ResourceType::SyncOperation => self.sync(op.tenant_id, SyncOperationId(op.resource_id)).await,
             ResourceType::Tenant => self.tenant(op.tenant_id).await,
             ResourceType::Unknown => Err(ReconcileError::refused(
                 "operation of a resource type this agent does not know",

@@ -39,8 +39,7 @@ impl Reconciler {
             let forbidden = policy.as_ref().and_then(|p| p.forbidden_namespace(namespace));
             let removal = match (kind, forbidden) {
                 (ObjectKind::Application, Some(why)) => {
-                    let tenant =
-                        object.labels.get(TENANT_ID_LABEL).and_then(|t| t.parse().ok()).map_or(TenantId(0), TenantId);
+                    let tenant = object.labels.get(TENANT_ID_LABEL).and_then(|t| t.parse().ok()).map(TenantId);
                     self.destinations.refused(RefusedKind::Application, tenant, namespace, &object.name, &why);
                     self.engine().release_application(&object.name).await?
                 }

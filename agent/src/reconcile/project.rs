@@ -80,7 +80,13 @@ impl Reconciler {
         let policy = self.destination_policy().await?;
         let (spec, refused) = project_spec(project, &policy);
         for (namespace, why) in &refused {
-            self.destinations.refused(RefusedKind::ProjectDestination, project.tenant_id, namespace, &spec.name, why);
+            self.destinations.refused(
+                RefusedKind::ProjectDestination,
+                Some(project.tenant_id),
+                namespace,
+                &spec.name,
+                why,
+            );
         }
         self.engine().apply_project(&spec).await?;
         Ok(())
@@ -133,6 +139,7 @@ impl Reconciler {
 #[cfg(test)]
 mod tests {
     use gitops_shared::db::desired::ProjectEnvironment;
+    use gitops_shared::model::ManagedEnvironmentId;
 
     use super::*;
 
@@ -145,7 +152,7 @@ mod tests {
             repo_urls: vec!["https://git.example.invalid/a.git".into(), "*".into()],
             environments: vec![
                 ProjectEnvironment {
-                    id: 1,
+                    id: ManagedEnvironmentId(1),
                     api_url: "https://c.example.invalid".into(),
                     namespaces: vec!["dev".into(), "*".into()],
                     cluster_resources: false,
@@ -153,7 +160,7 @@ mod tests {
                     home: false,
                 },
                 ProjectEnvironment {
-                    id: 2,
+                    id: ManagedEnvironmentId(2),
                     api_url: "https://c.example.invalid".into(),
                     namespaces: vec![],
                     cluster_resources: false,
@@ -177,8 +184,8 @@ mod tests {
 
     #[test]
     fn reserved_destinations_of_the_home_cluster_are_left_out() {
-        let environment = |id, api_url: &str, home, namespaces: &[&str]| ProjectEnvironment {
-            id,
+        let environment = |id: i64, api_url: &str, home, namespaces: &[&str]| ProjectEnvironment {
+            id: ManagedEnvironmentId(id),
             api_url: api_url.into(),
             namespaces: namespaces.iter().map(|n| (*n).to_owned()).collect(),
             cluster_resources: false,

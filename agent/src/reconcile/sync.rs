@@ -14,7 +14,7 @@ use gitops_shared::db::desired::{
     sync_operation_set_state,
 };
 use gitops_shared::db::pooled;
-use gitops_shared::model::{ResourceType, RowState, SyncOperationState, SyncType, TenantId};
+use gitops_shared::model::{ResourceType, RowState, SyncOperationId, SyncOperationState, SyncType, TenantId};
 
 use super::{ReconcileError, Reconciler, same_tenant};
 use crate::engine::{ObservedOperation, OperationPhase, SyncRequest};
@@ -50,7 +50,7 @@ fn never_started(message: &str) -> SyncOutcome {
 }
 
 impl Reconciler {
-    pub(super) async fn sync(&self, tenant: TenantId, id: i64) -> Result<(), ReconcileError> {
+    pub(super) async fn sync(&self, tenant: TenantId, id: SyncOperationId) -> Result<(), ReconcileError> {
         let sync = {
             let client = pooled(&self.pool).await?;
             sync_operation_load(&client, id).await?
@@ -68,7 +68,7 @@ impl Reconciler {
                     self.stop(&sync).await?;
                 }
                 let client = pooled(&self.pool).await?;
-                resource_mark_deleted(&client, ResourceType::SyncOperation, id).await?;
+                resource_mark_deleted(&client, ResourceType::SyncOperation, id.0).await?;
                 return Ok(());
             }
             RowState::Active | RowState::Unknown => {}

@@ -15,7 +15,7 @@ INSERT INTO admission_approval (resource_uid, generation, kind, requester) VALUE
 ON CONFLICT (resource_uid, generation) DO NOTHING";
 
 const EXISTS: &str = "
-SELECT EXISTS (SELECT 1 FROM admission_approval WHERE resource_uid = $1 AND generation = $2)";
+SELECT EXISTS (SELECT 1 FROM admission_approval WHERE resource_uid = $1 AND generation = $2) AS approved";
 
 const PURGE: &str = "
 DELETE FROM admission_approval WHERE ctid = ANY (ARRAY(
@@ -59,7 +59,7 @@ pub async fn admission_approval_record(
 pub async fn admission_approval_exists(client: &Client, uid: Uuid, generation: i64) -> Result<bool, DbError> {
     let row =
         client.query_one(EXISTS, &[&uid, &generation]).await.map_err(DbError::query("read an admission approval"))?;
-    Ok(row.get(0))
+    crate::db::column(&row, "approved", "read an admission approval")
 }
 
 /// Removes up to `batch` approvals older than `older_than`; returns how many.

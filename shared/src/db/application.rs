@@ -6,7 +6,7 @@ use tokio_postgres::Transaction;
 use uuid::Uuid;
 
 use crate::db::DbError;
-use crate::model::{ApplicationId, EngineInstanceId, RowState, SyncType, TenantId};
+use crate::model::{ApplicationId, EngineInstanceId, ManagedEnvironmentId, RowState, SyncType, TenantId};
 
 /// What a tenant asked for, validated (the tenant is passed beside it: it is known
 /// only inside the intent transaction).
@@ -18,7 +18,7 @@ pub struct ApplicationIntent {
     pub repo_url: String,
     pub path: String,
     pub target_revision: String,
-    pub managed_environment_id: Option<i64>,
+    pub managed_environment_id: Option<ManagedEnvironmentId>,
     pub destination_namespace: String,
     pub sync_type: SyncType,
     pub create_namespace: bool,
@@ -73,7 +73,7 @@ pub async fn application_upsert_in_txn(
         )
         .await
         .map_err(DbError::query("upsert an application"))?;
-    Ok(row.map(|row| ApplicationId(row.get(0))))
+    row.map(|row| row.try_get("id")).transpose().map_err(DbError::query("upsert an application"))
 }
 
 /// A live deployment into its tenant's own namespace (through the home

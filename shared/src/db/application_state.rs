@@ -135,10 +135,9 @@ pub const STATEMENTS: &[&str] = &[OWNER_BY_ID, OWNER_BY_UID, UNCHANGED, UPSERT, 
 pub async fn application_owner_by_id(
     client: &Client,
     instance: EngineInstanceId,
-    id: i64,
+    id: ApplicationId,
 ) -> Result<Option<ApplicationOwner>, DbError> {
-    let row =
-        client.query_opt(OWNER_BY_ID, &[&id, &instance.0]).await.map_err(DbError::query("find an application"))?;
+    let row = client.query_opt(OWNER_BY_ID, &[&id, &instance]).await.map_err(DbError::query("find an application"))?;
     row.as_ref().map(ApplicationOwner::try_from).transpose().map_err(DbError::query("find an application"))
 }
 
@@ -157,7 +156,7 @@ pub async fn application_owner_by_uid(
     uid: Uuid,
 ) -> Result<Option<ApplicationOwner>, DbError> {
     let row =
-        client.query_opt(OWNER_BY_UID, &[&uid, &instance.0]).await.map_err(DbError::query("find an application"))?;
+        client.query_opt(OWNER_BY_UID, &[&uid, &instance]).await.map_err(DbError::query("find an application"))?;
     row.as_ref().map(ApplicationOwner::try_from).transpose().map_err(DbError::query("find an application"))
 }
 
@@ -165,8 +164,8 @@ pub async fn application_owner_by_uid(
 /// number, or `None` when nothing changed (or the application row is gone).
 pub async fn application_state_upsert(client: &Client, observed: &ObservedApplication) -> Result<Option<i64>, DbError> {
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
-        &observed.application_id.0,
-        &observed.tenant_id.0,
+        &observed.application_id,
+        &observed.tenant_id,
         &observed.sync_status,
         &observed.sync_revision,
         &observed.health_status,
@@ -182,7 +181,7 @@ pub async fn application_state_upsert(client: &Client, observed: &ObservedApplic
         return Ok(None);
     }
     let row = client.query_opt(UPSERT, &params).await.map_err(DbError::query("upsert an application state"))?;
-    Ok(row.map(|row| row.get(0)))
+    row.map(|row| row.try_get("seq")).transpose().map_err(DbError::query("upsert an application state"))
 }
 
 /// Records a sync's progress on its `sync_operation` row when it changed. Returns

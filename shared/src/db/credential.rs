@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use crate::crypto::{CryptoError, SecretBox, SecretContext};
 use crate::db::DbError;
-use crate::model::TenantId;
+use crate::model::{ManagedEnvironmentId, RepositoryCredentialId, TenantId};
 
 /// Table names, which are also the secrets' contexts.
 pub const CLUSTER_CREDENTIAL_TABLE: &str = "cluster_credential";
@@ -131,7 +131,7 @@ pub async fn managed_environment_upsert_in_txn(
     secrets: &SecretBox,
     tenant: TenantId,
     intent: &ManagedEnvironmentIntent,
-) -> Result<Option<i64>, CredentialError> {
+) -> Result<Option<ManagedEnvironmentId>, CredentialError> {
     let changed = txn
         .query_opt(
             ENVIRONMENT_UPSERT,
@@ -156,7 +156,7 @@ pub async fn managed_environment_upsert_in_txn(
     else {
         return Ok(None);
     };
-    let id: i64 = row.get(0);
+    let id: ManagedEnvironmentId = row.try_get("id").map_err(DbError::query("read a managed environment"))?;
     let plain = serde_json::to_vec(&intent.credentials).map_err(CredentialError::Encode)?;
     let context = SecretContext { table: CLUSTER_CREDENTIAL_TABLE, tenant };
     let sealed = secrets.seal(context, &plain).map_err(CredentialError::Seal)?;
@@ -214,7 +214,7 @@ pub async fn repository_credential_upsert_in_txn(
     secrets: &SecretBox,
     tenant: TenantId,
     intent: &RepositoryCredentialIntent,
-) -> Result<Option<i64>, CredentialError> {
+) -> Result<Option<RepositoryCredentialId>, CredentialError> {
     let sealed = match &intent.credentials {
         Some(credentials) => {
             let plain = serde_json::to_vec(credentials).map_err(CredentialError::Encode)?;
@@ -240,7 +240,8 @@ pub async fn repository_credential_upsert_in_txn(
         )
         .await
         .map_err(DbError::query("upsert a repository credential"))?;
-    Ok(row.map(|row| row.get(0)))
+    let id = row.map(|row| row.try_get("id")).transpose();
+    Ok(id.map_err(DbError::query("upsert a repository credential"))?)
 }
 
 #[cfg(test)]

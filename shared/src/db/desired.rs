@@ -11,12 +11,15 @@ use uuid::Uuid;
 
 use crate::crypto::Sealed;
 use crate::db::DbError;
-use crate::model::{ResourceType, RowState, SyncOperationState, SyncType, TenantId};
+use crate::model::{
+    ApplicationId, ManagedEnvironmentId, RepositoryCredentialId, ResourceType, RowState, SyncOperationId,
+    SyncOperationState, SyncType, TenantId,
+};
 
 /// An application row with its tenant and destination environment.
 #[derive(Debug, Clone)]
 pub struct DesiredApplication {
-    pub id: i64,
+    pub id: ApplicationId,
     pub tenant_id: TenantId,
     pub resource_uid: Uuid,
     pub resource_name: String,
@@ -32,7 +35,7 @@ pub struct DesiredApplication {
     pub tenant_namespace: String,
     /// The row's `managed_environment_id` (set while `environment` is None means
     /// the environment is not the tenant's: never deploy then).
-    pub managed_environment_id: Option<i64>,
+    pub managed_environment_id: Option<ManagedEnvironmentId>,
     /// The destination environment, when not the tenant's own namespace.
     pub environment: Option<EnvironmentRef>,
 }
@@ -40,7 +43,7 @@ pub struct DesiredApplication {
 /// The environment an application deploys to.
 #[derive(Debug, Clone)]
 pub struct EnvironmentRef {
-    pub id: i64,
+    pub id: ManagedEnvironmentId,
     pub api_url: String,
     pub row_state: RowState,
     /// The tenant's home environment (its own namespace on the home cluster).
@@ -50,7 +53,7 @@ pub struct EnvironmentRef {
 /// A managed environment with its sealed credentials.
 #[derive(Debug, Clone)]
 pub struct DesiredEnvironment {
-    pub id: i64,
+    pub id: ManagedEnvironmentId,
     pub tenant_id: TenantId,
     pub resource_uid: Uuid,
     pub resource_name: String,
@@ -68,7 +71,7 @@ pub struct DesiredEnvironment {
 /// A repository credential; `credentials` is None until its Secret is valid.
 #[derive(Debug, Clone)]
 pub struct DesiredRepositoryCredential {
-    pub id: i64,
+    pub id: RepositoryCredentialId,
     pub tenant_id: TenantId,
     pub resource_uid: Uuid,
     pub resource_name: String,
@@ -81,7 +84,7 @@ pub struct DesiredRepositoryCredential {
 /// A sync operation and the application it syncs.
 #[derive(Debug, Clone)]
 pub struct DesiredSyncOperation {
-    pub id: i64,
+    pub id: SyncOperationId,
     pub tenant_id: TenantId,
     pub resource_name: String,
     pub deployment_name: String,
@@ -97,7 +100,7 @@ pub struct DesiredSyncOperation {
 /// What a sync needs of its application.
 #[derive(Debug, Clone)]
 pub struct SyncTarget {
-    pub id: i64,
+    pub id: ApplicationId,
     pub resource_uid: Uuid,
     pub row_state: RowState,
     pub sync_type: SyncType,
@@ -118,7 +121,7 @@ pub struct TenantProject {
 /// One environment as the project sees it.
 #[derive(Debug, Clone)]
 pub struct ProjectEnvironment {
-    pub id: i64,
+    pub id: ManagedEnvironmentId,
     pub api_url: String,
     /// The environment's allowed namespaces (empty: not restricted by the tenant).
     pub namespaces: Vec<String>,
@@ -193,7 +196,7 @@ impl TryFrom<&Row> for DesiredApplication {
     type Error = tokio_postgres::Error;
 
     fn try_from(row: &Row) -> RowResult<Self> {
-        let environment = match row.try_get::<_, Option<i64>>("environment_id")? {
+        let environment = match row.try_get::<_, Option<ManagedEnvironmentId>>("environment_id")? {
             Some(id) => Some(EnvironmentRef {
                 id,
                 api_url: row.try_get("environment_api_url")?,
@@ -262,7 +265,7 @@ impl TryFrom<&Row> for DesiredSyncOperation {
     type Error = tokio_postgres::Error;
 
     fn try_from(row: &Row) -> RowResult<Self> {
-        let application = match row.try_get::<_, Option<i64>>("application_id")? {
+        let application = match row.try_get::<_, Option<ApplicationId>>("application_id")? {
             Some(id) => Some(SyncTarget {
                 id,
                 resource_uid: row.try_get("application_resource_uid")?,
@@ -302,48 +305,56 @@ impl TryFrom<&Row> for ProjectEnvironment {
 }
 
 /// Reads the one row of `statement` for `id` as a `T`.
-async fn load_one<T>(client: &Client, statement: &str, id: i64, action: &'static str) -> Result<Option<T>, DbError>
+async fn load_one<T>(
+    client: &Client,
+    statement: &str,
+    id: &(dyn tokio_postgres::types::ToSql + Sync),
+    action: &'static str,
+) -> Result<Option<T>, DbError>
 where
     T: for<'r> TryFrom<&'r Row, Error = tokio_postgres::Error>,
 {
-    let row = client.query_opt(statement, &[&id]).await.map_err(DbError::query(action))?;
+    let row = client.query_opt(statement, &[id]).await.map_err(DbError::query(action))?;
     row.as_ref().map(T::try_from).transpose().map_err(DbError::query(action))
 }
 
 /// The application `id` (None: no such row).
-pub async fn application_load(client: &Client, id: i64) -> Result<Option<DesiredApplication>, DbError> {
-    load_one(client, APPLICATION, id, "read an application").await
+pub async fn application_load(client: &Client, id: ApplicationId) -> Result<Option<DesiredApplication>, DbError> {
+    load_one(client, APPLICATION, &id, "read an application").await
 }
 
 /// The managed environment `id` with its sealed credentials.
-pub async fn managed_environment_load(client: &Client, id: i64) -> Result<Option<DesiredEnvironment>, DbError> {
-    load_one(client, ENVIRONMENT, id, "read a managed environment").await
+pub async fn managed_environment_load(
+    client: &Client,
+    id: ManagedEnvironmentId,
+) -> Result<Option<DesiredEnvironment>, DbError> {
+    load_one(client, ENVIRONMENT, &id, "read a managed environment").await
 }
 
 /// The repository credential `id`.
 pub async fn repository_credential_load(
     client: &Client,
-    id: i64,
+    id: RepositoryCredentialId,
 ) -> Result<Option<DesiredRepositoryCredential>, DbError> {
-    load_one(client, REPOSITORY_CREDENTIAL, id, "read a repository credential").await
+    load_one(client, REPOSITORY_CREDENTIAL, &id, "read a repository credential").await
 }
 
 /// The sync operation `id` with its application.
-pub async fn sync_operation_load(client: &Client, id: i64) -> Result<Option<DesiredSyncOperation>, DbError> {
-    load_one(client, SYNC_OPERATION, id, "read a sync operation").await
+pub async fn sync_operation_load(
+    client: &Client,
+    id: SyncOperationId,
+) -> Result<Option<DesiredSyncOperation>, DbError> {
+    load_one(client, SYNC_OPERATION, &id, "read a sync operation").await
 }
 
 /// What the tenant's project must permit (None: no such tenant).
 pub async fn tenant_project_load(client: &Client, tenant: TenantId) -> Result<Option<TenantProject>, DbError> {
-    let Some(row) = client.query_opt(TENANT, &[&tenant.0]).await.map_err(DbError::query("read a tenant"))? else {
+    let Some(row) = client.query_opt(TENANT, &[&tenant]).await.map_err(DbError::query("read a tenant"))? else {
         return Ok(None);
     };
-    let repos =
-        client.query(TENANT_REPOS, &[&tenant.0]).await.map_err(DbError::query("read a tenant's repositories"))?;
-    let environments = client
-        .query(TENANT_ENVIRONMENTS, &[&tenant.0])
-        .await
-        .map_err(DbError::query("read a tenant's environments"))?;
+    let repos = client.query(TENANT_REPOS, &[&tenant]).await.map_err(DbError::query("read a tenant's repositories"))?;
+    let environments =
+        client.query(TENANT_ENVIRONMENTS, &[&tenant]).await.map_err(DbError::query("read a tenant's environments"))?;
     let read = |action: &'static str| DbError::query(action);
     Ok(Some(TenantProject {
         tenant_id: row.try_get("id").map_err(read("read a tenant"))?,
@@ -389,7 +400,7 @@ const MARK_DELETED: &[(ResourceType, &str)] = &[
 /// writer may then release its finalizer). Returns whether the row changed.
 pub async fn resource_mark_deleted(client: &Client, resource_type: ResourceType, id: i64) -> Result<bool, DbError> {
     if resource_type == ResourceType::Application {
-        return application_mark_deleted(client, id).await;
+        return application_mark_deleted(client, ApplicationId(id)).await;
     }
     let statement = MARK_DELETED
         .iter()
@@ -412,7 +423,7 @@ SELECT id, tenant_id FROM deleted
     ON CONFLICT (application_id) DO UPDATE SET updated_at = now()";
 
 /// Confirms the deletion of application `id` (and announces it in the status feed).
-pub async fn application_mark_deleted(client: &Client, id: i64) -> Result<bool, DbError> {
+pub async fn application_mark_deleted(client: &Client, id: ApplicationId) -> Result<bool, DbError> {
     let changed =
         client.execute(APPLICATION_MARK_DELETED, &[&id]).await.map_err(DbError::query("confirm a deletion"))?;
     Ok(changed > 0)
@@ -421,14 +432,14 @@ pub async fn application_mark_deleted(client: &Client, id: i64) -> Result<bool, 
 const TENANT_ROWS_PENDING: &str = "
 SELECT (SELECT count(*) FROM application WHERE tenant_id = $1 AND row_state <> 'deleted')
      + (SELECT count(*) FROM managed_environment WHERE tenant_id = $1 AND row_state <> 'deleted')
-     + (SELECT count(*) FROM repository_credential WHERE tenant_id = $1 AND row_state <> 'deleted')";
+     + (SELECT count(*) FROM repository_credential WHERE tenant_id = $1 AND row_state <> 'deleted') AS pending";
 
 /// How many of a tenant's Argo CD-backed rows are not confirmed deleted yet (its
 /// project must outlive them).
 pub async fn tenant_rows_pending(client: &Client, tenant: TenantId) -> Result<i64, DbError> {
     let row =
-        client.query_one(TENANT_ROWS_PENDING, &[&tenant.0]).await.map_err(DbError::query("count a tenant's rows"))?;
-    Ok(row.get(0))
+        client.query_one(TENANT_ROWS_PENDING, &[&tenant]).await.map_err(DbError::query("count a tenant's rows"))?;
+    row.try_get("pending").map_err(DbError::query("count a tenant's rows"))
 }
 
 const DELETION_MESSAGE: &str = "
@@ -437,7 +448,11 @@ UPDATE application SET deletion_message = $2
 
 /// Reports why a deletion is stuck (shown to the tenant). `updated_at` is left
 /// alone: it measures how long the deletion has been going on.
-pub async fn application_set_deletion_message(client: &Client, id: i64, message: &str) -> Result<(), DbError> {
+pub async fn application_set_deletion_message(
+    client: &Client,
+    id: ApplicationId,
+    message: &str,
+) -> Result<(), DbError> {
     client.execute(DELETION_MESSAGE, &[&id, &message]).await.map_err(DbError::query("report a stuck deletion"))?;
     Ok(())
 }
@@ -447,7 +462,11 @@ UPDATE sync_operation SET state = $2, started_at = COALESCE(started_at, now()), 
  WHERE id = $1 AND state IN ('pending', 'running')";
 
 /// A sync was requested (`Running`) or its termination was (`Terminating`).
-pub async fn sync_operation_set_state(client: &Client, id: i64, state: SyncOperationState) -> Result<(), DbError> {
+pub async fn sync_operation_set_state(
+    client: &Client,
+    id: SyncOperationId,
+    state: SyncOperationState,
+) -> Result<(), DbError> {
     client.execute(SYNC_STARTED, &[&id, &state]).await.map_err(DbError::query("record a sync's progress"))?;
     Ok(())
 }
@@ -473,7 +492,7 @@ UPDATE sync_operation
 /// nothing). Returns whether the row changed.
 pub async fn sync_operation_record_outcome(
     client: &Client,
-    id: i64,
+    id: SyncOperationId,
     correlation_id: Uuid,
     outcome: &SyncOutcome,
 ) -> Result<bool, DbError> {

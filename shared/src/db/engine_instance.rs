@@ -77,7 +77,7 @@ pub async fn engine_instance_add(
         return Err(DbError::InvalidInstance { message: "capacity must be positive".to_owned() });
     }
     match client.query_one(ADD, &[&name, &argocd_namespace, &capacity]).await {
-        Ok(row) => Ok(EngineInstanceId(row.get(0))),
+        Ok(row) => crate::db::column(&row, "id", "register an engine instance"),
         Err(source) => {
             let error = DbError::Query { action: "register an engine instance", source };
             if error.is_unique_violation() {
@@ -118,7 +118,7 @@ pub async fn engine_instance_list(client: &Client) -> Result<Vec<EngineInstance>
 /// a destination on the home cluster.
 pub async fn engine_instance_namespaces(client: &Client) -> Result<std::collections::BTreeSet<String>, DbError> {
     let rows = client.query(NAMESPACES, &[]).await.map_err(DbError::query("list engine instance namespaces"))?;
-    Ok(rows.iter().map(|row| row.get(0)).collect())
+    rows.iter().map(|row| crate::db::column(row, "argocd_namespace", "list engine instance namespaces")).collect()
 }
 
 /// One instance by name.

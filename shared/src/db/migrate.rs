@@ -49,18 +49,20 @@ pub async fn migrate(client: &mut Client) -> Result<MigrationReport, DbError> {
 /// The highest applied migration, 0 for an empty database.
 pub async fn schema_version(client: &Client) -> Result<i64, DbError> {
     let exists: bool = client
-        .query_one("SELECT to_regclass('refinery_schema_history') IS NOT NULL", &[])
+        .query_one("SELECT to_regclass('refinery_schema_history') IS NOT NULL AS present", &[])
         .await
         .map_err(DbError::query("look for the migration history"))?
-        .get(0);
+        .try_get("present")
+        .map_err(DbError::query("look for the migration history"))?;
     if !exists {
         return Ok(0);
     }
     let version: Option<i32> = client
-        .query_one("SELECT max(version) FROM refinery_schema_history", &[])
+        .query_one("SELECT max(version) AS version FROM refinery_schema_history", &[])
         .await
         .map_err(DbError::query("read the schema version"))?
-        .get(0);
+        .try_get("version")
+        .map_err(DbError::query("read the schema version"))?;
     Ok(version.map(i64::from).unwrap_or(0))
 }
 

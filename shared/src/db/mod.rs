@@ -162,3 +162,11 @@ where
         }
     }
 }
+
+/// Column `name` of `row`, for the statement `action` describes.
+pub fn column<'a, T>(row: &'a tokio_postgres::Row, name: &str, action: &'static str) -> Result<T, DbError>
+where
+    T: tokio_postgres::types::FromSql<'a>,
+{
+    row.try_get(name).map_err(DbError::query(action))
+}

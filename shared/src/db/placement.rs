@@ -27,5 +27,5 @@ pub async fn placement_choose_in_txn(
 ) -> Result<Option<EngineInstanceId>, DbError> {
     let window_ms = i64::try_from(healthy_within.as_millis()).unwrap_or(i64::MAX);
     let row = txn.query_opt(CHOOSE, &[&window_ms]).await.map_err(DbError::query("choose an engine instance"))?;
-    Ok(row.map(|row| EngineInstanceId(row.get(0))))
+    row.map(|row| crate::db::column(&row, "id", "choose an engine instance")).transpose()
 }

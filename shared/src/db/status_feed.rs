@@ -18,7 +18,7 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 
 use crate::db::DbError;
-use crate::model::{RowState, SyncOperationState};
+use crate::model::{ApplicationId, RowState, SyncOperationId, SyncOperationState};
 
 /// Rows read per shard and statement.
 pub const STATUS_FEED_BATCH: i64 = 500;
@@ -33,7 +33,7 @@ pub struct StatusFeedRow {
     pub xid: i64,
     /// The reader's snapshot `xmin`: every transaction older has finished.
     pub snapshot_xmin: i64,
-    pub application_id: i64,
+    pub application_id: ApplicationId,
     pub namespace: String,
     pub resource_name: String,
     pub resource_uid: Uuid,
@@ -56,7 +56,7 @@ pub struct StatusFeedRow {
 /// One sync request of a deployment, for its GitOpsDeploymentSyncRun's status.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SyncRunRow {
-    pub id: i64,
+    pub id: SyncOperationId,
     pub namespace: String,
     pub resource_name: String,
     pub resource_uid: Uuid,
@@ -151,16 +151,23 @@ pub fn cursor_after(rows: &[StatusFeedRow], handled: usize, batch: i64) -> Optio
 }
 
 /// The active sync requests of `applications`.
-pub async fn sync_runs_of_applications(client: &Client, applications: &[i64]) -> Result<Vec<SyncRunRow>, DbError> {
+pub async fn sync_runs_of_applications(
+    client: &Client,
+    applications: &[ApplicationId],
+) -> Result<Vec<SyncRunRow>, DbError> {
     sync_runs(client, SYNC_RUNS_OF, applications).await
 }
 
 /// The active sync requests with these ids.
-pub async fn sync_runs_by_id(client: &Client, ids: &[i64]) -> Result<Vec<SyncRunRow>, DbError> {
+pub async fn sync_runs_by_id(client: &Client, ids: &[SyncOperationId]) -> Result<Vec<SyncRunRow>, DbError> {
     sync_runs(client, SYNC_RUNS_BY_ID, ids).await
 }
 
-async fn sync_runs(client: &Client, statement: &str, ids: &[i64]) -> Result<Vec<SyncRunRow>, DbError> {
+async fn sync_runs<T: tokio_postgres::types::ToSql + Sync>(
+    client: &Client,
+    statement: &str,
+    ids: &[T],
+) -> Result<Vec<SyncRunRow>, DbError> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -188,7 +195,7 @@ mod tests {
             seq: xid,
             xid,
             snapshot_xmin,
-            application_id: 1,
+            application_id: ApplicationId(1),
             namespace: "ns".into(),
             resource_name: "app".into(),
             resource_uid: Uuid::nil(),

@@ -5,7 +5,7 @@ use tokio_postgres::Transaction;
 use uuid::Uuid;
 
 use crate::db::DbError;
-use crate::model::TenantId;
+use crate::model::{ApplicationId, SyncOperationId, TenantId};
 
 /// A validated sync request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,7 +15,7 @@ pub struct SyncIntent {
     pub resource_name: String,
     pub generation: i64,
     pub deployment_name: String,
-    pub application_id: i64,
+    pub application_id: ApplicationId,
     pub revision: String,
 }
 
@@ -38,12 +38,15 @@ RETURNING id";
 pub const STATEMENTS: &[&str] = &[UPSERT];
 
 /// Writes the request if newer than the stored one; the row id when it changed.
-pub async fn sync_operation_upsert_in_txn(txn: &Transaction<'_>, intent: &SyncIntent) -> Result<Option<i64>, DbError> {
+pub async fn sync_operation_upsert_in_txn(
+    txn: &Transaction<'_>,
+    intent: &SyncIntent,
+) -> Result<Option<SyncOperationId>, DbError> {
     let row = txn
         .query_opt(
             UPSERT,
             &[
-                &intent.tenant_id.0,
+                &intent.tenant_id,
                 &intent.resource_uid,
                 &intent.resource_name,
                 &intent.generation,
@@ -54,5 +57,5 @@ pub async fn sync_operation_upsert_in_txn(txn: &Transaction<'_>, intent: &SyncIn
         )
         .await
         .map_err(DbError::query("upsert a sync operation"))?;
-    Ok(row.map(|row| row.get(0)))
+    row.map(|row| row.try_get("id")).transpose().map_err(DbError::query("upsert a sync operation"))
 }

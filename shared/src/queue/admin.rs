@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use crate::db::{DbError, in_txn_retrying};
+use crate::db::{DbError, column, in_txn_retrying};
 use crate::model::{OperationId, OperationState};
 
 /// Queue depth of one instance in one state.
@@ -30,9 +30,10 @@ pub struct QueueSummary {
 
 const SUMMARY: &str = include_str!("../../../sql/inspect/queue_depth.sql");
 
-const EXPIRED_COUNT: &str = "SELECT count(*) FROM operation WHERE state = 'claimed' AND lease_expires_at < now()";
+const EXPIRED_COUNT: &str =
+    "SELECT count(*) AS expired FROM operation WHERE state = 'claimed' AND lease_expires_at < now()";
 
-const COMPLETED_LAST_HOUR: &str = "SELECT count(*) FROM operation
+const COMPLETED_LAST_HOUR: &str = "SELECT count(*) AS completed FROM operation
  WHERE state = 'completed' AND completed_at > now() - interval '1 hour'";
 
 const WAITING: &str = "SELECT count(*) AS waiting FROM operation WHERE engine_instance_id = $1 AND state = 'waiting'";
@@ -48,22 +49,20 @@ pub async fn operation_waiting_count(
 
 /// Reads the queue summary.
 pub async fn queue_summary(client: &Client) -> Result<QueueSummary, DbError> {
-    let rows = client
-        .query(SUMMARY, &[])
-        .await
-        .map_err(DbError::query("summarise the queue"))?
-        .iter()
-        .map(|row| QueueSummaryRow {
-            instance: row.get("instance"),
-            state: row.get("state"),
-            operations: row.get("operations"),
-            oldest: row.get::<_, Option<f64>>("oldest_age_s").map(|s| Duration::from_secs_f64(s.max(0.0))),
+    let read = |row: &tokio_postgres::Row| -> Result<QueueSummaryRow, tokio_postgres::Error> {
+        Ok(QueueSummaryRow {
+            instance: row.try_get("instance")?,
+            state: row.try_get("state")?,
+            operations: row.try_get("operations")?,
+            oldest: row.try_get::<_, Option<f64>>("oldest_age_s")?.map(|s| Duration::from_secs_f64(s.max(0.0))),
         })
-        .collect();
-    let expired_leases =
-        client.query_one(EXPIRED_COUNT, &[]).await.map_err(DbError::query("count expired leases"))?.get(0);
-    let completed_last_hour =
-        client.query_one(COMPLETED_LAST_HOUR, &[]).await.map_err(DbError::query("count recent completions"))?.get(0);
+    };
+    let rows = client.query(SUMMARY, &[]).await.map_err(DbError::query("summarise the queue"))?;
+    let rows = rows.iter().map(read).collect::<Result<_, _>>().map_err(DbError::query("summarise the queue"))?;
+    let row = client.query_one(EXPIRED_COUNT, &[]).await.map_err(DbError::query("count expired leases"))?;
+    let expired_leases = column(&row, "expired", "count expired leases")?;
+    let row = client.query_one(COMPLETED_LAST_HOUR, &[]).await.map_err(DbError::query("count recent completions"))?;
+    let completed_last_hour = column(&row, "completed", "count recent completions")?;
     Ok(QueueSummary { rows, expired_leases, completed_last_hour })
 }
 
@@ -112,16 +111,12 @@ const FAILED_IDS: &str = "SELECT id FROM operation WHERE state = 'failed' ORDER 
 
 /// Puts every dead operation back; returns (requeued, superseded).
 pub async fn operation_retry_all_failed(client: &mut Client) -> Result<(u64, u64), DbError> {
-    let ids: Vec<i64> = client
-        .query(FAILED_IDS, &[])
-        .await
-        .map_err(DbError::query("list failed operations"))?
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
+    let rows = client.query(FAILED_IDS, &[]).await.map_err(DbError::query("list failed operations"))?;
+    let ids: Vec<OperationId> =
+        rows.iter().map(|row| column(row, "id", "list failed operations")).collect::<Result<_, _>>()?;
     let (mut requeued, mut superseded) = (0, 0);
     for id in ids {
-        match operation_retry(client, OperationId(id)).await? {
+        match operation_retry(client, id).await? {
             RetryOutcome::Requeued => requeued += 1,
             RetryOutcome::Superseded => superseded += 1,
             RetryOutcome::NotFailed => {}

@@ -1,13 +1,13 @@
 //! Claim, complete and fail: the lease-checked transitions of an operation.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 use uuid::Uuid;
 
 use super::{ClaimedOperation, Lease, RetryPolicy, secs};
-use crate::db::DbError;
-use crate::model::{EngineInstanceId, OperationId, TenantId};
+use crate::db::{DbError, column};
+use crate::model::{EngineInstanceId, OperationId};
 use crate::sanitize::sanitize_tenant_message;
 
 // Short transaction: pick up to $2 due operations of this instance whose resource
@@ -56,20 +56,21 @@ pub async fn operation_claim(
         .query(CLAIM, &[&instance.0, &limit, &claimer, &secs(lease_for)])
         .await
         .map_err(DbError::query("claim operations"))?;
-    let mut claimed: Vec<ClaimedOperation> = rows
-        .iter()
-        .map(|row| ClaimedOperation {
-            id: OperationId(row.get(0)),
+    let read = |row: &tokio_postgres::Row| -> Result<ClaimedOperation, tokio_postgres::Error> {
+        Ok(ClaimedOperation {
+            id: row.try_get("id")?,
             engine_instance_id: instance,
-            tenant_id: TenantId(row.get(1)),
-            resource_type: row.get(2),
-            resource_id: row.get(3),
-            attempts: row.get(4),
-            created_at: row.get::<_, SystemTime>(6),
-            claimed_at: row.get::<_, SystemTime>(7),
-            lease: Lease::new(row.get::<_, Uuid>(5), sent_at, lease_for),
+            tenant_id: row.try_get("tenant_id")?,
+            resource_type: row.try_get("resource_type")?,
+            resource_id: row.try_get("resource_id")?,
+            attempts: row.try_get("attempts")?,
+            created_at: row.try_get("created_at")?,
+            claimed_at: row.try_get("claimed_at")?,
+            lease: Lease::new(row.try_get("lease_token")?, sent_at, lease_for),
         })
-        .collect();
+    };
+    let mut claimed =
+        rows.iter().map(read).collect::<Result<Vec<_>, _>>().map_err(DbError::query("read claimed operations"))?;
     claimed.sort_by_key(|op| op.id);
     Ok(claimed)
 }
@@ -93,7 +94,7 @@ pub async fn operation_complete(client: &Client, done: &[(OperationId, Uuid)]) -
     let ids: Vec<i64> = done.iter().map(|(id, _)| id.0).collect();
     let tokens: Vec<Uuid> = done.iter().map(|(_, token)| *token).collect();
     let rows = client.query(COMPLETE, &[&ids, &tokens]).await.map_err(DbError::query("complete operations"))?;
-    Ok(rows.iter().map(|row| OperationId(row.get(0))).collect())
+    rows.iter().map(|row| column(row, "id", "complete operations")).collect()
 }
 
 /// Why an operation failed, and whether it is worth another attempt.
@@ -186,7 +187,7 @@ pub async fn operation_fail(
         match result {
             Ok(None) => return Ok(FailOutcome::LeaseLost),
             Ok(Some(row)) => {
-                let state: crate::model::OperationState = row.get(0);
+                let state: crate::model::OperationState = column(&row, "state", "schedule an operation retry")?;
                 return Ok(match state {
                     crate::model::OperationState::Superseded => FailOutcome::Superseded,
                     _ => FailOutcome::Retrying { after },

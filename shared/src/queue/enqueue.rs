@@ -2,7 +2,7 @@
 
 use tokio_postgres::Transaction;
 
-use crate::db::DbError;
+use crate::db::{DbError, column};
 use crate::model::{EngineInstanceId, OperationId, ResourceType, TenantId};
 
 /// What `operation_enqueue_in_txn` did.
@@ -41,12 +41,10 @@ pub async fn operation_enqueue_in_txn(
     resource_id: i64,
 ) -> Result<Enqueued, DbError> {
     let row = txn
-        .query_opt(ENQUEUE, &[&instance.0, &tenant.0, &resource_type, &resource_id])
+        .query_opt(ENQUEUE, &[&instance, &tenant, &resource_type, &resource_id])
         .await
         .map_err(DbError::query("enqueue an operation"))?;
-    Ok(match row {
-        None => Enqueued::Coalesced,
-        Some(row) if row.get::<_, bool>(1) => Enqueued::New(OperationId(row.get(0))),
-        Some(row) => Enqueued::Rescheduled(OperationId(row.get(0))),
-    })
+    let Some(row) = row else { return Ok(Enqueued::Coalesced) };
+    let id = column(&row, "id", "enqueue an operation")?;
+    Ok(if column(&row, "inserted", "enqueue an operation")? { Enqueued::New(id) } else { Enqueued::Rescheduled(id) })
 }

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{ClaimedOperation, secs};
-use crate::db::{DbError, DbPool, pooled};
+use crate::db::{DbError, DbPool, column, pooled};
 use crate::model::OperationId;
 
 /// One claim of one operation. Cloning shares the same lease.
@@ -117,7 +117,8 @@ pub async fn operation_renew(
     let ids: Vec<i64> = ops.iter().map(|op| op.id.0).collect();
     let tokens: Vec<Uuid> = ops.iter().map(|op| op.lease.token()).collect();
     let rows = client.query(RENEW, &[&ids, &tokens, &secs(lease_for)]).await.map_err(DbError::query("renew leases"))?;
-    let renewed: Vec<OperationId> = rows.iter().map(|row| OperationId(row.get(0))).collect();
+    let renewed: Vec<OperationId> =
+        rows.iter().map(|row| column(row, "id", "renew leases")).collect::<Result<_, _>>()?;
     for op in ops {
         if renewed.contains(&op.id) {
             op.lease.extend(sent_at, lease_for);

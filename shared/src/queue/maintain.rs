@@ -6,8 +6,8 @@ use std::time::Duration;
 use tokio_postgres::Client;
 
 use super::{RetryPolicy, secs};
-use crate::db::{DbError, in_txn_retrying};
-use crate::model::EngineInstanceId;
+use crate::db::{DbError, column, in_txn_retrying};
+use crate::model::{EngineInstanceId, OperationId};
 
 // Expired claims of one instance, locked so two reclaimers never handle the same row.
 const EXPIRED: &str = "
@@ -59,9 +59,10 @@ pub async fn operation_reclaim_expired(
             let rows =
                 txn.query(EXPIRED, &[&instance.0, &limit]).await.map_err(DbError::query("find expired leases"))?;
             for row in &rows {
-                let id: i64 = row.get(0);
-                let attempts: i32 = row.get(1);
-                let waiting: Option<i64> = row.get(2);
+                let read = "read an expired lease";
+                let id: OperationId = column(row, "id", read)?;
+                let attempts: i32 = column(row, "attempts", read)?;
+                let waiting: Option<OperationId> = column(row, "waiting_id", read)?;
                 if attempts >= max_attempts {
                     txn.execute(RECLAIM_DEAD, &[&id])
                         .await

@@ -25,7 +25,7 @@ use gitops_shared::db::credential::{
 };
 use gitops_shared::db::engine_instance::{EngineInstance, engine_instance_add};
 use gitops_shared::db::tenant::tenant_upsert_locked_in_txn;
-use gitops_shared::model::{ResourceType, SyncType, TenantId};
+use gitops_shared::model::{ManagedEnvironmentId, ResourceType, SyncType, TenantId};
 use gitops_shared::queue::{Failure, Outcome, operation_enqueue_in_txn};
 use gitops_testkit::TestDb;
 use gitops_testkit::argocd::{self, FINALIZER_KNOB, RESOURCES_FINALIZER};
@@ -58,7 +58,7 @@ struct Env {
     reconciler: Reconciler,
     kubeconfig: std::path::PathBuf,
     tenant: TenantId,
-    home: i64,
+    home: ManagedEnvironmentId,
     cancel: CancellationToken,
 }
 
@@ -140,7 +140,7 @@ impl Env {
     }
 
     /// A managed environment of the tenant (not its home one) with its operation.
-    async fn environment(&mut self, api_url: &str, namespaces: &[&str]) -> (i64, Uuid) {
+    async fn environment(&mut self, api_url: &str, namespaces: &[&str]) -> (ManagedEnvironmentId, Uuid) {
         let uid = Uuid::new_v4();
         let intent = ManagedEnvironmentIntent {
             resource_uid: uid,
@@ -159,7 +159,7 @@ impl Env {
             .await
             .expect("upsert")
             .expect("new");
-        operation_enqueue_in_txn(&txn, self.instance.id, self.tenant, ResourceType::ManagedEnvironment, id)
+        operation_enqueue_in_txn(&txn, self.instance.id, self.tenant, ResourceType::ManagedEnvironment, id.0)
             .await
             .expect("enqueue");
         txn.commit().await.expect("commit");
@@ -269,7 +269,7 @@ async fn agent_refuses_engine_and_system_namespaces_of_the_home_cluster() {
         assert!(tenant_message.is_some_and(|m| m.contains("reserved")), "{namespace}: the tenant reads why");
     }
     assert_refused(outcome(ResourceType::Application, through_url_id), "a home URL in another spelling");
-    assert_refused(outcome(ResourceType::ManagedEnvironment, in_cluster), "a cluster Secret for kube-system at home");
+    assert_refused(outcome(ResourceType::ManagedEnvironment, in_cluster.0), "a cluster Secret for kube-system at home");
     assert!(env.get(&env.apps(), &names::application_name(through_url)).await.is_none());
     let cluster_secret = env.secret_api().get_opt(&names::cluster_secret_name(in_cluster_uid)).await.expect("read");
     assert!(cluster_secret.is_none(), "no cluster Secret reaching kube-system of the home cluster");
@@ -383,7 +383,7 @@ async fn agent_allows_any_namespace_on_other_clusters_and_keeps_secrets_project_
     let txn = env.client.transaction().await.expect("begin");
     let repo_id =
         repository_credential_upsert_in_txn(&txn, &env.secrets, env.tenant, &repo).await.expect("upsert").expect("new");
-    operation_enqueue_in_txn(&txn, env.instance.id, env.tenant, ResourceType::RepositoryCredential, repo_id)
+    operation_enqueue_in_txn(&txn, env.instance.id, env.tenant, ResourceType::RepositoryCredential, repo_id.0)
         .await
         .expect("enqueue");
     txn.commit().await.expect("commit");

@@ -18,7 +18,7 @@ use gitops_shared::db::credential::{
 };
 use gitops_shared::db::engine_instance::EngineInstance;
 use gitops_shared::db::tenant::tenant_upsert_locked_in_txn;
-use gitops_shared::model::{ResourceType, SyncType, TenantId};
+use gitops_shared::model::{ManagedEnvironmentId, ResourceType, SyncType, TenantId};
 use gitops_shared::queue::{Outcome, operation_enqueue_in_txn};
 use gitops_testkit::TestDb;
 use gitops_testkit::argocd::fake_revision;
@@ -45,7 +45,7 @@ struct Env {
     reconciler: Reconciler,
     cancel: CancellationToken,
     /// Each tenant's home environment (every application row has an environment).
-    homes: std::collections::HashMap<TenantId, i64>,
+    homes: std::collections::HashMap<TenantId, ManagedEnvironmentId>,
 }
 
 impl Drop for Env {
@@ -127,7 +127,12 @@ impl Env {
         id
     }
 
-    async fn environment(&mut self, tenant: TenantId, token: &str, namespaces: &[&str]) -> (i64, Uuid) {
+    async fn environment(
+        &mut self,
+        tenant: TenantId,
+        token: &str,
+        namespaces: &[&str],
+    ) -> (ManagedEnvironmentId, Uuid) {
         let uid = Uuid::new_v4();
         let intent = ManagedEnvironmentIntent {
             resource_uid: uid,
@@ -146,7 +151,7 @@ impl Env {
             .await
             .expect("upsert")
             .expect("new");
-        operation_enqueue_in_txn(&txn, self.instance.id, tenant, ResourceType::ManagedEnvironment, id)
+        operation_enqueue_in_txn(&txn, self.instance.id, tenant, ResourceType::ManagedEnvironment, id.0)
             .await
             .expect("enqueue");
         txn.commit().await.expect("commit");
@@ -173,7 +178,7 @@ impl Env {
             .await
             .expect("upsert")
             .expect("new");
-        operation_enqueue_in_txn(&txn, self.instance.id, tenant, ResourceType::RepositoryCredential, id)
+        operation_enqueue_in_txn(&txn, self.instance.id, tenant, ResourceType::RepositoryCredential, id.0)
             .await
             .expect("enqueue");
         txn.commit().await.expect("commit");
@@ -366,10 +371,13 @@ async fn agent_credentials_and_destinations_stay_with_their_tenant() {
         .execute("UPDATE application SET row_state = 'deleted' WHERE tenant_id = $1", &[&a.0])
         .await
         .expect("apps gone");
-    env.enqueue(a, ResourceType::ManagedEnvironment, env_a).await;
+    env.enqueue(a, ResourceType::ManagedEnvironment, env_a.0).await;
     env.reconcile_done().await;
     assert!(env.secret_api().get_opt(&names::cluster_secret_name(env_a_uid)).await.expect("read").is_none());
-    assert_eq!(env.row_state("SELECT row_state::text FROM managed_environment WHERE id = $1", env_a).await, "deleted");
+    assert_eq!(
+        env.row_state("SELECT row_state::text FROM managed_environment WHERE id = $1", env_a.0).await,
+        "deleted"
+    );
     let project_a = env.get(&env.projects(), &names::project_name(a)).await.expect("project A");
     assert_eq!(destinations(&project_a), [(env.home_server(a), "team-a".to_owned())]);
 }

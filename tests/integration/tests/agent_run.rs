@@ -16,7 +16,7 @@ use gitops_shared::crypto::SecretBox;
 use gitops_shared::db::application::application_upsert_in_txn;
 use gitops_shared::db::engine_instance::engine_instance_add;
 use gitops_shared::db::tenant::tenant_upsert_locked_in_txn;
-use gitops_shared::model::{EngineInstanceId, ResourceType, SyncType, TenantId};
+use gitops_shared::model::{EngineInstanceId, ManagedEnvironmentId, ResourceType, SyncType, TenantId};
 use gitops_shared::queue::operation_enqueue_in_txn;
 use gitops_testkit::TestDb;
 use gitops_testkit::argocd::{
@@ -43,7 +43,7 @@ struct Env {
     instance: EngineInstanceId,
     tenant: TenantId,
     /// The tenant's home environment (every application row has one).
-    home: i64,
+    home: ManagedEnvironmentId,
     secrets: SecretBox,
     kubeconfig: std::path::PathBuf,
     standin: CancellationToken,

@@ -117,7 +117,7 @@ async fn writer_tenancy_own_namespace_gets_credentials_scoped_to_it() {
     let row =
         env.client.query_one("SELECT managed_environment_id FROM application", &[]).await.expect("application row");
     assert_eq!(row.get::<_, Option<i64>>(0), Some(home));
-    let server = names::environment_server(HOME_URL, home);
+    let server = names::environment_server(HOME_URL, gitops_shared::model::ManagedEnvironmentId(home));
     let (data, token) = env.home_secret(|_| true).await;
     assert_eq!((data["server"].as_str(), data["namespaces"].as_str()), (server.as_str(), tenant.as_str()));
     assert_eq!(data["clusterResources"], "false");

@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
 use gitops_shared::db::{DbError, in_txn_retrying};
+use gitops_shared::model::ManagedEnvironmentId;
 use gitops_shared::tenancy::NotServed;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
@@ -126,7 +127,9 @@ impl Controllers {
         self.namespace_states.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    pub(super) fn home_cache(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, (i64, std::time::SystemTime)>> {
+    pub(super) fn home_cache(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<Uuid, (ManagedEnvironmentId, std::time::SystemTime)>> {
         self.home.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 

@@ -91,7 +91,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         Some(env) => {
             let client = pooled(&ctl.ctx.pool).await?;
             let found = managed_environment_by_name(&client, namespace_uid, env).await?;
-            match environment_resolved(env, found.map(|id| validate::EnvironmentRef { id: id.0 })) {
+            match environment_resolved(env, found.map(|id| validate::EnvironmentRef { id })) {
                 Ok(id) => id,
                 Err(invalid) => return invalid_condition(&api, &object, &invalid).await,
             }

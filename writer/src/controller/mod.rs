@@ -35,6 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gitops_shared::db::DbError;
+use gitops_shared::model::ManagedEnvironmentId;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -142,7 +143,7 @@ pub struct Controllers {
     /// Namespaces in scope as the namespace watcher last saw them.
     namespace_states: Mutex<HashMap<String, NamespaceState>>,
     /// Home environments known to have a fresh token: namespace UID → (id, renew at).
-    home: Mutex<HashMap<Uuid, (i64, std::time::SystemTime)>>,
+    home: Mutex<HashMap<Uuid, (ManagedEnvironmentId, std::time::SystemTime)>>,
     /// Namespaces whose home identity was deleted or changed under the writer: the
     /// next reconcile makes it again and requests a new token.
     home_damaged: Mutex<HashSet<String>>,

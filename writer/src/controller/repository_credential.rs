@@ -69,7 +69,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
                     .await
                     .map_err(credential_error)?
                 {
-                    operation_enqueue_in_txn(txn, instance, tenant, ResourceType::RepositoryCredential, id).await?;
+                    operation_enqueue_in_txn(txn, instance, tenant, ResourceType::RepositoryCredential, id.0).await?;
                 }
                 Ok(())
             })

@@ -75,7 +75,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         resource_name: name.to_owned(),
         generation: object.metadata.generation.unwrap_or(0),
         deployment_name: valid.deployment_name.clone(),
-        application_id: application_id.0,
+        application_id,
         revision: valid.revision.clone(),
     };
     let mut client = pooled(&ctl.ctx.pool).await?;
@@ -88,7 +88,8 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
                 }
                 let instance = tenant_lock_in_txn(txn, intent.tenant_id).await?;
                 if let (Some(id), Some(instance)) = (sync_operation_upsert_in_txn(txn, &intent).await?, instance) {
-                    operation_enqueue_in_txn(txn, instance, intent.tenant_id, ResourceType::SyncOperation, id).await?;
+                    operation_enqueue_in_txn(txn, instance, intent.tenant_id, ResourceType::SyncOperation, id.0)
+                        .await?;
                 }
                 Ok(true)
             })

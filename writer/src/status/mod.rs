@@ -32,7 +32,7 @@ use gitops_shared::db::status_feed::{
 };
 use gitops_shared::db::{DbError, pooled};
 use gitops_shared::listen::Listener;
-use gitops_shared::model::RowState;
+use gitops_shared::model::{ApplicationId, RowState, SyncOperationId};
 use gitops_shared::signal::{Signal, SleepAttempt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -212,7 +212,7 @@ async fn scan_shard(ctx: &WriterContext, shard: i32, syncs: &mut InFlightSyncs) 
         }
         let done = &rows[..handled];
         let client = pooled(&ctx.pool).await?;
-        let applications: Vec<i64> = done.iter().map(|row| row.application_id).collect();
+        let applications: Vec<ApplicationId> = done.iter().map(|row| row.application_id).collect();
         let runs = sync_runs_of_applications(&client, &applications).await?;
         drop(client);
         for run in &runs {
@@ -257,7 +257,7 @@ async fn settle_row(ctx: &WriterContext, row: &StatusFeedRow) -> Result<PatchOut
 /// until they finish (or their row goes).
 #[derive(Debug, Default)]
 pub struct InFlightSyncs {
-    ids: HashSet<i64>,
+    ids: HashSet<SyncOperationId>,
 }
 
 impl InFlightSyncs {
@@ -265,7 +265,7 @@ impl InFlightSyncs {
         self.ids.is_empty()
     }
 
-    fn ids(&self) -> Vec<i64> {
+    fn ids(&self) -> Vec<SyncOperationId> {
         self.ids.iter().copied().collect()
     }
 

@@ -191,7 +191,7 @@ mod tests {
             seq: 1,
             xid: 1,
             snapshot_xmin: 2,
-            application_id: 1,
+            application_id: gitops_shared::model::ApplicationId(1),
             namespace: "team".into(),
             resource_name: "web".into(),
             resource_uid: Uuid::nil(),
@@ -255,7 +255,7 @@ mod tests {
     #[test]
     fn sync_runs_get_one_condition_per_state() {
         let mut run = SyncRunRow {
-            id: 1,
+            id: gitops_shared::model::SyncOperationId(1),
             namespace: "team".into(),
             resource_name: "run".into(),
             resource_uid: Uuid::nil(),

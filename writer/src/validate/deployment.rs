@@ -4,7 +4,7 @@
 //! the cluster or the database (tenant, UID, generation, the environment's row).
 
 use gitops_shared::db::application::ApplicationIntent;
-use gitops_shared::model::SyncType;
+use gitops_shared::model::{ManagedEnvironmentId, SyncType};
 use uuid::Uuid;
 
 use super::text::{required, text};
@@ -138,12 +138,11 @@ pub fn sync_options(field: &str, options: &[String]) -> Result<bool, Invalid> {
 /// A managed environment found by the controller's lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EnvironmentRef {
-    /// `managed_environment.id`.
-    pub id: i64,
+    pub id: ManagedEnvironmentId,
 }
 
 /// Turns the lookup's answer into the environment id, or `EnvironmentNotFound`.
-pub fn environment_resolved(name: &str, found: Option<EnvironmentRef>) -> Result<i64, Invalid> {
+pub fn environment_resolved(name: &str, found: Option<EnvironmentRef>) -> Result<ManagedEnvironmentId, Invalid> {
     found.map(|e| e.id).ok_or_else(|| {
         Invalid::new(
             reason::ENVIRONMENT_NOT_FOUND,
@@ -163,7 +162,7 @@ impl ValidDeployment {
         resource_uid: Uuid,
         resource_name: String,
         generation: i64,
-        managed_environment_id: Option<i64>,
+        managed_environment_id: Option<ManagedEnvironmentId>,
         default_namespace: &str,
         wait_for_pruning: bool,
     ) -> ApplicationIntent {

@@ -149,6 +149,7 @@ fn sync_option_rules() {
 
 #[test]
 fn environment_lookup_results() {
-    assert_eq!(environment_resolved("staging", Some(EnvironmentRef { id: 4 })), Ok(4));
+    let id = gitops_shared::model::ManagedEnvironmentId(4);
+    assert_eq!(environment_resolved("staging", Some(EnvironmentRef { id })), Ok(id));
     assert_eq!(environment_resolved("staging", None).unwrap_err().reason, ENVIRONMENT_NOT_FOUND);
 }

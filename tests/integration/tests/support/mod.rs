@@ -80,7 +80,7 @@ pub async fn home_environment(
     instance: EngineInstanceId,
     tenant: TenantId,
     namespace: &str,
-) -> i64 {
+) -> gitops_shared::model::ManagedEnvironmentId {
     use gitops_shared::db::credential::{
         ClusterCredentials, ManagedEnvironmentIntent, managed_environment_upsert_in_txn,
     };
@@ -99,7 +99,7 @@ pub async fn home_environment(
     let txn = client.transaction().await.expect("begin");
     let id = managed_environment_upsert_in_txn(&txn, secrets, tenant, &intent).await.expect("upsert").expect("new");
     txn.execute("UPDATE managed_environment SET home = true WHERE id = $1", &[&id]).await.expect("home");
-    operation_enqueue_in_txn(&txn, instance, tenant, ResourceType::ManagedEnvironment, id).await.expect("enqueue");
+    operation_enqueue_in_txn(&txn, instance, tenant, ResourceType::ManagedEnvironment, id.0).await.expect("enqueue");
     txn.commit().await.expect("commit");
     id
 }

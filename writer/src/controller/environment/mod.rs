@@ -86,7 +86,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
                 let changed =
                     managed_environment_upsert_in_txn(txn, &sealer, tenant, &intent).await.map_err(credential_error)?;
                 if let Some(id) = changed {
-                    operation_enqueue_in_txn(txn, instance, tenant, ResourceType::ManagedEnvironment, id).await?;
+                    operation_enqueue_in_txn(txn, instance, tenant, ResourceType::ManagedEnvironment, id.0).await?;
                 }
                 Ok(changed.is_some())
             })

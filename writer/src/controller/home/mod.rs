@@ -30,7 +30,7 @@ use gitops_shared::db::managed_environment::{
     managed_environment_set_home_in_txn,
 };
 use gitops_shared::db::pooled;
-use gitops_shared::model::ResourceType;
+use gitops_shared::model::{ManagedEnvironmentId, ResourceType};
 use gitops_shared::queue::operation_enqueue_in_txn;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -99,7 +99,7 @@ impl HomeSettings {
 
 /// The home environment of a namespace, or why there is none yet.
 pub(super) enum Home {
-    Ready(i64),
+    Ready(ManagedEnvironmentId),
     NotOwner,
     NoEngine,
     Gone,
@@ -141,7 +141,7 @@ pub(super) async fn home_environment(
     let renew_before = ctl.ctx.home.renew_before;
     let stored = {
         let client = pooled(&ctl.ctx.pool).await?;
-        managed_environment_home(&client, namespace_uid).await?.map(|(id, expires_at)| (id.0, expires_at))
+        managed_environment_home(&client, namespace_uid).await?
     };
     if let Some((id, Some(expires_at))) = stored
         && let Some(renew_at) = expires_at.checked_sub(renew_before)
@@ -193,7 +193,7 @@ async fn issue(ctl: &Arc<Controllers>, namespace: &str, namespace_uid: Uuid) -> 
                 if changed.is_some() {
                     operation_enqueue_in_txn(txn, instance, tenant, ResourceType::ManagedEnvironment, id.0).await?;
                 }
-                Ok(Home::Ready(id.0))
+                Ok(Home::Ready(id))
             })
         })
         .await?;
@@ -207,7 +207,7 @@ async fn issue(ctl: &Arc<Controllers>, namespace: &str, namespace_uid: Uuid) -> 
         && let Some(renew_at) = expires_at.checked_sub(ctl.ctx.home.renew_before)
     {
         ctl.home_cache().insert(namespace_uid, (id, renew_at));
-        tracing::debug!(tenant.ns = %namespace, environment = id, "home credentials issued");
+        tracing::debug!(tenant.ns = %namespace, environment = %id, "home credentials issued");
     }
     Ok(home)
 }
