@@ -89,6 +89,14 @@ pub struct RunArgs {
     /// is a deprecated spelling.)
     #[arg(long, env = "GITOPS_WRITER_PURGE_AFTER", value_parser = parse_duration)]
     pub purge_after: Option<Duration>,
+    /// How often the rows of the owned shards are compared with the tenant resources
+    /// (anti-entropy; also at start and whenever shards are gained), e.g. 5m.
+    #[arg(long, env = "GITOPS_WRITER_RESYNC_INTERVAL", value_parser = parse_duration, default_value = "5m")]
+    pub resync_interval: Duration,
+    /// Most rows one anti-entropy pass may tombstone; with more candidates it
+    /// tombstones none and reports the refusal (a mass deletion is never a repair).
+    #[arg(long, env = "GITOPS_WRITER_RESYNC_MAX_TOMBSTONES", default_value_t = 50)]
+    pub resync_max_tombstones: usize,
     /// Check that each GitOpsDeploymentManagedEnvironment's apiURL answers with its
     /// credentials (GET /version), reported in its ConnectionInitializationSucceeded
     /// condition. Off by default: the writer then contacts no tenant API server.
@@ -280,6 +288,8 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
         home_ca_file,
         home_token_lifetime,
         purge_after,
+        resync_interval,
+        resync_max_tombstones,
         connection_check,
         connection_check_allow,
         connection_check_deny,
@@ -302,6 +312,8 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
     config.controllers.workers = workers;
     config.metrics_address = metrics_address;
     config.controllers.max_deployments = max_deployments;
+    config.controllers.resync_interval = resync_interval;
+    config.controllers.resync_max_tombstones = resync_max_tombstones;
     config.home.api_url = home_api_url;
     let lifetime = current_or_deprecated(
         home_token_lifetime,

@@ -12,6 +12,14 @@ use gitops_shared::histogram::Histogram;
 
 use crate::work_queue::Kind;
 
+/// A tenant resource, as the invalid-object gauge tells them apart.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ObjectRef {
+    pub kind: Kind,
+    pub namespace: String,
+    pub name: String,
+}
+
 /// Upper bounds (seconds) of the intent-transaction buckets.
 const TRANSACTION_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
@@ -69,7 +77,10 @@ pub struct WriterMetrics {
     /// Finished reconciles, by kind (`Kind::ALL` order) and outcome (`Outcome::ALL` order).
     reconciles: [[AtomicU64; Outcome::ALL.len()]; Kind::ALL.len()],
     /// Refusals by (kind, reason); both are constants, so the map stays small.
+    /// An object is counted once per generation and reason.
     validation_failures: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    /// Objects refused now: (generation, reason) by object.
+    invalid: Mutex<std::collections::HashMap<ObjectRef, (Option<i64>, &'static str)>>,
     /// Intent transactions, retries of conflicts included.
     pub transaction: Histogram,
     /// Objects waiting in the work queue.
@@ -81,6 +92,12 @@ pub struct WriterMetrics {
     inventory: Mutex<InventorySource>,
     /// Admission reviews answered, by (kind, outcome).
     admission: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    /// Anti-entropy passes that compared rows with resources.
+    pub resync_passes: AtomicU64,
+    /// What anti-entropy repaired, by (kind, action).
+    resync_repairs: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    /// Anti-entropy passes (or tombstones) refused, by reason.
+    resync_refused: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 impl Default for WriterMetrics {
@@ -88,14 +105,22 @@ impl Default for WriterMetrics {
         WriterMetrics {
             reconciles: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
             validation_failures: Mutex::default(),
+            invalid: Mutex::default(),
             transaction: Histogram::new(TRANSACTION_BUCKETS),
             queue_depth: AtomicU64::new(0),
             shards_owned: AtomicU64::new(0),
             ready: AtomicBool::new(false),
             inventory: Mutex::default(),
             admission: Mutex::default(),
+            resync_passes: AtomicU64::new(0),
+            resync_repairs: Mutex::default(),
+            resync_refused: Mutex::default(),
         }
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn kind_index(kind: Kind) -> usize {
@@ -116,10 +141,34 @@ impl WriterMetrics {
         self.reconciles[kind_index(kind)][outcome_index(outcome)].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts a refusal of a `kind` object for `reason` (its condition's reason).
-    pub fn validation_failed(&self, kind: Kind, reason: &'static str) {
-        let mut failures = self.validation_failures.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        *failures.entry((kind.name(), reason)).or_insert(0) += 1;
+    /// Records that `object` at `generation` is refused for `reason` (its condition's
+    /// reason); counted once per object, generation and reason however often it is
+    /// looked at again.
+    pub fn validation_failed(&self, object: ObjectRef, generation: Option<i64>, reason: &'static str) {
+        let kind = object.kind.name();
+        let before = lock(&self.invalid).insert(object, (generation, reason));
+        if before != Some((generation, reason)) {
+            *lock(&self.validation_failures).entry((kind, reason)).or_insert(0) += 1;
+        }
+    }
+
+    /// `object` is accepted, gone or another writer's: no longer counted as invalid.
+    pub fn validation_cleared(&self, object: &ObjectRef) {
+        lock(&self.invalid).remove(object);
+    }
+
+    /// Refusals counted for (kind, reason).
+    pub fn validation_failures(&self, kind: Kind, reason: &'static str) -> u64 {
+        lock(&self.validation_failures).get(&(kind.name(), reason)).copied().unwrap_or(0)
+    }
+
+    /// Objects refused now, by (kind, reason).
+    fn invalid_objects(&self) -> BTreeMap<(&'static str, &'static str), u64> {
+        let mut counts = BTreeMap::new();
+        for (object, (_, reason)) in lock(&self.invalid).iter() {
+            *counts.entry((object.kind.name(), *reason)).or_insert(0) += 1;
+        }
+        counts
     }
 
     /// Reconciles of `kind` that ended with `outcome`.
@@ -155,6 +204,28 @@ impl WriterMetrics {
             .get(&(kind, outcome))
             .copied()
             .unwrap_or(0)
+    }
+
+    /// Counts `count` repairs of anti-entropy: `action` (tombstoned, requeued) on `kind`.
+    pub fn resync_repaired(&self, kind: Kind, action: &'static str, count: u64) {
+        if count > 0 {
+            *lock(&self.resync_repairs).entry((kind.name(), action)).or_default() += count;
+        }
+    }
+
+    /// Anti-entropy repairs of `kind` by `action`.
+    pub fn resync_repairs(&self, kind: Kind, action: &'static str) -> u64 {
+        lock(&self.resync_repairs).get(&(kind.name(), action)).copied().unwrap_or(0)
+    }
+
+    /// Counts an anti-entropy refusal for `reason`.
+    pub fn resync_refused(&self, reason: &'static str) {
+        *lock(&self.resync_refused).entry(reason).or_default() += 1;
+    }
+
+    /// Anti-entropy refusals for `reason`.
+    pub fn resync_refusals(&self, reason: &'static str) -> u64 {
+        lock(&self.resync_refused).get(reason).copied().unwrap_or(0)
     }
 
     fn unserved_namespaces(&self) -> u64 {
@@ -196,6 +267,14 @@ impl WriterMetrics {
         }
         let _ = writeln!(
             out,
+            "# HELP gitops_writer_invalid_objects Tenant resources refused now (their condition says why), by kind and reason."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_invalid_objects gauge");
+        for ((kind, reason), count) in self.invalid_objects() {
+            let _ = writeln!(out, "gitops_writer_invalid_objects{{kind=\"{kind}\",reason=\"{reason}\"}} {count}");
+        }
+        let _ = writeln!(
+            out,
             "# HELP gitops_writer_transaction_seconds Duration of the writer's intent transactions, conflict retries included."
         );
         let _ = writeln!(out, "# TYPE gitops_writer_transaction_seconds histogram");
@@ -223,6 +302,28 @@ impl WriterMetrics {
         for ((kind, outcome), count) in admission {
             let _ =
                 writeln!(out, "gitops_writer_admission_reviews_total{{kind=\"{kind}\",outcome=\"{outcome}\"}} {count}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_resync_passes_total Anti-entropy passes that compared the rows of owned shards with the tenant resources."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_resync_passes_total counter");
+        let _ = writeln!(out, "gitops_writer_resync_passes_total {}", self.resync_passes.load(Ordering::Relaxed));
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_resync_repairs_total What anti-entropy repaired: rows of gone resources tombstoned, resources without a current row requeued."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_resync_repairs_total counter");
+        for ((kind, action), count) in lock(&self.resync_repairs).clone() {
+            let _ = writeln!(out, "gitops_writer_resync_repairs_total{{kind=\"{kind}\",action=\"{action}\"}} {count}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_resync_refused_total Anti-entropy passes or tombstones refused, by reason."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_resync_refused_total counter");
+        for (reason, count) in lock(&self.resync_refused).clone() {
+            let _ = writeln!(out, "gitops_writer_resync_refused_total{{reason=\"{reason}\"}} {count}");
         }
         let _ = writeln!(out, "# HELP gitops_writer_queue_depth Objects waiting in the work queue.");
         let _ = writeln!(out, "# TYPE gitops_writer_queue_depth gauge");
@@ -277,9 +378,14 @@ mod tests {
         metrics.reconciled(Kind::SyncRun, Outcome::Retry);
         metrics.reconciled(Kind::Environment, Outcome::Failed);
         metrics.reconciled(Kind::Deployment, Outcome::Invalid);
-        metrics.validation_failed(Kind::Deployment, "InvalidPath");
-        metrics.validation_failed(Kind::Deployment, "InvalidPath");
-        metrics.validation_failed(Kind::RepositoryCredential, "SecretNotFound");
+        let object = |kind, name: &str| ObjectRef { kind, namespace: "team-a".into(), name: name.into() };
+        metrics.validation_failed(object(Kind::Deployment, "a"), Some(1), "InvalidPath");
+        metrics.validation_failed(object(Kind::Deployment, "a"), Some(1), "InvalidPath");
+        metrics.validation_failed(object(Kind::Deployment, "a"), Some(2), "InvalidPath");
+        metrics.validation_failed(object(Kind::Deployment, "b"), Some(1), "InvalidPath");
+        metrics.validation_failed(object(Kind::Deployment, "b"), Some(1), "InvalidPath");
+        metrics.validation_failed(object(Kind::RepositoryCredential, "c"), Some(1), "SecretNotFound");
+        metrics.validation_cleared(&object(Kind::Deployment, "b"));
         metrics.transaction.observe(Duration::from_millis(3));
         metrics.transaction.observe(Duration::from_millis(40));
         metrics.transaction.observe(Duration::from_secs(60));
@@ -302,8 +408,12 @@ mod tests {
         let v = |kind: &str, reason: &str| {
             format!("gitops_writer_validation_failures_total{{kind=\"{kind}\",reason=\"{reason}\"}}")
         };
-        assert_eq!(value(&out, &v("GitOpsDeployment", "InvalidPath")), "2");
+        assert_eq!(value(&out, &v("GitOpsDeployment", "InvalidPath")), "3", "once per object and generation");
         assert_eq!(value(&out, &v("GitOpsDeploymentRepositoryCredential", "SecretNotFound")), "1");
+        let i =
+            |kind: &str, reason: &str| format!("gitops_writer_invalid_objects{{kind=\"{kind}\",reason=\"{reason}\"}}");
+        assert_eq!(value(&out, &i("GitOpsDeployment", "InvalidPath")), "1", "b was accepted since");
+        assert_eq!(value(&out, &i("GitOpsDeploymentRepositoryCredential", "SecretNotFound")), "1");
 
         let h = "gitops_writer_transaction_seconds";
         assert_eq!(value(&out, &format!("{h}_bucket{{le=\"0.001\"}}")), "0");

@@ -31,6 +31,9 @@ pub enum Kind {
 impl Kind {
     pub const ALL: [Kind; 5] =
         [Kind::Deployment, Kind::SyncRun, Kind::Environment, Kind::RepositoryCredential, Kind::Namespace];
+    /// The kinds of tenant resources (each has a watcher and a row table).
+    pub const TENANT_RESOURCES: [Kind; 4] =
+        [Kind::Deployment, Kind::SyncRun, Kind::Environment, Kind::RepositoryCredential];
 
     /// The Kubernetes kind, as in metrics labels.
     pub fn name(self) -> &'static str {

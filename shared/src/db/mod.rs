@@ -17,6 +17,7 @@ mod migrate;
 pub mod placed_rows;
 pub mod placement;
 pub mod purge;
+pub mod resync;
 pub mod status_feed;
 pub mod sync_operation;
 pub mod tenant;
@@ -41,6 +42,7 @@ pub const STATEMENTS: &[(&str, &[&str])] = &[
     ("placed_rows", placed_rows::STATEMENTS),
     ("placement", placement::STATEMENTS),
     ("purge", purge::STATEMENTS),
+    ("resync", resync::STATEMENTS),
     ("status_feed", status_feed::STATEMENTS),
     ("sync_operation", sync_operation::STATEMENTS),
     ("tenant", tenant::STATEMENTS),

@@ -25,5 +25,6 @@ mod writer_connection;
 mod writer_credentials;
 mod writer_e2e;
 mod writer_purge;
+mod writer_resync;
 mod writer_status;
 mod writer_tenancy;

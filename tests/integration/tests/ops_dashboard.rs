@@ -14,7 +14,7 @@ use gitops_shared::listen::Listener;
 use gitops_shared::queue::ConsumerStats;
 use gitops_shared::signal::Signal;
 use gitops_testkit::TestDb;
-use gitops_writer::metrics::WriterMetrics;
+use gitops_writer::metrics::{ObjectRef, WriterMetrics};
 use gitops_writer::work_queue::Kind;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -136,7 +136,10 @@ async fn rendered() -> BTreeMap<String, BTreeSet<String>> {
     let mut found = BTreeMap::new();
 
     let writer = WriterMetrics::default();
-    writer.validation_failed(Kind::Deployment, "InvalidPath");
+    let object = ObjectRef { kind: Kind::Deployment, namespace: "team-a".into(), name: "web".into() };
+    writer.validation_failed(object, Some(1), "InvalidPath");
+    writer.resync_repaired(Kind::Deployment, "tombstoned", 1);
+    writer.resync_refused("too_many_tombstones");
     writer.admission_reviewed("GitOpsDeployment", "denied");
     series(&writer.render(), &mut found);
 
@@ -152,6 +155,9 @@ async fn rendered() -> BTreeMap<String, BTreeSet<String>> {
 
     let conditional = [
         "gitops_writer_validation_failures_total",
+        "gitops_writer_invalid_objects",
+        "gitops_writer_resync_repairs_total",
+        "gitops_writer_resync_refused_total",
         "gitops_writer_admission_reviews_total",
         "gitops_agent_listen_connected",
         "gitops_agent_consumer_scans_total",

@@ -24,15 +24,11 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::support::eventually;
 use crate::support::writer::{Env, env, spec};
+use crate::support::{eventually, short_id};
 
 const HOME_URL: &str = "https://home.example.invalid";
 const REPO: &str = "https://git.example.invalid/org/repo.git";
-
-fn short_id() -> String {
-    Uuid::new_v4().simple().to_string()[..8].to_owned()
-}
 
 /// Waits for the writer's condition on `name` in `namespace` at its generation.
 async fn condition_in(kube: &kube::Client, namespace: &str, name: &str) -> (String, String, String) {

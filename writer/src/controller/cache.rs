@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
 use uuid::Uuid;
 
-use super::{Controllers, NamespaceState, ReconcileError, namespace_state_of};
+use super::{Controllers, NamespaceState, ReconcileError, Seen, namespace_state_of};
 use crate::shard::shard_of;
 use crate::work_queue::{Key, Kind};
 
@@ -62,8 +62,12 @@ impl Controllers {
         }
     }
 
-    pub(super) fn known(&self) -> std::sync::MutexGuard<'_, HashSet<Key>> {
+    pub(super) fn known(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Seen>> {
         self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(super) fn relisting(&self) -> std::sync::MutexGuard<'_, HashSet<(Kind, Option<String>)>> {
+        self.relisting.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub(super) fn secret_refs(&self) -> std::sync::MutexGuard<'_, HashMap<Key, String>> {
@@ -96,7 +100,7 @@ impl Controllers {
     /// name appeared, changed or went).
     pub(super) fn deployments_again(&self, namespace: &str) {
         let keys: Vec<Key> =
-            self.known().iter().filter(|k| k.kind == Kind::Deployment && k.namespace == namespace).cloned().collect();
+            self.known().keys().filter(|k| k.kind == Kind::Deployment && k.namespace == namespace).cloned().collect();
         for key in keys {
             self.offer(key);
         }
@@ -104,7 +108,7 @@ impl Controllers {
 
     /// Queues every known object of `namespace` (whether it is served changed).
     pub(super) fn namespace_again(&self, namespace: &str) {
-        let keys: Vec<Key> = self.known().iter().filter(|k| k.namespace == namespace).cloned().collect();
+        let keys: Vec<Key> = self.known().keys().filter(|k| k.namespace == namespace).cloned().collect();
         for key in keys {
             self.offer(key);
         }

@@ -175,7 +175,12 @@ async fn unverified(
             .to_owned(),
     };
     set_condition(api, object, true, REASON_REQUESTER_UNVERIFIED, &message).await?;
-    ctl.ctx.metrics.validation_failed(crate::work_queue::Kind::Deployment, REASON_REQUESTER_UNVERIFIED);
+    let reference = crate::metrics::ObjectRef {
+        kind: crate::work_queue::Kind::Deployment,
+        namespace: object.metadata.namespace.clone().unwrap_or_default(),
+        name: object.metadata.name.clone().unwrap_or_default(),
+    };
+    ctl.ctx.metrics.validation_failed(reference, object.metadata.generation, REASON_REQUESTER_UNVERIFIED);
     Ok(Next::Retry(UNVERIFIED_RETRY))
 }
 

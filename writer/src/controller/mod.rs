@@ -24,6 +24,7 @@ mod home;
 mod namespace;
 mod object;
 mod repository_credential;
+mod resync;
 mod sync_run;
 mod tenant;
 mod watchers;
@@ -113,6 +114,10 @@ pub struct ControllerSettings {
     /// A deletion that waits for pruning is woken by the agent's confirmation in the
     /// status feed; this is the fallback second look at the row.
     pub prune_poll: Duration,
+    /// How often anti-entropy compares rows with resources.
+    pub resync_interval: Duration,
+    /// Most rows one anti-entropy pass may tombstone.
+    pub resync_max_tombstones: usize,
 }
 
 impl Default for ControllerSettings {
@@ -123,6 +128,8 @@ impl Default for ControllerSettings {
             healthy_within: Duration::from_secs(120),
             retry_delay: Duration::from_secs(10),
             prune_poll: Duration::from_secs(60),
+            resync_interval: Duration::from_secs(300),
+            resync_max_tombstones: 50,
         }
     }
 }
@@ -135,7 +142,12 @@ pub struct Controllers {
     /// Empty: every namespace.
     namespaces: BTreeSet<String>,
     /// Every object the watchers have seen and not seen deleted.
-    known: Mutex<HashSet<Key>>,
+    known: Mutex<HashMap<Key, Seen>>,
+    /// Tenant-resource watch stores (kind, scope) whose listing is under way:
+    /// anti-entropy compares rows only with stores listed since their last relist.
+    relisting: Mutex<HashSet<(Kind, Option<String>)>>,
+    /// Wakes the anti-entropy pass (shards gained).
+    resync_wanted: tokio::sync::Notify,
     /// Watchers that have not finished their first listing.
     unsynced: AtomicUsize,
     /// Environment and repository credential keys → the Secret name they read last.
@@ -150,6 +162,19 @@ pub struct Controllers {
 }
 
 /// A namespace as the writer needs it.
+/// What the watch store holds of a tenant resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Seen {
+    pub uid: Option<Uuid>,
+    pub generation: Option<i64>,
+}
+
+impl Seen {
+    fn of(meta: &ObjectMeta) -> Seen {
+        Seen { uid: meta.uid.as_deref().and_then(|u| Uuid::parse_str(u).ok()), generation: meta.generation }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct NamespaceState {
     pub uid: Uuid,
@@ -167,7 +192,7 @@ impl Inventory for Controllers {
         let known = self.known();
         let mut namespaces = HashSet::new();
         let mut deployments = 0;
-        for key in known.iter().filter(|key| self.owns(&key.namespace)) {
+        for key in known.keys().filter(|key| self.owns(&key.namespace)) {
             namespaces.insert(key.namespace.as_str());
             if key.kind == Kind::Deployment {
                 deployments += 1;
@@ -178,7 +203,7 @@ impl Inventory for Controllers {
 
     fn unserved_namespaces(&self) -> u64 {
         let namespaces: HashSet<String> =
-            self.known().iter().filter(|key| self.owns(&key.namespace)).map(|key| key.namespace.clone()).collect();
+            self.known().keys().filter(|key| self.owns(&key.namespace)).map(|key| key.namespace.clone()).collect();
         namespaces.iter().filter(|namespace| self.serves(namespace).is_err()).count() as u64
     }
 }
@@ -207,7 +232,11 @@ pub async fn run_controllers(
         settings,
         shards: shards.clone(),
         namespaces: namespaces.into_iter().collect(),
-        known: Mutex::new(HashSet::new()),
+        known: Mutex::new(HashMap::new()),
+        relisting: Mutex::new(
+            scopes.iter().flat_map(|scope| Kind::TENANT_RESOURCES.map(|kind| (kind, scope.clone()))).collect(),
+        ),
+        resync_wanted: tokio::sync::Notify::new(),
         secret_refs: Mutex::new(HashMap::new()),
         namespace_states: Mutex::new(HashMap::new()),
         home: Mutex::new(HashMap::new()),
@@ -235,6 +264,7 @@ pub async fn run_controllers(
     }
     tasks.spawn(home::renew_loop(ctl.clone(), cancel.clone()));
     tasks.spawn(requeue_on_shard_change(ctl.clone(), shards, cancel.clone()));
+    tasks.spawn(resync::resync_loop(ctl.clone(), cancel.clone()));
     for _ in 0..settings.workers.max(1) {
         tasks.spawn(worker(ctl.clone(), cancel.clone()));
     }

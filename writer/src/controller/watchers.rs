@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::condition::HasConditions;
-use super::{CONDITION, Controllers, namespace, namespace_key, namespace_state_of, object};
+use super::{CONDITION, Controllers, Seen, namespace, namespace_key, namespace_state_of, object};
 use crate::shard::shard_of;
 use crate::work_queue::{Key, Kind};
 
@@ -65,6 +65,8 @@ where
     };
     let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
     let mut synced = false;
+    // Keys seen in the listing under way: a relist drops objects that went meanwhile.
+    let mut listing: HashSet<Key> = HashSet::new();
     // A SyncRun also waits on its deployment and its sync: always look again.
     let filter_settled = kind != Kind::SyncRun;
     while let Some(event) = next_or_cancelled(&mut events, &cancel).await {
@@ -76,7 +78,7 @@ where
         match event {
             Ok(Event::Apply(object)) => {
                 let key = key(&object);
-                ctl.known().insert(key.clone());
+                ctl.known().insert(key.clone(), Seen::of(object.meta()));
                 // Our own writes (finalizer, condition) and the status loop's come
                 // back as events; an object already settled at its generation has
                 // nothing new for the writer. Other causes (a Secret, an
@@ -88,7 +90,8 @@ where
             Ok(Event::InitApply(object)) => {
                 // Everything is looked at once after a (re)start.
                 let key = key(&object);
-                ctl.known().insert(key.clone());
+                ctl.known().insert(key.clone(), Seen::of(object.meta()));
+                listing.insert(key.clone());
                 ctl.offer(key);
             }
             Ok(Event::Delete(object)) => {
@@ -96,8 +99,31 @@ where
                 ctl.known().remove(&key);
                 ctl.offer(key);
             }
-            Ok(Event::InitDone) => ctl.first_listing_done(&mut synced),
-            Ok(Event::Init) => {}
+            Ok(Event::InitDone) => {
+                let gone: Vec<Key> = {
+                    let mut known = ctl.known();
+                    let in_scope = |key: &Key| scope.as_ref().is_none_or(|only| *only == key.namespace);
+                    let gone: Vec<Key> = known
+                        .keys()
+                        .filter(|key| key.kind == kind && in_scope(key) && !listing.contains(*key))
+                        .cloned()
+                        .collect();
+                    for key in &gone {
+                        known.remove(key);
+                    }
+                    gone
+                };
+                listing = HashSet::new();
+                for key in gone {
+                    ctl.offer(key);
+                }
+                ctl.relisting().remove(&(kind, scope.clone()));
+                ctl.first_listing_done(&mut synced);
+            }
+            Ok(Event::Init) => {
+                ctl.relisting().insert((kind, scope.clone()));
+                listing.clear();
+            }
             Err(error) => tracing::warn!(%error, ?kind, "watch failed; retrying"),
         }
     }
@@ -201,7 +227,8 @@ pub(super) async fn requeue_on_shard_change(
         let gained: BTreeSet<i32> = now.difference(&before).copied().collect();
         if !gained.is_empty() {
             let keys: Vec<Key> =
-                ctl.known().iter().filter(|k| gained.contains(&shard_of(&k.namespace))).cloned().collect();
+                ctl.known().keys().filter(|k| gained.contains(&shard_of(&k.namespace))).cloned().collect();
+            ctl.resync_wanted.notify_one();
             for key in keys {
                 ctl.offer(key);
             }

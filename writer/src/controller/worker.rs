@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     Controllers, Next, ReconcileError, Settled, deployment, environment, namespace, repository_credential, sync_run,
 };
-use crate::metrics::{Inventory, Outcome};
+use crate::metrics::{Inventory, ObjectRef, Outcome};
 use crate::work_queue::Kind;
 
 pub(super) async fn worker(ctl: Arc<Controllers>, cancel: CancellationToken) {
@@ -36,12 +36,17 @@ pub(super) async fn worker(ctl: Arc<Controllers>, cancel: CancellationToken) {
         if outcome.is_ok() {
             ctl.ctx.queue.forget(&key);
         }
+        let object = ObjectRef { kind: key.kind, namespace: key.namespace.clone(), name: key.name.clone() };
         match outcome {
-            Ok(Next::Done) => {}
-            Ok(Next::Settled(Settled::Ok)) => metrics.reconciled(key.kind, Outcome::Ok),
+            Ok(Next::Done) => metrics.validation_cleared(&object),
+            Ok(Next::Settled(Settled::Ok)) => {
+                metrics.reconciled(key.kind, Outcome::Ok);
+                metrics.validation_cleared(&object);
+            }
             Ok(Next::Settled(Settled::Invalid(reason))) => {
                 metrics.reconciled(key.kind, Outcome::Invalid);
-                metrics.validation_failed(key.kind, reason);
+                let generation = ctl.known().get(&key).and_then(|seen| seen.generation);
+                metrics.validation_failed(object, generation, reason);
             }
             // The namespace's own cleanup runs from its key; nothing to retry here.
             Err(ReconcileError::NamespaceGone) => ctl.ctx.queue.forget(&key),

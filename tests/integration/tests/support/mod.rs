@@ -370,3 +370,8 @@ pub async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, String
     let code = response.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("a status code");
     (code, response.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned())
 }
+
+/// Eight random hex characters, to keep object names of one test apart.
+pub fn short_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
+}

@@ -1,0 +1,102 @@
+//! Anti-entropy: rows whose tenant resource went while no writer watched (its
+//! finalizer stripped) are tombstoned by the next writer's pass, and their Argo CD
+//! objects removed; a pass that would tombstone more than its cap tombstones none.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gitops_writer::controller::FINALIZER;
+use gitops_writer::metrics::WriterMetrics;
+use gitops_writer::work_queue::Kind;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::json;
+
+use crate::support::writer::{Env, env, spec};
+use crate::support::{eventually, short_id};
+
+const REPO: &str = "https://git.example.invalid/team/app.git";
+
+/// Creates deployments `names` with a running writer and waits for their Applications.
+async fn deployed(env: &Env, names: &[String]) {
+    let writer = env.writer("writer-a");
+    for name in names {
+        env.create(name, spec(REPO, "apps/web")).await;
+    }
+    eventually("every Application", || async {
+        let apps = env.apps().list(&Default::default()).await.ok()?;
+        (apps.items.len() == names.len()).then_some(())
+    })
+    .await;
+    writer.cancel();
+}
+
+/// What a tenant can do while no writer runs: strip the finalizer, then delete.
+async fn delete_behind_the_writers_back(env: &Env, name: &str) {
+    let patch = json!({"metadata": {"finalizers": null}});
+    env.deployments().patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("strip the finalizer");
+    env.deployments().delete(name, &DeleteParams::default()).await.expect("delete");
+    eventually("the deployment gone", || async { env.deployments().get_opt(name).await.ok()?.is_none().then_some(()) })
+        .await;
+}
+
+async fn row_state(env: &Env, name: &str) -> String {
+    env.client
+        .query_one("SELECT row_state::text AS state FROM application WHERE resource_name = $1", &[&name])
+        .await
+        .expect("the row")
+        .get("state")
+}
+
+#[tokio::test]
+async fn writer_resync_tombstones_rows_of_resources_deleted_while_no_writer_watched() {
+    let env = env("wr-gone").await;
+    let (gone, kept) = (format!("gone-{}", short_id()), format!("kept-{}", short_id()));
+    deployed(&env, &[gone.clone(), kept.clone()]).await;
+    let object = env.deployments().get(&kept).await.expect("read");
+    assert!(object.metadata.finalizers.unwrap_or_default().iter().any(|f| f == FINALIZER));
+    delete_behind_the_writers_back(&env, &gone).await;
+    assert_eq!(row_state(&env, &gone).await, "active", "no writer saw the deletion");
+
+    let metrics = Arc::new(WriterMetrics::default());
+    let _writer = env.writer_for("writer-b", vec![env.tenant.name().to_owned()], |c| {
+        c.metrics = metrics.clone();
+        // Only the pass at start can repair it.
+        c.controllers.resync_interval = Duration::from_secs(3600);
+    });
+    eventually("the row of the gone deployment confirmed deleted", || async {
+        (row_state(&env, &gone).await == "deleted").then_some(())
+    })
+    .await;
+    eventually("only the kept Application", || async {
+        let apps = env.apps().list(&Default::default()).await.ok()?;
+        (apps.items.len() == 1).then_some(apps)
+    })
+    .await;
+    assert_eq!(row_state(&env, &kept).await, "active", "a deployment still there keeps its row");
+    assert_eq!(metrics.resync_repairs(Kind::Deployment, "tombstoned"), 1);
+    assert!(metrics.resync_passes.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+}
+
+#[tokio::test]
+async fn writer_resync_tombstones_nothing_above_its_cap() {
+    let env = env("wr-cap").await;
+    let names: Vec<String> = (0..3).map(|i| format!("d{i}-{}", short_id())).collect();
+    deployed(&env, &names).await;
+    for name in &names[..2] {
+        delete_behind_the_writers_back(&env, name).await;
+    }
+
+    let metrics = Arc::new(WriterMetrics::default());
+    let _writer = env.writer_for("writer-b", vec![env.tenant.name().to_owned()], |c| {
+        c.metrics = metrics.clone();
+        c.controllers.resync_max_tombstones = 1;
+    });
+    eventually("the pass refused", || async { (metrics.resync_refusals("too_many_tombstones") >= 1).then_some(()) })
+        .await;
+    for name in &names {
+        assert_eq!(row_state(&env, name).await, "active", "{name}: nothing tombstoned above the cap");
+    }
+    assert_eq!(metrics.resync_repairs(Kind::Deployment, "tombstoned"), 0);
+    let apps = env.apps().list(&Default::default()).await.expect("list");
+    assert_eq!(apps.items.len(), names.len(), "every Application stays");
+}
