@@ -82,38 +82,23 @@ pub(crate) trait HasConditions {
     fn observed_generation(&self) -> Option<i64>;
 }
 
-impl HasConditions for GitOpsDeployment {
-    fn conditions(&self) -> Vec<crate::api::Condition> {
-        self.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default()
-    }
-    fn observed_generation(&self) -> Option<i64> {
-        self.status.as_ref().and_then(|s| s.observed_generation)
-    }
+/// Every kind keeps its conditions and observed generation in the same status fields.
+macro_rules! has_conditions {
+    ($($kind:ty),*) => {$(
+        impl HasConditions for $kind {
+            fn conditions(&self) -> Vec<crate::api::Condition> {
+                self.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default()
+            }
+            fn observed_generation(&self) -> Option<i64> {
+                self.status.as_ref().and_then(|s| s.observed_generation)
+            }
+        }
+    )*};
 }
 
-impl HasConditions for GitOpsDeploymentManagedEnvironment {
-    fn conditions(&self) -> Vec<crate::api::Condition> {
-        self.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default()
-    }
-    fn observed_generation(&self) -> Option<i64> {
-        self.status.as_ref().and_then(|s| s.observed_generation)
-    }
-}
-
-impl HasConditions for GitOpsDeploymentRepositoryCredential {
-    fn conditions(&self) -> Vec<crate::api::Condition> {
-        self.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default()
-    }
-    fn observed_generation(&self) -> Option<i64> {
-        self.status.as_ref().and_then(|s| s.observed_generation)
-    }
-}
-
-impl HasConditions for GitOpsDeploymentSyncRun {
-    fn conditions(&self) -> Vec<crate::api::Condition> {
-        self.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default()
-    }
-    fn observed_generation(&self) -> Option<i64> {
-        self.status.as_ref().and_then(|s| s.observed_generation)
-    }
-}
+has_conditions!(
+    GitOpsDeployment,
+    GitOpsDeploymentManagedEnvironment,
+    GitOpsDeploymentRepositoryCredential,
+    GitOpsDeploymentSyncRun
+);
