@@ -11,7 +11,9 @@
 //! them (a mass of orphans means a wrong database or a restored backup, and taking
 //! them a few at a time would still take them all), logs and counts the refusal.
 //! Every row of the instance is also enqueued once per sweep, so edits made behind
-//! the agent's back are put right by the reconciler's apply.
+//! the agent's back are put right by the reconciler's apply. Operations are enqueued
+//! in one order (resource type, then id) so that overlapping sweeps of two agents
+//! never deadlock, and a failed sweep is tried again with backoff, not an interval later.
 
 use gitops_shared::telemetry::error_chain as chain;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -19,8 +21,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use gitops_shared::backoff;
 use gitops_shared::db::placed_rows::{PlacedTable, placed_elsewhere, placed_rows};
-use gitops_shared::db::{DbError, DbPool, pooled};
+use gitops_shared::db::{DbError, DbPool, in_txn_retrying, pooled};
 use gitops_shared::model::{EngineInstanceId, ResourceType, RowState, TenantId};
 use gitops_shared::queue::operation_enqueue_in_txn;
 use tokio_util::sync::CancellationToken;
@@ -195,29 +198,69 @@ pub struct Sweeper {
 
 /// Operations enqueued per transaction.
 const ENQUEUE_BATCH: usize = 500;
+/// The first wait before a failed sweep is tried again; it doubles up to the interval.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+
+/// Enqueues an operation for each of `targets` on `instance`, in batches. Every
+/// enqueuer of many operations inserts them in one order (resource type, then id),
+/// so two sweeps that overlap wait for each other instead of deadlocking; a batch
+/// PostgreSQL aborts anyway (a writer's enqueue in between) is run again.
+pub async fn enqueue_targets(
+    client: &mut tokio_postgres::Client,
+    instance: EngineInstanceId,
+    mut targets: Vec<Target>,
+) -> Result<(), DbError> {
+    targets.sort();
+    targets.dedup_by_key(|t| (t.resource_type, t.resource_id));
+    for chunk in targets.chunks(ENQUEUE_BATCH) {
+        in_txn_retrying(client, |txn| {
+            // The body may run again: each run gets its own copy of the batch.
+            let chunk = chunk.to_vec();
+            Box::pin(async move {
+                for target in chunk {
+                    let resource_type = target.resource_type.resource_type();
+                    operation_enqueue_in_txn(txn, instance, target.tenant_id, resource_type, target.resource_id)
+                        .await?;
+                }
+                Ok(())
+            })
+        })
+        .await?;
+    }
+    Ok(())
+}
 
 impl Sweeper {
-    /// Sweeps at once, then every `interval`, until `cancel` fires.
+    /// Sweeps at once, then every `interval`, until `cancel` fires. A failed sweep is tried again after 1 s, doubling (with jitter) up to the interval.
     pub async fn run(self, cancel: CancellationToken) {
+        let mut failures: u32 = 0;
         loop {
-            match self.sweep_once().await {
-                Ok(plan) => tracing::info!(
-                    deletions = plan.deletions.len(),
-                    restores = plan.restores.len(),
-                    resyncs = plan.resyncs.len(),
-                    refused = plan.refused,
-                    dry_run = self.config.dry_run,
-                    "sweep finished"
-                ),
-                Err(error) => {
-                    self.metrics.sweep_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(error = %chain(&error), "sweep failed");
+            let wait = match self.sweep_once().await {
+                Ok(plan) => {
+                    failures = 0;
+                    tracing::info!(
+                        deletions = plan.deletions.len(),
+                        restores = plan.restores.len(),
+                        resyncs = plan.resyncs.len(),
+                        refused = plan.refused,
+                        dry_run = self.config.dry_run,
+                        "sweep finished"
+                    );
+                    self.config.interval
                 }
-            }
+                Err(error) => {
+                    failures = failures.saturating_add(1);
+                    self.metrics.sweep_failures.fetch_add(1, Ordering::Relaxed);
+                    let wait =
+                        backoff::exponential(failures, RETRY_FIRST, self.config.interval, backoff::unit_random());
+                    tracing::warn!(error = %chain(&error), retry_in_ms = wait.as_millis() as u64, "sweep failed");
+                    wait
+                }
+            };
             self.metrics.sweep_runs.fetch_add(1, Ordering::SeqCst);
             tokio::select! {
                 () = cancel.cancelled() => return,
-                () = tokio::time::sleep(self.config.interval) => {}
+                () = tokio::time::sleep(wait) => {}
             }
         }
     }
@@ -261,21 +304,7 @@ impl Sweeper {
             return Ok(plan);
         }
         let all: Vec<Target> = plan.deletions.iter().chain(&plan.restores).chain(&plan.resyncs).copied().collect();
-        for chunk in all.chunks(ENQUEUE_BATCH) {
-            let txn = client.transaction().await.map_err(|e| SweepError::Enqueue(DbError::query("begin")(e)))?;
-            for target in chunk {
-                operation_enqueue_in_txn(
-                    &txn,
-                    self.instance,
-                    target.tenant_id,
-                    target.resource_type.resource_type(),
-                    target.resource_id,
-                )
-                .await
-                .map_err(SweepError::Enqueue)?;
-            }
-            txn.commit().await.map_err(|e| SweepError::Enqueue(DbError::query("commit")(e)))?;
-        }
+        enqueue_targets(&mut client, self.instance, all).await.map_err(SweepError::Enqueue)?;
         self.metrics.sweep_deletions_enqueued.fetch_add(plan.deletions.len() as u64, Ordering::Relaxed);
         self.metrics.sweep_restores_enqueued.fetch_add(plan.restores.len() as u64, Ordering::Relaxed);
         Ok(plan)

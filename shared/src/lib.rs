@@ -4,6 +4,7 @@
 //! This crate knows PostgreSQL and nothing about Kubernetes or command lines, so it
 //! is tested with a database alone.
 
+pub mod backoff;
 pub mod config;
 pub mod crypto;
 pub mod db;

@@ -57,15 +57,7 @@ pub const RETRY_CAP: Duration = Duration::from_secs(120);
 /// by jitter to between half and all of it (`unit` in [0, 1) picks where), so keys
 /// that failed together do not come back together.
 pub fn retry_delay(failures: u32, unit: f64) -> Duration {
-    let doublings = failures.saturating_sub(1).min(31);
-    let nominal = RETRY_BASE.saturating_mul(1 << doublings).min(RETRY_CAP);
-    nominal.mul_f64(0.5 + 0.5 * unit.clamp(0.0, 1.0))
-}
-
-/// A random number in [0, 1), from a v4 UUID's random bits (no RNG crate needed).
-fn jitter_unit() -> f64 {
-    let bits = uuid::Uuid::new_v4().as_u128() as u64 >> 11;
-    bits as f64 / (1u64 << 53) as f64
+    gitops_shared::backoff::exponential(failures, RETRY_BASE, RETRY_CAP, unit)
 }
 
 /// One object: kind, namespace and name.
@@ -142,7 +134,7 @@ impl WorkQueue {
     /// Counts a failed reconcile of `key` and pushes it again after its backoff
     /// (unless `cancel` fires first); returns the delay.
     pub fn retry_later(&self, key: Key, cancel: &CancellationToken) -> Duration {
-        let delay = self.failed(&key, jitter_unit());
+        let delay = self.failed(&key, gitops_shared::backoff::unit_random());
         self.push_after(key, delay, cancel);
         delay
     }
@@ -292,7 +284,7 @@ mod tests {
             }
         }
         for _ in 0..1000 {
-            let unit = jitter_unit();
+            let unit = gitops_shared::backoff::unit_random();
             assert!((0.0..1.0).contains(&unit), "{unit}");
         }
     }

@@ -24,19 +24,9 @@ impl RetryPolicy {
     /// capped, then scaled by a random factor in [0.5, 1.0) so that retries of many
     /// operations that failed together spread out.
     pub fn delay(&self, attempts: i32) -> Duration {
-        let exponent = u32::try_from(attempts.saturating_sub(1)).unwrap_or(0).min(30);
-        let raw = self.base.saturating_mul(1u32 << exponent).min(self.cap);
-        raw.mul_f64(0.5 + 0.5 * unit_random())
+        let failures = u32::try_from(attempts).unwrap_or(0);
+        crate::backoff::exponential(failures, self.base, self.cap, crate::backoff::unit_random())
     }
-}
-
-/// A random number in [0, 1) from the operating system.
-fn unit_random() -> f64 {
-    let mut bytes = [0u8; 8];
-    if getrandom::fill(&mut bytes).is_err() {
-        return 0.5;
-    }
-    (u64::from_le_bytes(bytes) >> 11) as f64 / (1u64 << 53) as f64
 }
 
 #[cfg(test)]

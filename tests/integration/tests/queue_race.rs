@@ -297,3 +297,44 @@ async fn a_hundred_changes_during_a_reconcile_cause_at_most_one_more() {
     let operations: i64 = client.query_one("SELECT count(*) FROM operation", &[]).await.expect("count").get(0);
     assert_eq!(operations, 2);
 }
+
+/// Two sweeps of one instance that enqueue the same resources, handed them in
+/// opposite orders (as plans of different moments list them): inserted one way,
+/// they would wait for each other's batch and deadlock; neither fails, and each
+/// resource has exactly one waiting operation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_sweeps_enqueue_the_same_resources_without_deadlock() {
+    use gitops_agent::sweep::{ResourceTypeKey, Target, enqueue_targets};
+
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    for round in 0..5i64 {
+        let ids = round * 1000..round * 1000 + 400;
+        let forward: Vec<Target> = ids
+            .clone()
+            .map(|id| Target { resource_type: ResourceTypeKey::Application, resource_id: id, tenant_id: fx.tenant })
+            .collect();
+        let backward: Vec<Target> = forward.iter().rev().copied().collect();
+        let race = |targets: Vec<Target>| {
+            let db = &db;
+            async move {
+                let mut client = db.connect().await;
+                enqueue_targets(&mut client, fx.instance, targets).await
+            }
+        };
+        let (a, b) = tokio::join!(race(forward), race(backward));
+        a.expect("the first sweep's enqueue");
+        b.expect("the second sweep's enqueue");
+        let row = client
+            .query_one(
+                "SELECT count(*) AS operations, count(DISTINCT resource_id) AS resources FROM operation
+                  WHERE state = 'waiting' AND resource_id >= $1 AND resource_id < $2",
+                &[&ids.start, &ids.end],
+            )
+            .await
+            .expect("count");
+        let (operations, resources): (i64, i64) = (row.get("operations"), row.get("resources"));
+        assert_eq!((operations, resources), (400, 400), "round {round}: one waiting operation per resource");
+    }
+}
