@@ -7,9 +7,12 @@ use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
 /// Installs the process-wide log subscriber. Call once, first thing in `main`.
+/// A log line that cannot be written (stderr a closed pipe, say) is dropped: it
+/// must never stop the process — or stop it from shutting down on SIGTERM.
 pub fn init_logging() {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
         .init();
@@ -41,7 +44,7 @@ pub fn finish_command<E: std::error::Error>(
             match stdout.write_all(output.as_bytes()).and_then(|()| stdout.flush()) {
                 Ok(()) => std::process::ExitCode::SUCCESS,
                 Err(error) => {
-                    eprintln!("error: could not write the output: {error}");
+                    to_stderr(&format!("error: could not write the output: {error}"));
                     std::process::ExitCode::FAILURE
                 }
             }
@@ -55,10 +58,16 @@ pub fn finish_command<E: std::error::Error>(
 
 /// Prints `error: …` and one `caused by: …` line per source to stderr.
 pub fn print_error_chain(error: &dyn std::error::Error) {
-    eprintln!("error: {error}");
+    to_stderr(&format!("error: {error}"));
     let mut source = error.source();
     while let Some(cause) = source {
-        eprintln!("  caused by: {cause}");
+        to_stderr(&format!("  caused by: {cause}"));
         source = cause.source();
     }
+}
+
+/// Writes a line to stderr; a stderr that cannot be written to is not a panic.
+fn to_stderr(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }

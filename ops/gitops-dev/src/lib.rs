@@ -45,13 +45,16 @@ pub async fn run(command: Command) -> Result<String, DevToolError> {
         },
         Command::Up(args) => {
             up::up(&args.dir, |info| {
-                eprintln!(
+                use std::io::Write as _;
+                // The stack keeps running (and stops on SIGTERM) whoever reads this.
+                let _ = writeln!(
+                    std::io::stderr(),
                     "kubeconfig: {}\nenvironment: {} (set -a; . {}; set +a)",
                     info.kubeconfig.display(),
                     info.env_file.display(),
                     info.env_file.display()
                 );
-                println!("ready");
+                let _ = writeln!(std::io::stdout(), "ready");
             })
             .await
             .map_err(|source| DevToolError::Up { source })?;

@@ -14,6 +14,7 @@ mod kube_conformance;
 mod kube_smoke;
 mod migrations;
 mod ops_dashboard;
+mod process_signals;
 mod queue_admin;
 mod queue_failures;
 mod queue_race;
