@@ -9,11 +9,16 @@
 //! event); an unchanged observation is dropped in memory first and by the
 //! database's `IS DISTINCT FROM` second, so the writers are woken only for real
 //! changes.
+//!
+//! An observation that cannot be written (the database restarting, say) is kept —
+//! the latest one per Application — and written again with backoff until it goes
+//! in: the engine may not report that Application again for minutes, and the tenant
+//! must read the truth within seconds of the database's return.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use futures_util::StreamExt;
 use gitops_shared::db::application_state::{
@@ -32,9 +37,13 @@ use crate::names::APPLICATION_ID_LABEL;
 /// Prefix of `names::application_name`: `gitops-<resource uid>`.
 const APPLICATION_NAME_PREFIX: &str = "gitops-";
 
+/// The first wait before dropped observations are written again; it doubles up to
+/// `RETRY_LAST` while the database stays away.
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+const RETRY_LAST: Duration = Duration::from_secs(5);
+
 /// Records `engine`'s status events until `cancel` fires. Stream errors are logged
-/// (the engine retries); database errors are logged and the application is seen
-/// again on the stream's next report.
+/// (the engine retries); observations the database refused are written again.
 pub async fn run_status_watcher(
     engine: Arc<dyn Engine>,
     instance: EngineInstanceId,
@@ -43,11 +52,17 @@ pub async fn run_status_watcher(
     cancel: CancellationToken,
 ) {
     let mut events = engine.status_events();
-    let mut writer = StatusWriter { instance, pool, metrics, last: HashMap::new() };
+    let mut writer = StatusWriter { instance, pool, metrics, last: HashMap::new(), pending: HashMap::new() };
+    let mut failures: u32 = 0;
     loop {
+        let retry_in = gitops_shared::backoff::exponential(failures, RETRY_FIRST, RETRY_LAST, 1.0);
         let event = tokio::select! {
             () = cancel.cancelled() => return,
             event = events.next() => event,
+            () = tokio::time::sleep(retry_in), if !writer.pending.is_empty() => {
+                failures = if writer.retry_pending().await { 0 } else { failures.saturating_add(1) };
+                continue;
+            }
         };
         match event {
             None => return,
@@ -56,6 +71,7 @@ pub async fn run_status_watcher(
             Some(Ok(StatusEvent::Applied(observed))) => writer.observe(&observed).await,
             Some(Ok(StatusEvent::Deleted(name))) => {
                 writer.last.remove(&name);
+                writer.pending.remove(&name);
             }
         }
     }
@@ -67,12 +83,33 @@ struct StatusWriter {
     metrics: Arc<Metrics>,
     /// What was last written (or found unchanged) per Application name.
     last: HashMap<String, application_state::ObservedApplication>,
+    /// The latest observation per Application that could not be written yet.
+    pending: HashMap<String, ObservedApplication>,
 }
 
 impl StatusWriter {
+    /// Writes the observations the database refused before; true when all went in.
+    async fn retry_pending(&mut self) -> bool {
+        let pending: Vec<ObservedApplication> = std::mem::take(&mut self.pending).into_values().collect();
+        let count = pending.len();
+        let mut rest = pending.into_iter();
+        while let Some(application) = rest.next() {
+            self.observe(&application).await;
+            if self.pending.contains_key(&application.name) {
+                // Still failing: the others wait for the next round (one warning a round).
+                self.pending.extend(rest.map(|other| (other.name.clone(), other)));
+                return false;
+            }
+        }
+        tracing::info!(applications = count, "status held back by a database error recorded");
+        true
+    }
+
     async fn observe(&mut self, application: &ObservedApplication) {
         self.metrics.status_events.fetch_add(1, Ordering::Relaxed);
         let name = application.name.clone();
+        // A newer report of the same Application replaces one held back.
+        self.pending.remove(&name);
         let result = async {
             let client = pooled(&self.pool).await?;
             let Some(owner) = self.owner(&client, application).await? else {
@@ -107,6 +144,7 @@ impl StatusWriter {
         if let Err(error) = result {
             self.metrics.status_errors.fetch_add(1, Ordering::Relaxed);
             self.last.remove(&name);
+            self.pending.insert(name.clone(), application.clone());
             tracing::warn!(%error, engine.application = %name, "could not record an application's status");
         }
     }

@@ -23,6 +23,7 @@ use gitops_testkit::argocd::{
     self, COMPARISON_ERROR_KNOB, HEALTH_KNOB, SYNC_KNOB, StandinOptions, app_project_crd, application_crd,
 };
 use gitops_testkit::cluster::{TestCluster, TestNamespace};
+use gitops_testkit::proxy::TcpProxy;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -251,6 +252,61 @@ async fn agent_status_flows_into_application_state_with_increasing_seq() {
     // re-reports, but no row is written (the sequence number stays).
     agent.wait_sweeps(3).await;
     assert_eq!(env.state(id).await.expect("state").0, third, "unchanged status is not written again");
+    agent.stop().await;
+}
+
+/// `url` with its host and port replaced by the proxy's on 127.0.0.1.
+fn through_proxy(url: &str, proxy: &TcpProxy) -> String {
+    let config: tokio_postgres::Config = url.parse().expect("a database URL");
+    let user = config.get_user().unwrap_or("postgres");
+    let database = config.get_dbname().unwrap_or("postgres");
+    let password = config.get_password().map(|p| format!(":{}", String::from_utf8_lossy(p))).unwrap_or_default();
+    format!("postgres://{user}{password}@127.0.0.1:{}/{database}", proxy.port())
+}
+
+/// The database address of `url` (the test server listens on loopback).
+fn database_address(url: &str) -> std::net::SocketAddr {
+    let config: tokio_postgres::Config = url.parse().expect("a database URL");
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => {
+            let ip: std::net::IpAddr = host.parse().expect("the test server is addressed by IP");
+            std::net::SocketAddr::new(ip, port)
+        }
+        other => panic!("the test server is not reached over TCP: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn agent_status_observed_while_the_database_is_away_is_recorded_when_it_returns() {
+    let mut env = env("ar-outage").await;
+    let proxy = TcpProxy::start(database_address(&env.db.url())).await.expect("start the proxy");
+    let mut config = env.config();
+    config.database_url = through_proxy(&env.db.url(), &proxy).into();
+    // One sweep at start only: a later one would re-apply the Application and make
+    // Argo CD report it again, hiding a dropped observation.
+    config.sweep.interval = Duration::from_secs(3600);
+    let agent = env.start(config);
+    let (id, name) = env.application().await;
+    eventually("Healthy recorded", || async {
+        env.state(id).await.filter(|(_, _, health, _)| health.as_deref() == Some("Healthy"))
+    })
+    .await;
+
+    proxy.cut();
+    let errors = agent.handle.metrics.status_errors.load(Ordering::Relaxed);
+    env.annotate(&name, HEALTH_KNOB, Some("Degraded")).await;
+    eventually("the status write failing", || async {
+        (agent.handle.metrics.status_errors.load(Ordering::Relaxed) > errors).then_some(())
+    })
+    .await;
+    assert_ne!(env.state(id).await.expect("state").2.as_deref(), Some("Degraded"), "not written while away");
+
+    proxy.restore();
+    eventually("Degraded recorded once the database is back", || async {
+        env.state(id).await.filter(|(_, _, health, _)| health.as_deref() == Some("Degraded"))
+    })
+    .await;
     agent.stop().await;
 }
 

@@ -9,6 +9,7 @@ pub mod argocd;
 pub mod cluster;
 pub mod kube_emulator;
 mod postgres;
+pub mod proxy;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
