@@ -372,6 +372,7 @@ CREATE TABLE public.operation (
     operator_error text,
     tenant_message text,
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    lease_expiries integer DEFAULT 0 NOT NULL,
     CONSTRAINT operation_check CHECK (((state <> 'claimed'::public.operation_state) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL))))
 );
 

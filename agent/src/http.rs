@@ -29,10 +29,11 @@ impl HealthEndpoints for Endpoints {
     async fn readiness(&self) -> Result<(), String> {
         let listening = self.listener.is_connected();
         let database = database_reachable(&self.pool).await;
-        if listening && database {
+        let argocd = self.metrics.argocd_reachable.load(std::sync::atomic::Ordering::Relaxed);
+        if listening && database && argocd {
             Ok(())
         } else {
-            Err(format!("listen_connected={listening} database_reachable={database}"))
+            Err(format!("listen_connected={listening} database_reachable={database} argocd_reachable={argocd}"))
         }
     }
 }

@@ -84,6 +84,10 @@ pub struct RunArgs {
     /// Operations reconciled at once.
     #[arg(long, env = "GITOPS_AGENT_CONCURRENCY", default_value_t = 16)]
     pub concurrency: usize,
+    /// How long failed operations (dead letters) are kept before they are pruned,
+    /// e.g. 7d.
+    #[arg(long, env = "GITOPS_AGENT_FAILED_RETENTION", default_value = "7d", value_parser = parse_duration)]
+    pub failed_retention: Duration,
     /// Further API URLs of the home cluster (the tenants' own cluster, and the one
     /// Argo CD runs in): repeat or separate with commas. The in-cluster names
     /// (https://kubernetes.default.svc[.cluster.local], https://kubernetes.default)
@@ -167,6 +171,7 @@ pub async fn run(args: &RunArgs) -> Result<(), AgentError> {
         sweep_dry_run,
         lease,
         concurrency,
+        failed_retention,
         home_api_urls: _,
         service_namespaces: _,
         reserved_namespaces: _,
@@ -181,6 +186,7 @@ pub async fn run(args: &RunArgs) -> Result<(), AgentError> {
     config.sweep.dry_run = *sweep_dry_run;
     config.lease = *lease;
     config.concurrency = *concurrency;
+    config.failed_retention = *failed_retention;
     // The three destination settings are read by `destinations`.
     config.destinations = destinations(args, std::env::var(POD_NAMESPACE).ok());
     let cancel = CancellationToken::new();

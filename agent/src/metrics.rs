@@ -36,6 +36,10 @@ pub struct Metrics {
     /// Waiting operations of the instance at the last sample.
     pub queue_depth: AtomicI64,
     pub heartbeats: AtomicU64,
+    /// Probes of the Argo CD namespace's API (one before each heartbeat).
+    pub argocd_probes: AtomicU64,
+    /// Whether the Argo CD namespace's API answered the last probe.
+    pub argocd_reachable: std::sync::atomic::AtomicBool,
     pub status_events: AtomicU64,
     pub status_writes: AtomicU64,
     pub status_unmatched: AtomicU64,
@@ -84,6 +88,8 @@ impl Default for Metrics {
             claim_lag: Histogram::new(LAG_BUCKETS),
             queue_depth: AtomicI64::new(0),
             heartbeats: AtomicU64::new(0),
+            argocd_reachable: std::sync::atomic::AtomicBool::new(true),
+            argocd_probes: AtomicU64::new(0),
             status_events: AtomicU64::new(0),
             status_writes: AtomicU64::new(0),
             status_unmatched: AtomicU64::new(0),
@@ -186,8 +192,21 @@ impl Metrics {
                 i64::from(listener.is_connected())
             });
         }
-        let plain: [(&str, &str, &AtomicU64); 11] = [
+        gauge(
+            &mut out,
+            "gitops_agent_argocd_reachable",
+            "1 while the Argo CD namespace's API answers the agent.",
+            i64::from(self.argocd_reachable.load(Ordering::Relaxed)),
+        );
+        counter(
+            &mut out,
+            "gitops_agent_unclassified_errors_total",
+            "Argo CD errors no class was found for (retried as transient).",
+            crate::engine::argocd::UNCLASSIFIED_ERRORS.load(Ordering::Relaxed),
+        );
+        let plain: [(&str, &str, &AtomicU64); 12] = [
             ("gitops_agent_heartbeats_total", "Instance heartbeats written.", &self.heartbeats),
+            ("gitops_agent_argocd_probes_total", "Probes of the Argo CD namespace's API.", &self.argocd_probes),
             ("gitops_agent_status_events_total", "Application watch events seen.", &self.status_events),
             ("gitops_agent_status_writes_total", "application_state rows written.", &self.status_writes),
             ("gitops_agent_status_unmatched_total", "Owned Applications without a row.", &self.status_unmatched),

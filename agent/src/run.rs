@@ -63,6 +63,8 @@ pub struct AgentConfig {
     pub destinations: DestinationConfig,
     pub lease: Duration,
     pub concurrency: usize,
+    /// Dead letters older than this are pruned.
+    pub failed_retention: Duration,
     /// Scan the queue at least this often without a notification.
     pub poll_interval: Duration,
     pub heartbeat_interval: Duration,
@@ -85,6 +87,7 @@ impl AgentConfig {
             destinations: DestinationConfig::default(),
             lease: Duration::from_secs(60),
             concurrency: 16,
+            failed_retention: Duration::from_secs(7 * 24 * 3600),
             poll_interval: Duration::from_secs(30),
             heartbeat_interval: Duration::from_secs(15),
             secrets,
@@ -136,6 +139,7 @@ pub async fn run_agent(config: AgentConfig, cancel: CancellationToken) -> Result
     tasks.spawn(crate::http::serve(http, endpoints, background.clone()));
     tasks.spawn(heartbeat_loop(
         pool.clone(),
+        engine.clone(),
         instance.clone(),
         config.heartbeat_interval,
         metrics.clone(),
@@ -166,6 +170,7 @@ pub async fn run_agent(config: AgentConfig, cancel: CancellationToken) -> Result
     consumer_config.lease_for = config.lease;
     consumer_config.margin = (config.lease / 12).max(Duration::from_millis(500));
     consumer_config.poll_interval = config.poll_interval;
+    consumer_config.failed_retention = Some(config.failed_retention);
     let consumer = Consumer::new(pool.clone(), listener.clone(), consumer_config, handler);
     metrics.attach_consumer(consumer.stats());
     listener.wait_connected(Duration::from_secs(10)).await;
@@ -212,8 +217,12 @@ async fn heartbeat(pool: &DbPool, instance: &EngineInstance, metrics: &Metrics) 
     Ok(())
 }
 
+/// Beats while the Argo CD namespace's API answers: an agent that cannot reach it
+/// writes no heartbeat and is not ready. When it answers again, the instance's
+/// backed-off operations are made due at once instead of at their next retry.
 async fn heartbeat_loop(
     pool: DbPool,
+    engine: Arc<dyn Engine>,
     instance: EngineInstance,
     every: Duration,
     metrics: Arc<Metrics>,
@@ -224,10 +233,36 @@ async fn heartbeat_loop(
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(every) => {}
         }
+        let was_reachable = metrics.argocd_reachable.load(Ordering::Relaxed);
+        let probe = engine.probe().await;
+        metrics.argocd_probes.fetch_add(1, Ordering::Relaxed);
+        if let Err(error) = probe {
+            if was_reachable {
+                tracing::error!(error = %gitops_shared::telemetry::error_chain(&error), argocd.ns = %instance.argocd_namespace,
+                    "the Argo CD namespace's API does not answer this agent: not ready, no heartbeat");
+            }
+            metrics.argocd_reachable.store(false, Ordering::Relaxed);
+            continue;
+        }
+        metrics.argocd_reachable.store(true, Ordering::Relaxed);
+        if !was_reachable {
+            match recovered(&pool, &instance).await {
+                Ok(due) => tracing::info!(
+                    operations = due,
+                    "the Argo CD namespace's API answers again; waiting operations made due"
+                ),
+                Err(error) => tracing::warn!(%error, "could not make waiting operations due"),
+            }
+        }
         if let Err(error) = heartbeat(&pool, &instance, &metrics).await {
             tracing::warn!(%error, "heartbeat failed");
         }
     }
+}
+
+async fn recovered(pool: &DbPool, instance: &EngineInstance) -> Result<u64, db::DbError> {
+    let client = pooled(pool).await?;
+    gitops_shared::queue::operation_make_due(&client, instance.id).await
 }
 
 /// The reconciler with its metrics and a tracing span per operation.

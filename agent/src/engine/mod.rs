@@ -190,8 +190,26 @@ pub struct OwnedObject {
 /// not. Messages name the action; the source keeps the detail for operators.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// Unavailable, throttled, timed out, or failed in a way nobody classified:
+    /// try again later, for as long as it takes.
     #[error("could not {action} (transient)")]
     Transient {
+        action: String,
+        #[source]
+        source: BoxError,
+    },
+    /// The object changed under us (409): try again at once.
+    #[error("could not {action}: it changed meanwhile")]
+    Conflict {
+        action: String,
+        #[source]
+        source: BoxError,
+    },
+    /// The instance, not the object, is at fault (the agent's identity is refused,
+    /// the Argo CD namespace or its resource types are missing): every operation
+    /// fails alike until an operator fixes it; retried, never dead-lettered.
+    #[error("could not {action}: the Argo CD instance is unavailable to this agent")]
+    Instance {
         action: String,
         #[source]
         source: BoxError,
@@ -239,6 +257,10 @@ pub trait Engine: Send + Sync + fmt::Debug + 'static {
     fn terminate<'a>(&'a self, application: &'a str) -> BoxFuture<'a, Result<(), EngineError>>;
     /// Every object of the service in the engine (by the managed-by label).
     fn list_owned(&self) -> BoxFuture<'_, Result<Vec<OwnedObject>, EngineError>>;
+    /// Whether the engine's API answers this agent (a cheap read it needs anyway).
+    fn probe(&self) -> BoxFuture<'_, Result<(), EngineError>> {
+        Box::pin(async { Ok(()) })
+    }
     /// The status of the service's applications, as a stream that never ends on its
     /// own: errors are reported as items (always transient) and the stream retries
     /// with backoff; after a restart it begins with `StatusEvent::Restarted`.

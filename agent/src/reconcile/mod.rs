@@ -63,23 +63,40 @@ impl ReconcileError {
     pub fn to_failure(&self) -> Failure {
         let operator_error = chain(self);
         match self {
-            ReconcileError::Db(_) => Failure::Retryable {
+            ReconcileError::Db(_) => Failure::Transient {
                 operator_error,
                 tenant_message: "a temporary internal error occurred; retrying".into(),
             },
-            ReconcileError::Engine(EngineError::Transient { .. }) => Failure::Retryable {
+            ReconcileError::Engine(EngineError::Transient { .. }) => Failure::Transient {
                 operator_error,
                 tenant_message: "Argo CD is temporarily unavailable; retrying".into(),
+            },
+            ReconcileError::Engine(EngineError::Instance { .. }) => Failure::Transient {
+                operator_error,
+                tenant_message: "the Argo CD instance serving this namespace is unavailable; retrying until an \
+                                 operator restores it"
+                    .into(),
+            },
+            ReconcileError::Engine(EngineError::Conflict { .. }) => Failure::Conflict {
+                operator_error,
+                tenant_message: "Argo CD's object changed meanwhile; retrying".into(),
             },
             ReconcileError::Engine(EngineError::Refused { tenant_message, .. }) => {
                 Failure::Permanent { operator_error, tenant_message: tenant_message.clone() }
             }
+            // A key the agent does not have is the instance's configuration, not the tenant's input.
+            ReconcileError::Credentials { source: CryptoError::UnknownKey { .. }, .. } => Failure::Transient {
+                operator_error,
+                tenant_message: "the service cannot read the stored credentials now; retrying until an operator \
+                                 restores its keys"
+                    .into(),
+            },
             ReconcileError::Credentials { .. } | ReconcileError::CredentialsFormat { .. } => Failure::Permanent {
                 operator_error,
                 tenant_message: "the stored credentials could not be read; update the credentials Secret".into(),
             },
             ReconcileError::NotYet { tenant_message, .. } => {
-                Failure::Retryable { operator_error, tenant_message: tenant_message.clone() }
+                Failure::Transient { operator_error, tenant_message: tenant_message.clone() }
             }
             ReconcileError::Refused { tenant_message, .. } => {
                 Failure::Permanent { operator_error, tenant_message: tenant_message.clone() }

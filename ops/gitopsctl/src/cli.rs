@@ -121,6 +121,16 @@ pub enum QueueCommand {
         #[arg(long)]
         all_failed: bool,
     },
+    /// Remove a failed operation (or every failed one) for good; its resource is
+    /// reconciled again at its next change.
+    Discard {
+        /// Id of the failed operation.
+        #[arg(required_unless_present = "all_failed", conflicts_with = "all_failed")]
+        id: Option<i64>,
+        /// Discard every failed operation (never read from the environment).
+        #[arg(long)]
+        all_failed: bool,
+    },
     /// List failed operations with the operator's and the tenant's message.
     Failed {
         /// At most this many, oldest id first.
@@ -176,5 +186,8 @@ mod tests {
         assert!(Cli::try_parse_from(["gitopsctl", "queue", "retry"]).is_err());
         assert!(Cli::try_parse_from(["gitopsctl", "queue", "retry", "3", "--all-failed"]).is_err());
         assert!(Cli::try_parse_from(["gitopsctl", "queue", "retry", "--all-failed"]).is_ok());
+        assert!(Cli::try_parse_from(["gitopsctl", "queue", "discard"]).is_err());
+        assert!(Cli::try_parse_from(["gitopsctl", "queue", "discard", "3", "--all-failed"]).is_err());
+        assert!(Cli::try_parse_from(["gitopsctl", "queue", "discard", "3"]).is_ok());
     }
 }

@@ -13,7 +13,7 @@ pub enum CtlError {
     Connect { database: String, source: DbError },
     #[error("could not {action}")]
     Db { action: &'static str, source: DbError },
-    #[error("operation {id} is not failed (or does not exist); nothing was retried")]
+    #[error("operation {id} is not failed (or does not exist); nothing was done")]
     NotFailed { id: i64 },
     #[error("could not load the encryption keys")]
     Keys { source: CryptoError },

@@ -4,7 +4,7 @@
 //! dispatches a parsed command line and returns the text for stdout.
 
 pub mod cli;
-mod error;
+pub mod error;
 pub mod instance;
 pub mod migrate;
 pub mod queue;
@@ -51,6 +51,8 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
                 Some(QueueCommand::Retry { id: None, .. }) => {
                     Ok(queue::render_retry_all(queue::retry_all_failed(url).await?))
                 }
+                Some(QueueCommand::Discard { id: Some(id), .. }) => queue::discard(url, id).await,
+                Some(QueueCommand::Discard { id: None, .. }) => queue::discard_all_failed(url).await,
                 Some(QueueCommand::Failed { limit }) => Ok(queue::render_failed(&queue::failed(url, limit).await?)),
             }
         }

@@ -81,6 +81,24 @@ pub fn render_retry_all(report: RetryAllReport) -> String {
     )
 }
 
+/// Removes failed operation `id`; what `queue discard ID` prints (an operation
+/// that is not failed is an error).
+pub async fn discard(database_url: &str, id: i64) -> Result<String, CtlError> {
+    let client = crate::connect(database_url).await?;
+    match queue::operation_discard(&client, OperationId(id)).await.map_err(CtlError::db("discard the operation"))? {
+        true => Ok(format!("operation {id} discarded\n")),
+        false => Err(CtlError::NotFailed { id }),
+    }
+}
+
+/// Removes every failed operation; what `queue discard --all-failed` prints.
+pub async fn discard_all_failed(database_url: &str) -> Result<String, CtlError> {
+    let client = crate::connect(database_url).await?;
+    let removed =
+        queue::operation_discard_all_failed(&client).await.map_err(CtlError::db("discard the failed operations"))?;
+    Ok(format!("{removed} failed operations discarded\n"))
+}
+
 /// Up to `limit` failed operations, oldest id first.
 pub async fn failed(database_url: &str, limit: i64) -> Result<Vec<FailedOperation>, CtlError> {
     let client = crate::connect(database_url).await?;

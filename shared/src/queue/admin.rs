@@ -86,7 +86,7 @@ WITH newer AS (
 )
 UPDATE operation o
    SET state = CASE WHEN newer.present THEN 'superseded' ELSE 'waiting' END::operation_state,
-       attempts = 0, run_after = now(),
+       attempts = 0, lease_expiries = 0, run_after = now(),
        completed_at = CASE WHEN newer.present THEN clock_timestamp() END
   FROM newer
  WHERE o.id = $1 AND o.state = 'failed'
@@ -108,6 +108,22 @@ pub async fn operation_retry(client: &mut Client, id: OperationId) -> Result<Ret
 }
 
 const FAILED_IDS: &str = "SELECT id FROM operation WHERE state = 'failed' ORDER BY id";
+
+const DISCARD_ONE: &str = "DELETE FROM operation WHERE id = $1 AND state = 'failed'";
+
+const DISCARD_ALL: &str = "DELETE FROM operation WHERE state = 'failed'";
+
+/// Removes one dead letter (its resource keeps what the last success left); false
+/// when there is no failed operation with that id.
+pub async fn operation_discard(client: &Client, id: OperationId) -> Result<bool, DbError> {
+    let removed = client.execute(DISCARD_ONE, &[&id]).await.map_err(DbError::query("discard a failed operation"))?;
+    Ok(removed > 0)
+}
+
+/// Removes every dead letter; returns how many.
+pub async fn operation_discard_all_failed(client: &Client) -> Result<u64, DbError> {
+    client.execute(DISCARD_ALL, &[]).await.map_err(DbError::query("discard the failed operations"))
+}
 
 /// Puts every dead operation back; returns (requeued, superseded).
 pub async fn operation_retry_all_failed(client: &mut Client) -> Result<(u64, u64), DbError> {

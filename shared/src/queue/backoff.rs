@@ -5,7 +5,8 @@ use std::time::Duration;
 /// How failed operations are retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
-    /// Attempts (claims) before an operation is dead-lettered as `failed`.
+    /// Expired leases (claimers that crashed or stalled on it) before an operation
+    /// is dead-lettered as `failed`; reported failures are retried by their class.
     pub max_attempts: i32,
     /// Delay after the first failure, before jitter.
     pub base: Duration,
@@ -15,7 +16,7 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        RetryPolicy { max_attempts: 8, base: Duration::from_secs(1), cap: Duration::from_secs(300) }
+        RetryPolicy { max_attempts: 8, base: Duration::from_secs(1), cap: Duration::from_secs(60) }
     }
 }
 

@@ -97,20 +97,24 @@ pub async fn operation_complete(client: &Client, done: &[(OperationId, Uuid)]) -
     rows.iter().map(|row| column(row, "id", "complete operations")).collect()
 }
 
-/// Why an operation failed, and whether it is worth another attempt.
+/// Why an operation failed, and so what happens to it.
 #[derive(Debug, Clone)]
 pub enum Failure {
-    /// Transient (API unavailable, timeout): back off and try again.
-    Retryable { operator_error: String, tenant_message: String },
-    /// Trying again cannot help (invalid spec, forbidden): dead-letter it now.
+    /// Transient (Argo CD or its cluster unavailable, a timeout, a throttle): back
+    /// off (capped) and try again, for as long as it takes; never dead-lettered.
+    Transient { operator_error: String, tenant_message: String },
+    /// Someone else changed the object first: try again at once.
+    Conflict { operator_error: String, tenant_message: String },
+    /// Trying again cannot help (Argo CD refused the object): dead-letter it now.
     Permanent { operator_error: String, tenant_message: String },
 }
 
 impl Failure {
-    fn parts(&self) -> (&str, &str, bool) {
+    fn parts(&self) -> (&str, &str) {
         match self {
-            Failure::Retryable { operator_error, tenant_message } => (operator_error, tenant_message, true),
-            Failure::Permanent { operator_error, tenant_message } => (operator_error, tenant_message, false),
+            Failure::Transient { operator_error, tenant_message }
+            | Failure::Conflict { operator_error, tenant_message }
+            | Failure::Permanent { operator_error, tenant_message } => (operator_error, tenant_message),
         }
     }
 }
@@ -152,31 +156,29 @@ UPDATE operation o
  WHERE o.id = $1 AND o.lease_token = $2 AND o.state = 'claimed' AND o.lease_expires_at > now()
 RETURNING o.state";
 
-/// Records a failed attempt. Retryable failures go back to waiting with capped,
-/// jittered exponential backoff; permanent ones, and operations past the attempt
-/// limit, end `failed` with both messages. The tenant message is sanitised here.
+/// Records a failed attempt. Transient failures go back to waiting with capped,
+/// jittered exponential backoff, conflicts at once; permanent ones end `failed`
+/// with both messages. The tenant message is sanitised here.
 pub async fn operation_fail(
     client: &Client,
     op: &ClaimedOperation,
     failure: &Failure,
     policy: &RetryPolicy,
 ) -> Result<FailOutcome, DbError> {
-    let (operator_error, tenant_message, retryable) = failure.parts();
+    let (operator_error, tenant_message) = failure.parts();
     let tenant_message = sanitize_tenant_message(tenant_message);
     let token = op.lease.token();
-    if !retryable || op.attempts >= policy.max_attempts {
-        let operator_error = if retryable {
-            format!("gave up after {} attempts: {operator_error}", op.attempts)
-        } else {
-            operator_error.to_owned()
-        };
+    if let Failure::Permanent { .. } = failure {
         let row = client
             .query_opt(FAIL_DEAD, &[&op.id.0, &token, &operator_error, &tenant_message])
             .await
             .map_err(DbError::query("dead-letter an operation"))?;
         return Ok(if row.is_some() { FailOutcome::Failed } else { FailOutcome::LeaseLost });
     }
-    let after = policy.delay(op.attempts);
+    let after = match failure {
+        Failure::Conflict { .. } => Duration::ZERO,
+        _ => policy.delay(op.attempts),
+    };
     // A writer may insert the resource's next waiting operation between our look
     // and our update; the unique index then refuses it and the next try sees it.
     for _ in 0..3 {

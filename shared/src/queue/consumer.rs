@@ -54,6 +54,8 @@ pub struct ConsumerConfig {
     pub reclaim_every: Duration,
     /// Finished operations older than this are pruned (None: never).
     pub retention: Option<Duration>,
+    /// Dead letters older than this are pruned (None: never).
+    pub failed_retention: Option<Duration>,
 }
 
 impl ConsumerConfig {
@@ -70,6 +72,7 @@ impl ConsumerConfig {
             retry: RetryPolicy::default(),
             reclaim_every: Duration::from_secs(10),
             retention: Some(Duration::from_secs(24 * 3600)),
+            failed_retention: Some(Duration::from_secs(7 * 24 * 3600)),
         }
     }
 }
@@ -203,9 +206,7 @@ impl<H: Handler> Consumer<H> {
             if reclaimed > 0 {
                 tracing::info!(reclaimed, "reclaimed operations whose lease expired");
             }
-            if let Some(retention) = self.config.retention {
-                operation_prune(&client, retention, 10_000).await?;
-            }
+            operation_prune(&client, self.config.retention, self.config.failed_retention, 10_000).await?;
             Ok::<_, DbError>(())
         }
         .await;

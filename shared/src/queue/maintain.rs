@@ -11,7 +11,7 @@ use crate::model::{EngineInstanceId, OperationId};
 
 // Expired claims of one instance, locked so two reclaimers never handle the same row.
 const EXPIRED: &str = "
-SELECT o.id, o.attempts,
+SELECT o.id, o.lease_expiries,
        (SELECT w.id FROM operation w
          WHERE w.state = 'waiting' AND w.resource_type = o.resource_type
            AND w.resource_id = o.resource_id) AS waiting_id
@@ -23,25 +23,30 @@ SELECT o.id, o.attempts,
 
 const RECLAIM_TO_WAITING: &str = "
 UPDATE operation SET state = 'waiting', run_after = now(), lease_expires_at = NULL,
+       lease_expiries = lease_expiries + 1,
        operator_error = 'lease expired: the claimer crashed or stalled'
  WHERE id = $1";
 
 const RECLAIM_DEAD: &str = "
 UPDATE operation SET state = 'failed', completed_at = clock_timestamp(), lease_expires_at = NULL,
-       operator_error = 'lease expired ' || attempts || ' times: every claimer crashed or stalled on it',
-       tenant_message = 'The service could not process this change; operators have been alerted.'
+       lease_expiries = lease_expiries + 1,
+       operator_error = 'lease expired ' || (lease_expiries + 1) || ' times: every claimer crashed or stalled on it',
+       tenant_message = 'The service could not process this change: it stopped every attempt. It is not retried; '
+                        || 'change the resource, or ask the operator to look at the failed operation.'
  WHERE id = $1";
 
-// The waiting operation takes over, inheriting the attempts so that a resource that
+// The waiting operation takes over, inheriting the expiries so that a resource that
 // crashes its claimers still ends in `failed`.
 const RECLAIM_MERGE: &str = "
 WITH old AS (
     UPDATE operation SET state = 'superseded', completed_at = clock_timestamp(), lease_expires_at = NULL,
+           lease_expiries = lease_expiries + 1,
            operator_error = 'lease expired; a newer waiting operation takes over'
      WHERE id = $1
-    RETURNING attempts
+    RETURNING attempts, lease_expiries
 )
-UPDATE operation w SET attempts = GREATEST(w.attempts, old.attempts)
+UPDATE operation w SET attempts = GREATEST(w.attempts, old.attempts),
+                       lease_expiries = GREATEST(w.lease_expiries, old.lease_expiries)
   FROM old WHERE w.id = $2";
 
 /// Handles up to `limit` expired leases of `instance`: back to waiting, merged into
@@ -61,9 +66,9 @@ pub async fn operation_reclaim_expired(
             for row in &rows {
                 let read = "read an expired lease";
                 let id: OperationId = column(row, "id", read)?;
-                let attempts: i32 = column(row, "attempts", read)?;
+                let expiries: i32 = column(row, "lease_expiries", read)?;
                 let waiting: Option<OperationId> = column(row, "waiting_id", read)?;
-                if attempts >= max_attempts {
+                if expiries + 1 >= max_attempts {
                     txn.execute(RECLAIM_DEAD, &[&id])
                         .await
                         .map_err(DbError::query("dead-letter an expired operation"))?;
@@ -83,6 +88,16 @@ pub async fn operation_reclaim_expired(
     .await
 }
 
+const MAKE_DUE: &str = "
+UPDATE operation SET run_after = now()
+ WHERE engine_instance_id = $1 AND state = 'waiting' AND run_after > now()";
+
+/// Makes every backed-off waiting operation of `instance` due now (its instance
+/// recovered: what failed because of it need not wait out its backoff).
+pub async fn operation_make_due(client: &Client, instance: EngineInstanceId) -> Result<u64, DbError> {
+    client.execute(MAKE_DUE, &[&instance]).await.map_err(DbError::query("make waiting operations due"))
+}
+
 const PRUNE: &str = "
 DELETE FROM operation WHERE id IN (
     SELECT id FROM operation
@@ -91,8 +106,33 @@ DELETE FROM operation WHERE id IN (
      ORDER BY completed_at
      LIMIT $2)";
 
-/// Deletes up to `batch` finished operations older than `retention`. Failed
-/// operations stay until an operator retries or removes them.
-pub async fn operation_prune(client: &Client, retention: Duration, batch: i64) -> Result<u64, DbError> {
-    client.execute(PRUNE, &[&secs(retention), &batch]).await.map_err(DbError::query("prune finished operations"))
+const PRUNE_FAILED: &str = "
+DELETE FROM operation WHERE id IN (
+    SELECT id FROM operation
+     WHERE state = 'failed' AND completed_at < now() - make_interval(secs => $1)
+     ORDER BY completed_at
+     LIMIT $2)";
+
+/// Deletes up to `batch` finished operations older than `retention`, and up to
+/// `batch` dead letters older than `failed_retention` (None: kept).
+pub async fn operation_prune(
+    client: &Client,
+    retention: Option<Duration>,
+    failed_retention: Option<Duration>,
+    batch: i64,
+) -> Result<u64, DbError> {
+    let mut pruned = 0;
+    if let Some(retention) = retention {
+        pruned += client
+            .execute(PRUNE, &[&secs(retention), &batch])
+            .await
+            .map_err(DbError::query("prune finished operations"))?;
+    }
+    if let Some(retention) = failed_retention {
+        pruned += client
+            .execute(PRUNE_FAILED, &[&secs(retention), &batch])
+            .await
+            .map_err(DbError::query("prune failed operations"))?;
+    }
+    Ok(pruned)
 }

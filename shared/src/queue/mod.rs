@@ -24,15 +24,15 @@ mod maintain;
 use std::time::{Duration, SystemTime};
 
 pub use admin::{
-    FailedOperation, QueueSummary, QueueSummaryRow, RetryOutcome, operation_list_failed, operation_retry,
-    operation_retry_all_failed, operation_waiting_count, queue_summary,
+    FailedOperation, QueueSummary, QueueSummaryRow, RetryOutcome, operation_discard, operation_discard_all_failed,
+    operation_list_failed, operation_retry, operation_retry_all_failed, operation_waiting_count, queue_summary,
 };
 pub use backoff::RetryPolicy;
 pub use claim::{CLAIM as CLAIM_SQL, FailOutcome, Failure, operation_claim, operation_complete, operation_fail};
 pub use consumer::{Consumer, ConsumerConfig, ConsumerStats, Handler, Outcome};
 pub use enqueue::{Enqueued, operation_enqueue_in_txn};
 pub use lease::{Lease, LeaseKeeper, operation_renew};
-pub use maintain::{operation_prune, operation_reclaim_expired};
+pub use maintain::{operation_make_due, operation_prune, operation_reclaim_expired};
 
 use crate::model::{EngineInstanceId, OperationId, ResourceType, TenantId};
 

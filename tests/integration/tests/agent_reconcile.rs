@@ -397,7 +397,7 @@ async fn agent_hanging_deletion_is_retried_and_reported() {
     env.enqueue(tenant, ResourceType::Application, id).await;
     let outcomes = env.reconcile().await;
     assert!(
-        matches!(outcomes.as_slice(), [(_, _, Outcome::Failed(gitops_shared::queue::Failure::Retryable { .. }))]),
+        matches!(outcomes.as_slice(), [(_, _, Outcome::Failed(gitops_shared::queue::Failure::Transient { .. }))]),
         "{outcomes:?}"
     );
     assert_eq!(env.row_state(APP_STATE, id).await, "deleting", "not confirmed while the Application is there");

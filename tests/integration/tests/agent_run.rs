@@ -24,6 +24,8 @@ use gitops_testkit::argocd::{
 };
 use gitops_testkit::cluster::{TestCluster, TestNamespace};
 use gitops_testkit::proxy::TcpProxy;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -307,6 +309,71 @@ async fn agent_status_observed_while_the_database_is_away_is_recorded_when_it_re
         env.state(id).await.filter(|(_, _, health, _)| health.as_deref() == Some("Degraded"))
     })
     .await;
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn agent_that_cannot_reach_argocd_is_not_ready_and_catches_up_when_it_can_again() {
+    let mut env = env("ar-reach").await;
+    let mut config = env.config();
+    config.heartbeat_interval = Duration::from_millis(200);
+    // No sweep after the first: its enqueue would bring the backed-off change forward too.
+    config.sweep.interval = Duration::from_secs(3600);
+    let agent = env.start(config);
+    let metrics = agent.handle.metrics.clone();
+    let address = eventually("the HTTP address", || async { agent.handle.http_address() }).await;
+    eventually("ready", || async { (get(address, "/readyz").await.0 == 200).then_some(()) }).await;
+
+    // The agent's access to its Argo CD namespace goes away.
+    let bindings: Api<RoleBinding> = Api::namespaced(env.kube.clone(), env.ns.name());
+    let binding = bindings.get("gitops-agent").await.expect("the agent's RoleBinding");
+    bindings.delete("gitops-agent", &DeleteParams::default()).await.expect("delete the RoleBinding");
+    let body = eventually("not ready", || async {
+        let (status, body) = get(address, "/readyz").await;
+        (status == 503).then_some(body)
+    })
+    .await;
+    assert!(body.contains("argocd_reachable=false"), "{body}");
+    let beats = metrics.heartbeats.load(Ordering::Relaxed);
+    let probes = metrics.argocd_probes.load(Ordering::Relaxed);
+    eventually("two more probes", || async {
+        (metrics.argocd_probes.load(Ordering::Relaxed) >= probes + 2).then_some(())
+    })
+    .await;
+    assert_eq!(metrics.heartbeats.load(Ordering::Relaxed), beats, "no heartbeat while Argo CD does not answer");
+
+    // A change meanwhile fails for the instance's sake and backs off (here: an hour).
+    let (id, name) = env.application().await;
+    eventually("the operation backed off", || async {
+        let backed_off = env
+            .client
+            .execute(
+                "UPDATE operation SET run_after = now() + interval '1 hour'
+                  WHERE resource_type = 'application' AND resource_id = $1 AND state = 'waiting' AND attempts > 0",
+                &[&id],
+            )
+            .await
+            .ok()?;
+        (backed_off == 1).then_some(())
+    })
+    .await;
+    let message: String = env
+        .client
+        .query_one(
+            "SELECT tenant_message FROM operation WHERE resource_type = 'application' AND resource_id = $1",
+            &[&id],
+        )
+        .await
+        .expect("row")
+        .get(0);
+    assert!(message.contains("unavailable"), "the tenant reads why: {message}");
+
+    // Access comes back: ready again, and the backed-off change is made at once.
+    let binding =
+        RoleBinding { metadata: ObjectMeta { name: binding.metadata.name, ..ObjectMeta::default() }, ..binding };
+    bindings.create(&PostParams::default(), &binding).await.expect("recreate the RoleBinding");
+    eventually("ready again", || async { (get(address, "/readyz").await.0 == 200).then_some(()) }).await;
+    env.wait_object(&name, "the Application made without waiting out the backoff", |_| true).await;
     agent.stop().await;
 }
 

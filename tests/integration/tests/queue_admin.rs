@@ -91,10 +91,48 @@ async fn pruning_removes_old_finished_operations_in_batches_and_keeps_dead_lette
         .await
         .expect("fill");
     let day = Duration::from_secs(24 * 3600);
-    assert_eq!(operation_prune(&client, day, 100).await.expect("prune"), 100);
-    assert_eq!(operation_prune(&client, day, 100).await.expect("prune"), 100);
-    assert_eq!(operation_prune(&client, day, 100).await.expect("prune"), 50);
-    assert_eq!(operation_prune(&client, day, 100).await.expect("prune"), 0);
-    assert_eq!(count_in_state(&client, OperationState::Failed).await, 10);
+    assert_eq!(operation_prune(&client, Some(day), None, 100).await.expect("prune"), 100);
+    assert_eq!(operation_prune(&client, Some(day), None, 100).await.expect("prune"), 100);
+    assert_eq!(operation_prune(&client, Some(day), None, 100).await.expect("prune"), 50);
+    assert_eq!(operation_prune(&client, Some(day), None, 100).await.expect("prune"), 0);
+    assert_eq!(count_in_state(&client, OperationState::Failed).await, 10, "dead letters kept without a retention");
     assert_eq!(count_in_state(&client, OperationState::Completed).await, 10);
+    let week = Duration::from_secs(7 * 24 * 3600);
+    assert_eq!(operation_prune(&client, Some(day), Some(week), 100).await.expect("prune"), 0, "younger than a week");
+    assert_eq!(operation_prune(&client, Some(day), Some(day), 100).await.expect("prune"), 10);
+    assert_eq!(count_in_state(&client, OperationState::Failed).await, 0, "past their retention");
+    assert_eq!(count_in_state(&client, OperationState::Completed).await, 10);
+}
+
+#[tokio::test]
+async fn gitopsctl_discards_dead_letters_one_or_all_and_nothing_else() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    client
+        .batch_execute(&format!(
+            "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
+             SELECT {i}, {t}, 'application', g, 'failed', now() FROM generate_series(1, 3) g;
+             INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id)
+             VALUES ({i}, {t}, 'application', 4);",
+            i = fx.instance.0,
+            t = fx.tenant.0
+        ))
+        .await
+        .expect("fill");
+    let ids: Vec<i64> = client
+        .query("SELECT id FROM operation ORDER BY resource_id", &[])
+        .await
+        .expect("ids")
+        .iter()
+        .map(|row| row.get("id"))
+        .collect();
+    let out = gitopsctl::queue::discard(&db.url(), ids[0]).await.expect("discard one");
+    assert_eq!(out, format!("operation {} discarded\n", ids[0]));
+    let waiting = gitopsctl::queue::discard(&db.url(), ids[3]).await;
+    assert!(matches!(waiting, Err(gitopsctl::error::CtlError::NotFailed { .. })), "a waiting one stays: {waiting:?}");
+    let out = gitopsctl::queue::discard_all_failed(&db.url()).await.expect("discard all");
+    assert_eq!(out, "2 failed operations discarded\n");
+    assert_eq!(count_in_state(&client, OperationState::Failed).await, 0);
+    assert_eq!(count_in_state(&client, OperationState::Waiting).await, 1);
 }

@@ -18,14 +18,14 @@ use tokio_util::sync::CancellationToken;
 use crate::support::*;
 
 fn transient() -> Failure {
-    Failure::Retryable {
+    Failure::Transient {
         operator_error: "apply Application: connection refused (https://10.1.2.3:6443)".into(),
         tenant_message: "Argo CD is unavailable (password=hunter2 at https://argocd.argocd.svc)".into(),
     }
 }
 
 #[tokio::test]
-async fn retryable_failures_back_off_exponentially_then_end_failed_with_both_messages() {
+async fn transient_failures_back_off_to_the_cap_for_ever_and_permanent_ones_end_failed() {
     let db = TestDb::migrated().await;
     let mut client = db.connect().await;
     let fx = fixture(&mut client).await;
@@ -33,14 +33,24 @@ async fn retryable_failures_back_off_exponentially_then_end_failed_with_both_mes
     let policy = RetryPolicy { max_attempts: 3, base: Duration::from_secs(10), cap: Duration::from_secs(15) };
 
     let mut delays = Vec::new();
-    for attempt in 1..=3 {
+    // Twice the expiry limit: transient failures are never dead-lettered.
+    for attempt in 1..=7 {
         // Make the retry due now so the test does not wait for the backoff.
         client.execute("UPDATE operation SET run_after = now() WHERE state = 'waiting'", &[]).await.expect("due");
         let op =
             operation_claim(&client, fx.instance, "agent", 1, Duration::from_secs(30)).await.expect("claim").remove(0);
         assert_eq!(op.attempts, attempt);
-        let outcome = operation_fail(&client, &op, &transient(), &policy).await.expect("fail");
-        if attempt < 3 {
+        let failure = if attempt < 7 {
+            transient()
+        } else {
+            Failure::Permanent {
+                operator_error: "apply Application: 422 spec.source.path is invalid (https://10.1.2.3:6443)".into(),
+                tenant_message: "Argo CD refused the deployment's path (token=hunter2 at https://argocd.argocd.svc)"
+                    .into(),
+            }
+        };
+        let outcome = operation_fail(&client, &op, &failure, &policy).await.expect("fail");
+        if attempt < 7 {
             let FailOutcome::Retrying { after } = outcome else { panic!("attempt {attempt}: {outcome:?}") };
             let row = client
                 .query_one(
@@ -52,13 +62,21 @@ async fn retryable_failures_back_off_exponentially_then_end_failed_with_both_mes
             assert_eq!(row.get::<_, OperationState>(0), OperationState::Waiting);
             let scheduled = row.get::<_, f64>(1);
             assert!((scheduled - after.as_secs_f64()).abs() < 1.0, "run_after matches the backoff");
+            let message: String = client
+                .query_one("SELECT tenant_message FROM operation WHERE id = $1", &[&op.id.0])
+                .await
+                .expect("row")
+                .get(0);
+            assert!(message.contains("Argo CD is unavailable") && !message.contains("hunter2"), "{message}");
             delays.push(after);
         } else {
             assert_eq!(outcome, FailOutcome::Failed);
         }
     }
     assert!(delays[0] >= Duration::from_secs(5) && delays[0] < Duration::from_secs(10), "{delays:?}");
-    assert!(delays[1] >= Duration::from_millis(7500) && delays[1] < Duration::from_secs(15), "capped: {delays:?}");
+    for delay in &delays[1..] {
+        assert!(*delay >= Duration::from_millis(7500) && *delay < Duration::from_secs(15), "capped: {delays:?}");
+    }
 
     let row = client
         .query_one("SELECT state, operator_error, tenant_message, attempts FROM operation", &[])
@@ -67,11 +85,8 @@ async fn retryable_failures_back_off_exponentially_then_end_failed_with_both_mes
     assert_eq!(row.get::<_, OperationState>(0), OperationState::Failed);
     let operator_error: String = row.get(1);
     let tenant_message: String = row.get(2);
-    assert!(
-        operator_error.contains("gave up after 3 attempts") && operator_error.contains("10.1.2.3"),
-        "{operator_error}"
-    );
-    assert!(tenant_message.contains("Argo CD is unavailable"), "{tenant_message}");
+    assert!(operator_error.contains("422") && operator_error.contains("10.1.2.3"), "{operator_error}");
+    assert!(tenant_message.contains("Argo CD refused"), "{tenant_message}");
     assert!(!tenant_message.contains("hunter2") && !tenant_message.contains("argocd.svc"), "{tenant_message}");
 
     // An operator revives it: attempts reset, due now.
@@ -82,6 +97,21 @@ async fn retryable_failures_back_off_exponentially_then_end_failed_with_both_mes
     let op = operation_claim(&client, fx.instance, "agent", 1, Duration::from_secs(30)).await.expect("claim");
     assert_eq!(op.len(), 1);
     assert_eq!(op[0].attempts, 1);
+}
+
+#[tokio::test]
+async fn a_conflict_is_retried_at_once() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    new_application(&mut client, &fx).await;
+    let op = operation_claim(&client, fx.instance, "agent", 1, Duration::from_secs(30)).await.expect("claim").remove(0);
+    let conflict =
+        Failure::Conflict { operator_error: "409 Conflict".into(), tenant_message: "changed meanwhile".into() };
+    let outcome = operation_fail(&client, &op, &conflict, &RetryPolicy::default()).await.expect("fail");
+    assert_eq!(outcome, FailOutcome::Retrying { after: Duration::ZERO });
+    let again = operation_claim(&client, fx.instance, "agent", 1, Duration::from_secs(30)).await.expect("claim");
+    assert_eq!(again.len(), 1, "due at once");
 }
 
 #[tokio::test]
@@ -144,21 +174,32 @@ async fn an_operation_that_keeps_crashing_its_claimer_ends_failed() {
     assert!(!row.get::<_, String>(2).is_empty());
 }
 
-/// Fails until told otherwise.
+/// Fails transiently `TRANSIENT_CALLS` times, then permanently, until told to succeed.
 struct Flaky {
     succeed: AtomicBool,
     calls: AtomicU32,
 }
 
+const TRANSIENT_CALLS: u32 = 6;
+
 impl Handler for Flaky {
     async fn handle(&self, _op: &ClaimedOperation) -> Outcome {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        if self.succeed.load(Ordering::SeqCst) { Outcome::Done } else { Outcome::Failed(transient()) }
+        let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.succeed.load(Ordering::SeqCst) {
+            Outcome::Done
+        } else if call <= TRANSIENT_CALLS {
+            Outcome::Failed(transient())
+        } else {
+            Outcome::Failed(Failure::Permanent {
+                operator_error: "refused".into(),
+                tenant_message: "Argo CD refused the deployment".into(),
+            })
+        }
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_consumer_retries_to_the_dead_letter_and_an_operator_retry_revives_it() {
+async fn a_consumer_retries_transient_failures_past_the_limit_and_an_operator_retry_revives_a_dead_letter() {
     let db = TestDb::migrated().await;
     let mut client = db.connect().await;
     let fx = fixture(&mut client).await;
@@ -177,7 +218,11 @@ async fn a_consumer_retries_to_the_dead_letter_and_an_operator_retry_revives_it(
         (count_in_state(&client, OperationState::Failed).await == 1).then_some(())
     })
     .await;
-    assert_eq!(flaky.calls.load(Ordering::SeqCst), 4, "one call per attempt; retries came due without a notification");
+    assert_eq!(
+        flaky.calls.load(Ordering::SeqCst),
+        TRANSIENT_CALLS + 1,
+        "transient failures past max_attempts were retried (without a notification); the permanent one ended it"
+    );
 
     flaky.succeed.store(true, Ordering::SeqCst);
     let report = gitopsctl::queue::retry_all_failed(&db.url()).await.expect("gitopsctl queue retry --all-failed");

@@ -52,25 +52,41 @@ impl std::fmt::Debug for ArgoCdEngine {
     }
 }
 
-/// Turns a kube error into a classified engine error.
+/// Errors no class was found for (treated as transient); counted process-wide.
+pub static UNCLASSIFIED_ERRORS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Turns a kube error into a classified engine error: the object refused (400,
+/// 405, 413, 415, 422) is permanent; the agent's identity refused (401, 403) or
+/// a missing namespace or resource type (404) is the instance's fault; 409 is a
+/// conflict; throttling, timeouts, 5xx and connection failures are transient, and
+/// so is anything else (counted, so that it gets a class).
 pub fn classify(action: String, error: kube::Error) -> EngineError {
-    let refused = match &error {
-        kube::Error::Api(status) => match status.code {
-            409 | 429 | 401 | 408 => None,
-            code if code >= 500 => None,
-            400 | 403 | 404 | 405 | 410 | 413 | 415 | 422 => Some(status.message.clone()),
-            _ => None,
-        },
-        kube::Error::SerdeError(e) => Some(e.to_string()),
+    let source: crate::engine::BoxError = Box::new(error);
+    let kube_error = source.downcast_ref::<kube::Error>();
+    let code = match kube_error {
+        Some(kube::Error::Api(status)) => Some(status.code),
         _ => None,
     };
-    match refused {
-        Some(reason) => EngineError::Refused {
-            tenant_message: format!("Argo CD refused to {action}: {reason}"),
-            action,
-            source: Box::new(error),
-        },
-        None => EngineError::Transient { action, source: Box::new(error) },
+    match (code, kube_error) {
+        (Some(400 | 405 | 413 | 415 | 422), Some(kube::Error::Api(status))) => {
+            let tenant_message = format!("Argo CD refused to {action}: {}", status.message);
+            EngineError::Refused { tenant_message, action, source }
+        }
+        (_, Some(kube::Error::SerdeError(e))) => {
+            let tenant_message = format!("Argo CD refused to {action}: {e}");
+            EngineError::Refused { tenant_message, action, source }
+        }
+        (Some(401 | 403 | 404), _) => EngineError::Instance { action, source },
+        (Some(409), _) => EngineError::Conflict { action, source },
+        (Some(408 | 410 | 429), _) | (Some(500..), _) => EngineError::Transient { action, source },
+        (None, Some(kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::Auth(_))) => {
+            EngineError::Transient { action, source }
+        }
+        _ => {
+            UNCLASSIFIED_ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!(%action, error = %gitops_shared::telemetry::error_chain(source.as_ref()), "unclassified Argo CD error: retried as transient");
+            EngineError::Transient { action, source }
+        }
     }
 }
 
@@ -310,6 +326,14 @@ impl Engine for ArgoCdEngine {
         })
     }
 
+    fn probe(&self) -> BoxFuture<'_, Result<(), EngineError>> {
+        Box::pin(async move {
+            let one = ListParams::default().limit(1);
+            self.applications().list_metadata(&one).await.map_err(|e| classify("list Applications".into(), e))?;
+            Ok(())
+        })
+    }
+
     fn list_owned(&self) -> BoxFuture<'_, Result<Vec<OwnedObject>, EngineError>> {
         Box::pin(async move {
             let mut out = Vec::new();
@@ -333,5 +357,40 @@ impl Engine for ArgoCdEngine {
 
     fn status_events(&self) -> BoxStream<'_, Result<StatusEvent, EngineError>> {
         status::status_events(self.client.clone(), &self.namespace)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(kube::core::Status::failure(&format!("status {code}"), "").with_code(code).boxed())
+    }
+
+    #[test]
+    fn errors_are_classed_by_who_can_fix_them() {
+        let class = |code| match classify("apply Application a".into(), api(code)) {
+            EngineError::Refused { .. } => "refused",
+            EngineError::Instance { .. } => "instance",
+            EngineError::Conflict { .. } => "conflict",
+            EngineError::Transient { .. } => "transient",
+        };
+        for code in [400, 422] {
+            assert_eq!(class(code), "refused", "{code}: the object is at fault");
+        }
+        for code in [401, 403, 404] {
+            assert_eq!(class(code), "instance", "{code}: the agent's identity or the namespace");
+        }
+        assert_eq!(class(409), "conflict");
+        for code in [408, 429, 500, 502, 503, 504] {
+            assert_eq!(class(code), "transient", "{code}");
+        }
+        let before = UNCLASSIFIED_ERRORS.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(class(418), "transient", "unclassified codes are retried");
+        assert!(UNCLASSIFIED_ERRORS.load(std::sync::atomic::Ordering::Relaxed) > before, "and counted");
+        let refused = classify("apply Application a".into(), api(422));
+        let EngineError::Refused { tenant_message, .. } = refused else { panic!("refused") };
+        assert!(tenant_message.contains("Argo CD refused to apply Application a"), "{tenant_message}");
     }
 }
