@@ -5,10 +5,11 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
 
 use gitops_shared::histogram::Histogram;
+use tokio::sync::watch;
 
 use crate::work_queue::Kind;
 
@@ -87,8 +88,9 @@ pub struct WriterMetrics {
     pub queue_depth: AtomicU64,
     /// Shards this writer holds a lease on.
     pub shards_owned: AtomicU64,
-    /// Whether the watchers have listed their resources once.
-    pub ready: AtomicBool,
+    /// Whether the watchers have listed their resources once (the shard keeper
+    /// takes no shard before).
+    ready: watch::Sender<bool>,
     inventory: Mutex<InventorySource>,
     /// Admission reviews answered, by (kind, outcome).
     admission: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
@@ -109,7 +111,7 @@ impl Default for WriterMetrics {
             transaction: Histogram::new(TRANSACTION_BUCKETS),
             queue_depth: AtomicU64::new(0),
             shards_owned: AtomicU64::new(0),
-            ready: AtomicBool::new(false),
+            ready: watch::Sender::new(false),
             inventory: Mutex::default(),
             admission: Mutex::default(),
             resync_passes: AtomicU64::new(0),
@@ -133,7 +135,17 @@ fn outcome_index(outcome: Outcome) -> usize {
 
 impl WriterMetrics {
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+        *self.ready.borrow()
+    }
+
+    /// Records that every watcher has listed once; readiness is not withdrawn.
+    pub fn set_ready(&self) {
+        self.ready.send_if_modified(|ready| !std::mem::replace(ready, true));
+    }
+
+    /// Readiness as it changes (the shard keeper waits on it).
+    pub fn ready_watch(&self) -> watch::Receiver<bool> {
+        self.ready.subscribe()
     }
 
     /// Counts a finished reconcile.

@@ -147,7 +147,10 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
         pool: pool.clone(),
         home_status: home_status.clone(),
     };
-    let (keeper, shards) = ShardKeeper::new(pool, config.writer_id.clone(), config.shards);
+    // No shard is taken before the watchers have listed: a writer whose Kubernetes API
+    // does not answer would hold shards it cannot serve.
+    let (keeper, shards) =
+        ShardKeeper::new(pool, config.writer_id.clone(), config.shards, config.metrics.ready_watch());
     // The controllers start knowing whether home identities can be made.
     crate::controller::check_once(&ctx.kube, &ctx.home, &home_status).await;
     let mut tasks = JoinSet::new();

@@ -1,18 +1,33 @@
 //! Writer shards: every tenant namespace belongs to one of [`SHARDS`] shards (FNV-1a
 //! of its name), and each shard has at most one owning writer at a time, held as a
-//! lease on its `writer_shard` row. The [`ShardKeeper`] renews this writer's leases,
-//! takes free or expired shards up to its fair share (the shard count over the live
-//! writers, a writer being live while it holds an unexpired lease), gives back what
-//! is over its share, and — when every shard is held — takes one shard per round
-//! from the writer holding the most, so a newcomer gets its share without a registry
-//! table. Intent transactions re-check the lease under a row lock ([`shard_fence_in_txn`]),
-//! so a shard taken away mid-reconcile never sees a write from its former owner.
+//! lease on its `writer_shard` row. Intent transactions re-check the lease under a
+//! row lock ([`shard_fence_in_txn`]), so a shard taken away mid-reconcile never sees a
+//! write from its former owner.
+//!
+//! The [`ShardKeeper`] renews this writer's leases every `interval` and, once the
+//! writer is ready (its watchers listed, so its Kubernetes API answers), takes every
+//! free or expired shard at once, whatever its share: a shard nobody holds serves
+//! nobody, while a share computed now may still count a writer that crashed but whose
+//! leases have not run out. The keeper also wakes when the first lease held by another
+//! writer is due to expire, so a crashed writer's shards are taken within a fraction
+//! of a second of their expiry instead of up to an `interval` later: no shard stays
+//! ownerless much longer than a lease after its owner's last renewal.
+//!
+//! Fairness (the shard count over the live writers, a writer being live while it
+//! holds an unexpired lease) is restored gradually, one shard per round on each side:
+//! a ready writer below its share (rounded down) takes one shard from the writer
+//! holding the most, if that one is above its share (rounded up); a writer above its
+//! share gives one back only while another live writer is below its share, and the
+//! next ready writer to look takes it. So a newcomer gets its share without a registry
+//! table, and a share miscounted (a crashed writer still counted) never sends a batch
+//! of shards ownerless.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use gitops_shared::db::writer_shard::{
-    writer_shard_acquire, writer_shard_other_writers, writer_shard_release, writer_shard_renew, writer_shard_take_over,
+    OtherWriterRow, writer_shard_acquire, writer_shard_other_writers, writer_shard_release, writer_shard_renew,
+    writer_shard_take_over,
 };
 use gitops_shared::db::{DbError, DbPool, pooled};
 use tokio::sync::watch;
@@ -20,6 +35,10 @@ use tokio_util::sync::CancellationToken;
 
 /// The number of shards; the rows exist from migration V2.
 pub const SHARDS: i32 = 64;
+
+/// How long past another writer's lease expiry the keeper looks again: enough for the
+/// database clock to have passed it, little next to a lease.
+const EXPIRY_MARGIN: Duration = Duration::from_millis(150);
 
 /// The shard of a namespace: FNV-1a (32 bit) of its name modulo [`SHARDS`].
 pub fn shard_of(namespace: &str) -> i32 {
@@ -40,6 +59,7 @@ pub struct ShardConfig {
     /// How long a lease lasts without renewal.
     pub lease: Duration,
     /// How often leases are renewed and the share recomputed (well below `lease`).
+    /// The keeper also looks again when another writer's lease is due to expire.
     pub interval: Duration,
 }
 
@@ -54,20 +74,38 @@ pub struct ShardKeeper {
     pool: DbPool,
     writer_id: String,
     config: ShardConfig,
+    /// Whether the writer may take shards (its watchers have listed once).
+    ready: watch::Receiver<bool>,
     owned: watch::Sender<Vec<i32>>,
 }
 
+/// What one round leaves: the shards held and when to look again.
+struct Round {
+    owned: Vec<i32>,
+    next: Duration,
+}
+
 impl ShardKeeper {
-    pub fn new(pool: DbPool, writer_id: String, config: ShardConfig) -> (Self, watch::Receiver<Vec<i32>>) {
+    /// A keeper that takes shards only while `ready` says true; renewing what it
+    /// holds does not wait for it.
+    pub fn new(
+        pool: DbPool,
+        writer_id: String,
+        config: ShardConfig,
+        ready: watch::Receiver<bool>,
+    ) -> (Self, watch::Receiver<Vec<i32>>) {
         let (owned, rx) = watch::channel(Vec::new());
-        (ShardKeeper { pool, writer_id, config, owned }, rx)
+        (ShardKeeper { pool, writer_id, config, ready, owned }, rx)
     }
 
-    /// Renews and rebalances every interval until `cancel`, then releases every shard.
-    pub async fn run(self, cancel: CancellationToken) {
+    /// Renews and rebalances every interval, when another writer's lease is due to
+    /// expire and when the writer becomes ready, until `cancel`; then releases every
+    /// shard. A keeper that is dropped instead releases nothing: its leases expire.
+    pub async fn run(mut self, cancel: CancellationToken) {
         loop {
-            match self.round().await {
-                Ok(owned) => {
+            let ready = *self.ready.borrow_and_update();
+            let next = match self.round(ready).await {
+                Ok(Round { owned, next }) => {
                     self.owned.send_if_modified(|current| {
                         let changed = *current != owned;
                         if changed {
@@ -76,16 +114,19 @@ impl ShardKeeper {
                         }
                         changed
                     });
+                    next
                 }
                 Err(error) => {
                     // Leases that lapse are dropped here so no work continues on them.
                     tracing::warn!(writer.id = %self.writer_id, error = %error, "could not renew shard leases");
                     self.owned.send_if_modified(|current| !std::mem::take(current).is_empty());
+                    self.config.interval
                 }
-            }
+            };
             tokio::select! {
                 () = cancel.cancelled() => break,
-                () = tokio::time::sleep(self.config.interval) => {}
+                () = tokio::time::sleep(next) => {}
+                () = until_ready(&mut self.ready), if !ready => {}
             }
         }
         self.owned.send_replace(Vec::new());
@@ -95,35 +136,77 @@ impl ShardKeeper {
     }
 
     /// One renewal and rebalancing; returns the shards held afterwards.
-    async fn round(&self) -> Result<Vec<i32>, DbError> {
+    async fn round(&self, ready: bool) -> Result<Round, DbError> {
         let client = pooled(&self.pool).await?;
         let (id, lease) = (self.writer_id.as_str(), self.config.lease);
         let mut owned: BTreeSet<i32> = writer_shard_renew(&client, id, lease).await?.into_iter().collect();
-        let live = writer_shard_other_writers(&client, id).await? + 1;
-        let total = i64::from(SHARDS);
-        let share = usize::try_from((total + live - 1) / live).unwrap_or(0);
-        let floor = usize::try_from(total / live).unwrap_or(0);
-        if owned.len() > share {
-            let excess: Vec<i32> = owned.iter().rev().take(owned.len() - share).copied().collect();
-            writer_shard_release(&client, id, &excess).await?;
-            for shard in excess {
-                owned.remove(&shard);
-            }
-        } else if owned.len() < share {
-            let want = i64::try_from(share - owned.len()).unwrap_or(0);
-            owned.extend(writer_shard_acquire(&client, id, lease, want).await?);
-            if owned.len() < floor {
-                let share = i64::try_from(share).unwrap_or(i64::MAX);
+        if ready {
+            owned.extend(writer_shard_acquire(&client, id, lease, i64::from(SHARDS)).await?);
+        }
+        let others = writer_shard_other_writers(&client, id).await?;
+        let loads: Vec<i64> = others.iter().map(|other| other.shards).collect();
+        match rebalance(ready, owned.len(), &loads) {
+            Rebalance::TakeOne { share } => {
                 owned.extend(writer_shard_take_over(&client, id, lease, share).await?);
             }
+            Rebalance::GiveOne => {
+                if let Some(&shard) = owned.last() {
+                    writer_shard_release(&client, id, &[shard]).await?;
+                    owned.remove(&shard);
+                }
+            }
+            Rebalance::Stay => {}
         }
-        Ok(owned.into_iter().collect())
+        Ok(Round { owned: owned.into_iter().collect(), next: next_look(self.config.interval, &others) })
     }
 
     async fn release_all(&self) -> Result<(), DbError> {
         let client = pooled(&self.pool).await?;
         let all: Vec<i32> = (0..SHARDS).collect();
         writer_shard_release(&client, &self.writer_id, &all).await
+    }
+}
+
+/// Returns once `ready` is true; never, when it can no longer change.
+async fn until_ready(ready: &mut watch::Receiver<bool>) {
+    if ready.wait_for(|ready| *ready).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// When the keeper looks again: after `interval`, or just after the first lease of
+/// another writer is due to expire, whichever comes first.
+fn next_look(interval: Duration, others: &[OtherWriterRow]) -> Duration {
+    others.iter().map(|other| other.expires_in + EXPIRY_MARGIN).fold(interval, Duration::min)
+}
+
+/// The one step towards a fair split a round takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rebalance {
+    /// Take one shard from the writer holding the most, if it holds more than `share`.
+    TakeOne {
+        share: i64,
+    },
+    /// Give back one shard: this writer holds more than its share (rounded up) and
+    /// another live writer less than its share (rounded down).
+    GiveOne,
+    Stay,
+}
+
+/// The step for a writer holding `owned` shards while the other live writers hold
+/// `others` each. Only a ready writer takes; any writer gives back its excess.
+fn rebalance(ready: bool, owned: usize, others: &[i64]) -> Rebalance {
+    let total = i64::from(SHARDS);
+    let live = i64::try_from(others.len()).unwrap_or(i64::MAX).saturating_add(1);
+    let share = (total + live - 1) / live;
+    let floor = total / live;
+    let owned = i64::try_from(owned).unwrap_or(i64::MAX);
+    if ready && owned < floor && others.iter().any(|&held| held > share) {
+        Rebalance::TakeOne { share }
+    } else if owned > share && others.iter().any(|&held| held < floor) {
+        Rebalance::GiveOne
+    } else {
+        Rebalance::Stay
     }
 }
 
@@ -144,5 +227,34 @@ mod tests {
         let shards: BTreeSet<i32> = (0..1000).map(|i| shard_of(&format!("team-{i}"))).collect();
         assert!(shards.iter().all(|s| (0..SHARDS).contains(s)));
         assert!(shards.len() > 50, "1000 names cover most shards: {}", shards.len());
+    }
+
+    #[test]
+    fn a_writer_below_its_share_takes_one_shard_from_a_writer_above_it() {
+        assert_eq!(rebalance(true, 0, &[64]), Rebalance::TakeOne { share: 32 });
+        assert_eq!(rebalance(true, 20, &[23, 21]), Rebalance::TakeOne { share: 22 });
+        assert_eq!(rebalance(false, 0, &[64]), Rebalance::Stay, "a writer that is not ready takes nothing");
+        // Nobody above the share: nothing to take, even below it.
+        assert_eq!(rebalance(true, 20, &[22, 22]), Rebalance::Stay);
+    }
+
+    #[test]
+    fn a_writer_gives_back_one_shard_only_while_another_is_below_its_share() {
+        assert_eq!(rebalance(true, 64, &[1]), Rebalance::GiveOne);
+        assert_eq!(rebalance(true, 23, &[21, 20]), Rebalance::GiveOne);
+        // Every other writer at its share: the excess stays where it is served.
+        assert_eq!(rebalance(true, 22, &[21, 21]), Rebalance::Stay);
+        assert_eq!(rebalance(true, 40, &[]), Rebalance::Stay, "alone, every shard is its share");
+        assert_eq!(rebalance(true, 32, &[32]), Rebalance::Stay);
+    }
+
+    #[test]
+    fn the_keeper_looks_again_just_after_the_first_lease_of_another_writer_expires() {
+        let other = |expires_in| OtherWriterRow { writer_id: "w".into(), shards: 1, expires_in };
+        let interval = Duration::from_secs(5);
+        assert_eq!(next_look(interval, &[]), interval);
+        let soon = [other(Duration::from_secs(9)), other(Duration::from_secs(2))];
+        assert_eq!(next_look(interval, &soon), Duration::from_secs(2) + EXPIRY_MARGIN);
+        assert_eq!(next_look(interval, &[other(Duration::from_secs(30))]), interval);
     }
 }

@@ -2,6 +2,9 @@
 //! migration V2), each held by at most one writer at a time under a lease, and the
 //! shard's durable cursor over the status feed (`status_xid`). Every statement that
 //! reads or writes it is here; the writer's shard keeper decides when to call them.
+//! Lease times are compared on the database's clock only (`now()`), and how long
+//! another writer's lease has left is returned as a duration, never as a timestamp
+//! for a process clock to compare with.
 
 use std::time::Duration;
 
@@ -14,8 +17,14 @@ UPDATE writer_shard SET lease_expires_at = now() + $2::bigint * interval '1 mill
  WHERE writer_id = $1 AND lease_expires_at > now()
 RETURNING shard";
 
+// The other writers holding unexpired leases: how many shards each, and how long
+// until the first of its leases runs out.
 const OTHER_WRITERS: &str = "
-SELECT count(DISTINCT writer_id) AS writers FROM writer_shard WHERE lease_expires_at > now() AND writer_id <> $1";
+SELECT writer_id, count(*) AS shards,
+       extract(epoch FROM min(lease_expires_at) - now())::float8 AS expires_in_s
+  FROM writer_shard
+ WHERE lease_expires_at > now() AND writer_id <> $1
+ GROUP BY writer_id";
 
 const RELEASE: &str = "
 UPDATE writer_shard SET writer_id = NULL, lease_expires_at = NULL, updated_at = now()
@@ -66,10 +75,33 @@ pub async fn writer_shard_renew(client: &Client, writer_id: &str, lease: Duratio
     shards(&rows)
 }
 
-/// How many other writers hold an unexpired lease.
-pub async fn writer_shard_other_writers(client: &Client, writer_id: &str) -> Result<i64, DbError> {
-    let row = client.query_one(OTHER_WRITERS, &[&writer_id]).await.map_err(DbError::query("count live writers"))?;
-    row.try_get("writers").map_err(DbError::query("count live writers"))
+/// Another writer that holds unexpired leases.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OtherWriterRow {
+    pub writer_id: String,
+    /// How many shards it holds.
+    pub shards: i64,
+    /// How long until the first of its leases expires (database clock).
+    pub expires_in: Duration,
+}
+
+impl TryFrom<&tokio_postgres::Row> for OtherWriterRow {
+    type Error = tokio_postgres::Error;
+
+    fn try_from(row: &tokio_postgres::Row) -> Result<Self, Self::Error> {
+        let expires_in_s: f64 = row.try_get("expires_in_s")?;
+        Ok(OtherWriterRow {
+            writer_id: row.try_get("writer_id")?,
+            shards: row.try_get("shards")?,
+            expires_in: Duration::try_from_secs_f64(expires_in_s.max(0.0)).unwrap_or(Duration::ZERO),
+        })
+    }
+}
+
+/// The writers other than `writer_id` that hold an unexpired lease.
+pub async fn writer_shard_other_writers(client: &Client, writer_id: &str) -> Result<Vec<OtherWriterRow>, DbError> {
+    let rows = client.query(OTHER_WRITERS, &[&writer_id]).await.map_err(DbError::query("list live writers"))?;
+    rows.iter().map(|row| OtherWriterRow::try_from(row).map_err(DbError::query("read a live writer"))).collect()
 }
 
 /// Gives `shards` back (those `writer_id` holds).
@@ -78,7 +110,8 @@ pub async fn writer_shard_release(client: &Client, writer_id: &str, shards: &[i3
     Ok(())
 }
 
-/// Takes up to `want` free or expired shards; returns them.
+/// Takes up to `want` free or expired shards; returns them. Shards another writer
+/// is taking at the same moment are skipped, not waited for.
 pub async fn writer_shard_acquire(
     client: &Client,
     writer_id: &str,

@@ -18,6 +18,7 @@ mod process_signals;
 mod queue_admin;
 mod queue_failures;
 mod queue_race;
+mod shard_takeover;
 mod signal_race;
 mod statements;
 mod writer_api;

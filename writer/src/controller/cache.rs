@@ -58,7 +58,7 @@ impl Controllers {
             return;
         }
         if self.unsynced.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.ctx.metrics.ready.store(true, Ordering::Relaxed);
+            self.ctx.metrics.set_ready();
         }
     }
 
