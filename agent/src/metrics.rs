@@ -175,11 +175,12 @@ impl Metrics {
             self.queue_depth.load(Ordering::Relaxed)
         });
         if let Some(stats) = self.consumer.get() {
-            let consumer: [(&str, &str, &AtomicU64); 5] = [
+            let consumer: [(&str, &str, &AtomicU64); 6] = [
                 ("gitops_agent_consumer_claimed_total", "Operations claimed from the queue.", &stats.claimed),
                 ("gitops_agent_consumer_completed_total", "Completions the queue accepted.", &stats.completed),
                 ("gitops_agent_consumer_failed_total", "Failures recorded in the queue.", &stats.failed),
                 ("gitops_agent_consumer_lease_lost_total", "Operations whose lease ended first.", &stats.lease_lost),
+                ("gitops_agent_consumer_reclaimed_total", "Expired leases taken back.", &stats.reclaimed),
                 ("gitops_agent_consumer_scans_total", "Claim statements run.", &stats.scans),
             ];
             for (name, help, value) in consumer {

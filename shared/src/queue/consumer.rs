@@ -1,6 +1,13 @@
 //! The consumer loop shared by agents (and the queue benchmark): wake on a signal
 //! or a timer, claim batches, run a handler under each lease, record outcomes,
 //! and go to sleep through the signal protocol without losing a wake-up.
+//!
+//! Beside it runs the upkeep: reclaiming expired leases and pruning. It wakes when
+//! the first claimed lease of the instance is due to expire (and every
+//! `reclaim_every` at least), so an operation whose claimer crashed is back in the
+//! queue a moment after its lease ends, even while the consumer is busy with a
+//! batch. Reclaiming changes nothing about fencing: a late completion or renewal by
+//! the former claimer presents a lease token that no longer matches.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -9,11 +16,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{
     ClaimedOperation, Failure, LeaseKeeper, RetryPolicy, operation_claim, operation_complete, operation_fail,
-    operation_prune, operation_reclaim_expired,
+    operation_next_lease_expiry, operation_prune, operation_reclaim_expired,
 };
 use crate::db::{DbError, DbPool, pooled};
 use crate::listen::Listener;
@@ -50,7 +58,9 @@ pub struct ConsumerConfig {
     /// Scan at least this often even without a notification.
     pub poll_interval: Duration,
     pub retry: RetryPolicy,
-    /// How often expired leases are looked for.
+    /// How often expired leases are looked for at least (and finished operations
+    /// pruned); they are also looked for as soon as the first claimed lease of the
+    /// instance is due to expire.
     pub reclaim_every: Duration,
     /// Finished operations older than this are pruned (None: never).
     pub retention: Option<Duration>,
@@ -84,6 +94,8 @@ pub struct ConsumerStats {
     pub completed: AtomicU64,
     pub failed: AtomicU64,
     pub lease_lost: AtomicU64,
+    /// Expired leases handled (requeued, merged or dead-lettered) by this consumer.
+    pub reclaimed: AtomicU64,
     pub scans: AtomicU64,
     pub sleeps: AtomicU64,
     /// True while the consumer waits for a notification or its timer.
@@ -97,31 +109,49 @@ pub struct Consumer<H> {
     config: ConsumerConfig,
     handler: Arc<H>,
     stats: Arc<ConsumerStats>,
+    /// Woken by the upkeep when it put operations back in the queue.
+    requeued: Notify,
 }
 
 /// Pauses between attempts to sleep while an enqueuer is in flight.
 const PAUSE_MIN: Duration = Duration::from_millis(1);
 const PAUSE_MAX: Duration = Duration::from_millis(5);
 
-const NEXT_DUE: &str = "SELECT min(run_after) FROM operation WHERE engine_instance_id = $1 AND state = 'waiting'";
+/// How long after a lease is due the upkeep looks for it: enough for the database
+/// clock to have passed it.
+const LEASE_EXPIRY_MARGIN: Duration = Duration::from_millis(100);
+
+const NEXT_DUE: &str =
+    "SELECT min(run_after) AS due FROM operation WHERE engine_instance_id = $1 AND state = 'waiting'";
 
 impl<H: Handler> Consumer<H> {
     pub fn new(pool: DbPool, listener: Listener, config: ConsumerConfig, handler: Arc<H>) -> Self {
-        Consumer { pool, listener, config, handler, stats: Arc::new(ConsumerStats::default()) }
+        Consumer { pool, listener, config, handler, stats: Arc::new(ConsumerStats::default()), requeued: Notify::new() }
     }
 
     pub fn stats(&self) -> Arc<ConsumerStats> {
         self.stats.clone()
     }
 
-    /// Runs until `cancel` fires; the batch in hand is finished first.
+    /// Runs until `cancel` fires; the batch in hand is finished first. The upkeep
+    /// runs beside the claiming and stops with it.
     pub async fn run(&self, cancel: CancellationToken) -> Result<(), DbError> {
+        let upkeep_stop = cancel.child_token();
+        let consume = async {
+            let result = self.consume(&cancel).await;
+            upkeep_stop.cancel();
+            result
+        };
+        let (result, ()) = tokio::join!(consume, self.upkeep_loop(&upkeep_stop));
+        result
+    }
+
+    async fn consume(&self, cancel: &CancellationToken) -> Result<(), DbError> {
         let signal = Signal::operations(self.config.instance);
         let mut wake = self
             .listener
             .subscribe(&signal)
             .ok_or_else(|| DbError::NotListening { channel: signal.channel().to_string() })?;
-        let mut next_upkeep = Instant::now();
         while !cancel.is_cancelled() {
             // Arm before scanning: a notification from now on makes `changed` return.
             wake.borrow_and_update();
@@ -131,25 +161,22 @@ impl<H: Handler> Consumer<H> {
                     tracing::debug!(%error, "could not mark the signal awake");
                 }
             }
-            if Instant::now() >= next_upkeep {
-                self.upkeep().await;
-                next_upkeep = Instant::now() + self.config.reclaim_every;
-            }
-            self.drain(&cancel).await?;
+            self.drain(cancel).await?;
             if cancel.is_cancelled() {
                 break;
             }
-            self.fall_asleep(&signal, &cancel).await?;
+            self.fall_asleep(&signal, cancel).await?;
             // Scan once more after `sleeping` is committed (see `signal`).
-            if self.drain(&cancel).await? > 0 {
+            if self.drain(cancel).await? > 0 {
                 continue;
             }
-            let timeout = self.sleep_for(next_upkeep).await;
+            let timeout = self.sleep_for().await;
             self.stats.sleeps.fetch_add(1, Ordering::Relaxed);
             self.stats.asleep.store(true, Ordering::SeqCst);
             tokio::select! {
                 () = cancel.cancelled() => break,
                 _ = wake.changed() => {}
+                () = self.requeued.notified() => {}
                 () = tokio::time::sleep(timeout) => {}
             }
             self.stats.asleep.store(false, Ordering::SeqCst);
@@ -184,13 +211,13 @@ impl<H: Handler> Consumer<H> {
         }
     }
 
-    /// How long to sleep: until the poll interval, the next upkeep, or the next
-    /// retry that comes due, whichever is first.
-    async fn sleep_for(&self, next_upkeep: Instant) -> Duration {
-        let mut timeout = self.config.poll_interval.min(next_upkeep.saturating_duration_since(Instant::now()));
+    /// How long to sleep: until the poll interval or the next retry that comes due,
+    /// whichever is first.
+    async fn sleep_for(&self) -> Duration {
+        let mut timeout = self.config.poll_interval;
         if let Ok(client) = pooled(&self.pool).await
             && let Ok(row) = client.query_one(NEXT_DUE, &[&self.config.instance.0]).await
-            && let Some(due) = row.get::<_, Option<SystemTime>>(0)
+            && let Ok(Some(due)) = row.try_get::<_, Option<SystemTime>>("due")
         {
             let until = due.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO);
             timeout = timeout.min(until + Duration::from_millis(5));
@@ -198,20 +225,81 @@ impl<H: Handler> Consumer<H> {
         timeout
     }
 
-    async fn upkeep(&self) {
+    /// Reclaims expired leases and prunes, until `stop`: at once, when the first
+    /// claimed lease of the instance is due to expire, and every `reclaim_every`.
+    async fn upkeep_loop(&self, stop: &CancellationToken) {
+        let mut next_prune = Instant::now();
+        while !stop.is_cancelled() {
+            let reclaimed = self.reclaim().await;
+            if reclaimed.is_some_and(|reclaimed| reclaimed > 0) {
+                self.requeued.notify_one();
+            }
+            if Instant::now() >= next_prune {
+                self.prune().await;
+                next_prune = Instant::now() + self.config.reclaim_every;
+            }
+            // After a failure, wait a whole round: an expired lease that cannot be
+            // reclaimed would otherwise be tried again at once, over and over.
+            let wait = match reclaimed {
+                Some(_) => self.next_reclaim().await,
+                None => self.config.reclaim_every,
+            };
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Handles the expired leases of the instance; returns how many (None: it failed,
+    /// and said so).
+    async fn reclaim(&self) -> Option<u64> {
         let outcome = async {
             let mut client = pooled(&self.pool).await?;
-            let reclaimed =
-                operation_reclaim_expired(&mut client, self.config.instance, &self.config.retry, 1000).await?;
-            if reclaimed > 0 {
-                tracing::info!(reclaimed, "reclaimed operations whose lease expired");
+            operation_reclaim_expired(&mut client, self.config.instance, &self.config.retry, 1000).await
+        }
+        .await;
+        match outcome {
+            Ok(reclaimed) => {
+                if reclaimed > 0 {
+                    self.stats.reclaimed.fetch_add(reclaimed, Ordering::Relaxed);
+                    tracing::info!(reclaimed, "reclaimed operations whose lease expired");
+                }
+                Some(reclaimed)
             }
-            operation_prune(&client, self.config.retention, self.config.failed_retention, 10_000).await?;
-            Ok::<_, DbError>(())
+            Err(error) => {
+                tracing::warn!(%error, "could not reclaim expired leases");
+                None
+            }
+        }
+    }
+
+    async fn prune(&self) {
+        let outcome = async {
+            let client = pooled(&self.pool).await?;
+            operation_prune(&client, self.config.retention, self.config.failed_retention, 10_000).await
         }
         .await;
         if let Err(error) = outcome {
-            tracing::warn!(%error, "queue upkeep failed");
+            tracing::warn!(%error, "could not prune finished operations");
+        }
+    }
+
+    /// How long until the upkeep looks for expired leases again: just after the first
+    /// claimed lease of the instance is due, or after `reclaim_every`.
+    async fn next_reclaim(&self) -> Duration {
+        let next = async {
+            let client = pooled(&self.pool).await?;
+            operation_next_lease_expiry(&client, self.config.instance).await
+        }
+        .await;
+        match next {
+            Ok(Some(expires_in)) => self.config.reclaim_every.min(expires_in + LEASE_EXPIRY_MARGIN),
+            Ok(None) => self.config.reclaim_every,
+            Err(error) => {
+                tracing::warn!(%error, "could not find the next lease expiry");
+                self.config.reclaim_every
+            }
         }
     }
 

@@ -1,5 +1,7 @@
 //! Queue upkeep run by every consumer: reclaiming expired leases and pruning
-//! finished operations.
+//! finished operations, and how long until the next lease of an instance expires
+//! (so that a consumer reclaims a crashed claimer's operations as soon as they are
+//! due, not on its next round).
 
 use std::time::Duration;
 
@@ -20,6 +22,14 @@ SELECT o.id, o.lease_expiries,
  ORDER BY o.lease_expires_at
  LIMIT $2
    FOR UPDATE OF o SKIP LOCKED";
+
+// How long until the first claimed lease of an instance expires (NULL: none claimed);
+// `min` over `operation_lease_idx` reads one index entry. Measured on the database's
+// clock, like the lease.
+pub const NEXT_LEASE_EXPIRY: &str = "
+SELECT extract(epoch FROM min(lease_expires_at) - now())::float8 AS expires_in_s
+  FROM operation
+ WHERE engine_instance_id = $1 AND state = 'claimed'";
 
 const RECLAIM_TO_WAITING: &str = "
 UPDATE operation SET state = 'waiting', run_after = now(), lease_expires_at = NULL,
@@ -96,6 +106,18 @@ UPDATE operation SET run_after = now()
 /// recovered: what failed because of it need not wait out its backoff).
 pub async fn operation_make_due(client: &Client, instance: EngineInstanceId) -> Result<u64, DbError> {
     client.execute(MAKE_DUE, &[&instance]).await.map_err(DbError::query("make waiting operations due"))
+}
+
+/// How long until the first claimed lease of `instance` expires: zero when one has
+/// expired already, None when nothing is claimed.
+pub async fn operation_next_lease_expiry(
+    client: &Client,
+    instance: EngineInstanceId,
+) -> Result<Option<Duration>, DbError> {
+    let action = "find the next lease expiry";
+    let row = client.query_one(NEXT_LEASE_EXPIRY, &[&instance.0]).await.map_err(DbError::query(action))?;
+    let expires_in_s: Option<f64> = column(&row, "expires_in_s", action)?;
+    Ok(expires_in_s.map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::ZERO)))
 }
 
 const PRUNE: &str = "

@@ -32,7 +32,10 @@ pub use claim::{CLAIM as CLAIM_SQL, FailOutcome, Failure, operation_claim, opera
 pub use consumer::{Consumer, ConsumerConfig, ConsumerStats, Handler, Outcome};
 pub use enqueue::{Enqueued, operation_enqueue_in_txn};
 pub use lease::{Lease, LeaseKeeper, operation_renew};
-pub use maintain::{operation_make_due, operation_prune, operation_reclaim_expired};
+pub use maintain::{
+    NEXT_LEASE_EXPIRY as NEXT_LEASE_EXPIRY_SQL, operation_make_due, operation_next_lease_expiry, operation_prune,
+    operation_reclaim_expired,
+};
 
 use crate::model::{EngineInstanceId, OperationId, ResourceType, TenantId};
 

@@ -4,7 +4,10 @@
 use std::time::Duration;
 
 use gitops_shared::model::OperationState;
-use gitops_shared::queue::{CLAIM_SQL, operation_claim, operation_complete, operation_prune, queue_summary};
+use gitops_shared::queue::{
+    CLAIM_SQL, NEXT_LEASE_EXPIRY_SQL, operation_claim, operation_complete, operation_next_lease_expiry,
+    operation_prune, queue_summary,
+};
 use gitops_testkit::TestDb;
 
 use crate::support::*;
@@ -39,6 +42,52 @@ async fn the_claim_query_walks_its_partial_index_not_finished_rows() {
     let plan = plan.join("\n");
     assert!(plan.contains("operation_claim_idx"), "claim must use operation_claim_idx:\n{plan}");
     assert!(plan.contains("operation_one_claimed_idx"), "the claimed-resource check must use its index:\n{plan}");
+    assert!(!plan.contains("Seq Scan on operation"), "no sequential scan:\n{plan}");
+}
+
+#[tokio::test]
+async fn the_next_lease_expiry_reads_one_entry_of_the_lease_index() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    assert_eq!(operation_next_lease_expiry(&client, fx.instance).await.expect("nothing claimed"), None);
+    // Many finished operations and a few claimed ones, one of them expired already.
+    client
+        .batch_execute(&format!(
+            "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
+             SELECT {i}, {t}, 'application', g, 'completed', now() FROM generate_series(1, 20000) g;
+             INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state,
+                                    lease_token, lease_expires_at)
+             SELECT {i}, {t}, 'application', g, 'claimed', gen_random_uuid(),
+                    now() + (g - 20000) * interval '1 minute'
+               FROM generate_series(20001, 20010) g;
+             ANALYZE operation;",
+            i = fx.instance.0,
+            t = fx.tenant.0
+        ))
+        .await
+        .expect("fill");
+    let next = operation_next_lease_expiry(&client, fx.instance).await.expect("next expiry").expect("claimed");
+    assert!(
+        next > Duration::from_secs(50) && next <= Duration::from_secs(60),
+        "the earliest of the claimed leases, a minute away: {next:?}"
+    );
+    client
+        .execute("UPDATE operation SET lease_expires_at = now() - interval '1 second' WHERE resource_id = 20005", &[])
+        .await
+        .expect("expire one");
+    let next = operation_next_lease_expiry(&client, fx.instance).await.expect("next expiry");
+    assert_eq!(next, Some(Duration::ZERO), "an expired lease is due now");
+
+    let plan: Vec<String> = client
+        .query(&format!("EXPLAIN {NEXT_LEASE_EXPIRY_SQL}"), &[&fx.instance.0])
+        .await
+        .expect("explain")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(plan.contains("operation_lease_idx"), "the next expiry must use operation_lease_idx:\n{plan}");
     assert!(!plan.contains("Seq Scan on operation"), "no sequential scan:\n{plan}");
 }
 

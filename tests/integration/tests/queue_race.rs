@@ -1,9 +1,10 @@
 //! The queue under real concurrency: racing consumers, stalled lease holders, a
-//! lost LISTEN connection, and bursts of changes to one resource.
+//! crashed claimer's operation taken back while a consumer is busy, a lost LISTEN
+//! connection, and bursts of changes to one resource.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use gitops_shared::listen::Listener;
 use gitops_shared::model::OperationState;
@@ -337,4 +338,71 @@ async fn overlapping_sweeps_enqueue_the_same_resources_without_deadlock() {
         let (operations, resources): (i64, i64) = (row.get("operations"), row.get("resources"));
         assert_eq!((operations, resources), (400, 400), "round {round}: one waiting operation per resource");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_claimers_operation_is_back_within_a_second_of_its_lease_while_the_consumer_is_busy() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    let abandoned_app = new_application(&mut client, &fx).await;
+    new_application(&mut client, &fx).await;
+    // A claimer that crashes: it claims the first operation, then never renews,
+    // completes or fails it.
+    let lease = Duration::from_secs(2);
+    let crashed = operation_claim(&client, fx.instance, "crashed", 1, lease).await.expect("claim").remove(0);
+    assert_eq!(crashed.resource_id, abandoned_app);
+    let expires: SystemTime = client
+        .query_one("SELECT lease_expires_at FROM operation WHERE id = $1", &[&crashed.id])
+        .await
+        .expect("the lease")
+        .get("lease_expires_at");
+
+    // The consumer claims the other operation and stays in its handler. Its timers do
+    // not fire within the test: only the lease coming due wakes its upkeep.
+    let cancel = CancellationToken::new();
+    let gate = Arc::new(Gate {
+        calls: Mutex::new(0),
+        entered: tokio::sync::Notify::new(),
+        release: tokio::sync::Semaphore::new(0),
+    });
+    let entered = gate.entered.notified();
+    let (stats, _, task) = spawn_consumer(&db, config(&fx, "rescuer"), gate.clone(), &db.url(), &cancel);
+    tokio::time::timeout(DEADLINE, entered).await.expect("the consumer is busy with the other operation");
+
+    let row = eventually("the abandoned operation to be taken back", || async {
+        let row = client
+            .query_one("SELECT state, run_after, operator_error FROM operation WHERE id = $1", &[&crashed.id])
+            .await
+            .expect("the operation");
+        (row.get::<_, OperationState>("state") != OperationState::Claimed).then_some(row)
+    })
+    .await;
+    assert_eq!(row.get::<_, OperationState>("state"), OperationState::Waiting, "back in the queue, not handled yet");
+    let reclaimed_at: SystemTime = row.get("run_after");
+    assert!(reclaimed_at >= expires, "taken back only once the lease ran out");
+    let late = reclaimed_at.duration_since(expires).expect("after the expiry");
+    assert!(late <= Duration::from_secs(1), "taken back {late:?} after the lease ran out, within a second");
+    assert!(row.get::<_, String>("operator_error").contains("lease expired"));
+    assert_eq!(*gate.calls.lock().expect("lock"), 1, "the consumer was still in its first handler meanwhile");
+    assert_eq!(stats.reclaimed.load(std::sync::atomic::Ordering::Relaxed), 1);
+
+    // The crashed claimer's token is no longer good.
+    let late_complete = operation_complete(&client, &[(crashed.id, crashed.lease.token())]).await.expect("complete");
+    assert!(late_complete.is_empty(), "the former claimer's completion is rejected");
+    assert!(operation_renew(&client, &[&crashed], lease).await.expect("renew").is_empty());
+
+    gate.release.add_permits(1);
+    eventually("both operations to complete", || async {
+        (count_in_state(&client, OperationState::Completed).await == 2).then_some(())
+    })
+    .await;
+    let row = client
+        .query_one("SELECT claimed_by, attempts FROM operation WHERE id = $1", &[&crashed.id])
+        .await
+        .expect("the operation");
+    assert_eq!(row.get::<_, String>("claimed_by"), "rescuer");
+    assert_eq!(row.get::<_, i32>("attempts"), 2);
+    cancel.cancel();
+    task.await.expect("consumer");
 }
