@@ -248,6 +248,17 @@ struct Gate {
     release: tokio::sync::Semaphore,
 }
 
+impl Gate {
+    /// A gate that holds every caller until released.
+    fn closed() -> Arc<Gate> {
+        Arc::new(Gate {
+            calls: Mutex::new(0),
+            entered: tokio::sync::Notify::new(),
+            release: tokio::sync::Semaphore::new(0),
+        })
+    }
+}
+
 impl Handler for Gate {
     async fn handle(&self, _op: &ClaimedOperation) -> Outcome {
         let first = {
@@ -269,11 +280,7 @@ async fn a_hundred_changes_during_a_reconcile_cause_at_most_one_more() {
     let mut client = db.connect().await;
     let fx = fixture(&mut client).await;
     let cancel = CancellationToken::new();
-    let gate = Arc::new(Gate {
-        calls: Mutex::new(0),
-        entered: tokio::sync::Notify::new(),
-        release: tokio::sync::Semaphore::new(0),
-    });
+    let gate = Gate::closed();
     let entered = gate.entered.notified();
     let (_, _, task) = spawn_consumer(&db, config(&fx, "agent"), gate.clone(), &db.url(), &cancel);
     let app = new_application(&mut client, &fx).await;
@@ -361,11 +368,7 @@ async fn a_crashed_claimers_operation_is_back_within_a_second_of_its_lease_while
     // The consumer claims the other operation and stays in its handler. Its timers do
     // not fire within the test: only the lease coming due wakes its upkeep.
     let cancel = CancellationToken::new();
-    let gate = Arc::new(Gate {
-        calls: Mutex::new(0),
-        entered: tokio::sync::Notify::new(),
-        release: tokio::sync::Semaphore::new(0),
-    });
+    let gate = Gate::closed();
     let entered = gate.entered.notified();
     let (stats, _, task) = spawn_consumer(&db, config(&fx, "rescuer"), gate.clone(), &db.url(), &cancel);
     tokio::time::timeout(DEADLINE, entered).await.expect("the consumer is busy with the other operation");
