@@ -257,7 +257,10 @@ CREATE TABLE public.application_state (
     reconciled_state jsonb,
     seq bigint DEFAULT nextval('public.application_state_seq'::regclass) NOT NULL,
     changed_xid xid8 DEFAULT pg_current_xact_id() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    applied_generation bigint,
+    agent_message text,
+    agent_stalled boolean DEFAULT false NOT NULL
 );
 
 --

@@ -9,6 +9,7 @@
 //! pruning — Argo CD's resources finalizer is taken off before the delete, so what
 //! it deployed there stays untouched.
 
+use gitops_shared::db::application_state::{AgentOutcome, application_state_record_outcome};
 use gitops_shared::db::desired::{
     DesiredApplication, application_load, application_mark_deleted, application_set_deletion_message,
 };
@@ -93,6 +94,10 @@ impl Reconciler {
                 }
                 self.apply_project(app.tenant_id).await?;
                 self.engine().apply_application(&spec).await?;
+                // The tenant's resource reads that this generation is in Argo CD.
+                let client = pooled(&self.pool).await?;
+                let applied = AgentOutcome::Applied { generation: app.generation };
+                application_state_record_outcome(&client, app.id, &applied).await?;
                 Ok(())
             }
             RowState::Deleting => self.delete_application(&app).await,

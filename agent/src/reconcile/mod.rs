@@ -16,8 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gitops_shared::crypto::{CryptoError, SecretBox};
+use gitops_shared::db::application_state::{AgentOutcome, application_state_record_outcome};
 use gitops_shared::db::engine_instance::EngineInstance;
-use gitops_shared::db::{DbError, DbPool};
+use gitops_shared::db::{DbError, DbPool, pooled};
 use gitops_shared::model::{
     ApplicationId, ManagedEnvironmentId, RepositoryCredentialId, ResourceType, SyncOperationId, TenantId,
 };
@@ -183,12 +184,37 @@ fn same_tenant(op_tenant: TenantId, row_tenant: TenantId, what: &str) -> Result<
     ))
 }
 
+impl Reconciler {
+    /// Puts the tenant's message of a failed application reconcile where the status
+    /// feed carries it to the GitOpsDeployment (best effort: the operation row has it too).
+    async fn record_failure(&self, id: ApplicationId, failure: &Failure) {
+        let (message, stalled) = match failure {
+            Failure::Permanent { tenant_message, .. } => (tenant_message, true),
+            Failure::Transient { tenant_message, .. } | Failure::Conflict { tenant_message, .. } => {
+                (tenant_message, false)
+            }
+        };
+        let outcome = AgentOutcome::Failed { message: message.clone(), stalled };
+        let recorded = async {
+            let client = pooled(&self.pool).await?;
+            application_state_record_outcome(&client, id, &outcome).await
+        }
+        .await;
+        if let Err(error) = recorded {
+            tracing::warn!(%error, application.id = %id, "could not record a failed reconcile for the tenant");
+        }
+    }
+}
+
 impl Handler for Reconciler {
     async fn handle(&self, op: &ClaimedOperation) -> Outcome {
         match self.reconcile(op).await {
             Ok(()) => Outcome::Done,
             Err(error) => {
                 let failure = error.to_failure();
+                if op.resource_type == ResourceType::Application {
+                    self.record_failure(ApplicationId(op.resource_id), &failure).await;
+                }
                 tracing::info!(
                     operation.id = %op.id,
                     resource.type = %op.resource_type,

@@ -128,8 +128,49 @@ UPDATE sync_operation s
        IS DISTINCT FROM (o.state, $4, $5, o.started_at, $7)
 RETURNING s.id";
 
+// Inserted only while the application row exists; changed only when it differs
+// (every change takes a place in the status feed).
+const AGENT_OUTCOME: &str = "
+INSERT INTO application_state (application_id, tenant_id, applied_generation, agent_message, agent_stalled)
+SELECT a.id, a.tenant_id, $2, $3, $4 FROM application a WHERE a.id = $1
+ON CONFLICT (application_id) DO UPDATE
+   SET applied_generation = COALESCE(EXCLUDED.applied_generation, application_state.applied_generation),
+       agent_message = EXCLUDED.agent_message, agent_stalled = EXCLUDED.agent_stalled, updated_at = now()
+ WHERE (COALESCE(EXCLUDED.applied_generation, application_state.applied_generation),
+        EXCLUDED.agent_message, EXCLUDED.agent_stalled)
+       IS DISTINCT FROM
+       (application_state.applied_generation, application_state.agent_message, application_state.agent_stalled)";
+
 /// Every statement of this module (a test prepares them against the schema).
-pub const STATEMENTS: &[&str] = &[OWNER_BY_ID, OWNER_BY_UID, UNCHANGED, UPSERT, SYNC_PROGRESS];
+pub const STATEMENTS: &[&str] = &[OWNER_BY_ID, OWNER_BY_UID, UNCHANGED, UPSERT, SYNC_PROGRESS, AGENT_OUTCOME];
+
+/// What the agent's last reconcile of an application came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentOutcome {
+    /// The row at `generation` is what Argo CD has now.
+    Applied { generation: i64 },
+    /// It failed; `message` is for the tenant (sanitised), `stalled` when retrying cannot help.
+    Failed { message: String, stalled: bool },
+}
+
+/// Records `outcome` for application `id` (only when it changes what was recorded).
+pub async fn application_state_record_outcome(
+    client: &Client,
+    id: ApplicationId,
+    outcome: &AgentOutcome,
+) -> Result<(), DbError> {
+    let (generation, message, stalled) = match outcome {
+        AgentOutcome::Applied { generation } => (Some(*generation), None, false),
+        AgentOutcome::Failed { message, stalled } => {
+            (None, Some(crate::sanitize::sanitize_tenant_message(message)), *stalled)
+        }
+    };
+    client
+        .execute(AGENT_OUTCOME, &[&id, &generation, &message, &stalled])
+        .await
+        .map_err(DbError::query("record the agent's outcome"))?;
+    Ok(())
+}
 
 /// The application row with id `id` if it belongs to a tenant on `instance`.
 pub async fn application_owner_by_id(

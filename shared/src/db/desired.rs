@@ -23,6 +23,8 @@ pub struct DesiredApplication {
     pub tenant_id: TenantId,
     pub resource_uid: Uuid,
     pub resource_name: String,
+    /// The generation of the tenant resource this row holds.
+    pub generation: i64,
     pub repo_url: String,
     pub path: String,
     pub target_revision: String,
@@ -133,7 +135,7 @@ pub struct ProjectEnvironment {
 }
 
 const APPLICATION: &str = "
-SELECT a.id, a.tenant_id, a.resource_uid, a.resource_name, a.repo_url, a.path, a.target_revision,
+SELECT a.id, a.tenant_id, a.resource_uid, a.resource_name, a.generation, a.repo_url, a.path, a.target_revision,
        a.destination_namespace, a.sync_type, a.create_namespace, a.row_state,
        EXTRACT(EPOCH FROM (now() - a.updated_at))::float8 AS unchanged_for_s, t.namespace_name,
        e.id AS environment_id, e.api_url AS environment_api_url, e.row_state AS environment_row_state,
@@ -210,6 +212,7 @@ impl TryFrom<&Row> for DesiredApplication {
             tenant_id: row.try_get("tenant_id")?,
             resource_uid: row.try_get("resource_uid")?,
             resource_name: row.try_get("resource_name")?,
+            generation: row.try_get("generation")?,
             repo_url: row.try_get("repo_url")?,
             path: row.try_get("path")?,
             target_revision: row.try_get("target_revision")?,

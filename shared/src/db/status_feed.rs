@@ -51,6 +51,12 @@ pub struct StatusFeedRow {
     /// The application row's state: the agent touches the state row when it
     /// confirms a deletion, so a writer waiting for the prune hears of it.
     pub row_state: RowState,
+    /// The generation of the row the agent last applied.
+    pub applied_generation: Option<i64>,
+    /// The tenant's message of the agent's last failed reconcile (None after a success).
+    pub agent_message: Option<String>,
+    /// Whether that failure is permanent (retrying cannot help).
+    pub agent_stalled: bool,
 }
 
 /// One sync request of a deployment, for its GitOpsDeploymentSyncRun's status.
@@ -74,7 +80,8 @@ SELECT s.seq, s.changed_xid::text::bigint AS xid,
        a.id AS application_id, t.namespace_name, a.resource_name, a.resource_uid,
        CASE WHEN m.home THEN NULL ELSE m.resource_name END AS environment,
        s.sync_status, s.sync_revision, s.health_status, s.health_message,
-       s.resources, s.conditions, s.operation_state, s.reconciled_state, a.row_state
+       s.resources, s.conditions, s.operation_state, s.reconciled_state, a.row_state,
+       s.applied_generation, s.agent_message, s.agent_stalled
   FROM writer_shard w
   JOIN tenant t ON t.writer_shard = w.shard
   JOIN application a ON a.tenant_id = t.id
@@ -122,6 +129,9 @@ impl TryFrom<&tokio_postgres::Row> for StatusFeedRow {
             operation_state: row.try_get("operation_state")?,
             reconciled_state: row.try_get("reconciled_state")?,
             row_state: row.try_get("row_state")?,
+            applied_generation: row.try_get("applied_generation")?,
+            agent_message: row.try_get("agent_message")?,
+            agent_stalled: row.try_get("agent_stalled")?,
         })
     }
 }
@@ -209,6 +219,9 @@ mod tests {
             operation_state: None,
             reconciled_state: None,
             row_state: RowState::Active,
+            applied_generation: None,
+            agent_message: None,
+            agent_stalled: false,
         }
     }
 

@@ -27,6 +27,7 @@ mod writer_connection;
 mod writer_credentials;
 mod writer_e2e;
 mod writer_purge;
+mod writer_ready;
 mod writer_resync;
 mod writer_status;
 mod writer_tenancy;

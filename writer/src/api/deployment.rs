@@ -23,6 +23,7 @@ use super::{Condition, preserve_unknown_object};
     doc = "A Git repository path deployed to a destination by the GitOps service.",
     printcolumn = r#"{"name":"Sync Status","type":"string","jsonPath":".status.sync.status"}"#,
     printcolumn = r#"{"name":"Health Status","type":"string","jsonPath":".status.health.status"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]

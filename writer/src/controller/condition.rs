@@ -61,7 +61,12 @@ where
     let existing = object.conditions();
     let unchanged_generation = object.observed_generation() == generation;
     let mut merged = object::merged_conditions(&existing, new);
-    if let Some(extra) = extra {
+    // Where the status loop keeps `Ready`, the writer sets it as it refuses or accepts
+    // a new generation (the loop hears of the outcome only once the agent acted).
+    let ready = K::KEEPS_READY
+        .then(|| crate::status::render::writer_ready(error, reason, message, generation, &existing, &now))
+        .flatten();
+    for extra in extra.into_iter().chain(ready) {
         let base = merged.clone().unwrap_or_else(|| existing.clone());
         if let Some(next) = object::merged_conditions(&base, extra) {
             merged = Some(next);
@@ -78,14 +83,17 @@ where
 
 /// Read access to the status the writer patches.
 pub(crate) trait HasConditions {
+    /// Whether the kind carries a `Ready` condition (kept by the status loop).
+    const KEEPS_READY: bool = false;
     fn conditions(&self) -> Vec<crate::api::Condition>;
     fn observed_generation(&self) -> Option<i64>;
 }
 
 /// Every kind keeps its conditions and observed generation in the same status fields.
 macro_rules! has_conditions {
-    ($($kind:ty),*) => {$(
+    ($($kind:ty: $ready:expr),*) => {$(
         impl HasConditions for $kind {
+            const KEEPS_READY: bool = $ready;
             fn conditions(&self) -> Vec<crate::api::Condition> {
                 self.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default()
             }
@@ -97,8 +105,8 @@ macro_rules! has_conditions {
 }
 
 has_conditions!(
-    GitOpsDeployment,
-    GitOpsDeploymentManagedEnvironment,
-    GitOpsDeploymentRepositoryCredential,
-    GitOpsDeploymentSyncRun
+    GitOpsDeployment: true,
+    GitOpsDeploymentManagedEnvironment: false,
+    GitOpsDeploymentRepositoryCredential: false,
+    GitOpsDeploymentSyncRun: false
 );

@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::StatusError;
-use super::render::{deployment_status, merge_diff, sync_run_conditions};
+use super::render::{DeploymentFacts, deployment_status, merge_diff, sync_run_conditions};
 use crate::api::{GitOpsDeployment, GitOpsDeploymentSyncRun};
 
 /// Attempts per object when its resourceVersion moved between read and patch.
@@ -32,7 +32,9 @@ pub async fn patch_deployment(client: &kube::Client, row: &StatusFeedRow) -> Res
     let api = Api::<GitOpsDeployment>::namespaced(client.clone(), &row.namespace);
     patch_status(&api, &row.resource_name, row.resource_uid, |object: &GitOpsDeployment| {
         let current = object.status.clone().unwrap_or_default();
-        let desired = deployment_status(row, &current, &now());
+        let facts =
+            DeploymentFacts { generation: object.metadata.generation, automated: object.spec.type_ != "manual" };
+        let desired = deployment_status(row, facts, &current, &now());
         (to_json(&current), to_json(&desired))
     })
     .await

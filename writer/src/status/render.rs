@@ -37,13 +37,116 @@ pub const ENGINE_CONDITION_TYPES: &[&str] = &[
 /// succeeded, failed or was terminated; `reason` names the state.
 pub const SYNC_RUN_CONDITION: &str = "SyncCompleted";
 
+/// kstatus conditions of a GitOpsDeployment: `Ready` is `True` only when the current
+/// generation is stored, applied in Argo CD and (automated) synced and healthy, or
+/// (manual) healthy; `Reconciling` is `True` while that is under way; `Stalled` is
+/// `True` when it cannot get there without the tenant (a permanent failure).
+/// `Synced` (manual deployments only) says whether Argo CD's copy is in sync.
+pub const READY: &str = "Ready";
+pub const RECONCILING: &str = "Reconciling";
+pub const STALLED: &str = "Stalled";
+pub const SYNCED: &str = "Synced";
+const READINESS_TYPES: &[&str] = &[READY, RECONCILING, STALLED, SYNCED];
+/// Reasons of the writer's condition that wait on the operator, not the tenant.
+const WAITING_REASONS: &[&str] = &["NoEngineInstanceAvailable", "HomeIdentityUnavailable", "RequesterUnverified"];
+
+/// What a GitOpsDeployment is, besides its status, for its readiness.
+#[derive(Debug, Clone, Copy)]
+pub struct DeploymentFacts {
+    pub generation: Option<i64>,
+    pub automated: bool,
+}
+
+fn condition(type_: &str, status: bool, reason: &str, message: String, generation: Option<i64>) -> Condition {
+    Condition {
+        type_: type_.to_owned(),
+        status: if status { "True" } else { "False" }.to_owned(),
+        reason: Some(reason.to_owned()),
+        message: Some(message),
+        observed_generation: generation,
+        ..Condition::default()
+    }
+}
+
+/// The `Ready` the writer sets with its own condition: `False` with the refusal's
+/// reason, or `False`/`Reconciling` when it accepts a generation no `Ready` speaks
+/// of yet (None otherwise: the status loop, which hears of the agent's work, keeps it).
+pub fn writer_ready(
+    error: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    existing: &[Condition],
+    now: &str,
+) -> Option<Condition> {
+    let current = existing.iter().find(|c| c.type_ == READY).is_some_and(|c| c.observed_generation >= generation);
+    let mut ready = if error {
+        condition(READY, false, reason, message.to_owned(), generation)
+    } else if !current {
+        let message = "the new generation is stored; Argo CD has not applied it yet".to_owned();
+        condition(READY, false, "Reconciling", message, generation)
+    } else {
+        return None;
+    };
+    ready.last_transition_time = Some(now.to_owned());
+    Some(ready)
+}
+
+/// `Ready`, `Reconciling`, `Stalled` (and `Synced` for a manual deployment) after
+/// `row`, for an object at `facts` whose other conditions are `current`.
+pub fn readiness(row: &StatusFeedRow, facts: DeploymentFacts, current: &[Condition]) -> Vec<Condition> {
+    let generation = facts.generation;
+    // A refusal speaks of its generation only; whether the current one is in Argo CD
+    // is the agent's to say (it applied the row of that generation, or not).
+    let writer = current.iter().find(|c| c.type_ == "ErrorOccurred" && c.observed_generation == generation);
+    let sync = row.sync_status.as_deref().unwrap_or("Unknown");
+    let health = row.health_status.as_deref().unwrap_or("Unknown");
+    // (ready, reconciling, stalled, reason, message)
+    let (ready, reconciling, stalled, reason, message): (bool, bool, bool, &str, String) = match writer {
+        Some(c) if c.status == "True" => {
+            let reason = c.reason.as_deref().unwrap_or("Refused");
+            let waiting = WAITING_REASONS.contains(&reason);
+            (false, waiting, !waiting, reason, c.message.clone().unwrap_or_default())
+        }
+        _ if row.agent_stalled => {
+            (false, false, true, "Stalled", row.agent_message.clone().unwrap_or_else(|| "Argo CD refused it".into()))
+        }
+        _ if row.agent_message.is_some() => {
+            (false, true, false, "ArgoCDUnavailable", row.agent_message.clone().unwrap_or_default())
+        }
+        _ if row.applied_generation.is_none() || row.applied_generation != generation => {
+            (false, true, false, "Reconciling", "the current generation is not applied in Argo CD yet".to_owned())
+        }
+        _ => {
+            let healthy = health == "Healthy";
+            let ready = healthy && (!facts.automated || sync == "Synced");
+            let message = format!("sync {sync}, health {health}");
+            if ready { (true, false, false, "Ready", message) } else { (false, true, false, "Progressing", message) }
+        }
+    };
+    let mut out = vec![
+        condition(READY, ready, reason, message.clone(), generation),
+        condition(RECONCILING, reconciling, if reconciling { reason } else { "Ready" }, message.clone(), generation),
+        condition(STALLED, stalled, if stalled { reason } else { "NotStalled" }, message, generation),
+    ];
+    if !facts.automated {
+        out.push(condition(SYNCED, sync == "Synced", sync, format!("Argo CD reports sync {sync}"), generation));
+    }
+    out
+}
+
 /// Engine conditions of a type outside [`ENGINE_CONDITION_TYPES`] are shown as this.
 const FALLBACK_CONDITION: &str = "UnknownError";
 
 /// The status fields the loop owns, as the row says they should be; the rest of
 /// `current` (validation conditions, `observedGeneration`) is kept. `now` (RFC
 /// 3339) stamps conditions that appear without a transition time of their own.
-pub fn deployment_status(row: &StatusFeedRow, current: &GitOpsDeploymentStatus, now: &str) -> GitOpsDeploymentStatus {
+pub fn deployment_status(
+    row: &StatusFeedRow,
+    facts: DeploymentFacts,
+    current: &GitOpsDeploymentStatus,
+    now: &str,
+) -> GitOpsDeploymentStatus {
     let mut status = current.clone();
     status.sync =
         row.sync_status.as_ref().map(|s| DeploymentSync { status: s.clone(), revision: row.sync_revision.clone() });
@@ -56,12 +159,14 @@ pub fn deployment_status(row: &StatusFeedRow, current: &GitOpsDeploymentStatus, 
         .unwrap_or_default();
     status.reconciled_state = row.reconciled_state.as_ref().map(|compared| reconciled_state(compared, row));
     status.operation_state = row.operation_state.clone();
-    status.conditions = merge_conditions(
+    let engine = merge_conditions(
         &current.conditions,
         engine_conditions(&row.conditions),
         |t| ENGINE_CONDITION_TYPES.contains(&t),
         now,
     );
+    status.conditions =
+        merge_conditions(&engine, readiness(row, facts, &current.conditions), |t| READINESS_TYPES.contains(&t), now);
     status
 }
 
@@ -205,11 +310,100 @@ mod tests {
             operation_state: Some(json!({"phase": "Succeeded"})),
             reconciled_state: Some(json!({"source": {"repoURL": "r", "path": "p"}, "destination": {"namespace": "n"}})),
             row_state: gitops_shared::model::RowState::Active,
+            applied_generation: Some(3),
+            agent_message: None,
+            agent_stalled: false,
         }
     }
 
+    const AUTOMATED: DeploymentFacts = DeploymentFacts { generation: Some(3), automated: true };
+
     fn validation() -> Condition {
-        Condition { type_: "ErrorOccurred".into(), status: "False".into(), ..Condition::default() }
+        Condition {
+            type_: "ErrorOccurred".into(),
+            status: "False".into(),
+            reason: Some("Accepted".into()),
+            observed_generation: Some(3),
+            ..Condition::default()
+        }
+    }
+
+    /// (status, reason) of condition `type_`.
+    fn of<'a>(conditions: &'a [Condition], type_: &str) -> (&'a str, &'a str) {
+        let c = conditions.iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("no {type_}"));
+        (c.status.as_str(), c.reason.as_deref().unwrap_or_default())
+    }
+
+    #[test]
+    fn ready_only_when_the_current_generation_is_applied_synced_and_healthy() {
+        let accepted = [validation()];
+        let ready = readiness(&row(), AUTOMATED, &accepted);
+        assert_eq!(of(&ready, READY), ("True", "Ready"));
+        assert_eq!(of(&ready, RECONCILING), ("False", "Ready"));
+        assert_eq!(of(&ready, STALLED), ("False", "NotStalled"));
+        assert!(ready.iter().all(|c| c.observed_generation == Some(3)));
+
+        let newer = DeploymentFacts { generation: Some(4), ..AUTOMATED };
+        assert_eq!(of(&readiness(&row(), newer, &accepted), READY), ("False", "Reconciling"), "not applied yet");
+        let mut stale = row();
+        stale.applied_generation = Some(2);
+        assert_eq!(of(&readiness(&stale, AUTOMATED, &accepted), READY), ("False", "Reconciling"), "not applied");
+
+        let mut degraded = row();
+        degraded.health_status = Some("Degraded".into());
+        let progressing = readiness(&degraded, AUTOMATED, &accepted);
+        assert_eq!(
+            (of(&progressing, READY), of(&progressing, RECONCILING)),
+            (("False", "Progressing"), ("True", "Progressing"))
+        );
+
+        let mut unreachable = row();
+        unreachable.agent_message = Some("the Argo CD instance serving this namespace is unavailable; retrying".into());
+        let waiting = readiness(&unreachable, AUTOMATED, &accepted);
+        assert_eq!(
+            (of(&waiting, READY), of(&waiting, STALLED)),
+            (("False", "ArgoCDUnavailable"), ("False", "NotStalled"))
+        );
+
+        let mut refused = unreachable.clone();
+        refused.agent_stalled = true;
+        let stalled = readiness(&refused, AUTOMATED, &accepted);
+        assert_eq!((of(&stalled, READY), of(&stalled, STALLED)), (("False", "Stalled"), ("True", "Stalled")));
+
+        let invalid = [Condition { status: "True".into(), reason: Some("InvalidPath".into()), ..validation() }];
+        let stalled = readiness(&row(), AUTOMATED, &invalid);
+        assert_eq!((of(&stalled, READY), of(&stalled, STALLED)), (("False", "InvalidPath"), ("True", "InvalidPath")));
+        let no_engine =
+            [Condition { status: "True".into(), reason: Some("NoEngineInstanceAvailable".into()), ..validation() }];
+        let waiting = readiness(&row(), AUTOMATED, &no_engine);
+        assert_eq!(
+            (of(&waiting, RECONCILING), of(&waiting, STALLED)).1,
+            ("False", "NotStalled"),
+            "waits on the operator"
+        );
+
+        let manual = DeploymentFacts { automated: false, ..AUTOMATED };
+        let mut out_of_sync = row();
+        out_of_sync.sync_status = Some("OutOfSync".into());
+        let conditions = readiness(&out_of_sync, manual, &accepted);
+        assert_eq!(of(&conditions, READY), ("True", "Ready"), "a manual deployment is ready when healthy");
+        assert_eq!(of(&conditions, SYNCED), ("False", "OutOfSync"));
+        assert!(readiness(&row(), AUTOMATED, &accepted).iter().all(|c| c.type_ != SYNCED));
+    }
+
+    #[test]
+    fn the_writer_sets_ready_as_it_refuses_or_accepts_a_new_generation() {
+        let refused = writer_ready(true, "InvalidPath", "bad path", Some(2), &[], "t").expect("Ready");
+        assert_eq!((refused.status.as_str(), refused.reason.as_deref()), ("False", Some("InvalidPath")));
+        let older = readiness(&row(), DeploymentFacts { generation: Some(2), ..AUTOMATED }, &[]);
+        let accepted = writer_ready(false, "Accepted", "stored", Some(3), &older, "t").expect("Ready");
+        assert_eq!((accepted.status.as_str(), accepted.reason.as_deref()), ("False", Some("Reconciling")));
+        let current = readiness(&row(), AUTOMATED, &[]);
+        assert_eq!(of(&current, READY), ("True", "Ready"));
+        assert!(
+            writer_ready(false, "Accepted", "stored", Some(3), &current, "t").is_none(),
+            "the loop got there first"
+        );
     }
 
     #[test]
@@ -219,29 +413,31 @@ mod tests {
             observed_generation: Some(3),
             ..Default::default()
         };
-        let status = deployment_status(&row(), &current, "2026-01-01T00:00:00Z");
+        let status = deployment_status(&row(), AUTOMATED, &current, "2026-01-01T00:00:00Z");
         assert_eq!(status.sync.as_ref().map(|s| s.status.as_str()), Some("Synced"));
         assert_eq!(status.resources[0].name, "demo");
         assert_eq!(status.reconciled_state.as_ref().and_then(|r| r.destination.namespace.as_deref()), Some("n"));
         assert_eq!(status.observed_generation, Some(3));
         let types: Vec<&str> = status.conditions.iter().map(|c| c.type_.as_str()).collect();
-        assert_eq!(types, ["ErrorOccurred", "ComparisonError", "UnknownError"]);
+        assert_eq!(types, ["ErrorOccurred", "ComparisonError", "UnknownError", READY, RECONCILING, STALLED]);
         assert_eq!(status.conditions[2].message.as_deref(), Some("Odd: x"));
     }
 
     #[test]
     fn rendering_twice_changes_nothing() {
-        let first = deployment_status(&row(), &GitOpsDeploymentStatus::default(), "2026-01-01T00:00:00Z");
-        let second = deployment_status(&row(), &first, "2026-02-02T00:00:00Z");
+        let first = deployment_status(&row(), AUTOMATED, &GitOpsDeploymentStatus::default(), "2026-01-01T00:00:00Z");
+        let second = deployment_status(&row(), AUTOMATED, &first, "2026-02-02T00:00:00Z");
         assert_eq!(first, second);
     }
 
     #[test]
     fn gone_engine_conditions_are_removed() {
-        let first = deployment_status(&row(), &GitOpsDeploymentStatus::default(), "t");
+        let first = deployment_status(&row(), AUTOMATED, &GitOpsDeploymentStatus::default(), "t");
         let mut clean = row();
         clean.conditions = json!([]);
-        assert!(deployment_status(&clean, &first, "t").conditions.is_empty());
+        let types: Vec<String> =
+            deployment_status(&clean, AUTOMATED, &first, "t").conditions.into_iter().map(|c| c.type_).collect();
+        assert_eq!(types, [READY, RECONCILING, STALLED]);
     }
 
     #[test]

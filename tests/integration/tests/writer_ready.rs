@@ -1,0 +1,56 @@
+//! `Ready` on a GitOpsDeployment tells the truth: `True` once its current generation
+//! is in Argo CD, synced and healthy; `False` with the reason while a new generation
+//! waits for an agent that cannot reach Argo CD, and `True` again once it can.
+
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::support::writer::{Env, env, spec};
+use crate::support::{eventually, short_id};
+
+const REPO: &str = "https://git.example.invalid/team/app.git";
+
+/// (status, reason, message) of `Ready` when it speaks of the object's generation.
+async fn ready(env: &Env, name: &str) -> Option<(String, String, String)> {
+    let object = env.deployments().get_opt(name).await.ok()??;
+    let status = object.status.as_ref()?;
+    let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
+    (ready.observed_generation == object.metadata.generation).then(|| {
+        (ready.status.clone(), ready.reason.clone().unwrap_or_default(), ready.message.clone().unwrap_or_default())
+    })
+}
+
+async fn wait_ready(env: &Env, name: &str, what: &str, status: &str, reason: &str) -> String {
+    eventually(what, || async { ready(env, name).await.filter(|(s, r, _)| s == status && r == reason).map(|r| r.2) })
+        .await
+}
+
+#[tokio::test]
+async fn writer_ready_follows_the_current_generation_through_an_unreachable_argocd() {
+    let env = env("wr-ready").await;
+    let _writer = env.writer("writer-a");
+    let name = format!("web-{}", short_id());
+    env.create(&name, spec(REPO, "apps/web")).await;
+    wait_ready(&env, &name, "Ready once applied, synced and healthy", "True", "Ready").await;
+
+    // The agent loses its access to Argo CD; the tenant changes the deployment.
+    let bindings: Api<RoleBinding> = Api::namespaced(env.kube.clone(), env.argocd.name());
+    let binding = bindings.get("gitops-agent").await.expect("the agent's RoleBinding");
+    bindings.delete("gitops-agent", &DeleteParams::default()).await.expect("delete the RoleBinding");
+    let patch = json!({"spec": {"source": {"path": "apps/web-v2"}}});
+    env.deployments().patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("change the path");
+    let message = wait_ready(&env, &name, "not Ready: Argo CD unavailable", "False", "ArgoCDUnavailable").await;
+    assert!(message.contains("unavailable"), "the tenant reads why: {message}");
+    let object = env.deployments().get(&name).await.expect("read");
+    let conditions = object.status.map(|s| s.conditions).unwrap_or_default();
+    let of = |t: &str| conditions.iter().find(|c| c.type_ == t).map(|c| c.status.clone());
+    assert_eq!((of("Reconciling"), of("Stalled")), (Some("True".into()), Some("False".into())), "retried, not stuck");
+
+    // Access comes back: the new generation reaches Argo CD and Ready follows.
+    let binding =
+        RoleBinding { metadata: ObjectMeta { name: binding.metadata.name, ..ObjectMeta::default() }, ..binding };
+    bindings.create(&PostParams::default(), &binding).await.expect("recreate the RoleBinding");
+    wait_ready(&env, &name, "Ready again at the new generation", "True", "Ready").await;
+}
