@@ -306,4 +306,8 @@ async fn sync_runs_follow_their_sync_request_to_the_end() {
         .expect("finish the sync");
     let done = eventually("a Succeeded condition", || condition("Succeeded")).await;
     assert_eq!((done.status.as_str(), done.message.as_deref()), ("True", Some("synced to revision abc123")));
+    let run = runs.get("sync-1").await.expect("get");
+    let conditions = run.status.map(|s| s.conditions).unwrap_or_default();
+    let ready = conditions.iter().find(|c| c.type_ == "Ready").expect("a Ready condition");
+    assert_eq!((ready.status.as_str(), ready.reason.as_deref()), ("True", Some("Succeeded")), "kubectl wait works");
 }

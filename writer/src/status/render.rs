@@ -213,14 +213,24 @@ pub fn sync_run_conditions(row: &SyncRunRow, current: &[Condition], now: &str) -
         (None, Some(revision)) => Some(format!("synced to revision {revision}")),
         (None, None) => None,
     };
-    let condition = Condition {
+    let completed = Condition {
         type_: SYNC_RUN_CONDITION.to_owned(),
         status: status.to_owned(),
         reason: Some(reason.to_owned()),
-        message,
+        message: message.clone(),
         ..Condition::default()
     };
-    merge_conditions(current, vec![condition], |t| t == SYNC_RUN_CONDITION, now)
+    // kstatus: Ready once the sync succeeded; Stalled when it ended otherwise.
+    let text = message.unwrap_or_else(|| format!("the sync is {}", reason.to_lowercase()));
+    let succeeded = row.state == SyncOperationState::Succeeded;
+    let ended = status == "True";
+    let ready = [
+        condition(READY, succeeded, reason, text.clone(), None),
+        condition(RECONCILING, !ended, if ended { "Finished" } else { reason }, text.clone(), None),
+        condition(STALLED, ended && !succeeded, if ended && !succeeded { reason } else { "NotStalled" }, text, None),
+    ];
+    let owned = |t: &str| t == SYNC_RUN_CONDITION || [READY, RECONCILING, STALLED].contains(&t);
+    merge_conditions(current, std::iter::once(completed).chain(ready).collect(), owned, now)
 }
 
 /// Whether a sync request can still change (its SyncRun must be looked at again).
@@ -462,10 +472,16 @@ mod tests {
         let running = sync_run_conditions(&run, &[validation()], "t1");
         assert_eq!(running[1].status, "False");
         assert_eq!(running[1].reason.as_deref(), Some("Running"));
+        assert_eq!((of(&running, READY), of(&running, RECONCILING)), (("False", "Running"), ("True", "Running")));
         run.state = SyncOperationState::Succeeded;
         run.synced_revision = Some("abc".into());
         let done = sync_run_conditions(&run, &running, "t2");
-        assert_eq!(done.len(), 2);
+        assert_eq!(done.len(), 5);
+        assert_eq!((of(&done, READY), of(&done, STALLED)), (("True", "Succeeded"), ("False", "NotStalled")));
+        let mut failed = run.clone();
+        failed.state = SyncOperationState::Failed;
+        let failed = sync_run_conditions(&failed, &running, "t2");
+        assert_eq!((of(&failed, READY), of(&failed, STALLED)), (("False", "Failed"), ("True", "Failed")));
         assert_eq!((done[1].status.as_str(), done[1].last_transition_time.as_deref()), ("True", Some("t2")));
         assert_eq!(sync_run_conditions(&run, &done, "t3"), done);
     }
