@@ -21,6 +21,7 @@ mod queue_race;
 mod shard_takeover;
 mod signal_race;
 mod statements;
+mod writer_agent_chaos;
 mod writer_api;
 mod writer_boundary;
 mod writer_connection;

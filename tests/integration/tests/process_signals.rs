@@ -3,7 +3,6 @@
 //! still shuts down cleanly. Each runs as a child process of this test binary, its
 //! command line handled as its `main` handles it.
 
-use std::process::Stdio;
 use std::time::Instant;
 
 use clap::Parser as _;
@@ -14,12 +13,8 @@ use gitops_testkit::TestDb;
 use gitops_testkit::argocd::{app_project_crd, application_crd};
 use gitops_testkit::cluster::TestCluster;
 
+use crate::support::children::{CHILD, CHILD_ARGS, signal, spawn};
 use crate::support::{DEADLINE, eventually};
-
-/// Which binary the child runs (`writer` or `agent`); its arguments follow in
-/// `CHILD_ARGS`, one per line.
-const CHILD: &str = "GITOPS_TEST_CHILD";
-const CHILD_ARGS: &str = "GITOPS_TEST_CHILD_ARGS";
 
 /// The child process's body, not a test of its own: runs the binary named by
 /// `GITOPS_TEST_CHILD` and exits with its code (before the harness prints anything).
@@ -58,25 +53,12 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<()>>,
 {
-    let exe = std::env::current_exe().expect("the test binary");
-    let mut child = tokio::process::Command::new(exe)
-        .args(["--exact", "process_signals::child", "--ignored", "--nocapture", "--test-threads=1"])
-        .env(CHILD, which)
-        .env(CHILD_ARGS, args.join("\n"))
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start the child");
+    let mut child = spawn(which, args, env, None);
     eventually(&format!("the {which} at work"), running).await;
     // Nobody reads its output any more: every line it logs from now on fails to write.
     drop(child.stdout.take());
     drop(child.stderr.take());
-    let pid = child.id().expect("a pid").to_string();
-    let sent = tokio::process::Command::new("kill").args(["-TERM", &pid]).status().await.expect("kill");
-    assert!(sent.success(), "SIGTERM sent to the {which}");
+    signal(&child, "-TERM").await;
     let started = Instant::now();
     match tokio::time::timeout(DEADLINE, child.wait()).await {
         Ok(status) => status.expect("wait for the child"),

@@ -121,12 +121,21 @@ impl PgCluster {
         let log = dir.join("postgres.log");
         // The watchdog: run postgres in the background, poll for our process, and on
         // its exit stop the server (fast shutdown) and remove the directory.
+        // The server runs while this process does; when it stops and a `restart`
+        // file is there (see `restart`), it is started again on the same data.
         let script = format!(
-            "\"$1\" -D \"$2\" -p {port} -k \"$3\" -c listen_addresses=127.0.0.1 \
+            "bin=$1 data=$2 dir=$3 log=$4; \
+             start() {{ \"$bin\" -D \"$data\" -p {port} -k \"$dir\" -c listen_addresses=127.0.0.1 \
              -c max_connections={max} -c shared_buffers=256MB {durability} \
-             -c max_wal_size=2GB -c log_min_messages=warning {ssl} >\"$4\" 2>&1 & pg=$!; \
-             while [ -d /proc/{parent} ] && kill -0 $pg 2>/dev/null; do sleep 0.5; done; \
-             kill -INT $pg 2>/dev/null; wait $pg; rm -rf \"$3\"",
+             -c max_wal_size=2GB -c log_min_messages=warning {ssl} >>\"$log\" 2>&1 & pg=$!; }}; \
+             alive() {{ s=$(cut -d' ' -f3 /proc/$pg/stat 2>/dev/null); [ -n \"$s\" ] && [ \"$s\" != Z ]; }}; \
+             start; \
+             while [ -d /proc/{parent} ]; do \
+               if alive; then sleep 0.5; \
+               elif [ -e \"$dir/restart\" ]; then rm -f \"$dir/restart\"; start; \
+               else break; fi; \
+             done; \
+             kill -INT $pg 2>/dev/null; wait $pg; rm -rf \"$dir\"",
             max = options.max_connections,
             parent = std::process::id(),
         );
@@ -160,6 +169,32 @@ impl PgCluster {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Restarts the server on the same data and port (a fast shutdown: every client
+    /// connection is cut) and waits until it accepts connections again.
+    pub async fn restart(&self) -> Result<(), PgError> {
+        let pid_file = std::fs::read_to_string(self.dir.join("data").join("postmaster.pid"))
+            .map_err(failed("read the postmaster's pid"))?;
+        let pid = pid_file.lines().next().unwrap_or_default().trim().to_owned();
+        std::fs::write(self.dir.join("restart"), b"").map_err(failed("ask for a restart"))?;
+        let status = Command::new("kill").args(["-INT", &pid]).status().map_err(failed("stop the server"))?;
+        if !status.success() {
+            return Err(PgError::Command { what: "stop the server", detail: format!("kill -INT {pid}: {status}") });
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // Gone, or a zombie its watchdog has not reaped yet.
+        let running = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|stat| stat.split(' ').nth(2).is_some_and(|state| state != "Z"))
+        };
+        while running() {
+            if Instant::now() > deadline {
+                return Err(PgError::Command { what: "stop the server", detail: format!("{pid} still runs") });
+            }
+            tokio::time::sleep(EXIT_POLL).await;
+        }
+        self.wait_ready(Duration::from_secs(60)).await
     }
 
     async fn wait_ready(&self, within: Duration) -> Result<(), PgError> {

@@ -1,6 +1,7 @@
 //! Fixtures shared by the tests: an engine instance, tenants, intents and their
 //! operations, and waiting on conditions with deadlines (never on time alone).
 
+pub mod children;
 pub mod shard;
 pub mod writer;
 
