@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use gitops_agent::names;
 use gitops_testkit::cluster::TestCluster;
-use gitops_writer::api::{GitOpsDeployment, GitOpsDeploymentSyncRun};
+use gitops_writer::api::GitOpsDeployment;
 use gitops_writer::controller::{
     CONDITION, FINALIZER, REASON_ACCEPTED, REASON_DEPLOYMENT_AUTOMATED, REASON_DEPLOYMENT_NOT_FOUND,
     REASON_QUOTA_EXCEEDED, WAIT_FOR_PRUNING,
@@ -18,7 +18,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::eventually;
-use crate::support::writer::{Env, env, spec};
+use crate::support::writer::{Env, env, manual, spec};
 
 /// The value of the sample `series` (name and labels, exactly) in a Prometheus text body.
 fn sample(metrics: &str, series: &str) -> Option<f64> {
@@ -126,50 +126,6 @@ async fn writer_e2e_invalid_inputs_get_their_condition_and_write_nothing() {
     let (status, reason, _) = env.condition("meta").await;
     assert_eq!((status.as_str(), reason.as_str()), ("False", REASON_ACCEPTED));
     assert_eq!(env.rows("meta").await, 1);
-}
-
-fn manual(repo: &str, path: &str) -> serde_json::Value {
-    json!({"source": {"repoURL": repo, "path": path}, "destination": {}, "type": "manual"})
-}
-
-impl Env {
-    fn sync_runs(&self) -> Api<GitOpsDeploymentSyncRun> {
-        Api::namespaced(self.kube.clone(), self.tenant.name())
-    }
-
-    async fn create_sync_run(&self, name: &str, deployment: &str, revision: &str) {
-        let object: GitOpsDeploymentSyncRun = serde_json::from_value(json!({
-            "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeploymentSyncRun",
-            "metadata": {"name": name}, "spec": {"gitopsDeploymentName": deployment, "revisionID": revision},
-        }))
-        .expect("GitOpsDeploymentSyncRun");
-        self.sync_runs().create(&PostParams::default(), &object).await.expect("create GitOpsDeploymentSyncRun");
-    }
-
-    /// Waits for the writer's condition on a SyncRun to have `reason`.
-    async fn sync_run_reason(&self, name: &str, reason: &str) {
-        eventually(&format!("SyncRun {name} condition {reason}"), || async {
-            let object = self.sync_runs().get_opt(name).await.ok()??;
-            let condition = object.status?.conditions.into_iter().find(|c| c.type_ == CONDITION)?;
-            (condition.reason.as_deref() == Some(reason)).then_some(())
-        })
-        .await;
-    }
-
-    async fn sync_state(&self, name: &str) -> Option<(String, Option<String>)> {
-        let row = self
-            .client
-            .query_opt("SELECT state::text, synced_revision FROM sync_operation WHERE resource_name = $1", &[&name])
-            .await
-            .expect("read sync_operation")?;
-        Some((row.get(0), row.get(1)))
-    }
-
-    async fn application_of(&self, name: &str) -> String {
-        let object = self.deployments().get(name).await.expect("read");
-        let uid = uuid::Uuid::parse_str(object.metadata.uid.as_deref().expect("uid")).expect("uuid");
-        names::application_name(uid)
-    }
 }
 
 #[tokio::test]

@@ -11,8 +11,9 @@ use gitops_writer::work_queue::Kind;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
-use crate::support::writer::{Env, env, spec};
+use crate::support::writer::{Env, env, manual, spec};
 use crate::support::{eventually, short_id};
+use gitops_testkit::argocd::SYNC_KNOB;
 
 const REPO: &str = "https://git.example.invalid/team/app.git";
 
@@ -99,4 +100,39 @@ async fn writer_resync_tombstones_nothing_above_its_cap() {
     assert_eq!(metrics.resync_repairs(Kind::Deployment, "tombstoned"), 0);
     let apps = env.apps().list(&Default::default()).await.expect("list");
     assert_eq!(apps.items.len(), names.len(), "every Application stays");
+}
+
+#[tokio::test]
+async fn writer_resync_terminates_the_sync_of_a_sync_run_deleted_while_no_writer_watched() {
+    let env = env("wr-sync").await;
+    let writer = env.writer("writer-a");
+    let (deployment, run) = (format!("web-{}", short_id()), format!("run-{}", short_id()));
+    env.create(&deployment, manual(REPO, "apps/web")).await;
+    let application = env.application_of(&deployment).await;
+    eventually("the Application", || async { env.apps().get_opt(&application).await.ok()?.map(|_| ()) }).await;
+    // Argo CD holds the sync running until told otherwise.
+    let hold = json!({"metadata": {"annotations": {SYNC_KNOB: "hold"}}});
+    env.apps().patch(&application, &PatchParams::default(), &Patch::Merge(&hold)).await.expect("hold syncs");
+    env.create_sync_run(&run, &deployment, "v2").await;
+    eventually("the sync running", || async {
+        env.sync_state(&run).await.filter(|(state, _)| state == "running").map(|_| ())
+    })
+    .await;
+    writer.cancel();
+
+    let runs = env.sync_runs();
+    let strip = json!({"metadata": {"finalizers": null}});
+    runs.patch(&run, &PatchParams::default(), &Patch::Merge(&strip)).await.expect("strip the finalizer");
+    runs.delete(&run, &DeleteParams::default()).await.expect("delete the SyncRun");
+    eventually("the SyncRun gone", || async { runs.get_opt(&run).await.ok()?.is_none().then_some(()) }).await;
+    assert_eq!(env.sync_state(&run).await.map(|s| s.0).as_deref(), Some("running"), "nobody saw it go");
+
+    let metrics = Arc::new(WriterMetrics::default());
+    let _writer = env.writer_for("writer-b", vec![env.tenant.name().to_owned()], |c| c.metrics = metrics.clone());
+    let (state, _) = eventually("the running sync terminated", || async {
+        env.sync_state(&run).await.filter(|(state, _)| state == "terminated")
+    })
+    .await;
+    assert_eq!(state, "terminated");
+    assert_eq!(metrics.resync_repairs(Kind::SyncRun, "tombstoned"), 1);
 }

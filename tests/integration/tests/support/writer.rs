@@ -6,13 +6,14 @@
 use std::time::Duration;
 
 use gitops_agent::engine::argocd::application_resource;
+use gitops_agent::names;
 use gitops_agent::{AgentConfig, run_agent};
 use gitops_shared::crypto::SecretBox;
 use gitops_shared::db::engine_instance::engine_instance_add;
 use gitops_testkit::TestDb;
 use gitops_testkit::argocd::{self, StandinOptions, app_project_crd, application_crd};
 use gitops_testkit::cluster::{TestCluster, TestNamespace};
-use gitops_writer::api::{GitOpsDeployment, crds};
+use gitops_writer::api::{GitOpsDeployment, GitOpsDeploymentSyncRun, crds};
 use gitops_writer::controller::CONDITION;
 use gitops_writer::run::{WriterConfig, run_writer};
 use gitops_writer::shard::ShardConfig;
@@ -171,4 +172,50 @@ impl Env {
 /// An automated deployment of `path` in `repo` into its own namespace.
 pub(crate) fn spec(repo: &str, path: &str) -> serde_json::Value {
     json!({"source": {"repoURL": repo, "path": path}, "destination": {}, "type": "automated"})
+}
+
+/// A manual deployment of `path` in `repo` into its own namespace.
+pub(crate) fn manual(repo: &str, path: &str) -> serde_json::Value {
+    json!({"source": {"repoURL": repo, "path": path}, "destination": {}, "type": "manual"})
+}
+
+/// SyncRuns and manual deployments.
+impl Env {
+    pub(crate) fn sync_runs(&self) -> Api<GitOpsDeploymentSyncRun> {
+        Api::namespaced(self.kube.clone(), self.tenant.name())
+    }
+
+    pub(crate) async fn create_sync_run(&self, name: &str, deployment: &str, revision: &str) {
+        let object: GitOpsDeploymentSyncRun = serde_json::from_value(json!({
+            "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeploymentSyncRun",
+            "metadata": {"name": name}, "spec": {"gitopsDeploymentName": deployment, "revisionID": revision},
+        }))
+        .expect("GitOpsDeploymentSyncRun");
+        self.sync_runs().create(&PostParams::default(), &object).await.expect("create GitOpsDeploymentSyncRun");
+    }
+
+    /// Waits for the writer's condition on a SyncRun to have `reason`.
+    pub(crate) async fn sync_run_reason(&self, name: &str, reason: &str) {
+        eventually(&format!("SyncRun {name} condition {reason}"), || async {
+            let object = self.sync_runs().get_opt(name).await.ok()??;
+            let condition = object.status?.conditions.into_iter().find(|c| c.type_ == CONDITION)?;
+            (condition.reason.as_deref() == Some(reason)).then_some(())
+        })
+        .await;
+    }
+
+    pub(crate) async fn sync_state(&self, name: &str) -> Option<(String, Option<String>)> {
+        let row = self
+            .client
+            .query_opt("SELECT state::text, synced_revision FROM sync_operation WHERE resource_name = $1", &[&name])
+            .await
+            .expect("read sync_operation")?;
+        Some((row.get(0), row.get(1)))
+    }
+
+    pub(crate) async fn application_of(&self, name: &str) -> String {
+        let object = self.deployments().get(name).await.expect("read");
+        let uid = uuid::Uuid::parse_str(object.metadata.uid.as_deref().expect("uid")).expect("uuid");
+        names::application_name(uid)
+    }
 }
