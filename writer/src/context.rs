@@ -35,4 +35,6 @@ pub struct WriterContext {
     /// The operator's opt-out: home deployments are accepted without an approval
     /// of the admission webhook (without knowing who asked).
     pub allow_unverified_home: bool,
+    /// Kubernetes Events on the tenant resources.
+    pub events: Arc<crate::events::TenantEvents>,
 }

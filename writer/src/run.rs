@@ -119,9 +119,11 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
         Some(settings) => Some(crate::webhook::bind(settings).await?),
         None => None,
     };
+    let events = Arc::new(crate::events::TenantEvents::new(kube.clone(), &config.writer_id));
     let ctx = Arc::new(WriterContext {
         pool: pool.clone(),
         kube,
+        events,
         secrets: config.secrets.clone(),
         writer_id: config.writer_id.clone(),
         metrics: config.metrics.clone(),

@@ -2,6 +2,7 @@
 //! is in Argo CD, synced and healthy; `False` with the reason while a new generation
 //! waits for an agent that cannot reach Argo CD, and `True` again once it can.
 
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -22,6 +23,20 @@ async fn ready(env: &Env, name: &str) -> Option<(String, String, String)> {
     })
 }
 
+/// Waits for an event about `name` with `reason` of `type_` (`Normal`, `Warning`).
+async fn wait_event(env: &Env, name: &str, reason: &str, type_: &str) -> Event {
+    let events: Api<Event> = Api::namespaced(env.kube.clone(), env.tenant.name());
+    eventually(&format!("a {type_} event {reason}"), || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items.into_iter().find(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                && e.reason.as_deref() == Some(reason)
+                && e.type_.as_deref() == Some(type_)
+        })
+    })
+    .await
+}
+
 async fn wait_ready(env: &Env, name: &str, what: &str, status: &str, reason: &str) -> String {
     eventually(what, || async { ready(env, name).await.filter(|(s, r, _)| s == status && r == reason).map(|r| r.2) })
         .await
@@ -34,6 +49,9 @@ async fn writer_ready_follows_the_current_generation_through_an_unreachable_argo
     let name = format!("web-{}", short_id());
     env.create(&name, spec(REPO, "apps/web")).await;
     wait_ready(&env, &name, "Ready once applied, synced and healthy", "True", "Ready").await;
+    wait_event(&env, &name, "Accepted", "Normal").await;
+    let ready = wait_event(&env, &name, "Ready", "Normal").await;
+    assert_eq!(ready.reporting_controller.as_deref(), Some("gitops-service-writer"));
 
     // The agent loses its access to Argo CD; the tenant changes the deployment.
     let bindings: Api<RoleBinding> = Api::namespaced(env.kube.clone(), env.argocd.name());
@@ -43,6 +61,8 @@ async fn writer_ready_follows_the_current_generation_through_an_unreachable_argo
     env.deployments().patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("change the path");
     let message = wait_ready(&env, &name, "not Ready: Argo CD unavailable", "False", "ArgoCDUnavailable").await;
     assert!(message.contains("unavailable"), "the tenant reads why: {message}");
+    let warning = wait_event(&env, &name, "ArgoCDUnavailable", "Warning").await;
+    assert!(warning.note.as_deref().is_some_and(|n| n.contains("unavailable")), "{warning:?}");
     let object = env.deployments().get(&name).await.expect("read");
     let conditions = object.status.map(|s| s.conditions).unwrap_or_default();
     let of = |t: &str| conditions.iter().find(|c| c.type_ == t).map(|c| c.status.clone());
@@ -53,4 +73,8 @@ async fn writer_ready_follows_the_current_generation_through_an_unreachable_argo
         RoleBinding { metadata: ObjectMeta { name: binding.metadata.name, ..ObjectMeta::default() }, ..binding };
     bindings.create(&PostParams::default(), &binding).await.expect("recreate the RoleBinding");
     wait_ready(&env, &name, "Ready again at the new generation", "True", "Ready").await;
+
+    // Deleting it is an event too.
+    env.deployments().delete(&name, &DeleteParams::default()).await.expect("delete");
+    wait_event(&env, &name, "Deleted", "Normal").await;
 }

@@ -20,6 +20,7 @@ mod condition;
 mod credential;
 mod deployment;
 mod environment;
+mod events;
 mod home;
 mod namespace;
 mod object;
@@ -161,20 +162,27 @@ pub struct Controllers {
     home_damaged: Mutex<HashSet<String>>,
 }
 
-/// A namespace as the writer needs it.
 /// What the watch store holds of a tenant resource.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Seen {
     pub uid: Option<Uuid>,
     pub generation: Option<i64>,
+    /// What its conditions told the tenant (events are published when it changes).
+    pub shown: events::Shown,
 }
 
 impl Seen {
-    fn of(meta: &ObjectMeta) -> Seen {
-        Seen { uid: meta.uid.as_deref().and_then(|u| Uuid::parse_str(u).ok()), generation: meta.generation }
+    fn of<K: kube::Resource + condition::HasConditions>(object: &K) -> Seen {
+        let meta = object.meta();
+        Seen {
+            uid: meta.uid.as_deref().and_then(|u| Uuid::parse_str(u).ok()),
+            generation: meta.generation,
+            shown: events::Shown::of(&object.conditions()),
+        }
     }
 }
 
+/// A namespace as the writer needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct NamespaceState {
     pub uid: Uuid,

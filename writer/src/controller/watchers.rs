@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::condition::HasConditions;
-use super::{CONDITION, Controllers, Seen, namespace, namespace_key, namespace_state_of, object};
+use super::{CONDITION, Controllers, Seen, events, namespace, namespace_key, namespace_state_of, object};
 use crate::shard::shard_of;
 use crate::work_queue::{Key, Kind};
 
@@ -78,7 +78,13 @@ where
         match event {
             Ok(Event::Apply(object)) => {
                 let key = key(&object);
-                ctl.known().insert(key.clone(), Seen::of(object.meta()));
+                let seen = Seen::of(&object);
+                let before = ctl.known().insert(key.clone(), seen.clone());
+                if let Some(before) = before
+                    && ctl.owns(&key.namespace)
+                {
+                    events::publish_changes(&ctl, &object, &before.shown, &seen.shown);
+                }
                 // Our own writes (finalizer, condition) and the status loop's come
                 // back as events; an object already settled at its generation has
                 // nothing new for the writer. Other causes (a Secret, an
@@ -90,13 +96,16 @@ where
             Ok(Event::InitApply(object)) => {
                 // Everything is looked at once after a (re)start.
                 let key = key(&object);
-                ctl.known().insert(key.clone(), Seen::of(object.meta()));
+                ctl.known().insert(key.clone(), Seen::of(&object));
                 listing.insert(key.clone());
                 ctl.offer(key);
             }
             Ok(Event::Delete(object)) => {
                 let key = key(&object);
                 ctl.known().remove(&key);
+                if ctl.owns(&key.namespace) {
+                    events::publish_deleted(&ctl, &object);
+                }
                 ctl.offer(key);
             }
             Ok(Event::InitDone) => {

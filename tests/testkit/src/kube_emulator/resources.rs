@@ -124,6 +124,7 @@ pub const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 pub const CRD_GROUP: &str = "apiextensions.k8s.io";
 pub const ADMISSION_GROUP: &str = "admissionregistration.k8s.io";
 pub const AUTHORIZATION_GROUP: &str = "authorization.k8s.io";
+pub const EVENTS_GROUP: &str = "events.k8s.io";
 
 /// The built-in resources, in the order kube-apiserver lists them.
 pub fn builtins() -> Vec<ResourceInfo> {
@@ -174,6 +175,7 @@ pub fn builtins() -> Vec<ResourceInfo> {
     webhooks.categories = vec!["api-extensions".to_owned()];
     vec![
         configmaps,
+        builtin("", "events", "Event", true, &["ev"], NameRule::Subdomain),
         namespaces,
         secrets,
         serviceaccounts,
@@ -186,6 +188,7 @@ pub fn builtins() -> Vec<ResourceInfo> {
         builtin(RBAC_GROUP, "roles", "Role", true, &[], NameRule::PathSegment),
         webhooks,
         crds,
+        builtin(EVENTS_GROUP, "events", "Event", true, &["ev"], NameRule::Subdomain),
     ]
 }
 
