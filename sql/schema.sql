@@ -260,7 +260,8 @@ CREATE TABLE public.application_state (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     applied_generation bigint,
     agent_message text,
-    agent_stalled boolean DEFAULT false NOT NULL
+    agent_stalled boolean DEFAULT false NOT NULL,
+    stalled_generation bigint
 );
 
 --

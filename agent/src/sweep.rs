@@ -59,6 +59,8 @@ pub enum SweepError {
 pub struct RowView {
     pub tenant_id: TenantId,
     pub row_state: RowState,
+    /// Its current generation failed permanently: the sweep does not enqueue it.
+    pub stalled: bool,
 }
 
 /// What one sweep decided.
@@ -169,7 +171,7 @@ pub fn plan(objects: &[OwnedObject], rows: &Rows, max_deletions: usize) -> Sweep
         let Some(of_type) = rows.get(&key) else { continue };
         let mut ids: Vec<_> = of_type.iter().filter(|(_, row)| row.row_state != RowState::Deleted).collect();
         ids.sort_by_key(|(id, _)| **id);
-        for (id, row) in ids {
+        for (id, row) in ids.into_iter().filter(|(_, row)| !(row.stalled && row.row_state == RowState::Active)) {
             let target = Target { resource_type: key, resource_id: *id, tenant_id: row.tenant_id };
             if present.contains(&(key, *id)) || row.row_state == RowState::Deleting {
                 plan.resyncs.push(target);
@@ -274,7 +276,10 @@ impl Sweeper {
             let found = placed_rows(&client, key.table(), self.instance).await.map_err(SweepError::Rows)?;
             rows.insert(
                 key,
-                found.iter().map(|r| (r.id, RowView { tenant_id: r.tenant_id, row_state: r.row_state })).collect(),
+                found
+                    .iter()
+                    .map(|r| (r.id, RowView { tenant_id: r.tenant_id, row_state: r.row_state, stalled: r.stalled }))
+                    .collect(),
             );
         }
         let mut plan = plan(&objects, &rows, self.config.max_deletions);
@@ -361,12 +366,15 @@ mod tests {
         let rows: Rows = HashMap::from([(
             ResourceTypeKey::Application,
             HashMap::from([
-                (1, RowView { tenant_id: TenantId(1), row_state: RowState::Active }),
-                (2, RowView { tenant_id: TenantId(1), row_state: RowState::Active }),
-                (3, RowView { tenant_id: TenantId(1), row_state: RowState::Deleted }),
+                (1, RowView { tenant_id: TenantId(1), row_state: RowState::Active, stalled: false }),
+                (2, RowView { tenant_id: TenantId(1), row_state: RowState::Active, stalled: false }),
+                (3, RowView { tenant_id: TenantId(1), row_state: RowState::Deleted, stalled: false }),
+                // Refused by Argo CD at its current generation: present, neither orphan nor retried.
+                (4, RowView { tenant_id: TenantId(1), row_state: RowState::Active, stalled: true }),
+                (5, RowView { tenant_id: TenantId(1), row_state: RowState::Active, stalled: true }),
             ]),
         )]);
-        let objects = vec![app("1"), app("3"), app("9"), object(ObjectKind::Application, "odd", &[])];
+        let objects = vec![app("1"), app("3"), app("4"), app("9"), object(ObjectKind::Application, "odd", &[])];
         let planned = plan(&objects, &rows, 5);
         let ids = |targets: &[Target]| targets.iter().map(|t| t.resource_id).collect::<Vec<_>>();
         assert_eq!(ids(&planned.deletions), vec![3, 9]);

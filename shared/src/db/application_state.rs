@@ -131,15 +131,18 @@ RETURNING s.id";
 // Inserted only while the application row exists; changed only when it differs
 // (every change takes a place in the status feed).
 const AGENT_OUTCOME: &str = "
-INSERT INTO application_state (application_id, tenant_id, applied_generation, agent_message, agent_stalled)
-SELECT a.id, a.tenant_id, $2, $3, $4 FROM application a WHERE a.id = $1
+INSERT INTO application_state (application_id, tenant_id, applied_generation, agent_message, agent_stalled,
+                               stalled_generation)
+SELECT a.id, a.tenant_id, $2, $3, $4, CASE WHEN $4 THEN a.generation END FROM application a WHERE a.id = $1
 ON CONFLICT (application_id) DO UPDATE
    SET applied_generation = COALESCE(EXCLUDED.applied_generation, application_state.applied_generation),
-       agent_message = EXCLUDED.agent_message, agent_stalled = EXCLUDED.agent_stalled, updated_at = now()
+       agent_message = EXCLUDED.agent_message, agent_stalled = EXCLUDED.agent_stalled,
+       stalled_generation = EXCLUDED.stalled_generation, updated_at = now()
  WHERE (COALESCE(EXCLUDED.applied_generation, application_state.applied_generation),
-        EXCLUDED.agent_message, EXCLUDED.agent_stalled)
+        EXCLUDED.agent_message, EXCLUDED.agent_stalled, EXCLUDED.stalled_generation)
        IS DISTINCT FROM
-       (application_state.applied_generation, application_state.agent_message, application_state.agent_stalled)";
+       (application_state.applied_generation, application_state.agent_message, application_state.agent_stalled,
+        application_state.stalled_generation)";
 
 /// Every statement of this module (a test prepares them against the schema).
 pub const STATEMENTS: &[&str] = &[OWNER_BY_ID, OWNER_BY_UID, UNCHANGED, UPSERT, SYNC_PROGRESS, AGENT_OUTCOME];

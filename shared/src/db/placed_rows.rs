@@ -17,14 +17,18 @@ pub enum PlacedTable {
     Tenant,
 }
 
+// `stalled`: the row's current generation failed permanently (Argo CD refused it);
+// trying it again cannot help until the tenant changes it.
 const ROWS: [&str; 4] = [
-    "SELECT r.id, r.tenant_id, r.row_state FROM application r
+    "SELECT r.id, r.tenant_id, r.row_state,
+            EXISTS (SELECT 1 FROM application_state s WHERE s.application_id = r.id AND s.agent_stalled
+                       AND s.stalled_generation = r.generation) AS stalled
+       FROM application r JOIN tenant t ON t.id = r.tenant_id WHERE t.engine_instance_id = $1",
+    "SELECT r.id, r.tenant_id, r.row_state, false AS stalled FROM managed_environment r
        JOIN tenant t ON t.id = r.tenant_id WHERE t.engine_instance_id = $1",
-    "SELECT r.id, r.tenant_id, r.row_state FROM managed_environment r
+    "SELECT r.id, r.tenant_id, r.row_state, false AS stalled FROM repository_credential r
        JOIN tenant t ON t.id = r.tenant_id WHERE t.engine_instance_id = $1",
-    "SELECT r.id, r.tenant_id, r.row_state FROM repository_credential r
-       JOIN tenant t ON t.id = r.tenant_id WHERE t.engine_instance_id = $1",
-    "SELECT t.id, t.id AS tenant_id, t.row_state FROM tenant t WHERE t.engine_instance_id = $1",
+    "SELECT t.id, t.id AS tenant_id, t.row_state, false AS stalled FROM tenant t WHERE t.engine_instance_id = $1",
 ];
 
 const ELSEWHERE: [&str; 4] = [
@@ -59,6 +63,8 @@ pub struct PlacedRow {
     pub id: i64,
     pub tenant_id: TenantId,
     pub row_state: RowState,
+    /// Its current generation failed permanently: not worth another attempt.
+    pub stalled: bool,
 }
 
 impl TryFrom<&tokio_postgres::Row> for PlacedRow {
@@ -69,6 +75,7 @@ impl TryFrom<&tokio_postgres::Row> for PlacedRow {
             id: row.try_get("id")?,
             tenant_id: row.try_get("tenant_id")?,
             row_state: row.try_get("row_state")?,
+            stalled: row.try_get("stalled")?,
         })
     }
 }

@@ -13,7 +13,7 @@ use gitops_agent::engine::argocd::application_resource;
 use gitops_agent::names::{self, APPLICATION_ID_LABEL, MANAGED_BY_LABEL, MANAGED_BY_VALUE, TENANT_ID_LABEL};
 use gitops_agent::{AgentConfig, AgentHandle, run_agent};
 use gitops_shared::crypto::SecretBox;
-use gitops_shared::db::application::application_upsert_in_txn;
+use gitops_shared::db::application::{ApplicationIntent, application_upsert_in_txn};
 use gitops_shared::db::engine_instance::engine_instance_add;
 use gitops_shared::db::tenant::tenant_upsert_locked_in_txn;
 use gitops_shared::model::{EngineInstanceId, ManagedEnvironmentId, ResourceType, SyncType, TenantId};
@@ -135,10 +135,16 @@ impl Env {
 
     /// A manual application row with its operation, as the writer writes it.
     async fn application(&mut self) -> (i64, String) {
+        self.application_with(|_| {}).await
+    }
+
+    /// [`Env::application`], its intent changed by `change` first.
+    async fn application_with(&mut self, change: impl FnOnce(&mut ApplicationIntent)) -> (i64, String) {
         let uid = Uuid::new_v4();
         let mut intent = intent(uid, 1);
         intent.sync_type = SyncType::Manual;
         intent.managed_environment_id = Some(self.home);
+        change(&mut intent);
         let txn = self.client.transaction().await.expect("begin");
         let id = application_upsert_in_txn(&txn, self.tenant, &intent).await.expect("upsert").expect("new row").0;
         operation_enqueue_in_txn(&txn, self.instance, self.tenant, ResourceType::Application, id)
@@ -374,6 +380,55 @@ async fn agent_that_cannot_reach_argocd_is_not_ready_and_catches_up_when_it_can_
     bindings.create(&PostParams::default(), &binding).await.expect("recreate the RoleBinding");
     eventually("ready again", || async { (get(address, "/readyz").await.0 == 200).then_some(()) }).await;
     env.wait_object(&name, "the Application made without waiting out the backoff", |_| true).await;
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn agent_sweep_does_not_retry_a_generation_argo_cd_refused_but_tries_the_next() {
+    let mut env = env("ar-stalled").await;
+    let agent = env.start(env.config());
+    // Aimed at a reserved namespace of the home cluster: refused for good.
+    let (id, name) = env.application_with(|intent| intent.destination_namespace = "kube-system".into()).await;
+    let operations = |state: &'static str| {
+        let client = &env.client;
+        async move {
+            let row = client
+                .query_one(
+                    "SELECT count(*) AS n FROM operation
+                      WHERE resource_type = 'application' AND resource_id = $1 AND state::text = $2",
+                    &[&id, &state],
+                )
+                .await
+                .expect("count");
+            row.get::<_, i64>("n")
+        }
+    };
+    eventually("the refusal dead-lettered", || async { (operations("failed").await == 1).then_some(()) }).await;
+    let stalled: bool = env
+        .client
+        .query_one("SELECT agent_stalled FROM application_state WHERE application_id = $1", &[&id])
+        .await
+        .expect("state")
+        .get(0);
+    assert!(stalled, "the tenant's resource reads Stalled");
+    // A sweep planned before the failure was recorded may have tried once more;
+    // from the next one on, the refused generation is left alone.
+    agent.wait_sweeps(1).await;
+    eventually("no attempt in flight", || async {
+        (operations("waiting").await + operations("claimed").await == 0).then_some(())
+    })
+    .await;
+    let failed = operations("failed").await;
+    agent.wait_sweeps(3).await;
+    let retried = operations("waiting").await + operations("claimed").await + operations("completed").await;
+    assert_eq!((retried, operations("failed").await), (0, failed), "the sweep left the refused generation alone");
+
+    // The tenant fixes it: a new generation is tried, and made.
+    env.client
+        .execute("UPDATE application SET generation = 2, destination_namespace = 'team-a' WHERE id = $1", &[&id])
+        .await
+        .expect("a new generation");
+    env.wait_object(&name, "the Application of the next generation", |_| true).await;
     agent.stop().await;
 }
 

@@ -18,18 +18,16 @@ async fn the_claim_query_walks_its_partial_index_not_finished_rows() {
     let mut client = db.connect().await;
     let fx = fixture(&mut client).await;
     // Many finished operations and a few waiting ones, as in a long-running queue.
-    client
-        .batch_execute(&format!(
-            "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
+    fill(
+        &client,
+        &fx,
+        "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
              SELECT {i}, {t}, 'application', g, 'completed', now() FROM generate_series(1, 20000) g;
              INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id)
              SELECT {i}, {t}, 'application', g FROM generate_series(20001, 20010) g;
              ANALYZE operation;",
-            i = fx.instance.0,
-            t = fx.tenant.0
-        ))
-        .await
-        .expect("fill");
+    )
+    .await;
     let txn = client.transaction().await.expect("begin");
     let plan: Vec<String> = txn
         .query(&format!("EXPLAIN {CLAIM_SQL}"), &[&fx.instance.0, &10i64, &"agent", &30.0f64])
@@ -52,9 +50,10 @@ async fn the_next_lease_expiry_reads_one_entry_of_the_lease_index() {
     let fx = fixture(&mut client).await;
     assert_eq!(operation_next_lease_expiry(&client, fx.instance).await.expect("nothing claimed"), None);
     // Many finished operations and a few claimed ones, one of them expired already.
-    client
-        .batch_execute(&format!(
-            "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
+    fill(
+        &client,
+        &fx,
+        "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
              SELECT {i}, {t}, 'application', g, 'completed', now() FROM generate_series(1, 20000) g;
              INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state,
                                     lease_token, lease_expires_at)
@@ -62,11 +61,8 @@ async fn the_next_lease_expiry_reads_one_entry_of_the_lease_index() {
                     now() + (g - 20000) * interval '1 minute'
                FROM generate_series(20001, 20010) g;
              ANALYZE operation;",
-            i = fx.instance.0,
-            t = fx.tenant.0
-        ))
-        .await
-        .expect("fill");
+    )
+    .await;
     let next = operation_next_lease_expiry(&client, fx.instance).await.expect("next expiry").expect("claimed");
     assert!(
         next > Duration::from_secs(50) && next <= Duration::from_secs(60),
@@ -126,19 +122,17 @@ async fn pruning_removes_old_finished_operations_in_batches_and_keeps_dead_lette
     let db = TestDb::migrated().await;
     let mut client = db.connect().await;
     let fx = fixture(&mut client).await;
-    client
-        .batch_execute(&format!(
-            "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
+    fill(
+        &client,
+        &fx,
+        "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
              SELECT {i}, {t}, 'application', g, 'completed', now() - interval '2 days' FROM generate_series(1, 250) g;
              INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
              SELECT {i}, {t}, 'application', g, 'failed', now() - interval '2 days' FROM generate_series(251, 260) g;
              INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
              SELECT {i}, {t}, 'application', g, 'completed', now() FROM generate_series(261, 270) g;",
-            i = fx.instance.0,
-            t = fx.tenant.0
-        ))
-        .await
-        .expect("fill");
+    )
+    .await;
     let day = Duration::from_secs(24 * 3600);
     assert_eq!(operation_prune(&client, Some(day), None, 100).await.expect("prune"), 100);
     assert_eq!(operation_prune(&client, Some(day), None, 100).await.expect("prune"), 100);
@@ -158,17 +152,15 @@ async fn gitopsctl_discards_dead_letters_one_or_all_and_nothing_else() {
     let db = TestDb::migrated().await;
     let mut client = db.connect().await;
     let fx = fixture(&mut client).await;
-    client
-        .batch_execute(&format!(
-            "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
+    fill(
+        &client,
+        &fx,
+        "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
              SELECT {i}, {t}, 'application', g, 'failed', now() FROM generate_series(1, 3) g;
              INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id)
              VALUES ({i}, {t}, 'application', 4);",
-            i = fx.instance.0,
-            t = fx.tenant.0
-        ))
-        .await
-        .expect("fill");
+    )
+    .await;
     let ids: Vec<i64> = client
         .query("SELECT id FROM operation ORDER BY resource_id", &[])
         .await
@@ -184,4 +176,11 @@ async fn gitopsctl_discards_dead_letters_one_or_all_and_nothing_else() {
     assert_eq!(out, "2 failed operations discarded\n");
     assert_eq!(count_in_state(&client, OperationState::Failed).await, 0);
     assert_eq!(count_in_state(&client, OperationState::Waiting).await, 1);
+}
+
+/// Inserts operations with `sql`, where `{i}` and `{t}` stand for the fixture's
+/// instance and tenant ids.
+async fn fill(client: &tokio_postgres::Client, fx: &Fixture, sql: &str) {
+    let sql = sql.replace("{i}", &fx.instance.0.to_string()).replace("{t}", &fx.tenant.0.to_string());
+    client.batch_execute(&sql).await.expect("fill");
 }
