@@ -24,8 +24,6 @@ use gitops_testkit::argocd::{
 };
 use gitops_testkit::cluster::{TestCluster, TestNamespace};
 use gitops_testkit::proxy::TcpProxy;
-use k8s_openapi::api::rbac::v1::RoleBinding;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -331,9 +329,7 @@ async fn agent_that_cannot_reach_argocd_is_not_ready_and_catches_up_when_it_can_
     eventually("ready", || async { (get(address, "/readyz").await.0 == 200).then_some(()) }).await;
 
     // The agent's access to its Argo CD namespace goes away.
-    let bindings: Api<RoleBinding> = Api::namespaced(env.kube.clone(), env.ns.name());
-    let binding = bindings.get("gitops-agent").await.expect("the agent's RoleBinding");
-    bindings.delete("gitops-agent", &DeleteParams::default()).await.expect("delete the RoleBinding");
+    let binding = crate::support::revoke_agent_access(&env.kube, env.ns.name()).await;
     let body = eventually("not ready", || async {
         let (status, body) = get(address, "/readyz").await;
         (status == 503).then_some(body)
@@ -375,9 +371,7 @@ async fn agent_that_cannot_reach_argocd_is_not_ready_and_catches_up_when_it_can_
     assert!(message.contains("unavailable"), "the tenant reads why: {message}");
 
     // Access comes back: ready again, and the backed-off change is made at once.
-    let binding =
-        RoleBinding { metadata: ObjectMeta { name: binding.metadata.name, ..ObjectMeta::default() }, ..binding };
-    bindings.create(&PostParams::default(), &binding).await.expect("recreate the RoleBinding");
+    crate::support::restore_agent_access(&env.kube, env.ns.name(), binding).await;
     eventually("ready again", || async { (get(address, "/readyz").await.0 == 200).then_some(()) }).await;
     env.wait_object(&name, "the Application made without waiting out the backoff", |_| true).await;
     agent.stop().await;

@@ -3,13 +3,11 @@
 //! waits for an agent that cannot reach Argo CD, and `True` again once it can.
 
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::rbac::v1::RoleBinding;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
 use crate::support::writer::{Env, env, spec};
-use crate::support::{eventually, short_id};
+use crate::support::{eventually, restore_agent_access, revoke_agent_access, short_id};
 
 const REPO: &str = "https://git.example.invalid/team/app.git";
 
@@ -54,9 +52,7 @@ async fn writer_ready_follows_the_current_generation_through_an_unreachable_argo
     assert_eq!(ready.reporting_controller.as_deref(), Some("gitops-service-writer"));
 
     // The agent loses its access to Argo CD; the tenant changes the deployment.
-    let bindings: Api<RoleBinding> = Api::namespaced(env.kube.clone(), env.argocd.name());
-    let binding = bindings.get("gitops-agent").await.expect("the agent's RoleBinding");
-    bindings.delete("gitops-agent", &DeleteParams::default()).await.expect("delete the RoleBinding");
+    let binding = revoke_agent_access(&env.kube, env.argocd.name()).await;
     let patch = json!({"spec": {"source": {"path": "apps/web-v2"}}});
     env.deployments().patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("change the path");
     let message = wait_ready(&env, &name, "not Ready: Argo CD unavailable", "False", "ArgoCDUnavailable").await;
@@ -69,9 +65,7 @@ async fn writer_ready_follows_the_current_generation_through_an_unreachable_argo
     assert_eq!((of("Reconciling"), of("Stalled")), (Some("True".into()), Some("False".into())), "retried, not stuck");
 
     // Access comes back: the new generation reaches Argo CD and Ready follows.
-    let binding =
-        RoleBinding { metadata: ObjectMeta { name: binding.metadata.name, ..ObjectMeta::default() }, ..binding };
-    bindings.create(&PostParams::default(), &binding).await.expect("recreate the RoleBinding");
+    restore_agent_access(&env.kube, env.argocd.name(), binding).await;
     wait_ready(&env, &name, "Ready again at the new generation", "True", "Ready").await;
 
     // Deleting it is an event too.

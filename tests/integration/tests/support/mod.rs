@@ -378,3 +378,25 @@ pub async fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, String
 pub fn short_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
 }
+
+/// Takes the agent's rights in `namespace` away: deletes its RoleBinding and returns
+/// it for [`restore_agent_access`].
+pub async fn revoke_agent_access(kube: &kube::Client, namespace: &str) -> k8s_openapi::api::rbac::v1::RoleBinding {
+    let bindings: kube::Api<k8s_openapi::api::rbac::v1::RoleBinding> = kube::Api::namespaced(kube.clone(), namespace);
+    let binding = bindings.get("gitops-agent").await.expect("the agent's RoleBinding");
+    bindings.delete("gitops-agent", &Default::default()).await.expect("delete the RoleBinding");
+    binding
+}
+
+/// Gives back what [`revoke_agent_access`] took.
+pub async fn restore_agent_access(
+    kube: &kube::Client,
+    namespace: &str,
+    binding: k8s_openapi::api::rbac::v1::RoleBinding,
+) {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    let bindings: kube::Api<k8s_openapi::api::rbac::v1::RoleBinding> = kube::Api::namespaced(kube.clone(), namespace);
+    let metadata = ObjectMeta { name: binding.metadata.name.clone(), ..ObjectMeta::default() };
+    let binding = k8s_openapi::api::rbac::v1::RoleBinding { metadata, ..binding };
+    bindings.create(&Default::default(), &binding).await.expect("recreate the RoleBinding");
+}
