@@ -61,28 +61,35 @@ pub static UNCLASSIFIED_ERRORS: std::sync::atomic::AtomicU64 = std::sync::atomic
 /// conflict; throttling, timeouts, 5xx and connection failures are transient, and
 /// so is anything else (counted, so that it gets a class).
 pub fn classify(action: String, error: kube::Error) -> EngineError {
-    let source: crate::engine::BoxError = Box::new(error);
-    let kube_error = source.downcast_ref::<kube::Error>();
-    let code = match kube_error {
-        Some(kube::Error::Api(status)) => Some(status.code),
-        _ => None,
+    enum Class {
+        Refused(String),
+        Instance,
+        Conflict,
+        Transient,
+        Unclassified,
+    }
+    let class = match &error {
+        kube::Error::Api(status) => match status.code {
+            400 | 405 | 413 | 415 | 422 => Class::Refused(status.message.clone()),
+            401 | 403 | 404 => Class::Instance,
+            409 => Class::Conflict,
+            408 | 410 | 429 | 500.. => Class::Transient,
+            _ => Class::Unclassified,
+        },
+        kube::Error::SerdeError(e) => Class::Refused(e.to_string()),
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::Auth(_) => Class::Transient,
+        _ => Class::Unclassified,
     };
-    match (code, kube_error) {
-        (Some(400 | 405 | 413 | 415 | 422), Some(kube::Error::Api(status))) => {
-            let tenant_message = format!("Argo CD refused to {action}: {}", status.message);
+    let source: crate::engine::BoxError = Box::new(error);
+    match class {
+        Class::Refused(reason) => {
+            let tenant_message = format!("Argo CD refused to {action}: {reason}");
             EngineError::Refused { tenant_message, action, source }
         }
-        (_, Some(kube::Error::SerdeError(e))) => {
-            let tenant_message = format!("Argo CD refused to {action}: {e}");
-            EngineError::Refused { tenant_message, action, source }
-        }
-        (Some(401 | 403 | 404), _) => EngineError::Instance { action, source },
-        (Some(409), _) => EngineError::Conflict { action, source },
-        (Some(408 | 410 | 429), _) | (Some(500..), _) => EngineError::Transient { action, source },
-        (None, Some(kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::Auth(_))) => {
-            EngineError::Transient { action, source }
-        }
-        _ => {
+        Class::Instance => EngineError::Instance { action, source },
+        Class::Conflict => EngineError::Conflict { action, source },
+        Class::Transient => EngineError::Transient { action, source },
+        Class::Unclassified => {
             UNCLASSIFIED_ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::warn!(%action, error = %gitops_shared::telemetry::error_chain(source.as_ref()), "unclassified Argo CD error: retried as transient");
             EngineError::Transient { action, source }
