@@ -3,7 +3,7 @@
 //! the work queue with the keys of objects in namespaces whose shard this writer
 //! owns; and the re-queueing of every known object of a shard gained.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -32,6 +32,20 @@ pub(crate) async fn next_or_cancelled<S: futures_util::Stream + Unpin>(
         () = cancel.cancelled() => None,
         event = events.next() => event,
     }
+}
+
+/// After a (re)listing: removes from `store` the entries `relevant` to that watch
+/// that the listing did not bring back (they went while it was not watching), and
+/// returns their keys.
+fn drop_unlisted<K, V>(store: &mut HashMap<K, V>, listing: &HashSet<K>, relevant: impl Fn(&K) -> bool) -> Vec<K>
+where
+    K: Clone + Eq + std::hash::Hash,
+{
+    let gone: Vec<K> = store.keys().filter(|key| relevant(key) && !listing.contains(*key)).cloned().collect();
+    for key in &gone {
+        store.remove(key);
+    }
+    gone
 }
 
 /// Whether the writer finished with `object` as it is: not being deleted, holding
@@ -109,19 +123,8 @@ where
                 ctl.offer(key);
             }
             Ok(Event::InitDone) => {
-                let gone: Vec<Key> = {
-                    let mut known = ctl.known();
-                    let in_scope = |key: &Key| scope.as_ref().is_none_or(|only| *only == key.namespace);
-                    let gone: Vec<Key> = known
-                        .keys()
-                        .filter(|key| key.kind == kind && in_scope(key) && !listing.contains(*key))
-                        .cloned()
-                        .collect();
-                    for key in &gone {
-                        known.remove(key);
-                    }
-                    gone
-                };
+                let in_scope = |key: &Key| key.kind == kind && scope.as_ref().is_none_or(|only| *only == key.namespace);
+                let gone = drop_unlisted(&mut ctl.known(), &listing, in_scope);
                 listing = HashSet::new();
                 for key in gone {
                     ctl.offer(key);
@@ -179,16 +182,8 @@ pub(super) async fn watch_namespaces(ctl: Arc<Controllers>, scope: Option<String
             }
             Ok(Event::Init) => listing.clear(),
             Ok(Event::InitDone) => {
-                let gone: Vec<String> = {
-                    let mut states = ctl.namespace_states();
-                    let in_scope = |name: &String| scope.as_ref().is_none_or(|only| only == name);
-                    let gone: Vec<String> =
-                        states.keys().filter(|name| in_scope(name) && !listing.contains(*name)).cloned().collect();
-                    for name in &gone {
-                        states.remove(name);
-                    }
-                    gone
-                };
+                let in_scope = |name: &String| scope.as_ref().is_none_or(|only| only == name);
+                let gone = drop_unlisted(&mut ctl.namespace_states(), &listing, in_scope);
                 for name in gone {
                     ctl.offer(namespace_key(&name));
                 }
