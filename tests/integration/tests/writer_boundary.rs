@@ -19,6 +19,7 @@ use gitops_writer::controller::{
 use gitops_writer::metrics::WriterMetrics;
 use gitops_writer::webhook::WebhookSettings;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -106,6 +107,27 @@ async fn writer_boundary_namespaces_not_served_get_a_condition_and_nothing_else(
         assert!(!object.metadata.finalizers.unwrap_or_default().iter().any(|f| f == FINALIZER), "{namespace}");
         let bindings: Api<RoleBinding> = Api::namespaced(env.kube.clone(), namespace);
         assert!(bindings.get_opt(HOME_IDENTITY).await.expect("read").is_none(), "no home binding in {namespace}");
+    }
+    // Events too: the served one's acceptance is published, the refusals elsewhere are not.
+    let events_about = |namespace: String| {
+        let (kube, name) = (env.kube.clone(), name.clone());
+        async move {
+            let events: Api<Event> = Api::namespaced(kube, &namespace);
+            let list = events.list(&Default::default()).await.expect("list events");
+            list.items
+                .into_iter()
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str()))
+                .map(|e| e.reason.unwrap_or_default())
+                .collect::<Vec<String>>()
+        }
+    };
+    eventually("the acceptance published", || async {
+        events_about(tenant.clone()).await.iter().any(|r| r == "Accepted").then_some(())
+    })
+    .await;
+    for namespace in reserved.iter().cloned().chain([unselected.name().to_owned()]) {
+        let published = events_about(namespace.clone()).await;
+        assert!(published.is_empty(), "no Event in unserved {namespace}: {published:?}");
     }
     assert_eq!(env.rows(&name).await, 1, "only the tenant namespace's deployment is stored");
     eventually("one Application", || async {

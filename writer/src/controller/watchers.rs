@@ -94,8 +94,10 @@ where
                 let key = key(&object);
                 let seen = Seen::of(&object);
                 let before = ctl.known().insert(key.clone(), seen.clone());
+                // Unserved namespaces get their condition and nothing else, no Events either.
                 if let Some(before) = before
                     && ctl.owns(&key.namespace)
+                    && ctl.serves(&key.namespace).is_ok()
                 {
                     events::publish_changes(&ctl, &object, &before.shown, &seen.shown);
                 }
@@ -117,7 +119,7 @@ where
             Ok(Event::Delete(object)) => {
                 let key = key(&object);
                 ctl.known().remove(&key);
-                if ctl.owns(&key.namespace) {
+                if ctl.owns(&key.namespace) && ctl.serves(&key.namespace).is_ok() {
                     events::publish_deleted(&ctl, &object);
                 }
                 ctl.offer(key);
