@@ -439,6 +439,24 @@ ALTER TABLE public.repository_credential ALTER COLUMN id ADD GENERATED ALWAYS AS
 );
 
 --
+-- Name: resource_state; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.resource_state (
+    managed_environment_id bigint,
+    repository_credential_id bigint,
+    tenant_id bigint NOT NULL,
+    applied_generation bigint,
+    agent_message text,
+    agent_stalled boolean DEFAULT false NOT NULL,
+    stalled_generation bigint,
+    seq bigint DEFAULT nextval('public.application_state_seq'::regclass) NOT NULL,
+    changed_xid xid8 DEFAULT pg_current_xact_id() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT resource_state_check CHECK ((num_nonnulls(managed_environment_id, repository_credential_id) = 1))
+);
+
+--
 -- Name: signal; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -629,6 +647,20 @@ ALTER TABLE ONLY public.repository_credential
     ADD CONSTRAINT repository_credential_resource_uid_key UNIQUE (resource_uid);
 
 --
+-- Name: resource_state resource_state_managed_environment_id_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.resource_state
+    ADD CONSTRAINT resource_state_managed_environment_id_key UNIQUE (managed_environment_id);
+
+--
+-- Name: resource_state resource_state_repository_credential_id_key; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.resource_state
+    ADD CONSTRAINT resource_state_repository_credential_id_key UNIQUE (repository_credential_id);
+
+--
 -- Name: signal signal_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -767,6 +799,12 @@ CREATE INDEX operation_prune_idx ON public.operation USING btree (completed_at) 
 CREATE INDEX repository_credential_tenant_idx ON public.repository_credential USING btree (tenant_id);
 
 --
+-- Name: resource_state_changed_xid_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX resource_state_changed_xid_idx ON public.resource_state USING btree (changed_xid);
+
+--
 -- Name: sync_operation_application_idx; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -825,6 +863,18 @@ CREATE TRIGGER operation_signal_insert AFTER INSERT ON public.operation FOR EACH
 --
 
 CREATE TRIGGER operation_signal_update AFTER UPDATE OF state, run_after ON public.operation FOR EACH ROW WHEN (((new.state = 'waiting'::public.operation_state) AND (new.run_after <= now()))) EXECUTE FUNCTION public.operation_signal();
+
+--
+-- Name: resource_state resource_state_signal; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER resource_state_signal AFTER INSERT OR UPDATE ON public.resource_state FOR EACH STATEMENT EXECUTE FUNCTION public.application_state_signal();
+
+--
+-- Name: resource_state resource_state_stamp; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER resource_state_stamp BEFORE UPDATE ON public.resource_state FOR EACH ROW EXECUTE FUNCTION public.application_state_stamp();
 
 --
 -- Name: application application_managed_environment_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
@@ -888,6 +938,27 @@ ALTER TABLE ONLY public.operation
 
 ALTER TABLE ONLY public.repository_credential
     ADD CONSTRAINT repository_credential_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenant(id);
+
+--
+-- Name: resource_state resource_state_managed_environment_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.resource_state
+    ADD CONSTRAINT resource_state_managed_environment_id_fkey FOREIGN KEY (managed_environment_id) REFERENCES public.managed_environment(id) ON DELETE CASCADE;
+
+--
+-- Name: resource_state resource_state_repository_credential_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.resource_state
+    ADD CONSTRAINT resource_state_repository_credential_id_fkey FOREIGN KEY (repository_credential_id) REFERENCES public.repository_credential(id) ON DELETE CASCADE;
+
+--
+-- Name: resource_state resource_state_tenant_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.resource_state
+    ADD CONSTRAINT resource_state_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenant(id);
 
 --
 -- Name: sync_operation sync_operation_application_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -

@@ -9,6 +9,7 @@
 //! Secret removed, before its credentials are even opened.
 
 use gitops_shared::crypto::{Sealed, SecretContext};
+use gitops_shared::db::application_state::AgentOutcome;
 use gitops_shared::db::credential::{
     CLUSTER_CREDENTIAL_TABLE, ClusterCredentials, REPOSITORY_CREDENTIAL_TABLE, RepositoryCredentials,
 };
@@ -16,6 +17,7 @@ use gitops_shared::db::desired::{
     DesiredEnvironment, managed_environment_load, repository_credential_load, resource_mark_deleted,
 };
 use gitops_shared::db::pooled;
+use gitops_shared::db::resource_state::{StateOf, resource_state_record_outcome};
 use gitops_shared::model::{ManagedEnvironmentId, RepositoryCredentialId, ResourceType, RowState, TenantId};
 use serde::de::DeserializeOwned;
 
@@ -114,7 +116,7 @@ impl Reconciler {
                 };
                 self.apply_project(tenant).await?;
                 self.engine().apply_cluster(&spec).await?;
-                Ok(())
+                self.record_applied(StateOf::ManagedEnvironment, id.0, environment.generation).await
             }
             RowState::Deleting => {
                 self.confirm_removed(
@@ -161,12 +163,14 @@ impl Reconciler {
                 };
                 self.apply_project(tenant).await?;
                 self.engine().apply_repository(&spec).await?;
-                Ok(())
+                self.record_applied(StateOf::RepositoryCredential, id.0, credential.generation).await
             }
             // No valid Secret (yet, or any more): no credentials in Argo CD either.
+            // That is applied too; the writer's condition tells the tenant why.
             (RowState::Active, None) => {
                 self.engine().delete_repository(&name).await?;
-                self.apply_project(tenant).await
+                self.apply_project(tenant).await?;
+                self.record_applied(StateOf::RepositoryCredential, id.0, credential.generation).await
             }
             (RowState::Deleting, _) => {
                 let removal = self.engine().delete_repository(&name).await?;
@@ -182,6 +186,14 @@ impl Reconciler {
                 "waiting for an agent upgrade",
             )),
         }
+    }
+
+    /// Records that the row of `generation` is what Argo CD has now (the status feed
+    /// carries it to the tenant resource).
+    async fn record_applied(&self, kind: StateOf, id: i64, generation: i64) -> Result<(), ReconcileError> {
+        let client = pooled(&self.pool).await?;
+        resource_state_record_outcome(&client, kind, id, &AgentOutcome::Applied { generation }).await?;
+        Ok(())
     }
 
     /// Marks a row deleted once its object is gone; otherwise asks to be retried.
@@ -219,6 +231,7 @@ mod tests {
             tenant_id: TenantId(1),
             resource_uid: Uuid::new_v4(),
             resource_name: "e".into(),
+            generation: 1,
             api_url: api_url.into(),
             allow_insecure_skip_tls_verify: false,
             namespaces: namespaces.iter().map(|n| (*n).to_owned()).collect(),

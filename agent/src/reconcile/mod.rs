@@ -18,6 +18,7 @@ use std::time::Duration;
 use gitops_shared::crypto::{CryptoError, SecretBox};
 use gitops_shared::db::application_state::{AgentOutcome, application_state_record_outcome};
 use gitops_shared::db::engine_instance::EngineInstance;
+use gitops_shared::db::resource_state::{StateOf, resource_state_record_outcome};
 use gitops_shared::db::{DbError, DbPool, pooled};
 use gitops_shared::model::{
     ApplicationId, ManagedEnvironmentId, RepositoryCredentialId, ResourceType, SyncOperationId, TenantId,
@@ -185,9 +186,10 @@ fn same_tenant(op_tenant: TenantId, row_tenant: TenantId, what: &str) -> Result<
 }
 
 impl Reconciler {
-    /// Puts the tenant's message of a failed application reconcile where the status
-    /// feed carries it to the GitOpsDeployment (best effort: the operation row has it too).
-    async fn record_failure(&self, id: ApplicationId, failure: &Failure) {
+    /// Puts the tenant's message of a failed reconcile where the status feed carries
+    /// it to the tenant resource (best effort: the operation row has it too). Sync
+    /// operations and tenants have no such place: a sync's failure is on its row.
+    async fn record_failure(&self, op: &ClaimedOperation, failure: &Failure) {
         let (message, stalled) = match failure {
             Failure::Permanent { tenant_message, .. } => (tenant_message, true),
             Failure::Transient { tenant_message, .. } | Failure::Conflict { tenant_message, .. } => {
@@ -195,13 +197,30 @@ impl Reconciler {
             }
         };
         let outcome = AgentOutcome::Failed { message: message.clone(), stalled };
+        let id = op.resource_id;
         let recorded = async {
             let client = pooled(&self.pool).await?;
-            application_state_record_outcome(&client, id, &outcome).await
+            match op.resource_type {
+                ResourceType::Application => {
+                    application_state_record_outcome(&client, ApplicationId(id), &outcome).await
+                }
+                ResourceType::ManagedEnvironment => {
+                    resource_state_record_outcome(&client, StateOf::ManagedEnvironment, id, &outcome).await
+                }
+                ResourceType::RepositoryCredential => {
+                    resource_state_record_outcome(&client, StateOf::RepositoryCredential, id, &outcome).await
+                }
+                ResourceType::SyncOperation | ResourceType::Tenant | ResourceType::Unknown => Ok(()),
+            }
         }
         .await;
         if let Err(error) = recorded {
-            tracing::warn!(%error, application.id = %id, "could not record a failed reconcile for the tenant");
+            tracing::warn!(
+                %error,
+                resource.type = %op.resource_type,
+                resource.id = id,
+                "could not record a failed reconcile for the tenant"
+            );
         }
     }
 }
@@ -212,9 +231,7 @@ impl Handler for Reconciler {
             Ok(()) => Outcome::Done,
             Err(error) => {
                 let failure = error.to_failure();
-                if op.resource_type == ResourceType::Application {
-                    self.record_failure(ApplicationId(op.resource_id), &failure).await;
-                }
+                self.record_failure(op, &failure).await;
                 tracing::info!(
                     operation.id = %op.id,
                     resource.type = %op.resource_type,

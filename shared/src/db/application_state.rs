@@ -156,18 +156,25 @@ pub enum AgentOutcome {
     Failed { message: String, stalled: bool },
 }
 
+impl AgentOutcome {
+    /// Its columns: the applied generation, the tenant's message (sanitised), stalled.
+    pub(crate) fn columns(&self) -> (Option<i64>, Option<String>, bool) {
+        match self {
+            AgentOutcome::Applied { generation } => (Some(*generation), None, false),
+            AgentOutcome::Failed { message, stalled } => {
+                (None, Some(crate::sanitize::sanitize_tenant_message(message)), *stalled)
+            }
+        }
+    }
+}
+
 /// Records `outcome` for application `id` (only when it changes what was recorded).
 pub async fn application_state_record_outcome(
     client: &Client,
     id: ApplicationId,
     outcome: &AgentOutcome,
 ) -> Result<(), DbError> {
-    let (generation, message, stalled) = match outcome {
-        AgentOutcome::Applied { generation } => (Some(*generation), None, false),
-        AgentOutcome::Failed { message, stalled } => {
-            (None, Some(crate::sanitize::sanitize_tenant_message(message)), *stalled)
-        }
-    };
+    let (generation, message, stalled) = outcome.columns();
     client
         .execute(AGENT_OUTCOME, &[&id, &generation, &message, &stalled])
         .await

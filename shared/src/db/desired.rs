@@ -59,6 +59,8 @@ pub struct DesiredEnvironment {
     pub tenant_id: TenantId,
     pub resource_uid: Uuid,
     pub resource_name: String,
+    /// The generation of the tenant resource this row holds.
+    pub generation: i64,
     pub api_url: String,
     pub allow_insecure_skip_tls_verify: bool,
     pub namespaces: Vec<String>,
@@ -77,6 +79,8 @@ pub struct DesiredRepositoryCredential {
     pub tenant_id: TenantId,
     pub resource_uid: Uuid,
     pub resource_name: String,
+    /// The generation of the tenant resource this row holds.
+    pub generation: i64,
     pub repo_url: String,
     pub row_state: RowState,
     /// Sealed `RepositoryCredentials` (table `repository_credential`).
@@ -146,14 +150,14 @@ SELECT a.id, a.tenant_id, a.resource_uid, a.resource_name, a.generation, a.repo_
  WHERE a.id = $1";
 
 const ENVIRONMENT: &str = "
-SELECT e.id, e.tenant_id, e.resource_uid, e.resource_name, e.api_url, e.allow_insecure_skip_tls_verify,
+SELECT e.id, e.tenant_id, e.resource_uid, e.resource_name, e.generation, e.api_url, e.allow_insecure_skip_tls_verify,
        e.namespaces, e.cluster_resources, e.row_state, c.key_id, c.ciphertext, e.home
   FROM managed_environment e
   LEFT JOIN cluster_credential c ON c.managed_environment_id = e.id AND c.tenant_id = e.tenant_id
  WHERE e.id = $1";
 
 const REPOSITORY_CREDENTIAL: &str = "
-SELECT id, tenant_id, resource_uid, resource_name, repo_url, row_state, key_id, ciphertext
+SELECT id, tenant_id, resource_uid, resource_name, generation, repo_url, row_state, key_id, ciphertext
   FROM repository_credential WHERE id = $1";
 
 const SYNC_OPERATION: &str = "
@@ -237,6 +241,7 @@ impl TryFrom<&Row> for DesiredEnvironment {
             tenant_id: row.try_get("tenant_id")?,
             resource_uid: row.try_get("resource_uid")?,
             resource_name: row.try_get("resource_name")?,
+            generation: row.try_get("generation")?,
             api_url: row.try_get("api_url")?,
             allow_insecure_skip_tls_verify: row.try_get("allow_insecure_skip_tls_verify")?,
             namespaces: row.try_get("namespaces")?,
@@ -257,6 +262,7 @@ impl TryFrom<&Row> for DesiredRepositoryCredential {
             tenant_id: row.try_get("tenant_id")?,
             resource_uid: row.try_get("resource_uid")?,
             resource_name: row.try_get("resource_name")?,
+            generation: row.try_get("generation")?,
             repo_url: row.try_get("repo_url")?,
             row_state: row.try_get("row_state")?,
             credentials: sealed(row)?,

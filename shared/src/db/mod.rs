@@ -17,6 +17,7 @@ mod migrate;
 pub mod placed_rows;
 pub mod placement;
 pub mod purge;
+pub mod resource_state;
 pub mod resync;
 pub mod status_feed;
 pub mod sync_operation;
@@ -42,6 +43,7 @@ pub const STATEMENTS: &[(&str, &[&str])] = &[
     ("placed_rows", placed_rows::STATEMENTS),
     ("placement", placement::STATEMENTS),
     ("purge", purge::STATEMENTS),
+    ("resource_state", resource_state::STATEMENTS),
     ("resync", resync::STATEMENTS),
     ("status_feed", status_feed::STATEMENTS),
     ("sync_operation", sync_operation::STATEMENTS),

@@ -24,10 +24,14 @@ const ROWS: [&str; 4] = [
             EXISTS (SELECT 1 FROM application_state s WHERE s.application_id = r.id AND s.agent_stalled
                        AND s.stalled_generation = r.generation) AS stalled
        FROM application r JOIN tenant t ON t.id = r.tenant_id WHERE t.engine_instance_id = $1",
-    "SELECT r.id, r.tenant_id, r.row_state, false AS stalled FROM managed_environment r
-       JOIN tenant t ON t.id = r.tenant_id WHERE t.engine_instance_id = $1",
-    "SELECT r.id, r.tenant_id, r.row_state, false AS stalled FROM repository_credential r
-       JOIN tenant t ON t.id = r.tenant_id WHERE t.engine_instance_id = $1",
+    "SELECT r.id, r.tenant_id, r.row_state,
+            EXISTS (SELECT 1 FROM resource_state s WHERE s.managed_environment_id = r.id AND s.agent_stalled
+                       AND s.stalled_generation = r.generation) AS stalled
+       FROM managed_environment r JOIN tenant t ON t.id = r.tenant_id WHERE t.engine_instance_id = $1",
+    "SELECT r.id, r.tenant_id, r.row_state,
+            EXISTS (SELECT 1 FROM resource_state s WHERE s.repository_credential_id = r.id AND s.agent_stalled
+                       AND s.stalled_generation = r.generation) AS stalled
+       FROM repository_credential r JOIN tenant t ON t.id = r.tenant_id WHERE t.engine_instance_id = $1",
     "SELECT t.id, t.id AS tenant_id, t.row_state, false AS stalled FROM tenant t WHERE t.engine_instance_id = $1",
 ];
 

@@ -1,9 +1,9 @@
 //! The status feed: what a writer reads to carry observed state back to tenant
 //! resources, and its durable cursor (`writer_shard.status_xid`).
 //!
-//! A writer reads, per shard it owns, the `application_state` rows changed by
-//! transactions at or after the shard's cursor, in transaction order. The cursor
-//! is a transaction id because sequence numbers are taken before commit and so
+//! A writer reads, per shard it owns, the `application_state` and `resource_state`
+//! rows changed by transactions at or after the shard's cursor, in transaction
+//! order. The cursor is a transaction id because sequence numbers are taken before commit and so
 //! become visible out of order, whereas every transaction older than a snapshot's
 //! `xmin` has finished, and its rows are visible in that snapshot. After handling
 //! a batch the cursor moves to that `xmin` (or, for a full batch, to the last
@@ -18,6 +18,7 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 
 use crate::db::DbError;
+use crate::db::resource_state::StateOf;
 use crate::model::{ApplicationId, RowState, SyncOperationId, SyncOperationState};
 
 /// Rows read per shard and statement.
@@ -59,6 +60,51 @@ pub struct StatusFeedRow {
     pub agent_stalled: bool,
 }
 
+/// What the agent last made of a managed environment or a repository credential.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResourceFeedRow {
+    pub seq: i64,
+    pub xid: i64,
+    pub snapshot_xmin: i64,
+    pub kind: StateOf,
+    pub id: i64,
+    pub namespace: String,
+    pub resource_name: String,
+    pub resource_uid: Uuid,
+    pub row_state: RowState,
+    /// The generation of the row the agent last applied.
+    pub applied_generation: Option<i64>,
+    /// The tenant's message of the agent's last failed reconcile (None after a success).
+    pub agent_message: Option<String>,
+    /// Whether that failure is permanent.
+    pub agent_stalled: bool,
+}
+
+/// One row of the feed, of whichever kind.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FeedRow {
+    Application(Box<StatusFeedRow>),
+    Resource(ResourceFeedRow),
+}
+
+impl FeedRow {
+    /// The transaction that made the change.
+    pub fn xid(&self) -> i64 {
+        match self {
+            FeedRow::Application(row) => row.xid,
+            FeedRow::Resource(row) => row.xid,
+        }
+    }
+
+    /// The reader's snapshot `xmin`.
+    pub fn snapshot_xmin(&self) -> i64 {
+        match self {
+            FeedRow::Application(row) => row.snapshot_xmin,
+            FeedRow::Resource(row) => row.snapshot_xmin,
+        }
+    }
+}
+
 /// One sync request of a deployment, for its GitOpsDeploymentSyncRun's status.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SyncRunRow {
@@ -73,23 +119,48 @@ pub struct SyncRunRow {
 
 // The shard must be owned by $2 under a live lease: a writer that lost the shard
 // reads nothing. The snapshot's xmin comes from the same statement, so from the
-// snapshot the rows were read with. xid8 travels as text.
+// snapshot the rows were read with. xid8 travels as text. Applications, managed
+// environments and repository credentials come in one transaction order; the
+// latter two carry only the agent's outcome (the application columns are null).
 const FEED_READ: &str = "
-SELECT s.seq, s.changed_xid::text::bigint AS xid,
-       pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS snapshot_xmin,
-       a.id AS application_id, t.namespace_name, a.resource_name, a.resource_uid,
-       CASE WHEN m.home THEN NULL ELSE m.resource_name END AS environment,
-       s.sync_status, s.sync_revision, s.health_status, s.health_message,
-       s.resources, s.conditions, s.operation_state, s.reconciled_state, a.row_state,
-       s.applied_generation, s.agent_message, s.agent_stalled
-  FROM writer_shard w
-  JOIN tenant t ON t.writer_shard = w.shard
-  JOIN application a ON a.tenant_id = t.id
-  JOIN application_state s ON s.application_id = a.id
-  LEFT JOIN managed_environment m ON m.id = a.managed_environment_id
- WHERE w.shard = $1 AND w.writer_id = $2 AND w.lease_expires_at > now()
-   AND s.changed_xid >= w.status_xid
- ORDER BY s.changed_xid, s.seq
+WITH w AS (
+    SELECT shard, status_xid FROM writer_shard
+     WHERE shard = $1 AND writer_id = $2 AND lease_expires_at > now()
+)
+SELECT f.*, f.changed_xid::text::bigint AS xid,
+       pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS snapshot_xmin
+  FROM (
+    SELECT 'application' AS kind, s.seq, s.changed_xid, a.id AS row_id, t.namespace_name, a.resource_name,
+           a.resource_uid, CASE WHEN m.home THEN NULL ELSE m.resource_name END AS environment,
+           s.sync_status, s.sync_revision, s.health_status, s.health_message,
+           s.resources, s.conditions, s.operation_state, s.reconciled_state, a.row_state,
+           s.applied_generation, s.agent_message, s.agent_stalled
+      FROM w
+      JOIN tenant t ON t.writer_shard = w.shard
+      JOIN application a ON a.tenant_id = t.id
+      JOIN application_state s ON s.application_id = a.id
+      LEFT JOIN managed_environment m ON m.id = a.managed_environment_id
+     WHERE s.changed_xid >= w.status_xid
+    UNION ALL
+    SELECT 'managed_environment', s.seq, s.changed_xid, r.id, t.namespace_name, r.resource_name,
+           r.resource_uid, NULL, NULL, NULL, NULL, NULL, '[]'::jsonb, '[]'::jsonb, NULL, NULL, r.row_state,
+           s.applied_generation, s.agent_message, s.agent_stalled
+      FROM w
+      JOIN tenant t ON t.writer_shard = w.shard
+      JOIN managed_environment r ON r.tenant_id = t.id
+      JOIN resource_state s ON s.managed_environment_id = r.id
+     WHERE s.changed_xid >= w.status_xid
+    UNION ALL
+    SELECT 'repository_credential', s.seq, s.changed_xid, r.id, t.namespace_name, r.resource_name,
+           r.resource_uid, NULL, NULL, NULL, NULL, NULL, '[]'::jsonb, '[]'::jsonb, NULL, NULL, r.row_state,
+           s.applied_generation, s.agent_message, s.agent_stalled
+      FROM w
+      JOIN tenant t ON t.writer_shard = w.shard
+      JOIN repository_credential r ON r.tenant_id = t.id
+      JOIN resource_state s ON s.repository_credential_id = r.id
+     WHERE s.changed_xid >= w.status_xid
+  ) f
+ ORDER BY f.changed_xid, f.seq
  LIMIT $3";
 
 const SYNC_RUNS_OF: &str = "
@@ -107,6 +178,32 @@ SELECT o.id, t.namespace_name, o.resource_name, o.resource_uid, o.state, o.synce
 /// Every statement of this module (a test prepares them against the schema).
 pub const STATEMENTS: &[&str] = &[FEED_READ, SYNC_RUNS_OF, SYNC_RUNS_BY_ID];
 
+impl TryFrom<&tokio_postgres::Row> for FeedRow {
+    type Error = tokio_postgres::Error;
+
+    fn try_from(row: &tokio_postgres::Row) -> Result<Self, Self::Error> {
+        let kind = match row.try_get::<_, &str>("kind")? {
+            "managed_environment" => StateOf::ManagedEnvironment,
+            "repository_credential" => StateOf::RepositoryCredential,
+            _ => return StatusFeedRow::try_from(row).map(|row| FeedRow::Application(Box::new(row))),
+        };
+        Ok(FeedRow::Resource(ResourceFeedRow {
+            seq: row.try_get("seq")?,
+            xid: row.try_get("xid")?,
+            snapshot_xmin: row.try_get("snapshot_xmin")?,
+            kind,
+            id: row.try_get("row_id")?,
+            namespace: row.try_get("namespace_name")?,
+            resource_name: row.try_get("resource_name")?,
+            resource_uid: row.try_get("resource_uid")?,
+            row_state: row.try_get("row_state")?,
+            applied_generation: row.try_get("applied_generation")?,
+            agent_message: row.try_get("agent_message")?,
+            agent_stalled: row.try_get("agent_stalled")?,
+        }))
+    }
+}
+
 impl TryFrom<&tokio_postgres::Row> for StatusFeedRow {
     type Error = tokio_postgres::Error;
 
@@ -115,7 +212,7 @@ impl TryFrom<&tokio_postgres::Row> for StatusFeedRow {
             seq: row.try_get("seq")?,
             xid: row.try_get("xid")?,
             snapshot_xmin: row.try_get("snapshot_xmin")?,
-            application_id: row.try_get("application_id")?,
+            application_id: ApplicationId(row.try_get("row_id")?),
             namespace: row.try_get("namespace_name")?,
             resource_name: row.try_get("resource_name")?,
             resource_uid: row.try_get("resource_uid")?,
@@ -136,17 +233,17 @@ impl TryFrom<&tokio_postgres::Row> for StatusFeedRow {
     }
 }
 
-/// Up to `limit` rows of `shard` past its cursor, in `seq` order; none unless
-/// `writer_id` holds the shard's lease.
+/// Up to `limit` rows of `shard` past its cursor, in transaction order; none
+/// unless `writer_id` holds the shard's lease.
 pub async fn status_feed_read(
     client: &Client,
     shard: i32,
     writer_id: &str,
     limit: i64,
-) -> Result<Vec<StatusFeedRow>, DbError> {
+) -> Result<Vec<FeedRow>, DbError> {
     let rows =
         client.query(FEED_READ, &[&shard, &writer_id, &limit]).await.map_err(DbError::query("read the status feed"))?;
-    rows.iter().map(|row| StatusFeedRow::try_from(row).map_err(DbError::query("read the status feed"))).collect()
+    rows.iter().map(|row| FeedRow::try_from(row).map_err(DbError::query("read the status feed"))).collect()
 }
 
 /// Where the cursor may move after the first `handled` of `rows` (one read, in
@@ -154,10 +251,10 @@ pub async fn status_feed_read(
 /// `xmin` when the read was not cut short and every row was handled; otherwise to
 /// the last handled row's transaction (inclusive: its other rows are read again),
 /// and never past the `xmin`. None when nothing was handled.
-pub fn cursor_after(rows: &[StatusFeedRow], handled: usize, batch: i64) -> Option<i64> {
+pub fn cursor_after(rows: &[FeedRow], handled: usize, batch: i64) -> Option<i64> {
     let last = rows.get(handled.checked_sub(1)?)?;
     let whole = handled == rows.len() && (rows.len() as i64) < batch;
-    Some(if whole { last.snapshot_xmin } else { last.xid.min(last.snapshot_xmin) })
+    Some(if whole { last.snapshot_xmin() } else { last.xid().min(last.snapshot_xmin()) })
 }
 
 /// The active sync requests of `applications`.
@@ -200,8 +297,8 @@ async fn sync_runs<T: tokio_postgres::types::ToSql + Sync>(
 mod tests {
     use super::*;
 
-    fn row(xid: i64, snapshot_xmin: i64) -> StatusFeedRow {
-        StatusFeedRow {
+    fn row(xid: i64, snapshot_xmin: i64) -> FeedRow {
+        FeedRow::Application(Box::new(StatusFeedRow {
             seq: xid,
             xid,
             snapshot_xmin,
@@ -222,7 +319,7 @@ mod tests {
             applied_generation: None,
             agent_message: None,
             agent_stalled: false,
-        }
+        }))
     }
 
     #[test]

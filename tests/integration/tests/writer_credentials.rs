@@ -351,3 +351,79 @@ async fn writer_credentials_repository_credential_rotates() {
         assert_eq!(reason, want, "{name}");
     }
 }
+
+/// (status, reason) of the kstatus condition `type_` when it speaks of the object's generation.
+fn kstatus_of(
+    meta: &kube::api::ObjectMeta,
+    conditions: &[gitops_writer::api::Condition],
+    type_: &str,
+) -> Option<(String, String)> {
+    let condition = conditions.iter().find(|c| c.type_ == type_)?;
+    (condition.observed_generation == meta.generation)
+        .then(|| (condition.status.clone(), condition.reason.clone().unwrap_or_default()))
+}
+
+#[tokio::test]
+async fn writer_credentials_ready_follows_the_agent_through_an_argocd_outage() {
+    let env = env("wc-ready").await;
+    let tenant = env.tenant.name().to_owned();
+    env.put_secret(&tenant, "prod-kubeconfig", json!({"kubeconfig": kubeconfig(&format!("    token: {TOKEN}"), "")}))
+        .await;
+    env.put_secret(&tenant, "git", json!({"username": "bot", "password": "pass"})).await;
+    env.create_environment(&tenant, "prod", "prod-kubeconfig").await;
+    let credential: GitOpsDeploymentRepositoryCredential = serde_json::from_value(json!({
+        "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeploymentRepositoryCredential",
+        "metadata": {"name": "git"},
+        "spec": {"repository": "https://git.example.invalid/org/repo.git", "secret": "git"},
+    }))
+    .expect("repository credential");
+    env.credentials().create(&PostParams::default(), &credential).await.expect("create");
+    let environment_ready = |want: (&'static str, &'static str)| {
+        let env = &env;
+        async move {
+            eventually(&format!("the environment {want:?}"), || async {
+                let object = env.environments(env.tenant.name()).get_opt("prod").await.ok()??;
+                let conditions = object.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+                let ready = kstatus_of(&object.metadata, &conditions, "Ready")?;
+                (ready.0 == want.0 && ready.1 == want.1).then_some(conditions)
+            })
+            .await
+        }
+    };
+    let credential_ready = |want: (&'static str, &'static str)| {
+        let env = &env;
+        async move {
+            eventually(&format!("the credential {want:?}"), || async {
+                let object = env.credentials().get_opt("git").await.ok()??;
+                let conditions = object.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+                let ready = kstatus_of(&object.metadata, &conditions, "Ready")?;
+                (ready.0 == want.0 && ready.1 == want.1).then_some(conditions)
+            })
+            .await
+        }
+    };
+    let conditions = environment_ready(("True", "Ready")).await;
+    assert!(conditions.iter().any(|c| c.type_ == CONDITION && c.status == "False"), "ErrorOccurred stays");
+    credential_ready(("True", "Ready")).await;
+
+    // The agent loses Argo CD; the tenant changes both: neither is Ready, and each says why.
+    let binding = crate::support::revoke_agent_access(&env.kube, env.argocd.name()).await;
+    let patch = json!({"spec": {"namespaces": ["web"]}});
+    env.environments(&tenant).patch("prod", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch");
+    let patch = json!({"spec": {"repository": "https://git.example.invalid/org/other.git"}});
+    env.credentials().patch("git", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch");
+    for conditions in [
+        environment_ready(("False", "ArgoCDUnavailable")).await,
+        credential_ready(("False", "ArgoCDUnavailable")).await,
+    ] {
+        let of = |t: &str| conditions.iter().find(|c| c.type_ == t).map(|c| c.status.clone());
+        assert_eq!((of("Reconciling"), of("Stalled")), (Some("True".into()), Some("False".into())), "retried");
+        let ready = conditions.iter().find(|c| c.type_ == "Ready").and_then(|c| c.message.clone());
+        assert!(ready.is_some_and(|m| m.contains("unavailable")), "the tenant reads why: {conditions:?}");
+    }
+
+    // Access comes back: the new generations reach Argo CD and Ready follows.
+    crate::support::restore_agent_access(&env.kube, env.argocd.name(), binding).await;
+    environment_ready(("True", "Ready")).await;
+    credential_ready(("True", "Ready")).await;
+}

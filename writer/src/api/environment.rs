@@ -27,6 +27,7 @@ pub const CONNECTION_INITIALIZATION_SUCCEEDED: &str = "ConnectionInitializationS
     doc = "A cluster that GitOpsDeployments in the same namespace can deploy to.",
     printcolumn = r#"{"name":"API URL","type":"string","jsonPath":".spec.apiURL"}"#,
     printcolumn = r#"{"name":"Connection","type":"string","jsonPath":".status.conditions[?(@.type==\"ConnectionInitializationSucceeded\")].status"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]

@@ -22,6 +22,7 @@ use super::Condition;
     shortname = "gdrc",
     doc = "Credentials for a Git repository, from a Secret in the same namespace.",
     printcolumn = r#"{"name":"Repository","type":"string","jsonPath":".spec.repository"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]

@@ -23,6 +23,7 @@ use super::Condition;
     doc = "A request to sync a manual GitOpsDeployment to a revision.",
     printcolumn = r#"{"name":"Deployment","type":"string","jsonPath":".spec.gitopsDeploymentName"}"#,
     printcolumn = r#"{"name":"Revision","type":"string","jsonPath":".spec.revisionID"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]

@@ -74,10 +74,8 @@ where
     }
     match merged {
         None if unchanged_generation => Ok(()),
-        None => object::patch_status(api, &object.meta().name.clone().unwrap_or_default(), existing, generation).await,
-        Some(conditions) => {
-            object::patch_status(api, &object.meta().name.clone().unwrap_or_default(), conditions, generation).await
-        }
+        None => object::patch_status(api, object, existing, generation).await,
+        Some(conditions) => object::patch_status(api, object, conditions, generation).await,
     }
 }
 
@@ -106,7 +104,7 @@ macro_rules! has_conditions {
 
 has_conditions!(
     GitOpsDeployment: true,
-    GitOpsDeploymentManagedEnvironment: false,
-    GitOpsDeploymentRepositoryCredential: false,
+    GitOpsDeploymentManagedEnvironment: true,
+    GitOpsDeploymentRepositoryCredential: true,
     GitOpsDeploymentSyncRun: false
 );

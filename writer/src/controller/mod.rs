@@ -56,6 +56,7 @@ pub use home::{
 pub use object::{CONDITION, FINALIZER, REASON_ACCEPTED};
 pub use sync_run::{REASON_DEPLOYMENT_AUTOMATED, REASON_DEPLOYMENT_NOT_FOUND};
 
+pub(crate) use condition::HasConditions;
 use condition::{refuse, set_condition, set_conditions};
 pub(crate) use watchers::next_or_cancelled;
 use watchers::{requeue_on_shard_change, watch_kind, watch_namespaces, watch_secrets};
@@ -80,6 +81,10 @@ pub enum ReconcileError {
     /// Its namespace is terminating or gone; the namespace's cleanup takes over.
     #[error("the namespace is being deleted")]
     NamespaceGone,
+    /// The object changed since it was read (its status was patched meanwhile):
+    /// reconcile again at once on the fresh object.
+    #[error("the object changed while it was reconciled")]
+    StatusMoved,
     #[error("{0}")]
     Unexpected(&'static str),
     #[error(transparent)]

@@ -140,20 +140,29 @@ pub fn merged_conditions(existing: &[Condition], mut new: Condition) -> Option<V
     Some(out)
 }
 
-/// Writes `conditions` and `observedGeneration` into the status subresource.
+/// Writes `conditions` and `observedGeneration` into the status subresource of
+/// `object`, as it was read: the patch carries its resourceVersion, so conditions
+/// computed from a stale read (the status loop patched since) are never written;
+/// the reconcile runs again on the fresh object instead.
 pub async fn patch_status<K>(
     api: &Api<K>,
-    name: &str,
+    object: &K,
     conditions: Vec<Condition>,
     generation: Option<i64>,
 ) -> Result<(), ReconcileError>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    let patch = json!({"status": {"conditions": conditions, "observedGeneration": generation}});
-    match api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+    let meta = object.meta();
+    let name = meta.name.clone().unwrap_or_default();
+    let patch = json!({
+        "metadata": {"resourceVersion": meta.resource_version},
+        "status": {"conditions": conditions, "observedGeneration": generation},
+    });
+    match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Err(ReconcileError::StatusMoved),
         Err(source) => Err(ReconcileError::Kube { action: "update the status", source }),
     }
 }

@@ -48,6 +48,10 @@ pub(super) async fn worker(ctl: Arc<Controllers>, cancel: CancellationToken) {
                 let generation = ctl.known().get(&key).and_then(|seen| seen.generation);
                 metrics.validation_failed(object, generation, reason);
             }
+            Err(ReconcileError::StatusMoved) => {
+                metrics.reconciled(key.kind, Outcome::Retry);
+                ctl.ctx.queue.push(key.clone());
+            }
             // The namespace's own cleanup runs from its key; nothing to retry here.
             Err(ReconcileError::NamespaceGone) => ctl.ctx.queue.forget(&key),
             Ok(Next::Retry(delay)) => {

@@ -1,10 +1,11 @@
 //! Status back: the loop that carries what the agents observed
-//! (`application_state`, `sync_operation`) to the tenants' GitOpsDeployments and
+//! (`application_state`, `resource_state`, `sync_operation`) to the tenants'
+//! GitOpsDeployments, managed environments, repository credentials and
 //! GitOpsDeploymentSyncRuns.
 //!
-//! For each shard this writer owns, it reads the `application_state` rows past the
-//! shard's durable cursor (`writer_shard.status_xid`), patches the matching
-//! GitOpsDeployment's status when it differs, refreshes the SyncRuns of those
+//! For each shard this writer owns, it reads the `application_state` and
+//! `resource_state` rows past the shard's durable cursor (`writer_shard.status_xid`),
+//! patches the matching resource's status when it differs, refreshes the SyncRuns of those
 //! deployments, and moves the cursor past what it handled, never past a
 //! transaction still in flight (see `gitops_shared::db::status_feed`). It scans on start, on every `status`
 //! notification and reconnect of the listener, when the owned shards change and
@@ -27,8 +28,8 @@ use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
 use gitops_shared::db::status_feed::{
-    STATUS_FEED_BATCH, StatusFeedRow, SyncRunRow, cursor_after, status_feed_read, sync_runs_by_id,
-    sync_runs_of_applications, writer_shard_advance_status,
+    FeedRow, STATUS_FEED_BATCH, SyncRunRow, cursor_after, status_feed_read, sync_runs_by_id, sync_runs_of_applications,
+    writer_shard_advance_status,
 };
 use gitops_shared::db::{DbError, pooled};
 use gitops_shared::listen::Listener;
@@ -37,7 +38,7 @@ use gitops_shared::signal::{Signal, SleepAttempt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-pub use patch::{PatchOutcome, patch_deployment, patch_sync_run};
+pub use patch::{PatchOutcome, patch_deployment, patch_resource, patch_sync_run};
 
 use crate::context::WriterContext;
 use crate::work_queue::{Key, Kind};
@@ -200,7 +201,7 @@ async fn scan_shard(ctx: &WriterContext, shard: i32, syncs: &mut InFlightSyncs) 
                 Ok(outcome) => {
                     if outcome == PatchOutcome::Patched {
                         report.patched += 1;
-                        tracing::debug!(tenant.ns = %row.namespace, deployment = %row.resource_name, seq = row.seq, "status patched");
+                        tracing::debug!(xid = row.xid(), "status patched");
                     }
                     handled += 1;
                 }
@@ -212,7 +213,13 @@ async fn scan_shard(ctx: &WriterContext, shard: i32, syncs: &mut InFlightSyncs) 
         }
         let done = &rows[..handled];
         let client = pooled(&ctx.pool).await?;
-        let applications: Vec<ApplicationId> = done.iter().map(|row| row.application_id).collect();
+        let applications: Vec<ApplicationId> = done
+            .iter()
+            .filter_map(|row| match row {
+                FeedRow::Application(row) => Some(row.application_id),
+                FeedRow::Resource(_) => None,
+            })
+            .collect();
         let runs = sync_runs_of_applications(&client, &applications).await?;
         drop(client);
         for run in &runs {
@@ -221,7 +228,7 @@ async fn scan_shard(ctx: &WriterContext, shard: i32, syncs: &mut InFlightSyncs) 
         let end = cursor_after(&rows, handled, STATUS_FEED_BATCH);
         // Complete when the cursor passed every row read: nothing is waiting on a
         // transaction still in flight.
-        let complete = handled == rows.len() && end.zip(rows.last()).is_some_and(|(end, last)| end > last.xid);
+        let complete = handled == rows.len() && end.zip(rows.last()).is_some_and(|(end, last)| end > last.xid());
         let mut moved = false;
         if let Some(xid) = end {
             let client = pooled(&ctx.pool).await?;
@@ -242,15 +249,22 @@ async fn scan_shard(ctx: &WriterContext, shard: i32, syncs: &mut InFlightSyncs) 
     }
 }
 
-/// Patches the deployment of a live row; for a row being deleted, wakes the
-/// deployment's reconcile instead (a deletion that waits for the prune is released
-/// when the agent's confirmation comes through the feed).
-async fn settle_row(ctx: &WriterContext, row: &StatusFeedRow) -> Result<PatchOutcome, StatusError> {
-    if row.row_state == RowState::Active {
-        return patch_deployment(&ctx.kube, row).await;
+/// Patches the resource of a live row; for an application row being deleted, wakes
+/// the deployment's reconcile instead (a deletion that waits for the prune is
+/// released when the agent's confirmation comes through the feed). Environments
+/// and credentials lose their finalizer at once, so their deleting rows have no
+/// resource left to speak to.
+async fn settle_row(ctx: &WriterContext, row: &FeedRow) -> Result<PatchOutcome, StatusError> {
+    match row {
+        FeedRow::Application(row) if row.row_state == RowState::Active => patch_deployment(&ctx.kube, row).await,
+        FeedRow::Application(row) => {
+            let key = Key { kind: Kind::Deployment, namespace: row.namespace.clone(), name: row.resource_name.clone() };
+            ctx.queue.push(key);
+            Ok(PatchOutcome::Unchanged)
+        }
+        FeedRow::Resource(row) if row.row_state == RowState::Active => patch_resource(&ctx.kube, row).await,
+        FeedRow::Resource(_) => Ok(PatchOutcome::Unchanged),
     }
-    ctx.queue.push(Key { kind: Kind::Deployment, namespace: row.namespace.clone(), name: row.resource_name.clone() });
-    Ok(PatchOutcome::Unchanged)
 }
 
 /// Sync requests seen pending, running or terminating: looked at on every scan

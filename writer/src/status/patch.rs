@@ -4,15 +4,21 @@
 //! preconditions, so a recreated object or a concurrent status write (the
 //! writer's validation conditions) is never overwritten; a conflict reads again.
 
-use gitops_shared::db::status_feed::{StatusFeedRow, SyncRunRow};
+use gitops_shared::db::resource_state::StateOf;
+use gitops_shared::db::status_feed::{ResourceFeedRow, StatusFeedRow, SyncRunRow};
 use kube::api::{Api, Patch, PatchParams};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::StatusError;
-use super::render::{DeploymentFacts, deployment_status, merge_diff, sync_run_conditions};
-use crate::api::{GitOpsDeployment, GitOpsDeploymentSyncRun};
+use super::render::{
+    AgentView, DeploymentFacts, deployment_status, merge_diff, resource_conditions, sync_run_conditions,
+};
+use crate::api::{
+    GitOpsDeployment, GitOpsDeploymentManagedEnvironment, GitOpsDeploymentRepositoryCredential, GitOpsDeploymentSyncRun,
+};
+use crate::controller::HasConditions;
 
 /// Attempts per object when its resourceVersion moved between read and patch.
 const CONFLICT_ATTEMPTS: u32 = 5;
@@ -48,6 +54,38 @@ pub async fn patch_sync_run(client: &kube::Client, row: &SyncRunRow) -> Result<P
         let mut desired = current.clone();
         desired.conditions = sync_run_conditions(row, &current.conditions, &now());
         (to_json(&current), to_json(&desired))
+    })
+    .await
+}
+
+/// Brings a managed environment's or repository credential's kstatus conditions in
+/// line with what the agent last made of its row.
+pub async fn patch_resource(client: &kube::Client, row: &ResourceFeedRow) -> Result<PatchOutcome, StatusError> {
+    match row.kind {
+        StateOf::ManagedEnvironment => {
+            let api = Api::<GitOpsDeploymentManagedEnvironment>::namespaced(client.clone(), &row.namespace);
+            patch_conditions(&api, row).await
+        }
+        StateOf::RepositoryCredential => {
+            let api = Api::<GitOpsDeploymentRepositoryCredential>::namespaced(client.clone(), &row.namespace);
+            patch_conditions(&api, row).await
+        }
+    }
+}
+
+async fn patch_conditions<K>(api: &Api<K>, row: &ResourceFeedRow) -> Result<PatchOutcome, StatusError>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + DeserializeOwned + Serialize + HasConditions,
+{
+    let agent = AgentView {
+        applied_generation: row.applied_generation,
+        message: row.agent_message.as_deref(),
+        stalled: row.agent_stalled,
+    };
+    patch_status(api, &row.resource_name, row.resource_uid, |object: &K| {
+        let current = object.conditions();
+        let desired = resource_conditions(agent, object.meta().generation, &current, &now());
+        (json!({"conditions": current}), json!({"conditions": desired}))
     })
     .await
 }

@@ -92,15 +92,28 @@ pub fn writer_ready(
     Some(ready)
 }
 
-/// `Ready`, `Reconciling`, `Stalled` (and `Synced` for a manual deployment) after
-/// `row`, for an object at `facts` whose other conditions are `current`.
-pub fn readiness(row: &StatusFeedRow, facts: DeploymentFacts, current: &[Condition]) -> Vec<Condition> {
-    let generation = facts.generation;
+/// What the agent last made of a row, as the feed carries it.
+#[derive(Debug, Clone, Copy)]
+pub struct AgentView<'a> {
+    pub applied_generation: Option<i64>,
+    pub message: Option<&'a str>,
+    pub stalled: bool,
+}
+
+/// `Ready`, `Reconciling` and `Stalled` of an object at `generation` whose other
+/// conditions are `current`, after the agent's `agent` view: the writer's refusal
+/// of this generation first, then the agent's failure, then whether this generation
+/// is applied at all; `applied` says what an applied generation amounts to
+/// (ready or not, reason, message).
+fn kstatus(
+    agent: AgentView<'_>,
+    generation: Option<i64>,
+    current: &[Condition],
+    applied: impl FnOnce() -> (bool, &'static str, String),
+) -> [Condition; 3] {
     // A refusal speaks of its generation only; whether the current one is in Argo CD
     // is the agent's to say (it applied the row of that generation, or not).
     let writer = current.iter().find(|c| c.type_ == "ErrorOccurred" && c.observed_generation == generation);
-    let sync = row.sync_status.as_deref().unwrap_or("Unknown");
-    let health = row.health_status.as_deref().unwrap_or("Unknown");
     // (ready, reconciling, stalled, reason, message)
     let (ready, reconciling, stalled, reason, message): (bool, bool, bool, &str, String) = match writer {
         Some(c) if c.status == "True" => {
@@ -108,31 +121,60 @@ pub fn readiness(row: &StatusFeedRow, facts: DeploymentFacts, current: &[Conditi
             let waiting = WAITING_REASONS.contains(&reason);
             (false, waiting, !waiting, reason, c.message.clone().unwrap_or_default())
         }
-        _ if row.agent_stalled => {
-            (false, false, true, "Stalled", row.agent_message.clone().unwrap_or_else(|| "Argo CD refused it".into()))
+        _ if agent.stalled => (false, false, true, "Stalled", agent.message.unwrap_or("Argo CD refused it").to_owned()),
+        _ if agent.message.is_some() => {
+            (false, true, false, "ArgoCDUnavailable", agent.message.unwrap_or_default().to_owned())
         }
-        _ if row.agent_message.is_some() => {
-            (false, true, false, "ArgoCDUnavailable", row.agent_message.clone().unwrap_or_default())
-        }
-        _ if row.applied_generation.is_none() || row.applied_generation != generation => {
+        _ if agent.applied_generation.is_none() || agent.applied_generation != generation => {
             (false, true, false, "Reconciling", "the current generation is not applied in Argo CD yet".to_owned())
         }
         _ => {
-            let healthy = health == "Healthy";
-            let ready = healthy && (!facts.automated || sync == "Synced");
-            let message = format!("sync {sync}, health {health}");
-            if ready { (true, false, false, "Ready", message) } else { (false, true, false, "Progressing", message) }
+            let (ready, reason, message) = applied();
+            (ready, !ready, false, reason, message)
         }
     };
-    let mut out = vec![
+    [
         condition(READY, ready, reason, message.clone(), generation),
         condition(RECONCILING, reconciling, if reconciling { reason } else { "Ready" }, message.clone(), generation),
         condition(STALLED, stalled, if stalled { reason } else { "NotStalled" }, message, generation),
-    ];
+    ]
+}
+
+/// `Ready`, `Reconciling`, `Stalled` (and `Synced` for a manual deployment) after
+/// `row`, for an object at `facts` whose other conditions are `current`.
+pub fn readiness(row: &StatusFeedRow, facts: DeploymentFacts, current: &[Condition]) -> Vec<Condition> {
+    let generation = facts.generation;
+    let sync = row.sync_status.as_deref().unwrap_or("Unknown");
+    let health = row.health_status.as_deref().unwrap_or("Unknown");
+    let agent = AgentView {
+        applied_generation: row.applied_generation,
+        message: row.agent_message.as_deref(),
+        stalled: row.agent_stalled,
+    };
+    let mut out: Vec<Condition> = kstatus(agent, generation, current, || {
+        let ready = health == "Healthy" && (!facts.automated || sync == "Synced");
+        (ready, if ready { "Ready" } else { "Progressing" }, format!("sync {sync}, health {health}"))
+    })
+    .into();
     if !facts.automated {
         out.push(condition(SYNCED, sync == "Synced", sync, format!("Argo CD reports sync {sync}"), generation));
     }
     out
+}
+
+/// The conditions of a managed environment or repository credential at
+/// `generation` after the agent's view: `Ready` once its Secret of this generation
+/// is applied in Argo CD. Other conditions of `current` are kept in place.
+pub fn resource_conditions(
+    agent: AgentView<'_>,
+    generation: Option<i64>,
+    current: &[Condition],
+    now: &str,
+) -> Vec<Condition> {
+    let ours = kstatus(agent, generation, current, || {
+        (true, "Ready", "its Secret of this generation is applied in Argo CD".to_owned())
+    });
+    merge_conditions(current, ours.into(), |t| [READY, RECONCILING, STALLED].contains(&t), now)
 }
 
 /// Engine conditions of a type outside [`ENGINE_CONDITION_TYPES`] are shown as this.
@@ -414,6 +456,30 @@ mod tests {
             writer_ready(false, "Accepted", "stored", Some(3), &current, "t").is_none(),
             "the loop got there first"
         );
+    }
+
+    #[test]
+    fn environments_and_credentials_are_ready_once_their_generation_is_applied() {
+        let applied = |generation| AgentView { applied_generation: Some(generation), message: None, stalled: false };
+        let kept = [validation()];
+        let ready = resource_conditions(applied(3), Some(3), &kept, "t");
+        assert_eq!(of(&ready, READY), ("True", "Ready"));
+        assert_eq!(of(&ready, "ErrorOccurred"), ("False", "Accepted"), "the writer's condition stays");
+        assert_eq!(of(&resource_conditions(applied(2), Some(3), &kept, "t"), READY), ("False", "Reconciling"));
+        let failing =
+            AgentView { applied_generation: Some(2), message: Some("Argo CD is unavailable"), stalled: false };
+        let unavailable = resource_conditions(failing, Some(3), &kept, "t");
+        assert_eq!(of(&unavailable, READY), ("False", "ArgoCDUnavailable"));
+        assert_eq!(of(&unavailable, STALLED), ("False", "NotStalled"));
+        let refused = AgentView { applied_generation: Some(2), message: Some("reserved namespace"), stalled: true };
+        let stalled = resource_conditions(refused, Some(3), &kept, "t");
+        assert_eq!(of(&stalled, STALLED), ("True", "Stalled"));
+        assert_eq!(of(&stalled, RECONCILING), ("False", "Ready"));
+        let mut writer_refused = validation();
+        writer_refused.status = "True".into();
+        writer_refused.reason = Some("SecretNotFound".into());
+        let missing = resource_conditions(applied(3), Some(3), &[writer_refused], "t");
+        assert_eq!(of(&missing, READY), ("False", "SecretNotFound"), "the writer's refusal comes first");
     }
 
     #[test]
