@@ -40,7 +40,7 @@ const APPLICATION_NAME_PREFIX: &str = "gitops-";
 /// The first wait before dropped observations are written again; it doubles up to
 /// `RETRY_LAST` while the database stays away.
 const RETRY_FIRST: Duration = Duration::from_millis(500);
-const RETRY_LAST: Duration = Duration::from_secs(5);
+const RETRY_LAST: Duration = Duration::from_secs(2);
 
 /// Records `engine`'s status events until `cancel` fires. Stream errors are logged
 /// (the engine retries); observations the database refused are written again.
@@ -90,15 +90,13 @@ struct StatusWriter {
 impl StatusWriter {
     /// Writes the observations the database refused before; true when all went in.
     async fn retry_pending(&mut self) -> bool {
-        let pending: Vec<ObservedApplication> = std::mem::take(&mut self.pending).into_values().collect();
-        let count = pending.len();
-        let mut rest = pending.into_iter();
-        while let Some(application) = rest.next() {
+        let names: Vec<String> = self.pending.keys().cloned().collect();
+        let count = names.len();
+        for name in names {
+            let Some(application) = self.pending.get(&name).cloned() else { continue };
             self.observe(&application).await;
-            if self.pending.contains_key(&application.name) {
-                // Still failing: the others wait for the next round (one warning a round).
-                self.pending.extend(rest.map(|other| (other.name.clone(), other)));
-                return false;
+            if self.pending.contains_key(&name) {
+                return false; // still failing: the others wait for the next round
             }
         }
         tracing::info!(applications = count, "status held back by a database error recorded");
@@ -109,7 +107,7 @@ impl StatusWriter {
         self.metrics.status_events.fetch_add(1, Ordering::Relaxed);
         let name = application.name.clone();
         // A newer report of the same Application replaces one held back.
-        self.pending.remove(&name);
+        let retrying = self.pending.remove(&name).is_some();
         let result = async {
             let client = pooled(&self.pool).await?;
             let Some(owner) = self.owner(&client, application).await? else {
@@ -144,8 +142,15 @@ impl StatusWriter {
         if let Err(error) = result {
             self.metrics.status_errors.fetch_add(1, Ordering::Relaxed);
             self.last.remove(&name);
+            // One warning per streak: while observations are held back already, the
+            // database is known to be away and every further one would say the same.
+            let first = self.pending.is_empty() && !retrying;
             self.pending.insert(name.clone(), application.clone());
-            tracing::warn!(%error, engine.application = %name, "could not record an application's status");
+            if first {
+                tracing::warn!(%error, engine.application = %name, "could not record an application's status; holding observations back");
+            } else {
+                tracing::debug!(%error, engine.application = %name, held_back = self.pending.len(), "could not record an application's status");
+            }
         }
     }
 

@@ -77,7 +77,9 @@ impl Listener {
 }
 
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// Short on purpose: the time from the database's return to the first notification
+/// heard is at most this, and one connection attempt per interval costs nothing.
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 async fn run(
     config: ConnectConfig,
@@ -88,6 +90,7 @@ async fn run(
     cancel: CancellationToken,
 ) {
     let mut backoff = BACKOFF_MIN;
+    let mut failures: u32 = 0;
     let mut ever_connected = false;
     while !cancel.is_cancelled() {
         let up = || {
@@ -99,10 +102,17 @@ async fn run(
         let pause = match listen_once(&config, &channels, &wakers, &connected, &cancel, up).await {
             Ok(()) => {
                 backoff = BACKOFF_MIN;
+                failures = 0;
                 BACKOFF_MIN
             }
             Err(error) => {
-                tracing::warn!(%error, retry_in_ms = backoff.as_millis() as u64, "LISTEN connection failed");
+                // One warning when the connection goes, then one every ten attempts.
+                if failures.is_multiple_of(10) {
+                    tracing::warn!(%error, attempts = failures + 1, retry_in_ms = backoff.as_millis() as u64, "LISTEN connection failed");
+                } else {
+                    tracing::debug!(%error, retry_in_ms = backoff.as_millis() as u64, "LISTEN connection failed");
+                }
+                failures += 1;
                 let pause = backoff;
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 pause
