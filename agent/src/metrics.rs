@@ -35,6 +35,8 @@ pub struct Metrics {
     pub claim_lag: Histogram,
     /// Waiting operations of the instance at the last sample.
     pub queue_depth: AtomicI64,
+    /// Failed operations (dead letters) of the instance at the last sample.
+    pub dead_letters: AtomicI64,
     pub heartbeats: AtomicU64,
     /// Probes of the Argo CD namespace's API (one before each heartbeat).
     pub argocd_probes: AtomicU64,
@@ -87,6 +89,7 @@ impl Default for Metrics {
                 .collect(),
             claim_lag: Histogram::new(LAG_BUCKETS),
             queue_depth: AtomicI64::new(0),
+            dead_letters: AtomicI64::new(0),
             heartbeats: AtomicU64::new(0),
             argocd_reachable: std::sync::atomic::AtomicBool::new(true),
             argocd_probes: AtomicU64::new(0),
@@ -173,6 +176,9 @@ impl Metrics {
         self.claim_lag.render(&mut out, name, "");
         gauge(&mut out, "gitops_agent_queue_depth", "Waiting operations of the instance at the last sample.", {
             self.queue_depth.load(Ordering::Relaxed)
+        });
+        gauge(&mut out, "gitops_agent_dead_letters", "Failed operations of the instance at the last sample.", {
+            self.dead_letters.load(Ordering::Relaxed)
         });
         if let Some(stats) = self.consumer.get() {
             let consumer: [(&str, &str, &AtomicU64); 6] = [

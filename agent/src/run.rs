@@ -212,8 +212,9 @@ async fn heartbeat(pool: &DbPool, instance: &EngineInstance, metrics: &Metrics) 
     let client = pooled(pool).await?;
     engine_instance_heartbeat(&client, instance.id).await?;
     metrics.heartbeats.fetch_add(1, Ordering::Relaxed);
-    let depth = gitops_shared::queue::operation_waiting_count(&client, instance.id).await?;
+    let (depth, dead) = gitops_shared::queue::operation_waiting_count(&client, instance.id).await?;
     metrics.queue_depth.store(depth, Ordering::Relaxed);
+    metrics.dead_letters.store(dead, Ordering::Relaxed);
     Ok(())
 }
 

@@ -36,15 +36,19 @@ const EXPIRED_COUNT: &str =
 const COMPLETED_LAST_HOUR: &str = "SELECT count(*) AS completed FROM operation
  WHERE state = 'completed' AND completed_at > now() - interval '1 hour'";
 
-const WAITING: &str = "SELECT count(*) AS waiting FROM operation WHERE engine_instance_id = $1 AND state = 'waiting'";
+// Each count through its own partial index.
+const WAITING: &str = "
+SELECT (SELECT count(*) FROM operation WHERE engine_instance_id = $1 AND state = 'waiting') AS waiting,
+       (SELECT count(*) FROM operation WHERE engine_instance_id = $1 AND state = 'failed') AS failed";
 
-/// Operations of `instance` waiting to be claimed.
+/// Operations of `instance` waiting to be claimed, and its dead letters.
 pub async fn operation_waiting_count(
     client: &Client,
     instance: crate::model::EngineInstanceId,
-) -> Result<i64, DbError> {
+) -> Result<(i64, i64), DbError> {
     let row = client.query_one(WAITING, &[&instance]).await.map_err(DbError::query("count waiting operations"))?;
-    row.try_get("waiting").map_err(DbError::query("count waiting operations"))
+    let read = |column| row.try_get(column).map_err(DbError::query("count waiting operations"));
+    Ok((read("waiting")?, read("failed")?))
 }
 
 /// Reads the queue summary.
