@@ -175,6 +175,31 @@ BEGIN
 END;
 $$;
 
+--
+-- Name: tenant_placement_count(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.tenant_placement_count() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') AND OLD.engine_instance_id IS NOT NULL
+       AND (TG_OP = 'DELETE' OR OLD.engine_instance_id IS DISTINCT FROM NEW.engine_instance_id) THEN
+        UPDATE engine_instance SET tenants = tenants - 1 WHERE id = OLD.engine_instance_id;
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') AND NEW.engine_instance_id IS NOT NULL
+       AND (TG_OP = 'INSERT' OR OLD.engine_instance_id IS DISTINCT FROM NEW.engine_instance_id) THEN
+        UPDATE engine_instance SET tenants = tenants + 1
+         WHERE id = NEW.engine_instance_id AND tenants < capacity;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'engine instance % is full', NEW.engine_instance_id
+                USING ERRCODE = 'serialization_failure', CONSTRAINT = 'engine_instance_capacity';
+        END IF;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
 SET default_tablespace = '';
 
 SET default_table_access_method = heap;
@@ -304,6 +329,8 @@ CREATE TABLE public.engine_instance (
     capacity integer DEFAULT 1000 NOT NULL,
     heartbeat_at timestamp with time zone,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    tenants integer DEFAULT 0 NOT NULL,
+    cordoned boolean DEFAULT false NOT NULL,
     CONSTRAINT engine_instance_argocd_namespace_check CHECK ((argocd_namespace ~ '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'::text)),
     CONSTRAINT engine_instance_capacity_check CHECK ((capacity > 0)),
     CONSTRAINT engine_instance_name_check CHECK ((name ~ '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'::text))
@@ -875,6 +902,12 @@ CREATE TRIGGER resource_state_signal AFTER INSERT OR UPDATE ON public.resource_s
 --
 
 CREATE TRIGGER resource_state_stamp BEFORE UPDATE ON public.resource_state FOR EACH ROW EXECUTE FUNCTION public.application_state_stamp();
+
+--
+-- Name: tenant tenant_placement_count; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER tenant_placement_count AFTER INSERT OR DELETE OR UPDATE OF engine_instance_id ON public.tenant FOR EACH ROW EXECUTE FUNCTION public.tenant_placement_count();
 
 --
 -- Name: application application_managed_environment_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -

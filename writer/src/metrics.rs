@@ -100,6 +100,8 @@ pub struct WriterMetrics {
     resync_repairs: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     /// Anti-entropy passes (or tombstones) refused, by reason.
     resync_refused: Mutex<BTreeMap<&'static str, u64>>,
+    /// Intent transactions that found no instance for their tenant, by reason.
+    unplaced: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 impl Default for WriterMetrics {
@@ -117,6 +119,7 @@ impl Default for WriterMetrics {
             resync_passes: AtomicU64::new(0),
             resync_repairs: Mutex::default(),
             resync_refused: Mutex::default(),
+            unplaced: Mutex::default(),
         }
     }
 }
@@ -240,6 +243,16 @@ impl WriterMetrics {
         lock(&self.resync_refused).get(reason).copied().unwrap_or(0)
     }
 
+    /// Counts a tenant that could not be placed, for `reason` (`full`, `unavailable`).
+    pub fn unplaced(&self, reason: &'static str) {
+        *lock(&self.unplaced).entry(reason).or_default() += 1;
+    }
+
+    /// Tenants that could not be placed, for `reason`.
+    pub fn unplaced_count(&self, reason: &'static str) -> u64 {
+        lock(&self.unplaced).get(reason).copied().unwrap_or(0)
+    }
+
     fn unserved_namespaces(&self) -> u64 {
         let source = self.inventory.lock().unwrap_or_else(std::sync::PoisonError::into_inner).0.clone();
         source.and_then(|weak| weak.upgrade()).map_or(0, |inventory| inventory.unserved_namespaces())
@@ -291,6 +304,18 @@ impl WriterMetrics {
         );
         let _ = writeln!(out, "# TYPE gitops_writer_transaction_seconds histogram");
         self.transaction.render(&mut out, "gitops_writer_transaction_seconds", "");
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_placements_refused_total Intent transactions that found no engine instance for their tenant, by reason (full: every live instance full or cordoned)."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_placements_refused_total counter");
+        for reason in ["full", "unavailable"] {
+            let _ = writeln!(
+                out,
+                "gitops_writer_placements_refused_total{{reason=\"{reason}\"}} {}",
+                self.unplaced_count(reason)
+            );
+        }
         let (tenants, deployments) = self.owned_counts();
         let _ =
             writeln!(out, "# HELP gitops_writer_tenants Namespaces with resources the writer knows, in its shards.");

@@ -74,8 +74,19 @@ pub enum InstanceCommand {
               value_parser = clap::value_parser!(i32).range(1..))]
         capacity: i32,
     },
-    /// List engine instances: namespace, capacity, tenants, age of the last heartbeat.
+    /// List engine instances: namespace, capacity, tenants, whether new tenants may
+    /// go there, age of the last heartbeat.
     List,
+    /// Close an instance to new tenants (its tenants stay).
+    Cordon {
+        /// Instance name.
+        name: String,
+    },
+    /// Open a cordoned instance to new tenants again.
+    Uncordon {
+        /// Instance name.
+        name: String,
+    },
     /// Remove an engine instance that has no tenants and no operations left.
     Remove {
         /// Instance name.

@@ -26,6 +26,16 @@ pub async fn list(database_url: &str) -> Result<Vec<EngineInstance>, CtlError> {
     engine_instance::engine_instance_list(&client).await.map_err(CtlError::db("list engine instances"))
 }
 
+/// Closes (`cordoned`) or opens an instance to new tenants.
+pub async fn cordon(database_url: &str, name: &str, cordoned: bool) -> Result<(), CtlError> {
+    let client = crate::connect(database_url).await?;
+    engine_instance::engine_instance_cordon(&client, name, cordoned).await.map_err(CtlError::db(if cordoned {
+        "cordon the engine instance"
+    } else {
+        "uncordon the engine instance"
+    }))
+}
+
 /// Removes an instance without tenants or operations.
 pub async fn remove(database_url: &str, name: &str) -> Result<(), CtlError> {
     let client = crate::connect(database_url).await?;
@@ -45,11 +55,23 @@ pub fn render_list(instances: &[EngineInstance]) -> String {
                 i.argocd_namespace.clone(),
                 i.capacity.to_string(),
                 i.tenants.to_string(),
+                placement(i).to_owned(),
                 i.heartbeat_at.map_or_else(|| "never".to_owned(), table::age_since),
             ]
         })
         .collect();
-    table::render(&["NAME", "NAMESPACE", "CAPACITY", "TENANTS", "HEARTBEAT"], &rows)
+    table::render(&["NAME", "NAMESPACE", "CAPACITY", "TENANTS", "PLACEMENT", "HEARTBEAT"], &rows)
+}
+
+/// Whether new tenants may be placed on the instance.
+fn placement(instance: &EngineInstance) -> &'static str {
+    if instance.cordoned {
+        "cordoned"
+    } else if instance.tenants >= i64::from(instance.capacity) {
+        "full"
+    } else {
+        "open"
+    }
 }
 
 #[cfg(test)]
@@ -65,11 +87,16 @@ mod tests {
             capacity: 1000,
             heartbeat_at: None,
             tenants: 3,
+            cordoned: false,
         };
         assert_eq!(
-            render_list(&[instance]),
-            "NAME    NAMESPACE  CAPACITY  TENANTS  HEARTBEAT\nprod-1  argocd     1000      3        never\n"
+            render_list(std::slice::from_ref(&instance)),
+            "NAME    NAMESPACE  CAPACITY  TENANTS  PLACEMENT  HEARTBEAT\nprod-1  argocd     1000      3        open       never\n"
         );
+        let full = EngineInstance { capacity: 3, ..instance.clone() };
+        assert!(render_list(&[full]).contains("full"));
+        let cordoned = EngineInstance { cordoned: true, ..instance };
+        assert!(render_list(&[cordoned]).contains("cordoned"));
         assert_eq!(render_list(&[]), "no engine instances registered\n");
     }
 }

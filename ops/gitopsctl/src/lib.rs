@@ -35,6 +35,14 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
                     Ok(format!("engine instance {name:?} registered (id {id})\n"))
                 }
                 InstanceCommand::List => Ok(instance::render_list(&instance::list(url).await?)),
+                InstanceCommand::Cordon { name } => {
+                    instance::cordon(url, &name, true).await?;
+                    Ok(format!("engine instance {name:?} cordoned: it takes no new tenants\n"))
+                }
+                InstanceCommand::Uncordon { name } => {
+                    instance::cordon(url, &name, false).await?;
+                    Ok(format!("engine instance {name:?} uncordoned: it takes new tenants again\n"))
+                }
                 InstanceCommand::Remove { name } => {
                     instance::remove(url, &name).await?;
                     Ok(format!("engine instance {name:?} removed\n"))

@@ -18,6 +18,8 @@ pub struct EngineInstance {
     pub heartbeat_at: Option<SystemTime>,
     /// Tenants placed on it.
     pub tenants: i64,
+    /// Closed to new tenants by an operator.
+    pub cordoned: bool,
 }
 
 const ADD: &str = "
@@ -25,16 +27,16 @@ INSERT INTO engine_instance (name, argocd_namespace, capacity) VALUES ($1, $2, $
 RETURNING id";
 
 const LIST: &str = "
-SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at,
-       (SELECT count(*) FROM tenant t WHERE t.engine_instance_id = i.id) AS tenants
+SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at, i.tenants::bigint AS tenants, i.cordoned
   FROM engine_instance i
  ORDER BY i.name";
 
 const BY_NAME: &str = "
-SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at,
-       (SELECT count(*) FROM tenant t WHERE t.engine_instance_id = i.id) AS tenants
+SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at, i.tenants::bigint AS tenants, i.cordoned
   FROM engine_instance i
  WHERE i.name = $1";
+
+const CORDON: &str = "UPDATE engine_instance SET cordoned = $2 WHERE name = $1 RETURNING id";
 
 const REMOVE: &str = "
 DELETE FROM engine_instance i
@@ -48,7 +50,7 @@ const NAMESPACES: &str = "SELECT DISTINCT argocd_namespace FROM engine_instance"
 const HEARTBEAT: &str = "UPDATE engine_instance SET heartbeat_at = now() WHERE id = $1";
 
 /// Every statement of this module (a test prepares them against the schema).
-pub const STATEMENTS: &[&str] = &[ADD, LIST, BY_NAME, REMOVE, NAMESPACES, HEARTBEAT];
+pub const STATEMENTS: &[&str] = &[ADD, LIST, BY_NAME, CORDON, REMOVE, NAMESPACES, HEARTBEAT];
 
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
@@ -100,6 +102,7 @@ impl TryFrom<&tokio_postgres::Row> for EngineInstance {
             capacity: row.try_get("capacity")?,
             heartbeat_at: row.try_get("heartbeat_at")?,
             tenants: row.try_get("tenants")?,
+            cordoned: row.try_get("cordoned")?,
         })
     }
 }
@@ -125,6 +128,13 @@ pub async fn engine_instance_namespaces(client: &Client) -> Result<std::collecti
 pub async fn engine_instance_by_name(client: &Client, name: &str) -> Result<EngineInstance, DbError> {
     let row = client.query_opt(BY_NAME, &[&name]).await.map_err(DbError::query("look up an engine instance"))?;
     row.as_ref().map(from_row).ok_or_else(|| DbError::NotFound { what: format!("engine instance {name:?}") })?
+}
+
+/// Closes (`cordoned`) or opens an instance to new tenants; its tenants stay.
+pub async fn engine_instance_cordon(client: &Client, name: &str, cordoned: bool) -> Result<(), DbError> {
+    let row =
+        client.query_opt(CORDON, &[&name, &cordoned]).await.map_err(DbError::query("cordon an engine instance"))?;
+    row.map(|_| ()).ok_or_else(|| DbError::NotFound { what: format!("engine instance {name:?}") })
 }
 
 /// Removes an instance that has no tenants and no operations left.

@@ -1,7 +1,13 @@
-//! Placement: which engine instance a new tenant goes to. Only instances whose
-//! agents reported within the health window are candidates; among them the one
-//! with the fewest tenants relative to its capacity wins (ties by id). Placement is
-//! sticky: it is asked only for a tenant without an instance.
+//! Placement: which engine instance a new tenant goes to. Candidates are instances
+//! whose agents reported within the health window, that are not cordoned and have
+//! room (capacity is also enforced by the database: `engine_instance.tenants` is
+//! kept by a trigger that refuses a placement past the capacity). Among them the one
+//! with the fewest tenants relative to its capacity wins (ties by id). Nothing is
+//! locked while choosing (locking candidates in load order would deadlock racing
+//! placements): placements racing for an instance's last slot are serialised by the
+//! trigger's increment, and the later one fails as a serialization failure, so
+//! `in_txn_retrying` runs it again and it chooses among the instances with room.
+//! Placement is sticky: it is asked only for a tenant without an instance.
 
 use std::time::Duration;
 
@@ -14,18 +20,61 @@ const CHOOSE: &str = "
 SELECT e.id
   FROM engine_instance e
  WHERE e.heartbeat_at > now() - $1::bigint * interval '1 millisecond'
- ORDER BY (SELECT count(*) FROM tenant t WHERE t.engine_instance_id = e.id)::float8 / e.capacity, e.id
+   AND NOT e.cordoned AND e.tenants < e.capacity
+ ORDER BY e.tenants::float8 / e.capacity, e.id
  LIMIT 1";
 
-/// Every statement of this module (a test prepares them against the schema).
-pub const STATEMENTS: &[&str] = &[CHOOSE];
+// Why nothing was chosen: no live instance at all, or every live one full or cordoned.
+const LIVE: &str = "
+SELECT count(*) AS live FROM engine_instance e
+ WHERE e.heartbeat_at > now() - $1::bigint * interval '1 millisecond'";
 
-/// The healthy, least-loaded instance, or None when no instance is healthy.
+/// Every statement of this module (a test prepares them against the schema).
+pub const STATEMENTS: &[&str] = &[CHOOSE, LIVE];
+
+/// Why a tenant could not be placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unplaced {
+    /// No instance's agents reported within the health window.
+    Unavailable,
+    /// Instances are up, but each is full or cordoned.
+    Full,
+}
+
+impl Unplaced {
+    /// The tenant's message.
+    pub fn message(self) -> &'static str {
+        match self {
+            Unplaced::Unavailable => {
+                "no GitOps engine instance is available now; this namespace is placed as soon as one is"
+            }
+            Unplaced::Full => {
+                "every GitOps engine instance is full or closed to new tenants; this namespace is placed as soon as \
+                 one has room"
+            }
+        }
+    }
+
+    /// Its label in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unplaced::Unavailable => "unavailable",
+            Unplaced::Full => "full",
+        }
+    }
+}
+
+/// The healthy, least-loaded instance with room, or why there is none.
 pub async fn placement_choose_in_txn(
     txn: &Transaction<'_>,
     healthy_within: Duration,
-) -> Result<Option<EngineInstanceId>, DbError> {
+) -> Result<Result<EngineInstanceId, Unplaced>, DbError> {
     let window_ms = i64::try_from(healthy_within.as_millis()).unwrap_or(i64::MAX);
     let row = txn.query_opt(CHOOSE, &[&window_ms]).await.map_err(DbError::query("choose an engine instance"))?;
-    row.map(|row| crate::db::column(&row, "id", "choose an engine instance")).transpose()
+    if let Some(row) = row {
+        return crate::db::column(&row, "id", "choose an engine instance").map(Ok);
+    }
+    let row = txn.query_one(LIVE, &[&window_ms]).await.map_err(DbError::query("count live engine instances"))?;
+    let live: i64 = crate::db::column(&row, "live", "count live engine instances")?;
+    Ok(Err(if live == 0 { Unplaced::Unavailable } else { Unplaced::Full }))
 }

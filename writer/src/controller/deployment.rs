@@ -28,6 +28,7 @@ use super::tenant::Placed;
 use super::{Controllers, Next, ReconcileError, Settled, refuse, set_condition};
 use crate::api::GitOpsDeployment;
 use crate::validate::{self, Invalid, environment_resolved};
+use gitops_shared::db::placement::Unplaced;
 
 /// The annotation by which a tenant asks the finalizer to stay until Argo CD pruned.
 pub const WAIT_FOR_PRUNING: &str = "managed-gitops.redhat.com/wait-for-pruning";
@@ -79,7 +80,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
             match home_environment(ctl, namespace, namespace_uid).await? {
                 Home::Ready(id) => id,
                 Home::NotOwner | Home::Gone | Home::NotServed => return Ok(Next::Done),
-                Home::NoEngine => return no_engine(&api, &object, ctl.settings.retry_delay).await,
+                Home::NoEngine(why) => return no_engine(&api, &object, why, ctl.settings.retry_delay).await,
                 Home::Unavailable(problem) => {
                     tracing::warn!(tenant.ns = %namespace, %problem, "home deployment waits for the home identity");
                     let message = "the GitOps service cannot act in this namespace now (its home identity is unavailable); retrying";
@@ -137,7 +138,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
             set_condition(&api, &object, true, REASON_QUOTA_EXCEEDED, &message).await?;
             Ok(Next::Retry(settings.retry_delay))
         }
-        Placed::NoEngine => no_engine(&api, &object, settings.retry_delay).await,
+        Placed::NoEngine(why) => no_engine(&api, &object, why, settings.retry_delay).await,
     }
 }
 
@@ -187,9 +188,10 @@ async fn unverified(
 async fn no_engine(
     api: &Api<GitOpsDeployment>,
     object: &GitOpsDeployment,
+    why: Unplaced,
     retry: std::time::Duration,
 ) -> Result<Next, ReconcileError> {
-    set_condition(api, object, true, REASON_NO_ENGINE, "no GitOps engine instance is available; retrying").await?;
+    set_condition(api, object, true, REASON_NO_ENGINE, why.message()).await?;
     Ok(Next::Retry(retry))
 }
 

@@ -77,9 +77,8 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         .await?;
     match (written, credentials) {
         (Placed::NotOwner | Placed::Gone, _) => Ok(Next::Done),
-        (Placed::NoEngine, _) => {
-            let message = "no GitOps engine instance is available; retrying";
-            set_condition(&api, &object, true, super::REASON_NO_ENGINE, message).await?;
+        (Placed::NoEngine(why), _) => {
+            set_condition(&api, &object, true, super::REASON_NO_ENGINE, why.message()).await?;
             Ok(Next::Retry(ctl.settings.retry_delay))
         }
         (Placed::Stored(()), Ok(_)) => {

@@ -9,7 +9,7 @@ use futures_util::future::BoxFuture;
 
 use gitops_shared::db::DbError;
 use gitops_shared::db::credential::CredentialError;
-use gitops_shared::db::placement::placement_choose_in_txn;
+use gitops_shared::db::placement::{Unplaced, placement_choose_in_txn};
 use gitops_shared::db::tenant::{tenant_placement_in_txn, tenant_set_shard_in_txn, tenant_upsert_locked_in_txn};
 use gitops_shared::model::{EngineInstanceId, RowState, TenantId};
 use tokio_postgres::Transaction;
@@ -24,8 +24,8 @@ pub(super) enum Placed<T> {
     Stored(T),
     /// This writer does not hold the namespace's shard (nothing written).
     NotOwner,
-    /// No engine instance can take the tenant now.
-    NoEngine,
+    /// No engine instance can take the tenant now, and why.
+    NoEngine(Unplaced),
     /// The tenant is being cleaned up (its namespace went): nothing written.
     Gone,
 }
@@ -51,18 +51,25 @@ impl Controllers {
         let (shard, healthy_within) = (shard_of(namespace), self.settings.healthy_within);
         let (writer_id, namespace) = (Arc::new(self.ctx.writer_id.clone()), Arc::new(namespace.to_owned()));
         let mut client = gitops_shared::db::pooled(&self.ctx.pool).await?;
-        self.in_txn(&mut client, |txn| {
-            let (body, writer_id, namespace) = (body.clone(), writer_id.clone(), namespace.clone());
-            Box::pin(async move {
-                match tenant_placed_in_txn(txn, namespace_uid, &namespace, shard, &writer_id, healthy_within).await? {
-                    Tenancy::Placed(tenant, instance) => body(txn, tenant, instance).await.map(Placed::Stored),
-                    Tenancy::NotOwner => Ok(Placed::NotOwner),
-                    Tenancy::NoEngine => Ok(Placed::NoEngine),
-                    Tenancy::Gone => Ok(Placed::Gone),
-                }
+        let placed = self
+            .in_txn(&mut client, |txn| {
+                let (body, writer_id, namespace) = (body.clone(), writer_id.clone(), namespace.clone());
+                Box::pin(async move {
+                    match tenant_placed_in_txn(txn, namespace_uid, &namespace, shard, &writer_id, healthy_within)
+                        .await?
+                    {
+                        Tenancy::Placed(tenant, instance) => body(txn, tenant, instance).await.map(Placed::Stored),
+                        Tenancy::NotOwner => Ok(Placed::NotOwner),
+                        Tenancy::NoEngine(why) => Ok(Placed::NoEngine(why)),
+                        Tenancy::Gone => Ok(Placed::Gone),
+                    }
+                })
             })
-        })
-        .await
+            .await?;
+        if let Placed::NoEngine(why) = &placed {
+            self.ctx.metrics.unplaced(why.as_str());
+        }
+        Ok(placed)
     }
 }
 
@@ -70,7 +77,7 @@ impl Controllers {
 enum Tenancy {
     Placed(TenantId, EngineInstanceId),
     NotOwner,
-    NoEngine,
+    NoEngine(Unplaced),
     /// The tenant is being cleaned up (its namespace went): write nothing.
     Gone,
 }
@@ -90,15 +97,15 @@ async fn tenant_placed_in_txn(
     let place_on = match placed.flatten() {
         Some(_) => None,
         None => match placement_choose_in_txn(txn, healthy_within).await? {
-            Some(instance) => Some(instance),
-            None => return Ok(Tenancy::NoEngine),
+            Ok(instance) => Some(instance),
+            Err(why) => return Ok(Tenancy::NoEngine(why)),
         },
     };
     let tenant = tenant_upsert_locked_in_txn(txn, namespace_uid, namespace, place_on).await?;
     if tenant.row_state != RowState::Active {
         return Ok(Tenancy::Gone);
     }
-    let Some(instance) = tenant.engine_instance_id else { return Ok(Tenancy::NoEngine) };
+    let Some(instance) = tenant.engine_instance_id else { return Ok(Tenancy::NoEngine(Unplaced::Unavailable)) };
     tenant_set_shard_in_txn(txn, tenant.id, shard).await?;
     Ok(Tenancy::Placed(tenant.id, instance))
 }

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::eventually;
 
-const INSTANCE: &str = "argocd-1";
+pub(crate) const INSTANCE: &str = "argocd-1";
 
 /// Stand-in, agent (heartbeat seen) and a tenant namespace; writers start with
 /// `writer`/`writer_for`. Shared with `writer_credentials`.

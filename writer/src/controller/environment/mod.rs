@@ -103,9 +103,8 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
             set_conditions(&api, &object, false, REASON_ACCEPTED, message, Some(connection)).await?;
             Ok(Next::Settled(Settled::Ok))
         }
-        Placed::NoEngine => {
-            let message = "no GitOps engine instance is available; retrying";
-            set_condition(&api, &object, true, super::REASON_NO_ENGINE, message).await?;
+        Placed::NoEngine(why) => {
+            set_condition(&api, &object, true, super::REASON_NO_ENGINE, why.message()).await?;
             Ok(Next::Retry(ctl.settings.retry_delay))
         }
     }

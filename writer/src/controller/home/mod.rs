@@ -101,7 +101,7 @@ impl HomeSettings {
 pub(super) enum Home {
     Ready(ManagedEnvironmentId),
     NotOwner,
-    NoEngine,
+    NoEngine(gitops_shared::db::placement::Unplaced),
     Gone,
     /// The home role or namespace is missing: no binding is made.
     Unavailable(String),
@@ -200,7 +200,7 @@ async fn issue(ctl: &Arc<Controllers>, namespace: &str, namespace_uid: Uuid) -> 
     let home = match placed {
         Placed::Stored(home) => home,
         Placed::NotOwner => Home::NotOwner,
-        Placed::NoEngine => Home::NoEngine,
+        Placed::NoEngine(why) => Home::NoEngine(why),
         Placed::Gone => Home::Gone,
     };
     if let Home::Ready(id) = home
