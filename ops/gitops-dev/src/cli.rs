@@ -52,6 +52,72 @@ pub enum BenchCommand {
     /// to Argo CD Applications and back to a sync status, and, with `--noisy`,
     /// quiet tenants' latency while one tenant floods updates.
     E2e(E2eBenchArgs),
+    /// Measure the service under faults: writers and agents killed at random and
+    /// PostgreSQL stopped once while tenants work; prints takeover times, how soon
+    /// status is current after the database returns, convergence, and anything
+    /// lost, duplicated or stale.
+    Chaos(ChaosBenchArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ChaosBenchArgs {
+    /// Tenant namespaces the deployments are spread over.
+    #[arg(long, env = "GITOPS_BENCH_TENANTS", default_value_t = 50,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub tenants: u64,
+    /// GitOpsDeployments to create before the chaos (at least one per tenant).
+    #[arg(long, env = "GITOPS_BENCH_DEPLOYMENTS", default_value_t = 500,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub deployments: u64,
+    /// Writers run (at least two: one takes over from another).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(2..=16))]
+    pub writers: u64,
+    /// Agents run (at least two).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(2..=16))]
+    pub agents: u64,
+    /// Seconds of chaos (kills every 1.5-4 s; PostgreSQL stopped once half-way).
+    #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u64).range(10..=86_400))]
+    pub chaos_s: u64,
+    /// The agents' operation lease, in seconds.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..=600))]
+    pub agent_lease_s: u64,
+    /// Applications turned Degraded in Argo CD while PostgreSQL is down.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub degraded: u64,
+    /// Deployments changed at once right before each kill (so agents hold claims).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub burst: u64,
+    /// Replays a run's random choices (printed on stderr and in the report).
+    #[arg(long, env = "GITOPS_CHAOS_SEED")]
+    pub seed: Option<u64>,
+    /// Seconds to wait for convergence, before and after the chaos.
+    #[arg(long, env = "GITOPS_BENCH_DEADLINE", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub deadline_s: u64,
+    /// Run directory: kubeconfig, env file and the children's logs (default:
+    /// gitops-bench-chaos in the temp directory).
+    #[arg(long, env = "GITOPS_BENCH_DIR", default_value_os_t = std::env::temp_dir().join("gitops-bench-chaos"))]
+    pub dir: std::path::PathBuf,
+}
+
+impl From<ChaosBenchArgs> for crate::bench::chaos::ChaosBenchConfig {
+    fn from(args: ChaosBenchArgs) -> Self {
+        // Bounded by the parsers above.
+        let size = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
+        crate::bench::chaos::ChaosBenchConfig {
+            tenants: size(args.tenants),
+            deployments: size(args.deployments),
+            writers: size(args.writers),
+            agents: size(args.agents),
+            chaos: std::time::Duration::from_secs(args.chaos_s),
+            agent_lease: std::time::Duration::from_secs(args.agent_lease_s),
+            degraded: size(args.degraded),
+            burst: size(args.burst),
+            seed: args.seed,
+            deadline: std::time::Duration::from_secs(args.deadline_s),
+            dir: args.dir,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Args)]

@@ -18,6 +18,8 @@ pub enum DevToolError {
     KubeBench { source: bench::kube::KubeBenchError },
     #[error("the end-to-end benchmark failed")]
     E2eBench { source: bench::e2e::E2eBenchError },
+    #[error("the chaos benchmark failed")]
+    ChaosBench { source: bench::chaos::ChaosBenchError },
     #[error("the local service failed")]
     Up { source: up::DevError },
 }
@@ -40,6 +42,12 @@ pub async fn run(command: Command) -> Result<String, DevToolError> {
             BenchCommand::E2e(args) => {
                 let report =
                     bench::e2e::e2e_bench(&args.into()).await.map_err(|source| DevToolError::E2eBench { source })?;
+                Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
+            }
+            BenchCommand::Chaos(args) => {
+                let report = bench::chaos::chaos_bench(&args.into())
+                    .await
+                    .map_err(|source| DevToolError::ChaosBench { source })?;
                 Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
             }
         },

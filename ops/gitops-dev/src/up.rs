@@ -101,6 +101,25 @@ fn free_port() -> Result<u16, DevError> {
     Ok(socket.local_addr().map_err(|source| DevError::Port { source })?.port())
 }
 
+/// How many writers and agents the stack runs, and how.
+#[derive(Debug, Clone)]
+pub struct StackShape {
+    pub writers: usize,
+    pub agents: usize,
+    /// Register the (first) writer's admission webhook; without it, deployments into
+    /// a tenant's own namespace are accepted unverified.
+    pub webhook: bool,
+    /// The agents' operation lease (default: theirs).
+    pub agent_lease: Option<Duration>,
+}
+
+impl Default for StackShape {
+    /// What `up` runs: one writer with its webhook, one agent.
+    fn default() -> Self {
+        StackShape { writers: 1, agents: 1, webhook: true, agent_lease: None }
+    }
+}
+
 /// What `dev` set up, as reported when ready.
 #[derive(Debug, Clone)]
 pub struct DevInfo {
@@ -138,6 +157,15 @@ impl DevStack {
     /// Starts everything in `dir` and returns once the writer holds shard leases
     /// and the agent's heartbeat is fresh; on failure, stops what it started.
     pub async fn start(dir: &Path, standin_options: StandinOptions) -> Result<DevStack, DevError> {
+        DevStack::start_shaped(dir, standin_options, &StackShape::default()).await
+    }
+
+    /// [`start`](Self::start) with `shape`'s writers and agents.
+    pub async fn start_shaped(
+        dir: &Path,
+        standin_options: StandinOptions,
+        shape: &StackShape,
+    ) -> Result<DevStack, DevError> {
         std::fs::create_dir_all(dir).map_err(|source| DevError::Dir { path: dir.to_owned(), source })?;
         let dir = dir.canonicalize().map_err(|source| DevError::Dir { path: dir.to_owned(), source })?;
         let bin_dir = binary_dir()?;
@@ -172,7 +200,7 @@ impl DevStack {
             DevInfo { dir: dir.clone(), kubeconfig: kubeconfig.clone(), env_file: dir.join("env"), database_url };
         let mut stack =
             DevStack { info, kube, client, children: Vec::new(), standin_cancel, standin, emulator, postgres };
-        match stack.start_children(&writer_bin, &agent_bin).await {
+        match stack.start_children(&writer_bin, &agent_bin, shape).await {
             Ok(()) => Ok(stack),
             Err(error) => {
                 stack.stop().await;
@@ -181,7 +209,12 @@ impl DevStack {
         }
     }
 
-    async fn start_children(&mut self, writer_bin: &Path, agent_bin: &Path) -> Result<(), DevError> {
+    async fn start_children(
+        &mut self,
+        writer_bin: &Path,
+        agent_bin: &Path,
+        shape: &StackShape,
+    ) -> Result<(), DevError> {
         engine_instance_add(&self.client, DEV_INSTANCE, DEV_ARGOCD_NAMESPACE, 1000)
             .await
             .map_err(|source| DevError::Db { action: "register the engine instance", source })?;
@@ -195,35 +228,64 @@ impl DevStack {
         ];
         write_env_file(&self.info.env_file, &env)?;
         let dir = self.info.dir.clone();
-        // The writer's admission webhook, registered as an install registers it
-        // (on loopback): the emulator calls it for every tenant resource it stores.
-        let cert = admission::serving_cert(&dir).map_err(|source| DevError::Certificate { source })?;
-        let port = free_port()?;
-        let webhook_address = format!("127.0.0.1:{port}");
-        let configuration =
-            admission::configuration(DEV_WEBHOOK, &format!("https://{webhook_address}/validate"), &cert.ca_pem, None);
-        admission::register(&self.kube, &configuration)
-            .await
-            .map_err(|source| DevError::Kube { action: "register the admission webhook".to_owned(), source })?;
-        let (cert_file, key_file) = (cert.cert_file.display().to_string(), cert.key_file.display().to_string());
-        self.children.push(spawn(
-            &dir,
-            "gitops-writer",
-            writer_bin,
-            &env,
-            &[
-                ("GITOPS_WRITER_WEBHOOK_CERT_FILE", &cert_file),
-                ("GITOPS_WRITER_WEBHOOK_KEY_FILE", &key_file),
-                ("GITOPS_WRITER_WEBHOOK_ADDRESS", &webhook_address),
-            ],
-        )?);
-        self.children.push(spawn(
-            &dir,
-            "gitops-agent",
-            agent_bin,
-            &env,
-            &[("GITOPS_AGENT_METRICS_ADDRESS", "127.0.0.1:0")],
-        )?);
+        // The webhook's address is the first writer's only.
+        let mut writer_env: Vec<(String, String)> = Vec::new();
+        let mut first_writer_env: Vec<(String, String)> = Vec::new();
+        if shape.webhook {
+            // The writer's admission webhook, registered as an install registers it
+            // (on loopback): the emulator calls it for every tenant resource it stores.
+            let cert = admission::serving_cert(&dir).map_err(|source| DevError::Certificate { source })?;
+            let port = free_port()?;
+            let webhook_address = format!("127.0.0.1:{port}");
+            let configuration = admission::configuration(
+                DEV_WEBHOOK,
+                &format!("https://{webhook_address}/validate"),
+                &cert.ca_pem,
+                None,
+            );
+            admission::register(&self.kube, &configuration)
+                .await
+                .map_err(|source| DevError::Kube { action: "register the admission webhook".to_owned(), source })?;
+            first_writer_env.extend([
+                ("GITOPS_WRITER_WEBHOOK_CERT_FILE".to_owned(), cert.cert_file.display().to_string()),
+                ("GITOPS_WRITER_WEBHOOK_KEY_FILE".to_owned(), cert.key_file.display().to_string()),
+                ("GITOPS_WRITER_WEBHOOK_ADDRESS".to_owned(), webhook_address),
+            ]);
+        } else {
+            // Nobody verifies who asks: deployments into a tenant's own namespace are
+            // taken as they come (a development-only setting).
+            writer_env.push(("GITOPS_WRITER_ALLOW_UNVERIFIED_HOME_DEPLOYMENTS".to_owned(), "true".to_owned()));
+        }
+        if shape.writers > 1 {
+            writer_env.push(("GITOPS_WRITER_METRICS_ADDRESS".to_owned(), "127.0.0.1:0".to_owned()));
+        }
+        let mut agent_env = vec![("GITOPS_AGENT_METRICS_ADDRESS".to_owned(), "127.0.0.1:0".to_owned())];
+        if let Some(lease) = shape.agent_lease {
+            agent_env.push(("GITOPS_AGENT_LEASE".to_owned(), format!("{}ms", lease.as_millis())));
+        }
+        let env: Vec<(String, String)> = env.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        for index in 0..shape.writers.max(1) {
+            let name =
+                if shape.writers > 1 { format!("gitops-writer-{}", index + 1) } else { "gitops-writer".to_owned() };
+            let mut extra = writer_env.clone();
+            if index == 0 {
+                extra.extend(first_writer_env.iter().cloned());
+            }
+            let spec =
+                ChildSpec { binary: "gitops-writer", name, path: writer_bin.to_owned(), env: env.clone(), extra };
+            self.children.push(spec.spawn(&dir, 0)?);
+        }
+        for index in 0..shape.agents.max(1) {
+            let name = if shape.agents > 1 { format!("gitops-agent-{}", index + 1) } else { "gitops-agent".to_owned() };
+            let spec = ChildSpec {
+                binary: "gitops-agent",
+                name,
+                path: agent_bin.to_owned(),
+                env: env.clone(),
+                extra: agent_env.clone(),
+            };
+            self.children.push(spec.spawn(&dir, 0)?);
+        }
         wait_ready(&self.client, &dir, &mut self.children).await
     }
 
@@ -234,7 +296,48 @@ impl DevStack {
 
     /// The process id of a running child (`gitops-writer` or `gitops-agent`).
     pub fn pid(&self, binary: &str) -> Option<u32> {
-        self.children.iter().find(|child| child.binary == binary).and_then(|child| child.child.id())
+        self.children.iter().find(|child| child.spec.binary == binary).and_then(|child| child.child.id())
+    }
+
+    /// The children's names (`gitops-writer-1`, ...), in the order [`kill`](Self::kill) takes.
+    pub fn child_names(&self) -> Vec<String> {
+        self.children.iter().map(|child| child.spec.name.clone()).collect()
+    }
+
+    /// The process id of child `index` while it runs.
+    pub fn child_pid(&self, index: usize) -> Option<u32> {
+        self.children.get(index).and_then(|child| child.child.id())
+    }
+
+    /// Kills child `index` without warning (SIGKILL), as a node failure would, and
+    /// starts it again at once under a new identity (as a Deployment replaces a pod).
+    pub async fn kill_and_replace(&mut self, index: usize) -> Result<(), DevError> {
+        let dir = self.info.dir.clone();
+        let Some(child) = self.children.get_mut(index) else { return Ok(()) };
+        let _ = child.child.kill().await;
+        child.generation += 1;
+        *child = child.spec.spawn(&dir, child.generation)?;
+        Ok(())
+    }
+
+    /// Starts again every child that stopped by itself (a start while the database
+    /// is away ends with an error, and a Deployment would restart it); returns how many.
+    pub fn replace_exited(&mut self) -> Result<usize, DevError> {
+        let dir = self.info.dir.clone();
+        let mut replaced = 0;
+        for child in &mut self.children {
+            if matches!(child.child.try_wait(), Ok(Some(_)) | Err(_)) {
+                child.generation += 1;
+                *child = child.spec.spawn(&dir, child.generation)?;
+                replaced += 1;
+            }
+        }
+        Ok(replaced)
+    }
+
+    /// The stack's PostgreSQL (to pause and resume it).
+    pub fn postgres(&self) -> &PgCluster {
+        &self.postgres
     }
 
     /// Stops the children (SIGTERM, then a bounded wait), the stand-in, the
@@ -294,37 +397,48 @@ async fn wait_ready(client: &tokio_postgres::Client, dir: &Path, children: &mut 
     }
 }
 
+/// How to start one child: its binary, its name (its log file, and its writer id
+/// with a generation suffix), and its environment.
+#[derive(Debug, Clone)]
+struct ChildSpec {
+    binary: &'static str,
+    name: String,
+    path: PathBuf,
+    env: Vec<(String, String)>,
+    extra: Vec<(String, String)>,
+}
+
 /// A child process with its log file.
 struct DevChild {
-    binary: &'static str,
+    spec: ChildSpec,
+    generation: u32,
     child: Child,
     log: PathBuf,
 }
 
-fn spawn(
-    dir: &Path,
-    binary: &'static str,
-    path: &Path,
-    env: &[(&str, String)],
-    extra: &[(&str, &str)],
-) -> Result<DevChild, DevError> {
-    let log = dir.join(format!("{binary}.log"));
-    let file = std::fs::File::create(&log).map_err(|source| DevError::Dir { path: log.clone(), source })?;
-    let stderr = file.try_clone().map_err(|source| DevError::Dir { path: log.clone(), source })?;
-    let mut command = Command::new(path);
-    command.arg("run").stdin(Stdio::null()).stdout(file).stderr(stderr).kill_on_drop(true);
-    for (name, value) in env {
-        command.env(name, value);
+impl ChildSpec {
+    /// Starts the child; its output is appended to `DIR/NAME.log`.
+    fn spawn(&self, dir: &Path, generation: u32) -> Result<DevChild, DevError> {
+        let log = dir.join(format!("{}.log", self.name));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|source| DevError::Dir { path: log.clone(), source })?;
+        let stderr = file.try_clone().map_err(|source| DevError::Dir { path: log.clone(), source })?;
+        let mut command = Command::new(&self.path);
+        command.arg("run").stdin(Stdio::null()).stdout(file).stderr(stderr).kill_on_drop(true);
+        command.envs(self.env.iter().chain(&self.extra).map(|(k, v)| (k.as_str(), v.as_str())));
+        if self.binary == "gitops-writer" {
+            command.env("GITOPS_WRITER_ID", format!("{}-{generation}", self.name));
+        }
+        if std::env::var_os("RUST_LOG").is_none() {
+            command.env("RUST_LOG", "info");
+        }
+        let child = command.spawn().map_err(|source| DevError::Spawn { binary: self.binary, source })?;
+        tracing::info!(name = %self.name, generation, log = %log.display(), "started");
+        Ok(DevChild { spec: self.clone(), generation, child, log })
     }
-    for (name, value) in extra {
-        command.env(name, value);
-    }
-    if std::env::var_os("RUST_LOG").is_none() {
-        command.env("RUST_LOG", "info");
-    }
-    let child = command.spawn().map_err(|source| DevError::Spawn { binary, source })?;
-    tracing::info!(binary, log = %log.display(), "started");
-    Ok(DevChild { binary, child, log })
 }
 
 impl DevChild {
@@ -332,12 +446,16 @@ impl DevChild {
     fn check(&mut self) -> Result<(), DevError> {
         match self.child.try_wait() {
             Ok(None) => Ok(()),
-            Ok(Some(status)) => {
-                Err(DevError::ChildExited { binary: self.binary, status: status.to_string(), log: self.log.clone() })
-            }
-            Err(error) => {
-                Err(DevError::ChildExited { binary: self.binary, status: error.to_string(), log: self.log.clone() })
-            }
+            Ok(Some(status)) => Err(DevError::ChildExited {
+                binary: self.spec.binary,
+                status: status.to_string(),
+                log: self.log.clone(),
+            }),
+            Err(error) => Err(DevError::ChildExited {
+                binary: self.spec.binary,
+                status: error.to_string(),
+                log: self.log.clone(),
+            }),
         }
     }
 
@@ -350,7 +468,7 @@ impl DevChild {
             let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status().await;
         }
         if tokio::time::timeout(STOP_DEADLINE, self.child.wait()).await.is_err() {
-            tracing::warn!(binary = self.binary, "did not stop after SIGTERM; killing it");
+            tracing::warn!(name = %self.spec.name, "did not stop after SIGTERM; killing it");
             let _ = self.child.kill().await;
         }
     }

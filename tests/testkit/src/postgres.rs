@@ -122,7 +122,8 @@ impl PgCluster {
         // The watchdog: run postgres in the background, poll for our process, and on
         // its exit stop the server (fast shutdown) and remove the directory.
         // The server runs while this process does; when it stops and a `restart`
-        // file is there (see `restart`), it is started again on the same data.
+        // file is there (see `restart`), it is started again on the same data, once
+        // no `hold` file is (see `pause`).
         let script = format!(
             "bin=$1 data=$2 dir=$3 log=$4; \
              start() {{ \"$bin\" -D \"$data\" -p {port} -k \"$dir\" -c listen_addresses=127.0.0.1 \
@@ -132,6 +133,7 @@ impl PgCluster {
              start; \
              while [ -d /proc/{parent} ]; do \
                if alive; then sleep 0.5; \
+               elif [ -e \"$dir/hold\" ]; then sleep 0.1; \
                elif [ -e \"$dir/restart\" ]; then rm -f \"$dir/restart\"; start; \
                else break; fi; \
              done; \
@@ -174,6 +176,23 @@ impl PgCluster {
     /// Restarts the server on the same data and port (a fast shutdown: every client
     /// connection is cut) and waits until it accepts connections again.
     pub async fn restart(&self) -> Result<(), PgError> {
+        self.pause().await?;
+        self.resume().await
+    }
+
+    /// Stops the server (a fast shutdown) and keeps it stopped until [`resume`](Self::resume).
+    pub async fn pause(&self) -> Result<(), PgError> {
+        std::fs::write(self.dir.join("hold"), b"").map_err(failed("ask for a pause"))?;
+        self.stop_for_restart().await
+    }
+
+    /// Starts a paused server again and waits until it accepts connections.
+    pub async fn resume(&self) -> Result<(), PgError> {
+        std::fs::remove_file(self.dir.join("hold")).map_err(failed("end a pause"))?;
+        self.wait_ready(Duration::from_secs(60)).await
+    }
+
+    async fn stop_for_restart(&self) -> Result<(), PgError> {
         let pid_file = std::fs::read_to_string(self.dir.join("data").join("postmaster.pid"))
             .map_err(failed("read the postmaster's pid"))?;
         let pid = pid_file.lines().next().unwrap_or_default().trim().to_owned();
@@ -194,7 +213,7 @@ impl PgCluster {
             }
             tokio::time::sleep(EXIT_POLL).await;
         }
-        self.wait_ready(Duration::from_secs(60)).await
+        Ok(())
     }
 
     async fn wait_ready(&self, within: Duration) -> Result<(), PgError> {

@@ -341,7 +341,7 @@ async fn watch_deployments(client: kube::Client, seen: std::sync::Arc<watch::Sen
     }
 }
 
-async fn create_namespace(client: &kube::Client, name: &str) -> Result<(), E2eBenchError> {
+pub(crate) async fn create_namespace(client: &kube::Client, name: &str) -> Result<(), E2eBenchError> {
     let namespace: Namespace =
         serde_json::from_value(json!({"metadata": {"name": name}})).map_err(|_| E2eBenchError::Usage("namespace"))?;
     Api::<Namespace>::all(client.clone())
@@ -351,7 +351,7 @@ async fn create_namespace(client: &kube::Client, name: &str) -> Result<(), E2eBe
     Ok(())
 }
 
-async fn create_deployment(client: &kube::Client, namespace: &str, name: &str) -> Result<(), E2eBenchError> {
+pub(crate) async fn create_deployment(client: &kube::Client, namespace: &str, name: &str) -> Result<(), E2eBenchError> {
     let object: GitOpsDeployment = serde_json::from_value(json!({
         "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeployment",
         "metadata": {"name": name},
@@ -366,7 +366,12 @@ async fn create_deployment(client: &kube::Client, namespace: &str, name: &str) -
     Ok(())
 }
 
-async fn set_path(client: &kube::Client, namespace: &str, name: &str, path: &str) -> Result<(), E2eBenchError> {
+pub(crate) async fn set_path(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    path: &str,
+) -> Result<(), E2eBenchError> {
     let patch = json!({"spec": {"source": {"path": path}}});
     Api::<GitOpsDeployment>::namespaced(client.clone(), namespace)
         .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
