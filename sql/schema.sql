@@ -119,6 +119,22 @@ END;
 $$;
 
 --
+-- Name: operation_park_while_releasing(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.operation_park_while_releasing() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NEW.run_after < 'infinity'
+       AND EXISTS (SELECT 1 FROM tenant t WHERE t.id = NEW.tenant_id AND t.move_state = 'releasing') THEN
+        NEW.run_after := 'infinity';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+--
 -- Name: operation_signal(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -545,7 +561,13 @@ CREATE TABLE public.tenant (
     row_state public.row_state DEFAULT 'active'::public.row_state NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    writer_shard integer
+    writer_shard integer,
+    moving_from bigint,
+    move_state text,
+    move_started_at timestamp with time zone,
+    move_reason text,
+    CONSTRAINT tenant_move_check CHECK (((move_state IS NULL) = (moving_from IS NULL))),
+    CONSTRAINT tenant_move_state_check CHECK ((move_state = ANY (ARRAY['releasing'::text, 'adopting'::text])))
 );
 
 --
@@ -880,6 +902,18 @@ CREATE TRIGGER application_state_stamp BEFORE UPDATE ON public.application_state
 CREATE TRIGGER engine_instance_signal_row AFTER INSERT ON public.engine_instance FOR EACH ROW EXECUTE FUNCTION public.engine_instance_signal_row();
 
 --
+-- Name: operation operation_park_insert; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER operation_park_insert BEFORE INSERT ON public.operation FOR EACH ROW WHEN (((new.state = 'waiting'::public.operation_state) AND (new.resource_type <> 'tenant'::public.resource_type))) EXECUTE FUNCTION public.operation_park_while_releasing();
+
+--
+-- Name: operation operation_park_update; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER operation_park_update BEFORE UPDATE OF state, run_after, engine_instance_id ON public.operation FOR EACH ROW WHEN (((new.state = 'waiting'::public.operation_state) AND (new.resource_type <> 'tenant'::public.resource_type))) EXECUTE FUNCTION public.operation_park_while_releasing();
+
+--
 -- Name: operation operation_signal_insert; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -1013,6 +1047,13 @@ ALTER TABLE ONLY public.sync_operation
 
 ALTER TABLE ONLY public.tenant
     ADD CONSTRAINT tenant_engine_instance_id_fkey FOREIGN KEY (engine_instance_id) REFERENCES public.engine_instance(id);
+
+--
+-- Name: tenant tenant_moving_from_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.tenant
+    ADD CONSTRAINT tenant_moving_from_fkey FOREIGN KEY (moving_from) REFERENCES public.engine_instance(id);
 
 --
 -- PostgreSQL database dump complete

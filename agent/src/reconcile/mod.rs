@@ -7,6 +7,7 @@
 
 mod application;
 mod credentials;
+mod moves;
 mod orphans;
 mod project;
 mod sync;

@@ -11,10 +11,12 @@ use gitops_shared::db::desired::{TenantProject, resource_mark_deleted, tenant_pr
 use gitops_shared::db::pooled;
 use gitops_shared::model::{ResourceType, RowState, TenantId};
 
+use super::moves::MoveStep;
 use super::{ReconcileError, Reconciler};
 use crate::destination::{DestinationPolicy, RefusedKind};
 use crate::engine::{ProjectSpec, Removal};
 use crate::names::{environment_server, labels, project_name};
+use gitops_shared::db::tenant_move::tenant_placement_by_id;
 
 /// Characters that Argo CD reads as patterns in project fields; values holding them
 /// are left out rather than widening what the project permits.
@@ -109,6 +111,21 @@ impl Reconciler {
     /// A tenant operation: keep its project, or remove it once the tenant is deleting
     /// and its other rows are gone (else the last of their deletions removes it).
     pub(super) async fn tenant(&self, tenant: TenantId) -> Result<(), ReconcileError> {
+        let placement = {
+            let client = pooled(&self.pool).await?;
+            tenant_placement_by_id(&client, tenant).await?
+        };
+        if let Some(placement) = &placement {
+            match self.move_step(placement) {
+                MoveStep::Release => return self.release_tenant(placement).await,
+                MoveStep::Adopt => return self.adopt_tenant(placement).await,
+                MoveStep::None if placement.instance_id != Some(self.instance.id) => {
+                    // Placed elsewhere (a move already past this instance): nothing here.
+                    return Ok(());
+                }
+                MoveStep::None => {}
+            }
+        }
         let project = {
             let client = pooled(&self.pool).await?;
             tenant_project_load(&client, tenant).await?

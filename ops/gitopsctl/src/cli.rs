@@ -87,6 +87,12 @@ pub enum InstanceCommand {
         /// Instance name.
         name: String,
     },
+    /// Cordon an instance and move every tenant off it, each to the open instance
+    /// with the most room.
+    Drain {
+        /// Instance name.
+        name: String,
+    },
     /// Remove an engine instance that has no tenants and no operations left.
     Remove {
         /// Instance name.
@@ -108,6 +114,26 @@ pub enum TenantCommand {
     /// home ClusterRole): the ones stored before requesters were checked at
     /// admission deserve a review.
     HomeDeployments,
+    /// List tenants: namespace, instance, a move in progress, deployments.
+    List {
+        /// Only the tenants on (or moving from) this instance.
+        #[arg(long)]
+        instance: Option<String>,
+    },
+    /// Show one tenant's placement and move.
+    Show {
+        /// The tenant's namespace.
+        namespace: String,
+    },
+    /// Move a tenant to another instance: the current one releases its Argo CD
+    /// objects without pruning what they deployed, then the target adopts them.
+    Move {
+        /// The tenant's namespace.
+        namespace: String,
+        /// The instance to move it to (not cordoned, with room).
+        #[arg(long)]
+        to: String,
+    },
 }
 
 #[derive(Debug, Args)]

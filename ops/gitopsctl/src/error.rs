@@ -23,6 +23,9 @@ pub enum CtlError {
     GenerateKey { source: CryptoError },
     #[error("could not write the CustomResourceDefinitions")]
     Crds { source: gitops_writer::api::CrdRenderError },
+    /// What was asked cannot be done as things stand; the message says why.
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl CtlError {

@@ -36,6 +36,34 @@ pub async fn cordon(database_url: &str, name: &str, cordoned: bool) -> Result<()
     }))
 }
 
+/// Cordons `name` and starts moving each of its tenants to the open, live
+/// instance with the most room; returns how many moves started. Stops at the first
+/// tenant that cannot move (the fleet is full, say), with the reason.
+pub async fn drain(database_url: &str, name: &str) -> Result<usize, CtlError> {
+    cordon(database_url, name, true).await?;
+    let tenants = crate::tenant::list(database_url, None, Some(name)).await?;
+    let mut moved = 0;
+    for tenant in tenants.iter().filter(|t| t.instance.as_deref() == Some(name) && t.move_state.is_none()) {
+        let instances = list(database_url).await?;
+        let target = instances
+            .iter()
+            .filter(|i| i.name != name && !i.cordoned && i.tenants < i64::from(i.capacity) && i.heartbeat_at.is_some())
+            .min_by(|a, b| {
+                let load = |i: &EngineInstance| i.tenants as f64 / f64::from(i.capacity);
+                load(a).total_cmp(&load(b)).then(a.name.cmp(&b.name))
+            });
+        let Some(target) = target else {
+            return Err(CtlError::Refused(format!(
+                "{moved} tenants moving off {name:?}; no other open instance has room for {:?} and the rest",
+                tenant.namespace
+            )));
+        };
+        crate::tenant::move_to(database_url, &tenant.namespace, &target.name, "drain").await?;
+        moved += 1;
+    }
+    Ok(moved)
+}
+
 /// Removes an instance without tenants or operations.
 pub async fn remove(database_url: &str, name: &str) -> Result<(), CtlError> {
     let client = crate::connect(database_url).await?;

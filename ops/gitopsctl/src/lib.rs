@@ -43,6 +43,10 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
                     instance::cordon(url, &name, false).await?;
                     Ok(format!("engine instance {name:?} uncordoned: it takes new tenants again\n"))
                 }
+                InstanceCommand::Drain { name } => {
+                    let moved = instance::drain(url, &name).await?;
+                    Ok(format!("engine instance {name:?} cordoned; {moved} tenants moving off it\n"))
+                }
                 InstanceCommand::Remove { name } => {
                     instance::remove(url, &name).await?;
                     Ok(format!("engine instance {name:?} removed\n"))
@@ -69,6 +73,17 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
             match args.command {
                 TenantCommand::HomeDeployments => {
                     Ok(tenant::render_home_deployments(&tenant::home_deployments(url).await?))
+                }
+                TenantCommand::List { instance } => {
+                    Ok(tenant::render_list(&tenant::list(url, None, instance.as_deref()).await?))
+                }
+                TenantCommand::Show { namespace } => tenant::show(url, &namespace).await,
+                TenantCommand::Move { namespace, to } => {
+                    tenant::move_to(url, &namespace, &to, "operator").await?;
+                    Ok(format!(
+                        "tenant {namespace:?} is moving to {to:?}: its current instance releases it, then {to:?} \
+                         adopts it (gitopsctl tenant show {namespace})\n"
+                    ))
                 }
             }
         }

@@ -55,10 +55,16 @@ pub enum DbError {
     InvalidInstance { message: String },
     #[error("engine instance {name:?} already exists")]
     InstanceExists { name: String },
-    #[error("engine instance {name:?} still has {tenants} tenants or queued operations; move them first")]
+    #[error(
+        "engine instance {name:?} still has {tenants} tenants or queued operations; move them first \
+         (gitopsctl instance drain {name})"
+    )]
     InstanceInUse { name: String, tenants: i64 },
     #[error("could not store credentials")]
     Credentials { source: Box<dyn std::error::Error + Send + Sync> },
+    /// A tenant move that cannot start; the message says why.
+    #[error("{message}")]
+    InvalidMove { message: String },
 }
 
 impl DbError {

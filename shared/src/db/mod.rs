@@ -22,6 +22,7 @@ pub mod resync;
 pub mod status_feed;
 pub mod sync_operation;
 pub mod tenant;
+pub mod tenant_move;
 mod tls;
 pub mod tombstone;
 pub mod writer_shard;
@@ -48,6 +49,7 @@ pub const STATEMENTS: &[(&str, &[&str])] = &[
     ("status_feed", status_feed::STATEMENTS),
     ("sync_operation", sync_operation::STATEMENTS),
     ("tenant", tenant::STATEMENTS),
+    ("tenant_move", tenant_move::STATEMENTS),
     ("tombstone", tombstone::STATEMENTS),
     ("writer_shard", writer_shard::STATEMENTS),
 ];

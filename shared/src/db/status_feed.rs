@@ -58,6 +58,8 @@ pub struct StatusFeedRow {
     pub agent_message: Option<String>,
     /// Whether that failure is permanent (retrying cannot help).
     pub agent_stalled: bool,
+    /// The tenant is moving to another engine instance.
+    pub moving: bool,
 }
 
 /// What the agent last made of a managed environment or a repository credential.
@@ -78,6 +80,8 @@ pub struct ResourceFeedRow {
     pub agent_message: Option<String>,
     /// Whether that failure is permanent.
     pub agent_stalled: bool,
+    /// The tenant is moving to another engine instance.
+    pub moving: bool,
 }
 
 /// One row of the feed, of whichever kind.
@@ -134,7 +138,7 @@ SELECT f.*, f.changed_xid::text::bigint AS xid,
            a.resource_uid, CASE WHEN m.home THEN NULL ELSE m.resource_name END AS environment,
            s.sync_status, s.sync_revision, s.health_status, s.health_message,
            s.resources, s.conditions, s.operation_state, s.reconciled_state, a.row_state,
-           s.applied_generation, s.agent_message, s.agent_stalled
+           s.applied_generation, s.agent_message, s.agent_stalled, t.move_state IS NOT NULL AS moving
       FROM w
       JOIN tenant t ON t.writer_shard = w.shard
       JOIN application a ON a.tenant_id = t.id
@@ -144,7 +148,7 @@ SELECT f.*, f.changed_xid::text::bigint AS xid,
     UNION ALL
     SELECT 'managed_environment', s.seq, s.changed_xid, r.id, t.namespace_name, r.resource_name,
            r.resource_uid, NULL, NULL, NULL, NULL, NULL, '[]'::jsonb, '[]'::jsonb, NULL, NULL, r.row_state,
-           s.applied_generation, s.agent_message, s.agent_stalled
+           s.applied_generation, s.agent_message, s.agent_stalled, t.move_state IS NOT NULL
       FROM w
       JOIN tenant t ON t.writer_shard = w.shard
       JOIN managed_environment r ON r.tenant_id = t.id
@@ -153,7 +157,7 @@ SELECT f.*, f.changed_xid::text::bigint AS xid,
     UNION ALL
     SELECT 'repository_credential', s.seq, s.changed_xid, r.id, t.namespace_name, r.resource_name,
            r.resource_uid, NULL, NULL, NULL, NULL, NULL, '[]'::jsonb, '[]'::jsonb, NULL, NULL, r.row_state,
-           s.applied_generation, s.agent_message, s.agent_stalled
+           s.applied_generation, s.agent_message, s.agent_stalled, t.move_state IS NOT NULL
       FROM w
       JOIN tenant t ON t.writer_shard = w.shard
       JOIN repository_credential r ON r.tenant_id = t.id
@@ -200,6 +204,7 @@ impl TryFrom<&tokio_postgres::Row> for FeedRow {
             applied_generation: row.try_get("applied_generation")?,
             agent_message: row.try_get("agent_message")?,
             agent_stalled: row.try_get("agent_stalled")?,
+            moving: row.try_get("moving")?,
         }))
     }
 }
@@ -229,6 +234,7 @@ impl TryFrom<&tokio_postgres::Row> for StatusFeedRow {
             applied_generation: row.try_get("applied_generation")?,
             agent_message: row.try_get("agent_message")?,
             agent_stalled: row.try_get("agent_stalled")?,
+            moving: row.try_get("moving")?,
         })
     }
 }
@@ -319,6 +325,7 @@ mod tests {
             applied_generation: None,
             agent_message: None,
             agent_stalled: false,
+            moving: false,
         }))
     }
 

@@ -12,7 +12,11 @@ use crate::sanitize::sanitize_tenant_message;
 
 // Short transaction: pick up to $2 due operations of this instance whose resource
 // has no claimed operation, lock them (skipping rows another claimer holds), and
-// lease them. The partial index operation_claim_idx serves the inner query.
+// lease them. The partial index operation_claim_idx serves the inner query. An
+// ordinary operation is not claimed by an instance its tenant is not placed on, nor
+// while the tenant is being released (a move: see sql/README.md); one whose tenant
+// row is gone is claimed, to be completed quietly. Tenant operations carry the move
+// itself and are always claimable.
 /// The claim statement (public so a test can EXPLAIN it).
 pub const CLAIM: &str = "
 WITH picked AS (
@@ -25,6 +29,11 @@ WITH picked AS (
                         WHERE c.state = 'claimed'
                           AND c.resource_type = o.resource_type
                           AND c.resource_id = o.resource_id)
+       AND (o.resource_type = 'tenant'
+            OR NOT EXISTS (SELECT 1 FROM tenant t
+                            WHERE t.id = o.tenant_id
+                              AND (t.engine_instance_id IS DISTINCT FROM o.engine_instance_id
+                                   OR t.move_state = 'releasing')))
      ORDER BY o.run_after, o.id
      LIMIT $2
        FOR UPDATE OF o SKIP LOCKED

@@ -152,3 +152,128 @@ async fn writer_fleet_full_namespace_waits_with_a_reason_and_is_placed_once_ther
     engine_instance_cordon(&env.client, crate::support::writer::INSTANCE, false).await.expect("uncordon");
     condition(REASON_ACCEPTED).await;
 }
+
+/// Two live instances and a tenant with one application row placed on the first.
+async fn moving_fixture(
+    db: &TestDb,
+) -> (tokio_postgres::Client, EngineInstanceId, EngineInstanceId, gitops_shared::model::TenantId) {
+    let client = db.connect().await;
+    let a = engine_instance_add(&client, "a", "argo-a", 10).await.expect("add");
+    let b = engine_instance_add(&client, "b", "argo-b", 10).await.expect("add");
+    for id in [a, b] {
+        engine_instance_heartbeat(&client, id).await.expect("heartbeat");
+    }
+    let row = client
+        .query_one(
+            "INSERT INTO tenant (namespace_uid, namespace_name, engine_instance_id) VALUES ($1, 'team-a', $2) RETURNING id",
+            &[&Uuid::new_v4(), &a.0],
+        )
+        .await
+        .expect("tenant");
+    let tenant = gitops_shared::model::TenantId(row.get(0));
+    (client, a, b, tenant)
+}
+
+/// Enqueues application `id` of `tenant` on `instance` in a transaction of its own.
+async fn enqueue(
+    client: &mut tokio_postgres::Client,
+    instance: EngineInstanceId,
+    tenant: gitops_shared::model::TenantId,
+    id: i64,
+) {
+    use gitops_shared::model::ResourceType;
+    let txn = client.transaction().await.expect("begin");
+    gitops_shared::queue::operation_enqueue_in_txn(&txn, instance, tenant, ResourceType::Application, id)
+        .await
+        .expect("enqueue");
+    txn.commit().await.expect("commit");
+}
+
+#[tokio::test]
+async fn a_move_parks_the_tenants_operations_until_the_source_lets_go() {
+    use gitops_shared::db::tenant_move::{tenant_move, tenant_placements, tenant_release_confirm_in_txn};
+    use gitops_shared::model::ResourceType;
+    use gitops_shared::queue::{operation_claim, operation_complete};
+
+    let db = TestDb::migrated().await;
+    let (mut client, a, b, tenant) = moving_fixture(&db).await;
+    let lease = Duration::from_secs(30);
+    enqueue(&mut client, a, tenant, 1).await;
+
+    tenant_move(&mut client, "team-a", "b", "test").await.expect("move");
+    let placed = tenant_placements(&client, Some("team-a"), None).await.expect("placement");
+    assert_eq!(
+        (placed[0].instance.as_deref(), placed[0].moving_from.as_deref(), placed[0].move_state.as_deref()),
+        (Some("b"), Some("a"), Some("releasing"))
+    );
+    // The waiting operation went to the target, parked; a new one is parked too.
+    enqueue(&mut client, b, tenant, 2).await;
+    let parked: i64 = client
+        .query_one("SELECT count(*) FROM operation WHERE engine_instance_id = $1 AND run_after = 'infinity'", &[&b.0])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(parked, 2);
+    // Even brought forward by hand, the target may not claim them while the source holds on.
+    client
+        .execute("UPDATE operation SET run_after = now() WHERE resource_type = 'application'", &[])
+        .await
+        .expect("unpark");
+    assert!(
+        operation_claim(&client, b, "b-agent", 10, lease).await.expect("claim").is_empty(),
+        "nothing for the target"
+    );
+    // The source gets the release, and nothing else of the tenant.
+    let release = operation_claim(&client, a, "a-agent", 10, lease).await.expect("claim");
+    assert_eq!(release.iter().map(|op| op.resource_type).collect::<Vec<_>>(), [ResourceType::Tenant]);
+
+    // A second move while this one runs is refused with the reason.
+    let again = tenant_move(&mut client, "team-a", "a", "test").await.expect_err("already moving");
+    assert!(again.to_string().contains("already moving"), "{again}");
+
+    // The source lets go: the target gets the adoption and the operations.
+    let txn = client.transaction().await.expect("begin");
+    assert!(tenant_release_confirm_in_txn(&txn, tenant, a).await.expect("confirm"));
+    txn.commit().await.expect("commit");
+    // The adoption waits for the release's operation to end.
+    let claimed = operation_claim(&client, b, "b-agent", 10, lease).await.expect("claim");
+    assert!(claimed.iter().all(|op| op.resource_type != ResourceType::Tenant), "not while the release runs");
+    let done: Vec<_> = release.iter().map(|op| (op.id, op.lease.token())).collect();
+    operation_complete(&client, &done).await.expect("complete the release");
+    let mut claimed = claimed;
+    claimed.extend(operation_claim(&client, b, "b-agent", 10, lease).await.expect("claim"));
+    let mut kinds: Vec<(ResourceType, i64)> = claimed.iter().map(|op| (op.resource_type, op.resource_id)).collect();
+    kinds.sort_by_key(|(kind, id)| (kind.to_string(), *id));
+    assert_eq!(
+        kinds,
+        [(ResourceType::Application, 1), (ResourceType::Application, 2), (ResourceType::Tenant, tenant.0)]
+    );
+}
+
+#[tokio::test]
+async fn a_move_is_refused_with_its_reason() {
+    use gitops_shared::db::tenant_move::tenant_move;
+
+    let db = TestDb::migrated().await;
+    let (mut client, _a, _b, _tenant) = moving_fixture(&db).await;
+    let refused = |error: gitops_shared::db::DbError| error.to_string();
+    let mut reasons = Vec::new();
+    reasons.push(refused(tenant_move(&mut client, "nobody", "b", "t").await.expect_err("unknown tenant")));
+    reasons.push(refused(tenant_move(&mut client, "team-a", "zzz", "t").await.expect_err("unknown instance")));
+    reasons.push(refused(tenant_move(&mut client, "team-a", "a", "t").await.expect_err("same instance")));
+    engine_instance_cordon(&client, "b", true).await.expect("cordon");
+    reasons.push(refused(tenant_move(&mut client, "team-a", "b", "t").await.expect_err("cordoned")));
+    engine_instance_cordon(&client, "b", false).await.expect("uncordon");
+    client.execute("UPDATE engine_instance SET capacity = 1, tenants = 1 WHERE name = 'b'", &[]).await.expect("fill");
+    reasons.push(refused(tenant_move(&mut client, "team-a", "b", "t").await.expect_err("full")));
+    let expected = ["no tenant in namespace", "no engine instance", "is on \"a\" already", "is cordoned", "is full"];
+    for (reason, expected) in reasons.iter().zip(expected) {
+        assert!(reason.contains(expected), "{reason:?} should say {expected:?}");
+    }
+    let placed: Option<i64> = client
+        .query_one("SELECT moving_from FROM tenant WHERE namespace_name = 'team-a'", &[])
+        .await
+        .expect("row")
+        .get(0);
+    assert_eq!(placed, None, "nothing moved");
+}

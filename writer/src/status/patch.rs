@@ -81,6 +81,7 @@ where
         applied_generation: row.applied_generation,
         message: row.agent_message.as_deref(),
         stalled: row.agent_stalled,
+        moving: row.moving,
     };
     patch_status(api, &row.resource_name, row.resource_uid, |object: &K| {
         let current = object.conditions();

@@ -47,6 +47,8 @@ pub const RECONCILING: &str = "Reconciling";
 pub const STALLED: &str = "Stalled";
 pub const SYNCED: &str = "Synced";
 const READINESS_TYPES: &[&str] = &[READY, RECONCILING, STALLED, SYNCED];
+/// `Ready`'s reason while the tenant moves between Argo CD instances.
+pub const REASON_MOVING: &str = "Moving";
 /// Reasons of the writer's condition that wait on the operator, not the tenant.
 const WAITING_REASONS: &[&str] = &["NoEngineInstanceAvailable", "HomeIdentityUnavailable", "RequesterUnverified"];
 
@@ -98,6 +100,8 @@ pub struct AgentView<'a> {
     pub applied_generation: Option<i64>,
     pub message: Option<&'a str>,
     pub stalled: bool,
+    /// The tenant is moving to another engine instance.
+    pub moving: bool,
 }
 
 /// `Ready`, `Reconciling` and `Stalled` of an object at `generation` whose other
@@ -120,6 +124,10 @@ fn kstatus(
             let reason = c.reason.as_deref().unwrap_or("Refused");
             let waiting = WAITING_REASONS.contains(&reason);
             (false, waiting, !waiting, reason, c.message.clone().unwrap_or_default())
+        }
+        _ if agent.moving => {
+            let message = "the namespace is moving to another Argo CD instance; the last status is kept meanwhile";
+            (false, true, false, REASON_MOVING, message.to_owned())
         }
         _ if agent.stalled => (false, false, true, "Stalled", agent.message.unwrap_or("Argo CD refused it").to_owned()),
         _ if agent.message.is_some() => {
@@ -150,6 +158,7 @@ pub fn readiness(row: &StatusFeedRow, facts: DeploymentFacts, current: &[Conditi
         applied_generation: row.applied_generation,
         message: row.agent_message.as_deref(),
         stalled: row.agent_stalled,
+        moving: row.moving,
     };
     let mut out: Vec<Condition> = kstatus(agent, generation, current, || {
         let ready = health == "Healthy" && (!facts.automated || sync == "Synced");
@@ -365,6 +374,7 @@ mod tests {
             applied_generation: Some(3),
             agent_message: None,
             agent_stalled: false,
+            moving: false,
         }
     }
 
@@ -460,18 +470,32 @@ mod tests {
 
     #[test]
     fn environments_and_credentials_are_ready_once_their_generation_is_applied() {
-        let applied = |generation| AgentView { applied_generation: Some(generation), message: None, stalled: false };
+        let applied = |generation| AgentView {
+            applied_generation: Some(generation),
+            message: None,
+            stalled: false,
+            moving: false,
+        };
         let kept = [validation()];
         let ready = resource_conditions(applied(3), Some(3), &kept, "t");
         assert_eq!(of(&ready, READY), ("True", "Ready"));
         assert_eq!(of(&ready, "ErrorOccurred"), ("False", "Accepted"), "the writer's condition stays");
         assert_eq!(of(&resource_conditions(applied(2), Some(3), &kept, "t"), READY), ("False", "Reconciling"));
-        let failing =
-            AgentView { applied_generation: Some(2), message: Some("Argo CD is unavailable"), stalled: false };
+        let failing = AgentView {
+            applied_generation: Some(2),
+            message: Some("Argo CD is unavailable"),
+            stalled: false,
+            moving: false,
+        };
         let unavailable = resource_conditions(failing, Some(3), &kept, "t");
         assert_eq!(of(&unavailable, READY), ("False", "ArgoCDUnavailable"));
         assert_eq!(of(&unavailable, STALLED), ("False", "NotStalled"));
-        let refused = AgentView { applied_generation: Some(2), message: Some("reserved namespace"), stalled: true };
+        let refused = AgentView {
+            applied_generation: Some(2),
+            message: Some("reserved namespace"),
+            stalled: true,
+            moving: false,
+        };
         let stalled = resource_conditions(refused, Some(3), &kept, "t");
         assert_eq!(of(&stalled, STALLED), ("True", "Stalled"));
         assert_eq!(of(&stalled, RECONCILING), ("False", "Ready"));
@@ -480,6 +504,16 @@ mod tests {
         writer_refused.reason = Some("SecretNotFound".into());
         let missing = resource_conditions(applied(3), Some(3), &[writer_refused], "t");
         assert_eq!(of(&missing, READY), ("False", "SecretNotFound"), "the writer's refusal comes first");
+    }
+
+    #[test]
+    fn a_moving_tenant_is_not_ready_and_says_so() {
+        let mut moving = row();
+        moving.moving = true;
+        let conditions = readiness(&moving, AUTOMATED, &[]);
+        assert_eq!(of(&conditions, READY), ("False", REASON_MOVING));
+        assert_eq!(of(&conditions, RECONCILING), ("True", REASON_MOVING));
+        assert_eq!(of(&readiness(&row(), AUTOMATED, &[]), READY), ("True", "Ready"), "and Ready again after");
     }
 
     #[test]

@@ -88,6 +88,37 @@ pub(crate) async fn env(purpose: &str) -> Env {
 }
 
 impl Env {
+    /// Another engine instance `name`: a stand-in over a namespace of its own and
+    /// an agent serving it (its heartbeat seen). Returns the namespace.
+    pub(crate) async fn another_instance(&self, name: &str, purpose: &str) -> TestNamespace {
+        let cluster = TestCluster::get().await;
+        let namespace = cluster.namespace(&format!("{purpose}-{name}")).await;
+        tokio::spawn({
+            let (kube, ns, cancel) = (self.kube.clone(), namespace.name().to_owned(), self.cancel.clone());
+            async move { argocd::run(kube, &ns, StandinOptions::default(), cancel).await }
+        });
+        engine_instance_add(&self.client, name, namespace.name(), 1000).await.expect("add instance");
+        let kubeconfig = cluster
+            .namespace_identity(namespace.name(), "gitops-agent", crate::support::agent_rbac_rules())
+            .await
+            .kubeconfig;
+        let mut agent = AgentConfig::new(self.db.url(), name.into(), self.secrets.clone());
+        agent.kubeconfig = Some(kubeconfig);
+        agent.metrics_address = "127.0.0.1:0".parse().expect("address");
+        agent.poll_interval = Duration::from_secs(1);
+        tokio::spawn(run_agent(agent, self.cancel.clone()));
+        eventually("the second agent's heartbeat", || async {
+            let row = self
+                .client
+                .query_one("SELECT heartbeat_at IS NOT NULL FROM engine_instance WHERE name = $1", &[&name])
+                .await
+                .ok()?;
+            row.get::<_, bool>(0).then_some(())
+        })
+        .await;
+        namespace
+    }
+
     pub(crate) fn writer(&self, id: &str) -> CancellationToken {
         self.writer_for(id, vec![self.tenant.name().to_owned()], |_| {})
     }

@@ -1,0 +1,133 @@
+//! A tenant moved between two instances, each with its Argo CD stand-in and agent:
+//! watched on both throughout, no Application is ever held by both instances at
+//! once (each one appearing on the target is checked absent on the source at that
+//! moment), even while the tenant changes its deployments mid-move; afterwards every deployment is Ready on the target with the same
+//! Application names, the source holds nothing of the tenant, and changes reach the
+//! target.
+
+use std::sync::{Arc, Mutex};
+
+use futures_util::StreamExt;
+use gitops_agent::engine::argocd::application_resource;
+use gitops_shared::db::tenant_move::{tenant_move, tenant_placements};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+
+use crate::support::eventually;
+use crate::support::writer::{Env, env, spec};
+
+const REPO: &str = "https://git.example.invalid/team/app.git";
+
+/// Whether every deployment in `names` is Ready at its generation.
+async fn all_ready(env: &Env, names: &[String]) -> Option<()> {
+    for name in names {
+        let object = env.deployments().get_opt(name).await.ok()??;
+        let ready =
+            object.status.as_ref()?.conditions.iter().any(|c| {
+                c.type_ == "Ready" && c.status == "True" && c.observed_generation == object.metadata.generation
+            });
+        if !ready {
+            return None;
+        }
+    }
+    Some(())
+}
+
+/// Application names (the agent's naming) of `names`.
+async fn application_names(env: &Env, names: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for name in names {
+        let object = env.deployments().get(name).await.expect("read");
+        let uid = object.metadata.uid.as_deref().expect("uid").parse().expect("uuid");
+        out.push(gitops_agent::names::application_name(uid));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_fleet_move_never_holds_an_application_on_two_instances() {
+    let env = env("fmove").await;
+    let second = env.another_instance("argocd-2", "fmove").await;
+    let _writer = env.writer("writer-a");
+    let names: Vec<String> = (0..3).map(|i| format!("web-{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        env.create(name, spec(REPO, &format!("apps/{i}"))).await;
+    }
+    eventually("every deployment Ready on the first instance", || all_ready(&env, &names)).await;
+    let apps = application_names(&env, &names).await;
+    let first = env.apps();
+    let target: Api<DynamicObject> = Api::namespaced_with(env.kube.clone(), second.name(), &application_resource());
+    for app in &apps {
+        assert!(first.get_opt(app).await.expect("read").is_some(), "{app} on the first instance");
+    }
+
+    // Watch the target: whenever one of the tenant's Applications shows up there,
+    // the source must not hold it any more.
+    let overlaps: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let watch = tokio::spawn({
+        let (target, first, apps, overlaps, seen) =
+            (target.clone(), first.clone(), apps.clone(), overlaps.clone(), seen.clone());
+        async move {
+            let mut events = watcher::watcher(target, watcher::Config::default()).applied_objects().boxed();
+            while let Some(Ok(app)) = events.next().await {
+                let name = app.metadata.name.clone().unwrap_or_default();
+                if !apps.contains(&name) {
+                    continue;
+                }
+                if first.get_opt(&name).await.ok().flatten().is_some() {
+                    overlaps.lock().expect("lock").push(name.clone());
+                }
+                seen.lock().expect("lock").push(name);
+            }
+        }
+    });
+
+    let mut client = gitops_shared::db::connect(&env.db.url(), "fleet-move-test").await.expect("connect");
+    tenant_move(&mut client, env.tenant.name(), "argocd-2", "test").await.expect("move");
+    // The tenant keeps working during the move: those changes wait for the release.
+    for name in &names[1..] {
+        let patch = json!({"spec": {"source": {"path": format!("apps/{name}/during-move")}}});
+        env.deployments().patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("change");
+    }
+    eventually("the move settled on the second instance", || async {
+        let placed = tenant_placements(&client, Some(env.tenant.name()), None).await.ok()?;
+        let tenant = placed.first()?;
+        (tenant.instance.as_deref() == Some("argocd-2") && tenant.move_state.is_none()).then_some(())
+    })
+    .await;
+    eventually("every Application adopted by the second instance", || async {
+        for app in &apps {
+            target.get_opt(app).await.ok()??;
+        }
+        Some(())
+    })
+    .await;
+    eventually("every deployment Ready on the second instance", || all_ready(&env, &names)).await;
+    for app in &apps {
+        assert!(first.get_opt(app).await.expect("read").is_none(), "{app} released by the first instance");
+    }
+    for (name, app) in names.iter().zip(&apps).skip(1) {
+        let app = target.get(app).await.expect("read");
+        let path = app.data.pointer("/spec/source/path").and_then(|p| p.as_str()).unwrap_or_default().to_owned();
+        assert_eq!(path, format!("apps/{name}/during-move"), "the change made during the move is there");
+    }
+    eventually("the watch saw every adoption", || async {
+        let seen = seen.lock().expect("lock").clone();
+        apps.iter().all(|app| seen.contains(app)).then_some(())
+    })
+    .await;
+    assert!(overlaps.lock().expect("lock").is_empty(), "held by both at once: {:?}", overlaps.lock());
+
+    // After the move, changes go to the new instance.
+    let patch = json!({"spec": {"source": {"path": "apps/moved"}}});
+    env.deployments().patch(&names[0], &PatchParams::default(), &Patch::Merge(&patch)).await.expect("change");
+    eventually("the change reached the second instance", || async {
+        let app = target.get_opt(&apps[0]).await.ok()??;
+        (app.data.pointer("/spec/source/path")?.as_str()? == "apps/moved").then_some(())
+    })
+    .await;
+    assert!(first.get_opt(&apps[0]).await.expect("read").is_none(), "nothing back on the first instance");
+    watch.abort();
+}
