@@ -88,6 +88,10 @@ pub struct RunArgs {
     /// e.g. 7d.
     #[arg(long, env = "GITOPS_AGENT_FAILED_RETENTION", default_value = "7d", value_parser = parse_duration)]
     pub failed_retention: Duration,
+    /// How long Argo CD may take to delete an Application (its resources finalizer)
+    /// before the tenant's resource says the deletion is stuck (`DeletionStuck`).
+    #[arg(long, env = "GITOPS_AGENT_STUCK_DELETION_AFTER", default_value = "10m", value_parser = parse_duration)]
+    pub stuck_deletion_after: Duration,
     /// Further API URLs of the home cluster (the tenants' own cluster, and the one
     /// Argo CD runs in): repeat or separate with commas. The in-cluster names
     /// (https://kubernetes.default.svc[.cluster.local], https://kubernetes.default)
@@ -172,6 +176,7 @@ pub async fn run(args: &RunArgs) -> Result<(), AgentError> {
         lease,
         concurrency,
         failed_retention,
+        stuck_deletion_after,
         home_api_urls: _,
         service_namespaces: _,
         reserved_namespaces: _,
@@ -187,6 +192,7 @@ pub async fn run(args: &RunArgs) -> Result<(), AgentError> {
     config.lease = *lease;
     config.concurrency = *concurrency;
     config.failed_retention = *failed_retention;
+    config.stuck_deletion_after = *stuck_deletion_after;
     // The three destination settings are read by `destinations`.
     config.destinations = destinations(args, std::env::var(POD_NAMESPACE).ok());
     let cancel = CancellationToken::new();

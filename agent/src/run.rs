@@ -65,6 +65,8 @@ pub struct AgentConfig {
     pub concurrency: usize,
     /// Dead letters older than this are pruned.
     pub failed_retention: Duration,
+    /// A deletion Argo CD has not finished after this long is reported as stuck.
+    pub stuck_deletion_after: Duration,
     /// Scan the queue at least this often without a notification.
     pub poll_interval: Duration,
     pub heartbeat_interval: Duration,
@@ -88,6 +90,7 @@ impl AgentConfig {
             lease: Duration::from_secs(60),
             concurrency: 16,
             failed_retention: Duration::from_secs(7 * 24 * 3600),
+            stuck_deletion_after: crate::reconcile::DEFAULT_STUCK_DELETION_AFTER,
             poll_interval: Duration::from_secs(30),
             heartbeat_interval: Duration::from_secs(15),
             secrets,
@@ -162,7 +165,8 @@ pub async fn run_agent(config: AgentConfig, cancel: CancellationToken) -> Result
     tasks.spawn(sweeper.run(background.clone()));
 
     let reconciler = Reconciler::new(pool.clone(), engine, config.secrets.clone(), instance.clone())
-        .with_destinations(Arc::new(guard));
+        .with_destinations(Arc::new(guard))
+        .with_stuck_deletion_after(config.stuck_deletion_after);
     let handler = Arc::new(Instrumented { inner: reconciler, metrics: metrics.clone() });
     let mut consumer_config = ConsumerConfig::new(instance.id, config.claimer.clone());
     consumer_config.concurrency = config.concurrency.max(1);

@@ -154,18 +154,22 @@ impl Reconciler {
                 // The project may now permit less.
                 self.apply_project(app.tenant_id).await
             }
-            Removal::Pending => {
+            Removal::Pending if app.unchanged_for >= self.stuck_deletion_after => {
                 let message = format!(
                     "Argo CD has not finished deleting the deployment: its resources finalizer is still present \
                      after more than {} s; the deletion is retried",
                     self.stuck_deletion_after.as_secs()
                 );
-                if app.unchanged_for >= self.stuck_deletion_after {
-                    let client = pooled(&self.pool).await?;
-                    application_set_deletion_message(&client, app.id, &message).await?;
-                }
-                Err(ReconcileError::not_yet(format!("Application {name} is still being deleted"), message))
+                // Recorded before the failure's own message, which differs from the
+                // one before, so the status feed carries both to the tenant.
+                let client = pooled(&self.pool).await?;
+                application_set_deletion_message(&client, app.id, &message).await?;
+                Err(ReconcileError::not_yet(format!("Application {name} is still being deleted (stuck)"), message))
             }
+            Removal::Pending => Err(ReconcileError::not_yet(
+                format!("Application {name} is still being deleted"),
+                "Argo CD is deleting the deployment and what it deployed",
+            )),
         }
     }
 }

@@ -60,6 +60,8 @@ pub struct StatusFeedRow {
     pub agent_stalled: bool,
     /// The tenant is moving to another engine instance.
     pub moving: bool,
+    /// Why a deletion is stuck (Argo CD has not removed its finalizer for long).
+    pub deletion_message: Option<String>,
 }
 
 /// What the agent last made of a managed environment or a repository credential.
@@ -138,7 +140,8 @@ SELECT f.*, f.changed_xid::text::bigint AS xid,
            a.resource_uid, CASE WHEN m.home THEN NULL ELSE m.resource_name END AS environment,
            s.sync_status, s.sync_revision, s.health_status, s.health_message,
            s.resources, s.conditions, s.operation_state, s.reconciled_state, a.row_state,
-           s.applied_generation, s.agent_message, s.agent_stalled, t.move_state IS NOT NULL AS moving
+           s.applied_generation, s.agent_message, s.agent_stalled, t.move_state IS NOT NULL AS moving,
+           a.deletion_message
       FROM w
       JOIN tenant t ON t.writer_shard = w.shard
       JOIN application a ON a.tenant_id = t.id
@@ -148,7 +151,7 @@ SELECT f.*, f.changed_xid::text::bigint AS xid,
     UNION ALL
     SELECT 'managed_environment', s.seq, s.changed_xid, r.id, t.namespace_name, r.resource_name,
            r.resource_uid, NULL, NULL, NULL, NULL, NULL, '[]'::jsonb, '[]'::jsonb, NULL, NULL, r.row_state,
-           s.applied_generation, s.agent_message, s.agent_stalled, t.move_state IS NOT NULL
+           s.applied_generation, s.agent_message, s.agent_stalled, t.move_state IS NOT NULL, NULL
       FROM w
       JOIN tenant t ON t.writer_shard = w.shard
       JOIN managed_environment r ON r.tenant_id = t.id
@@ -157,7 +160,7 @@ SELECT f.*, f.changed_xid::text::bigint AS xid,
     UNION ALL
     SELECT 'repository_credential', s.seq, s.changed_xid, r.id, t.namespace_name, r.resource_name,
            r.resource_uid, NULL, NULL, NULL, NULL, NULL, '[]'::jsonb, '[]'::jsonb, NULL, NULL, r.row_state,
-           s.applied_generation, s.agent_message, s.agent_stalled, t.move_state IS NOT NULL
+           s.applied_generation, s.agent_message, s.agent_stalled, t.move_state IS NOT NULL, NULL
       FROM w
       JOIN tenant t ON t.writer_shard = w.shard
       JOIN repository_credential r ON r.tenant_id = t.id
@@ -235,6 +238,7 @@ impl TryFrom<&tokio_postgres::Row> for StatusFeedRow {
             agent_message: row.try_get("agent_message")?,
             agent_stalled: row.try_get("agent_stalled")?,
             moving: row.try_get("moving")?,
+            deletion_message: row.try_get("deletion_message")?,
         })
     }
 }
@@ -326,6 +330,7 @@ mod tests {
             agent_message: None,
             agent_stalled: false,
             moving: false,
+            deletion_message: None,
         }))
     }
 

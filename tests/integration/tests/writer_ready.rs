@@ -72,3 +72,41 @@ async fn writer_ready_follows_the_current_generation_through_an_unreachable_argo
     env.deployments().delete(&name, &DeleteParams::default()).await.expect("delete");
     wait_event(&env, &name, "Deleted", "Normal").await;
 }
+
+#[tokio::test]
+async fn writer_ready_says_when_a_deletion_is_stuck_and_the_deletion_still_finishes() {
+    use gitops_testkit::argocd::FINALIZER_KNOB;
+    use gitops_writer::controller::WAIT_FOR_PRUNING;
+
+    let env = env("wr-stuck").await;
+    let _writer = env.writer("writer-a");
+    let name = format!("web-{}", short_id());
+    let object: gitops_writer::api::GitOpsDeployment = serde_json::from_value(json!({
+        "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeployment",
+        "metadata": {"name": name, "annotations": {WAIT_FOR_PRUNING: "true"}},
+        "spec": spec(REPO, "apps/web"),
+    }))
+    .expect("GitOpsDeployment");
+    env.deployments().create(&Default::default(), &object).await.expect("create");
+    wait_ready(&env, &name, "Ready", "True", "Ready").await;
+    // Argo CD will not let go of the Application (its resources finalizer hangs).
+    let app = env.application_of(&name).await;
+    let hang = json!({"metadata": {"annotations": {FINALIZER_KNOB: "hang"}}});
+    env.apps().patch(&app, &PatchParams::default(), &Patch::Merge(&hang)).await.expect("hang knob");
+    env.deployments().delete(&name, &DeleteParams::default()).await.expect("delete");
+    let message = eventually("Ready=False DeletionStuck", || async {
+        let object = env.deployments().get_opt(&name).await.ok()??;
+        let ready = object.status?.conditions.into_iter().find(|c| c.type_ == "Ready")?;
+        (ready.status == "False" && ready.reason.as_deref() == Some("DeletionStuck")).then_some(ready.message?)
+    })
+    .await;
+    assert!(message.contains("finalizer"), "the tenant reads why: {message}");
+
+    // Argo CD lets go: the deletion finishes by itself.
+    let release = json!({"metadata": {"annotations": {FINALIZER_KNOB: null}}});
+    env.apps().patch(&app, &PatchParams::default(), &Patch::Merge(&release)).await.expect("release knob");
+    eventually("the GitOpsDeployment gone", || async {
+        env.deployments().get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+}

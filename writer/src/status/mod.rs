@@ -38,7 +38,7 @@ use gitops_shared::signal::{Signal, SleepAttempt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-pub use patch::{PatchOutcome, patch_deployment, patch_resource, patch_sync_run};
+pub use patch::{PatchOutcome, patch_deletion_stuck, patch_deployment, patch_resource, patch_sync_run};
 
 use crate::context::WriterContext;
 use crate::work_queue::{Key, Kind};
@@ -260,7 +260,11 @@ async fn settle_row(ctx: &WriterContext, row: &FeedRow) -> Result<PatchOutcome, 
         FeedRow::Application(row) => {
             let key = Key { kind: Kind::Deployment, namespace: row.namespace.clone(), name: row.resource_name.clone() };
             ctx.queue.push(key);
-            Ok(PatchOutcome::Unchanged)
+            match (&row.deletion_message, row.row_state) {
+                // Still there (waiting for the prune) and stuck: the tenant reads why.
+                (Some(message), RowState::Deleting) => patch_deletion_stuck(&ctx.kube, row, message).await,
+                _ => Ok(PatchOutcome::Unchanged),
+            }
         }
         FeedRow::Resource(row) if row.row_state == RowState::Active => patch_resource(&ctx.kube, row).await,
         FeedRow::Resource(_) => Ok(PatchOutcome::Unchanged),

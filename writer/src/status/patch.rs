@@ -13,7 +13,8 @@ use serde_json::{Value, json};
 
 use super::StatusError;
 use super::render::{
-    AgentView, DeploymentFacts, deployment_status, merge_diff, resource_conditions, sync_run_conditions,
+    AgentView, DeploymentFacts, deletion_stuck_conditions, deployment_status, merge_diff, resource_conditions,
+    sync_run_conditions,
 };
 use crate::api::{
     GitOpsDeployment, GitOpsDeploymentManagedEnvironment, GitOpsDeploymentRepositoryCredential, GitOpsDeploymentSyncRun,
@@ -31,6 +32,24 @@ pub enum PatchOutcome {
     Unchanged,
     /// No object with the row's UID: deleted, or recreated as a new resource.
     Gone,
+}
+
+/// Says on a GitOpsDeployment whose deletion waits for pruning that Argo CD has not
+/// finished it for long (`message`).
+pub async fn patch_deletion_stuck(
+    client: &kube::Client,
+    row: &StatusFeedRow,
+    message: &str,
+) -> Result<PatchOutcome, StatusError> {
+    let api = Api::<GitOpsDeployment>::namespaced(client.clone(), &row.namespace);
+    patch_status(&api, &row.resource_name, row.resource_uid, |object: &GitOpsDeployment| {
+        let current = object.status.clone().unwrap_or_default();
+        let mut desired = current.clone();
+        desired.conditions =
+            deletion_stuck_conditions(message, object.metadata.generation, &current.conditions, &now());
+        (to_json(&current), to_json(&desired))
+    })
+    .await
 }
 
 /// Brings a GitOpsDeployment's status in line with its feed row.

@@ -171,6 +171,26 @@ pub fn readiness(row: &StatusFeedRow, facts: DeploymentFacts, current: &[Conditi
     out
 }
 
+/// `Ready`'s reason when Argo CD has not finished deleting a deployment for long.
+pub const REASON_DELETION_STUCK: &str = "DeletionStuck";
+
+/// The kstatus conditions of a GitOpsDeployment whose deletion is stuck: not
+/// Ready, still reconciling (the deletion is retried), with the agent's `message`.
+pub fn deletion_stuck_conditions(
+    message: &str,
+    generation: Option<i64>,
+    current: &[Condition],
+    now: &str,
+) -> Vec<Condition> {
+    let message = message.to_owned();
+    let ours = vec![
+        condition(READY, false, REASON_DELETION_STUCK, message.clone(), generation),
+        condition(RECONCILING, true, REASON_DELETION_STUCK, message.clone(), generation),
+        condition(STALLED, false, "NotStalled", message, generation),
+    ];
+    merge_conditions(current, ours, |t| [READY, RECONCILING, STALLED].contains(&t), now)
+}
+
 /// The conditions of a managed environment or repository credential at
 /// `generation` after the agent's view: `Ready` once its Secret of this generation
 /// is applied in Argo CD. Other conditions of `current` are kept in place.
@@ -375,6 +395,7 @@ mod tests {
             agent_message: None,
             agent_stalled: false,
             moving: false,
+            deletion_message: None,
         }
     }
 

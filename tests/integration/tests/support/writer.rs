@@ -75,6 +75,7 @@ pub(crate) async fn env(purpose: &str) -> Env {
     agent.kubeconfig = Some(kubeconfig);
     agent.metrics_address = "127.0.0.1:0".parse().expect("address");
     agent.poll_interval = Duration::from_secs(1);
+    agent.stuck_deletion_after = Duration::from_secs(2);
     tokio::spawn(run_agent(agent, cancel.clone()));
     let admin_kubeconfig = cluster.kubeconfig_path().to_owned();
     let env = Env { db, client, kube, kubeconfig: admin_kubeconfig, argocd: argocd_ns, tenant, home, secrets, cancel };
