@@ -106,6 +106,24 @@ END;
 $$;
 
 --
+-- Name: engine_instance_health(timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.engine_instance_health(heartbeat_at timestamp with time zone, progress_at timestamp with time zone) RETURNS text
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT CASE
+        WHEN heartbeat_at IS NULL
+          OR heartbeat_at < now() - COALESCE(NULLIF(current_setting('gitops.instance_lost_after', true), ''),
+                                             '60 seconds')::interval THEN 'lost'
+        WHEN progress_at IS NOT NULL
+         AND progress_at < now() - COALESCE(NULLIF(current_setting('gitops.instance_degraded_after', true), ''),
+                                            '90 seconds')::interval THEN 'degraded'
+        ELSE 'healthy'
+    END
+$$;
+
+--
 -- Name: engine_instance_signal_row(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -347,6 +365,7 @@ CREATE TABLE public.engine_instance (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     tenants integer DEFAULT 0 NOT NULL,
     cordoned boolean DEFAULT false NOT NULL,
+    progress_at timestamp with time zone,
     CONSTRAINT engine_instance_argocd_namespace_check CHECK ((argocd_namespace ~ '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'::text)),
     CONSTRAINT engine_instance_capacity_check CHECK ((capacity > 0)),
     CONSTRAINT engine_instance_name_check CHECK ((name ~ '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'::text))

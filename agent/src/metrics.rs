@@ -42,6 +42,8 @@ pub struct Metrics {
     pub argocd_probes: AtomicU64,
     /// Whether the Argo CD namespace's API answered the last probe.
     pub argocd_reachable: std::sync::atomic::AtomicBool,
+    /// Whether the last progress probe saw Argo CD's controller refresh the probe.
+    pub argocd_progressing: std::sync::atomic::AtomicBool,
     pub status_events: AtomicU64,
     pub status_writes: AtomicU64,
     pub status_unmatched: AtomicU64,
@@ -92,6 +94,7 @@ impl Default for Metrics {
             dead_letters: AtomicI64::new(0),
             heartbeats: AtomicU64::new(0),
             argocd_reachable: std::sync::atomic::AtomicBool::new(true),
+            argocd_progressing: std::sync::atomic::AtomicBool::new(true),
             argocd_probes: AtomicU64::new(0),
             status_events: AtomicU64::new(0),
             status_writes: AtomicU64::new(0),
@@ -204,6 +207,12 @@ impl Metrics {
             "gitops_agent_argocd_reachable",
             "1 while the Argo CD namespace's API answers the agent.",
             i64::from(self.argocd_reachable.load(Ordering::Relaxed)),
+        );
+        gauge(
+            &mut out,
+            "gitops_agent_argocd_progressing",
+            "1 while Argo CD's application controller refreshes the service's probe Application.",
+            i64::from(self.argocd_progressing.load(Ordering::Relaxed)),
         );
         counter(
             &mut out,

@@ -4,6 +4,7 @@
 //! status watcher, the sweep and the HTTP endpoints. On cancel the consumer stops
 //! claiming and finishes the batch in hand; everything else stops after it.
 
+use crate::engine::ProgressStamp;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -233,6 +234,9 @@ async fn heartbeat_loop(
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
 ) {
+    // The progress probe's last stamp, and whether an unstamped probe was counted once.
+    let mut last_stamp: Option<String> = None;
+    let mut unstamped_counted = false;
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -262,7 +266,27 @@ async fn heartbeat_loop(
         if let Err(error) = heartbeat(&pool, &instance, &metrics).await {
             tracing::warn!(%error, "heartbeat failed");
         }
+        // Argo CD itself: did its application controller refresh the probe since the
+        // last look? An unstamped probe counts once (the grace starts when it is made).
+        let progressed = match engine.probe_progress().await {
+            Ok(ProgressStamp::Unsupported) => true,
+            Ok(ProgressStamp::Unstamped) => !std::mem::replace(&mut unstamped_counted, true),
+            Ok(ProgressStamp::Stamp(stamp)) => last_stamp.replace(stamp.clone()).as_ref() != Some(&stamp),
+            Err(error) => {
+                tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "the progress probe failed");
+                false
+            }
+        };
+        metrics.argocd_progressing.store(progressed, Ordering::Relaxed);
+        if progressed && let Err(error) = progress(&pool, &instance).await {
+            tracing::warn!(%error, "could not record Argo CD's progress");
+        }
     }
+}
+
+async fn progress(pool: &DbPool, instance: &EngineInstance) -> Result<(), db::DbError> {
+    let client = pooled(pool).await?;
+    gitops_shared::db::engine_instance::engine_instance_progress(&client, instance.id).await
 }
 
 async fn recovered(pool: &DbPool, instance: &EngineInstance) -> Result<u64, db::DbError> {

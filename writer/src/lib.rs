@@ -7,6 +7,7 @@ pub mod api;
 pub mod context;
 pub mod controller;
 pub mod events;
+pub mod fleet;
 pub mod http;
 pub mod metrics;
 pub mod purge;

@@ -102,6 +102,8 @@ pub struct WriterMetrics {
     resync_refused: Mutex<BTreeMap<&'static str, u64>>,
     /// Intent transactions that found no instance for their tenant, by reason.
     unplaced: Mutex<BTreeMap<&'static str, u64>>,
+    /// Each engine instance's health at the last look (name → health).
+    instance_health: Mutex<BTreeMap<String, String>>,
 }
 
 impl Default for WriterMetrics {
@@ -120,6 +122,7 @@ impl Default for WriterMetrics {
             resync_repairs: Mutex::default(),
             resync_refused: Mutex::default(),
             unplaced: Mutex::default(),
+            instance_health: Mutex::default(),
         }
     }
 }
@@ -243,6 +246,11 @@ impl WriterMetrics {
         lock(&self.resync_refused).get(reason).copied().unwrap_or(0)
     }
 
+    /// Records each engine instance's health (name → `healthy`, `degraded`, `lost`).
+    pub fn set_instance_health(&self, health: BTreeMap<String, String>) {
+        *lock(&self.instance_health) = health;
+    }
+
     /// Counts a tenant that could not be placed, for `reason` (`full`, `unavailable`).
     pub fn unplaced(&self, reason: &'static str) {
         *lock(&self.unplaced).entry(reason).or_default() += 1;
@@ -315,6 +323,20 @@ impl WriterMetrics {
                 "gitops_writer_placements_refused_total{{reason=\"{reason}\"}} {}",
                 self.unplaced_count(reason)
             );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_engine_instance_health 1 for each engine instance's health now (healthy, degraded: Argo CD makes no progress, lost: no agent reaches it)."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_engine_instance_health gauge");
+        for (name, health) in lock(&self.instance_health).iter() {
+            for state in ["healthy", "degraded", "lost"] {
+                let _ = writeln!(
+                    out,
+                    "gitops_writer_engine_instance_health{{engine_instance=\"{name}\",health=\"{state}\"}} {}",
+                    u8::from(health == state)
+                );
+            }
         }
         let (tenants, deployments) = self.owned_counts();
         let _ =

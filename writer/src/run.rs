@@ -54,6 +54,8 @@ pub struct WriterConfig {
     pub http_address: Arc<OnceLock<SocketAddr>>,
     /// When rows confirmed deleted are purged from the owned shards.
     pub purge: PurgeSettings,
+    /// How often the engine instances' health is read (and tenants told of changes).
+    pub fleet_watch_interval: std::time::Duration,
     /// Where environment connection checks may go; `None` (the default): checks are off.
     pub connection_check: Option<ConnectionPolicy>,
     /// Which namespaces are tenants.
@@ -86,6 +88,7 @@ impl WriterConfig {
             metrics_address: SocketAddr::from(([127, 0, 0, 1], DEFAULT_METRICS_PORT)),
             http_address: Arc::new(OnceLock::new()),
             purge: PurgeSettings::default(),
+            fleet_watch_interval: crate::fleet::FLEET_WATCH_INTERVAL,
             connection_check: None,
             tenancy: TenancySettings::default(),
             webhook: None,
@@ -200,6 +203,13 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
         }
     });
     tasks.spawn(crate::purge::run_purge_loop(ctx.pool.clone(), shards.clone(), config.purge, cancel.clone()));
+    tasks.spawn(crate::fleet::run_fleet_watch(
+        ctx.pool.clone(),
+        shards.clone(),
+        ctx.metrics.clone(),
+        config.fleet_watch_interval,
+        cancel.clone(),
+    ));
     tracing::info!(writer.id = %config.writer_id, "writer running");
     while tasks.join_next().await.is_some() {}
     keeper_cancel.cancel();

@@ -186,6 +186,17 @@ pub struct OwnedObject {
     pub destination_namespace: Option<String>,
 }
 
+/// What the engine's progress probe saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProgressStamp {
+    /// The engine cannot tell: it is not judged on progress.
+    Unsupported,
+    /// The probe exists (or was just made) but was never stamped.
+    Unstamped,
+    /// The stamp now; progress is a stamp that changed.
+    Stamp(String),
+}
+
 /// A failed engine call, classified: transient failures are retried, refusals are
 /// not. Messages name the action; the source keeps the detail for operators.
 #[derive(Debug, thiserror::Error)]
@@ -260,6 +271,12 @@ pub trait Engine: Send + Sync + fmt::Debug + 'static {
     /// Whether the engine's API answers this agent (a cheap read it needs anyway).
     fn probe(&self) -> BoxFuture<'_, Result<(), EngineError>> {
         Box::pin(async { Ok(()) })
+    }
+    /// A stamp that changes while the engine itself makes progress (Argo CD: a
+    /// service-owned Application's `reconciledAt`, after the refresh asked by the
+    /// previous call). Engines that cannot tell keep the default.
+    fn probe_progress(&self) -> BoxFuture<'_, Result<ProgressStamp, EngineError>> {
+        Box::pin(async { Ok(ProgressStamp::Unsupported) })
     }
     /// The status of the service's applications, as a stream that never ends on its
     /// own: errors are reported as items (always transient) and the stream retries

@@ -74,8 +74,9 @@ pub enum InstanceCommand {
               value_parser = clap::value_parser!(i32).range(1..))]
         capacity: i32,
     },
-    /// List engine instances: namespace, capacity, tenants, whether new tenants may
-    /// go there, age of the last heartbeat.
+    /// List engine instances: namespace, capacity, tenants, health (healthy,
+    /// degraded: Argo CD stuck, lost: no agent reaches it), whether new tenants may go
+    /// there, age of the last heartbeat.
     List,
     /// Close an instance to new tenants (its tenants stay).
     Cordon {

@@ -1,6 +1,7 @@
 //! `gitopsctl instance`: operators register the engine (Argo CD) instances that
-//! agents serve and tenants are placed on, list them with their load and the age
-//! of their agents' last heartbeat, and remove empty ones.
+//! agents serve and tenants are placed on, list them with their load, health and
+//! the age of their agents' last heartbeat, cordon and drain them, and remove
+//! empty ones.
 
 use gitops_shared::db::engine_instance::{self, EngineInstance};
 use gitops_shared::model::EngineInstanceId;
@@ -83,12 +84,13 @@ pub fn render_list(instances: &[EngineInstance]) -> String {
                 i.argocd_namespace.clone(),
                 i.capacity.to_string(),
                 i.tenants.to_string(),
+                i.health.clone(),
                 placement(i).to_owned(),
                 i.heartbeat_at.map_or_else(|| "never".to_owned(), table::age_since),
             ]
         })
         .collect();
-    table::render(&["NAME", "NAMESPACE", "CAPACITY", "TENANTS", "PLACEMENT", "HEARTBEAT"], &rows)
+    table::render(&["NAME", "NAMESPACE", "CAPACITY", "TENANTS", "HEALTH", "PLACEMENT", "HEARTBEAT"], &rows)
 }
 
 /// Whether new tenants may be placed on the instance.
@@ -116,10 +118,13 @@ mod tests {
             heartbeat_at: None,
             tenants: 3,
             cordoned: false,
+            progress_at: None,
+            health: "lost".into(),
         };
         assert_eq!(
             render_list(std::slice::from_ref(&instance)),
-            "NAME    NAMESPACE  CAPACITY  TENANTS  PLACEMENT  HEARTBEAT\nprod-1  argocd     1000      3        open       never\n"
+            "NAME    NAMESPACE  CAPACITY  TENANTS  HEALTH  PLACEMENT  HEARTBEAT\n\
+             prod-1  argocd     1000      3        lost    open       never\n"
         );
         let full = EngineInstance { capacity: 3, ..instance.clone() };
         assert!(render_list(&[full]).contains("full"));

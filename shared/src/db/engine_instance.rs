@@ -20,6 +20,11 @@ pub struct EngineInstance {
     pub tenants: i64,
     /// Closed to new tenants by an operator.
     pub cordoned: bool,
+    /// When an agent last saw Argo CD itself make progress.
+    pub progress_at: Option<SystemTime>,
+    /// `healthy`, `degraded` (the API answers, Argo CD is stuck) or `lost` (no agent
+    /// reaches the API), by `engine_instance_health()`.
+    pub health: String,
 }
 
 const ADD: &str = "
@@ -27,12 +32,14 @@ INSERT INTO engine_instance (name, argocd_namespace, capacity) VALUES ($1, $2, $
 RETURNING id";
 
 const LIST: &str = "
-SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at, i.tenants::bigint AS tenants, i.cordoned
+SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at, i.tenants::bigint AS tenants, i.cordoned,
+       i.progress_at, engine_instance_health(i.heartbeat_at, i.progress_at) AS health
   FROM engine_instance i
  ORDER BY i.name";
 
 const BY_NAME: &str = "
-SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at, i.tenants::bigint AS tenants, i.cordoned
+SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at, i.tenants::bigint AS tenants, i.cordoned,
+       i.progress_at, engine_instance_health(i.heartbeat_at, i.progress_at) AS health
   FROM engine_instance i
  WHERE i.name = $1";
 
@@ -49,8 +56,10 @@ const NAMESPACES: &str = "SELECT DISTINCT argocd_namespace FROM engine_instance"
 
 const HEARTBEAT: &str = "UPDATE engine_instance SET heartbeat_at = now() WHERE id = $1";
 
+const PROGRESS: &str = "UPDATE engine_instance SET progress_at = now() WHERE id = $1";
+
 /// Every statement of this module (a test prepares them against the schema).
-pub const STATEMENTS: &[&str] = &[ADD, LIST, BY_NAME, CORDON, REMOVE, NAMESPACES, HEARTBEAT];
+pub const STATEMENTS: &[&str] = &[ADD, LIST, BY_NAME, CORDON, REMOVE, NAMESPACES, HEARTBEAT, PROGRESS];
 
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
@@ -103,6 +112,8 @@ impl TryFrom<&tokio_postgres::Row> for EngineInstance {
             heartbeat_at: row.try_get("heartbeat_at")?,
             tenants: row.try_get("tenants")?,
             cordoned: row.try_get("cordoned")?,
+            progress_at: row.try_get("progress_at")?,
+            health: row.try_get("health")?,
         })
     }
 }
@@ -145,6 +156,12 @@ pub async fn engine_instance_remove(client: &Client, name: &str) -> Result<(), D
     }
     let instance = engine_instance_by_name(client, name).await?;
     Err(DbError::InstanceInUse { name: name.to_owned(), tenants: instance.tenants })
+}
+
+/// Records that an agent saw the instance's Argo CD make progress.
+pub async fn engine_instance_progress(client: &Client, id: EngineInstanceId) -> Result<(), DbError> {
+    client.execute(PROGRESS, &[&id.0]).await.map_err(DbError::query("record an engine instance's progress"))?;
+    Ok(())
 }
 
 /// Records that an agent of this instance is alive.

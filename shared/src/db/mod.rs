@@ -12,6 +12,7 @@ pub mod credential;
 pub mod desired;
 pub mod engine_instance;
 mod error;
+pub mod instance_health;
 pub mod managed_environment;
 mod migrate;
 pub mod placed_rows;
@@ -40,6 +41,7 @@ pub const STATEMENTS: &[(&str, &[&str])] = &[
     ("credential", credential::STATEMENTS),
     ("desired", desired::STATEMENTS),
     ("engine_instance", engine_instance::STATEMENTS),
+    ("instance_health", instance_health::STATEMENTS),
     ("managed_environment", managed_environment::STATEMENTS),
     ("placed_rows", placed_rows::STATEMENTS),
     ("placement", placement::STATEMENTS),

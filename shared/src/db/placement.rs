@@ -1,5 +1,6 @@
-//! Placement: which engine instance a new tenant goes to. Candidates are instances
-//! whose agents reported within the health window, that are not cordoned and have
+//! Placement: which engine instance a new tenant goes to. Candidates are healthy
+//! instances (`engine_instance_health()`) whose agents reported within the health
+//! window, that are not cordoned and have
 //! room (capacity is also enforced by the database: `engine_instance.tenants` is
 //! kept by a trigger that refuses a placement past the capacity). Among them the one
 //! with the fewest tenants relative to its capacity wins (ties by id). Nothing is
@@ -20,6 +21,7 @@ const CHOOSE: &str = "
 SELECT e.id
   FROM engine_instance e
  WHERE e.heartbeat_at > now() - $1::bigint * interval '1 millisecond'
+   AND engine_instance_health(e.heartbeat_at, e.progress_at) = 'healthy'
    AND NOT e.cordoned AND e.tenants < e.capacity
  ORDER BY e.tenants::float8 / e.capacity, e.id
  LIMIT 1";
@@ -37,7 +39,7 @@ pub const STATEMENTS: &[&str] = &[CHOOSE, LIVE];
 pub enum Unplaced {
     /// No instance's agents reported within the health window.
     Unavailable,
-    /// Instances are up, but each is full or cordoned.
+    /// Instances are up, but each is full, cordoned or unhealthy.
     Full,
 }
 
@@ -49,8 +51,8 @@ impl Unplaced {
                 "no GitOps engine instance is available now; this namespace is placed as soon as one is"
             }
             Unplaced::Full => {
-                "every GitOps engine instance is full or closed to new tenants; this namespace is placed as soon as \
-                 one has room"
+                "every GitOps engine instance is full, closed to new tenants or unhealthy; this namespace is placed \
+                 as soon as one has room"
             }
         }
     }

@@ -62,6 +62,8 @@ pub struct StatusFeedRow {
     pub moving: bool,
     /// Why a deletion is stuck (Argo CD has not removed its finalizer for long).
     pub deletion_message: Option<String>,
+    /// The health of the tenant's engine instance (`healthy`, `degraded`, `lost`).
+    pub instance_health: Option<String>,
 }
 
 /// What the agent last made of a managed environment or a repository credential.
@@ -84,6 +86,8 @@ pub struct ResourceFeedRow {
     pub agent_stalled: bool,
     /// The tenant is moving to another engine instance.
     pub moving: bool,
+    /// The health of the tenant's engine instance.
+    pub instance_health: Option<String>,
 }
 
 /// One row of the feed, of whichever kind.
@@ -141,9 +145,10 @@ SELECT f.*, f.changed_xid::text::bigint AS xid,
            s.sync_status, s.sync_revision, s.health_status, s.health_message,
            s.resources, s.conditions, s.operation_state, s.reconciled_state, a.row_state,
            s.applied_generation, s.agent_message, s.agent_stalled, t.move_state IS NOT NULL AS moving,
-           a.deletion_message
+           a.deletion_message, engine_instance_health(e.heartbeat_at, e.progress_at) AS instance_health
       FROM w
       JOIN tenant t ON t.writer_shard = w.shard
+      LEFT JOIN engine_instance e ON e.id = t.engine_instance_id
       JOIN application a ON a.tenant_id = t.id
       JOIN application_state s ON s.application_id = a.id
       LEFT JOIN managed_environment m ON m.id = a.managed_environment_id
@@ -151,18 +156,22 @@ SELECT f.*, f.changed_xid::text::bigint AS xid,
     UNION ALL
     SELECT 'managed_environment', s.seq, s.changed_xid, r.id, t.namespace_name, r.resource_name,
            r.resource_uid, NULL, NULL, NULL, NULL, NULL, '[]'::jsonb, '[]'::jsonb, NULL, NULL, r.row_state,
-           s.applied_generation, s.agent_message, s.agent_stalled, t.move_state IS NOT NULL, NULL
+           s.applied_generation, s.agent_message, s.agent_stalled, t.move_state IS NOT NULL, NULL,
+           engine_instance_health(e.heartbeat_at, e.progress_at)
       FROM w
       JOIN tenant t ON t.writer_shard = w.shard
+      LEFT JOIN engine_instance e ON e.id = t.engine_instance_id
       JOIN managed_environment r ON r.tenant_id = t.id
       JOIN resource_state s ON s.managed_environment_id = r.id
      WHERE s.changed_xid >= w.status_xid
     UNION ALL
     SELECT 'repository_credential', s.seq, s.changed_xid, r.id, t.namespace_name, r.resource_name,
            r.resource_uid, NULL, NULL, NULL, NULL, NULL, '[]'::jsonb, '[]'::jsonb, NULL, NULL, r.row_state,
-           s.applied_generation, s.agent_message, s.agent_stalled, t.move_state IS NOT NULL, NULL
+           s.applied_generation, s.agent_message, s.agent_stalled, t.move_state IS NOT NULL, NULL,
+           engine_instance_health(e.heartbeat_at, e.progress_at)
       FROM w
       JOIN tenant t ON t.writer_shard = w.shard
+      LEFT JOIN engine_instance e ON e.id = t.engine_instance_id
       JOIN repository_credential r ON r.tenant_id = t.id
       JOIN resource_state s ON s.repository_credential_id = r.id
      WHERE s.changed_xid >= w.status_xid
@@ -208,6 +217,7 @@ impl TryFrom<&tokio_postgres::Row> for FeedRow {
             agent_message: row.try_get("agent_message")?,
             agent_stalled: row.try_get("agent_stalled")?,
             moving: row.try_get("moving")?,
+            instance_health: row.try_get("instance_health")?,
         }))
     }
 }
@@ -239,6 +249,7 @@ impl TryFrom<&tokio_postgres::Row> for StatusFeedRow {
             agent_stalled: row.try_get("agent_stalled")?,
             moving: row.try_get("moving")?,
             deletion_message: row.try_get("deletion_message")?,
+            instance_health: row.try_get("instance_health")?,
         })
     }
 }
@@ -331,6 +342,7 @@ mod tests {
             agent_stalled: false,
             moving: false,
             deletion_message: None,
+            instance_health: None,
         }))
     }
 

@@ -140,7 +140,7 @@ async fn writer_fleet_full_namespace_waits_with_a_reason_and_is_placed_once_ther
         }
     };
     let message = condition(REASON_NO_ENGINE).await;
-    assert!(message.contains("full or closed to new tenants"), "the tenant reads why: {message}");
+    assert!(message.contains("closed to new tenants"), "the tenant reads why: {message}");
     let tenants: i64 = env
         .client
         .query_one("SELECT count(*) FROM tenant WHERE engine_instance_id IS NOT NULL", &[])
@@ -276,4 +276,39 @@ async fn a_move_is_refused_with_its_reason() {
         .expect("row")
         .get(0);
     assert_eq!(placed, None, "nothing moved");
+}
+
+#[tokio::test]
+async fn instance_health_follows_heartbeats_and_argocd_progress() {
+    let db = TestDb::migrated().await;
+    let client = db.connect().await;
+    let id = engine_instance_add(&client, "a", "argo-a", 10).await.expect("add");
+    let health = || async {
+        let listed = engine_instance_list(&client).await.expect("list");
+        listed.into_iter().find(|i| i.id == id).map(|i| i.health).unwrap_or_default()
+    };
+    assert_eq!(health().await, "lost", "no agent ever reported");
+    engine_instance_heartbeat(&client, id).await.expect("heartbeat");
+    assert_eq!(health().await, "healthy", "a heartbeat and no progress report yet (an older agent)");
+    let set = |heartbeat: &str, progress: &str| {
+        let sql = format!(
+            "UPDATE engine_instance SET heartbeat_at = now() - interval '{heartbeat}', \
+             progress_at = now() - interval '{progress}' WHERE id = {}",
+            id.0
+        );
+        let client = &client;
+        async move { client.batch_execute(&sql).await.expect("set") }
+    };
+    set("5 seconds", "10 seconds").await;
+    assert_eq!(health().await, "healthy");
+    set("5 seconds", "5 minutes").await;
+    assert_eq!(health().await, "degraded", "the API answers, Argo CD does not refresh");
+    set("5 minutes", "5 seconds").await;
+    assert_eq!(health().await, "lost", "no agent reaches the API");
+    // The windows are settings of the database.
+    client.batch_execute("SET gitops.instance_lost_after = '10 minutes'").await.expect("set");
+    assert_eq!(health().await, "healthy");
+    // A degraded instance gets no new tenants.
+    set("1 second", "5 minutes").await;
+    assert_eq!(place(&db.url(), "new".into()).await, Err(Unplaced::Full));
 }

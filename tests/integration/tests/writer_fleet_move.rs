@@ -48,7 +48,7 @@ async fn application_names(env: &Env, names: &[String]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writer_fleet_move_never_holds_an_application_on_two_instances() {
     let env = env("fmove").await;
-    let second = env.another_instance("argocd-2", "fmove").await;
+    let (second, _standin) = env.another_instance("argocd-2", "fmove", std::time::Duration::from_secs(15)).await;
     let _writer = env.writer("writer-a");
     let names: Vec<String> = (0..3).map(|i| format!("web-{i}")).collect();
     for (i, name) in names.iter().enumerate() {

@@ -110,3 +110,47 @@ async fn writer_ready_says_when_a_deletion_is_stuck_and_the_deletion_still_finis
     })
     .await;
 }
+
+#[tokio::test]
+async fn writer_ready_says_when_the_argocd_instance_is_degraded_or_lost() {
+    use gitops_shared::db::engine_instance::engine_instance_cordon;
+    use gitops_testkit::argocd::{self, StandinOptions};
+
+    let env = env("wr-inst").await;
+    // Short windows for this test's database (new sessions read them).
+    let db: String = env.client.query_one("SELECT current_database()", &[]).await.expect("name").get(0);
+    env.client
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{db}\" SET gitops.instance_degraded_after = '3 seconds';
+             ALTER DATABASE \"{db}\" SET gitops.instance_lost_after = '3 seconds'"
+        ))
+        .await
+        .expect("set the windows");
+    let (second, standin) =
+        env.another_instance("argocd-2", "wr-inst", std::time::Duration::from_millis(300)).await;
+    engine_instance_cordon(&env.client, crate::support::writer::INSTANCE, true).await.expect("cordon the first");
+    let _writer = env.writer_for("writer-a", vec![env.tenant.name().to_owned()], |c| {
+        c.fleet_watch_interval = std::time::Duration::from_millis(300);
+    });
+    let name = format!("web-{}", short_id());
+    env.create(&name, spec(REPO, "apps/web")).await;
+    wait_ready(&env, &name, "Ready on the second instance", "True", "Ready").await;
+
+    // Argo CD stops; its agent still reaches the API.
+    standin.cancel();
+    let message = wait_ready(&env, &name, "not Ready: instance degraded", "False", "InstanceDegraded").await;
+    assert!(message.contains("not making progress"), "{message}");
+    // It comes back.
+    let again = env.cancel.child_token();
+    tokio::spawn({
+        let (kube, ns, cancel) = (env.kube.clone(), second.name().to_owned(), again.clone());
+        async move { argocd::run(kube, &ns, StandinOptions::default(), cancel).await }
+    });
+    wait_ready(&env, &name, "Ready again", "True", "Ready").await;
+
+    // The agent loses the API: no heartbeat, the instance is lost.
+    let binding = revoke_agent_access(&env.kube, second.name()).await;
+    wait_ready(&env, &name, "not Ready: instance lost", "False", "InstanceLost").await;
+    restore_agent_access(&env.kube, second.name(), binding).await;
+    wait_ready(&env, &name, "Ready once more", "True", "Ready").await;
+}

@@ -101,6 +101,7 @@ where
         message: row.agent_message.as_deref(),
         stalled: row.agent_stalled,
         moving: row.moving,
+        instance: row.instance_health.as_deref(),
     };
     patch_status(api, &row.resource_name, row.resource_uid, |object: &K| {
         let current = object.conditions();

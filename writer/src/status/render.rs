@@ -49,6 +49,9 @@ pub const SYNCED: &str = "Synced";
 const READINESS_TYPES: &[&str] = &[READY, RECONCILING, STALLED, SYNCED];
 /// `Ready`'s reason while the tenant moves between Argo CD instances.
 pub const REASON_MOVING: &str = "Moving";
+/// `Ready`'s reasons while the tenant's Argo CD instance is not healthy.
+pub const REASON_INSTANCE_LOST: &str = "InstanceLost";
+pub const REASON_INSTANCE_DEGRADED: &str = "InstanceDegraded";
 /// Reasons of the writer's condition that wait on the operator, not the tenant.
 const WAITING_REASONS: &[&str] = &["NoEngineInstanceAvailable", "HomeIdentityUnavailable", "RequesterUnverified"];
 
@@ -102,6 +105,8 @@ pub struct AgentView<'a> {
     pub stalled: bool,
     /// The tenant is moving to another engine instance.
     pub moving: bool,
+    /// The health of the tenant's engine instance (None: unknown, taken as healthy).
+    pub instance: Option<&'a str>,
 }
 
 /// `Ready`, `Reconciling` and `Stalled` of an object at `generation` whose other
@@ -128,6 +133,16 @@ fn kstatus(
         _ if agent.moving => {
             let message = "the namespace is moving to another Argo CD instance; the last status is kept meanwhile";
             (false, true, false, REASON_MOVING, message.to_owned())
+        }
+        _ if agent.instance == Some("lost") => {
+            let message = "no agent reaches the Argo CD instance serving this namespace; the last status is kept \
+                           meanwhile";
+            (false, true, false, REASON_INSTANCE_LOST, message.to_owned())
+        }
+        _ if agent.instance == Some("degraded") => {
+            let message = "the Argo CD instance serving this namespace is not making progress; the last status is \
+                           kept meanwhile";
+            (false, true, false, REASON_INSTANCE_DEGRADED, message.to_owned())
         }
         _ if agent.stalled => (false, false, true, "Stalled", agent.message.unwrap_or("Argo CD refused it").to_owned()),
         _ if agent.message.is_some() => {
@@ -159,6 +174,7 @@ pub fn readiness(row: &StatusFeedRow, facts: DeploymentFacts, current: &[Conditi
         message: row.agent_message.as_deref(),
         stalled: row.agent_stalled,
         moving: row.moving,
+        instance: row.instance_health.as_deref(),
     };
     let mut out: Vec<Condition> = kstatus(agent, generation, current, || {
         let ready = health == "Healthy" && (!facts.automated || sync == "Synced");
@@ -396,6 +412,7 @@ mod tests {
             agent_stalled: false,
             moving: false,
             deletion_message: None,
+            instance_health: None,
         }
     }
 
@@ -496,6 +513,7 @@ mod tests {
             message: None,
             stalled: false,
             moving: false,
+            instance: None,
         };
         let kept = [validation()];
         let ready = resource_conditions(applied(3), Some(3), &kept, "t");
@@ -507,6 +525,7 @@ mod tests {
             message: Some("Argo CD is unavailable"),
             stalled: false,
             moving: false,
+            instance: None,
         };
         let unavailable = resource_conditions(failing, Some(3), &kept, "t");
         assert_eq!(of(&unavailable, READY), ("False", "ArgoCDUnavailable"));
@@ -516,6 +535,7 @@ mod tests {
             message: Some("reserved namespace"),
             stalled: true,
             moving: false,
+            instance: None,
         };
         let stalled = resource_conditions(refused, Some(3), &kept, "t");
         assert_eq!(of(&stalled, STALLED), ("True", "Stalled"));
@@ -535,6 +555,17 @@ mod tests {
         assert_eq!(of(&conditions, READY), ("False", REASON_MOVING));
         assert_eq!(of(&conditions, RECONCILING), ("True", REASON_MOVING));
         assert_eq!(of(&readiness(&row(), AUTOMATED, &[]), READY), ("True", "Ready"), "and Ready again after");
+    }
+
+    #[test]
+    fn an_unhealthy_instance_makes_its_tenants_not_ready() {
+        let mut lost = row();
+        lost.instance_health = Some("lost".into());
+        assert_eq!(of(&readiness(&lost, AUTOMATED, &[]), READY), ("False", REASON_INSTANCE_LOST));
+        lost.instance_health = Some("degraded".into());
+        assert_eq!(of(&readiness(&lost, AUTOMATED, &[]), READY), ("False", REASON_INSTANCE_DEGRADED));
+        lost.instance_health = Some("healthy".into());
+        assert_eq!(of(&readiness(&lost, AUTOMATED, &[]), READY), ("True", "Ready"));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! and read in `status`.
 
 pub mod objects;
+pub mod probe;
 pub mod status;
 
 use std::collections::BTreeMap;
@@ -339,6 +340,10 @@ impl Engine for ArgoCdEngine {
             self.applications().list_metadata(&one).await.map_err(|e| classify("list Applications".into(), e))?;
             Ok(())
         })
+    }
+
+    fn probe_progress(&self) -> BoxFuture<'_, Result<crate::engine::ProgressStamp, EngineError>> {
+        Box::pin(self.probe_progress_once())
     }
 
     fn list_owned(&self) -> BoxFuture<'_, Result<Vec<OwnedObject>, EngineError>> {

@@ -90,12 +90,20 @@ pub(crate) async fn env(purpose: &str) -> Env {
 
 impl Env {
     /// Another engine instance `name`: a stand-in over a namespace of its own and
-    /// an agent serving it (its heartbeat seen). Returns the namespace.
-    pub(crate) async fn another_instance(&self, name: &str, purpose: &str) -> TestNamespace {
+    /// an agent serving it (heartbeat and progress probe every `probe_every`; its
+    /// heartbeat seen). Returns the namespace and the token that stops the stand-in
+    /// (an Argo CD that stops while its agent lives).
+    pub(crate) async fn another_instance(
+        &self,
+        name: &str,
+        purpose: &str,
+        probe_every: Duration,
+    ) -> (TestNamespace, CancellationToken) {
         let cluster = TestCluster::get().await;
         let namespace = cluster.namespace(&format!("{purpose}-{name}")).await;
+        let standin = self.cancel.child_token();
         tokio::spawn({
-            let (kube, ns, cancel) = (self.kube.clone(), namespace.name().to_owned(), self.cancel.clone());
+            let (kube, ns, cancel) = (self.kube.clone(), namespace.name().to_owned(), standin.clone());
             async move { argocd::run(kube, &ns, StandinOptions::default(), cancel).await }
         });
         engine_instance_add(&self.client, name, namespace.name(), 1000).await.expect("add instance");
@@ -107,6 +115,7 @@ impl Env {
         agent.kubeconfig = Some(kubeconfig);
         agent.metrics_address = "127.0.0.1:0".parse().expect("address");
         agent.poll_interval = Duration::from_secs(1);
+        agent.heartbeat_interval = probe_every;
         tokio::spawn(run_agent(agent, self.cancel.clone()));
         eventually("the second agent's heartbeat", || async {
             let row = self
@@ -117,7 +126,7 @@ impl Env {
             row.get::<_, bool>(0).then_some(())
         })
         .await;
-        namespace
+        (namespace, standin)
     }
 
     pub(crate) fn writer(&self, id: &str) -> CancellationToken {
