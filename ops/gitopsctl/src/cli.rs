@@ -94,6 +94,17 @@ pub enum InstanceCommand {
         /// Instance name.
         name: String,
     },
+    /// Even out the load (tenants relative to capacity) of the open, healthy
+    /// instances: move tenants from the fullest to the emptiest while their loads
+    /// differ by more than the threshold, at most --max-moves at a time.
+    Rebalance {
+        /// Loads may differ by this much (a fraction of capacity, 0.1 = 10 points).
+        #[arg(long, default_value_t = 0.1)]
+        threshold: f64,
+        /// Moves in progress at most (those already running count).
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        max_moves: u32,
+    },
     /// Remove an engine instance that has no tenants and no operations left.
     Remove {
         /// Instance name.

@@ -65,6 +65,45 @@ pub async fn drain(database_url: &str, name: &str) -> Result<usize, CtlError> {
     Ok(moved)
 }
 
+/// Moves tenants from the fullest to the emptiest open, healthy instance while
+/// their loads (tenants / capacity) differ by more than `threshold`, keeping at most
+/// `max_moves` moves in progress. Returns the moves started: (namespace, from, to).
+pub async fn rebalance(
+    database_url: &str,
+    threshold: f64,
+    max_moves: u32,
+) -> Result<Vec<(String, String, String)>, CtlError> {
+    let tenants = crate::tenant::list(database_url, None, None).await?;
+    let running = tenants.iter().filter(|t| t.move_state.is_some()).count();
+    let mut budget = (max_moves as usize).saturating_sub(running);
+    let mut instances: Vec<EngineInstance> =
+        list(database_url).await?.into_iter().filter(|i| !i.cordoned && i.health == "healthy").collect();
+    let mut started = Vec::new();
+    while budget > 0 && instances.len() > 1 {
+        let load = |i: &EngineInstance| i.tenants as f64 / f64::from(i.capacity);
+        instances.sort_by(|a, b| load(a).total_cmp(&load(b)).then(a.name.cmp(&b.name)));
+        let (emptiest, fullest) = (&instances[0], &instances[instances.len() - 1]);
+        // A move changes both loads; stop when it would not bring them closer.
+        if load(fullest) - load(emptiest) <= threshold || emptiest.tenants >= i64::from(emptiest.capacity) {
+            break;
+        }
+        let Some(tenant) = tenants.iter().find(|t| {
+            t.instance.as_deref() == Some(fullest.name.as_str())
+                && t.move_state.is_none()
+                && !started.iter().any(|(ns, _, _): &(String, String, String)| *ns == t.namespace)
+        }) else {
+            break;
+        };
+        crate::tenant::move_to(database_url, &tenant.namespace, &emptiest.name, "rebalance").await?;
+        started.push((tenant.namespace.clone(), fullest.name.clone(), emptiest.name.clone()));
+        let last = instances.len() - 1;
+        instances[last].tenants -= 1;
+        instances[0].tenants += 1;
+        budget -= 1;
+    }
+    Ok(started)
+}
+
 /// Removes an instance without tenants or operations.
 pub async fn remove(database_url: &str, name: &str) -> Result<(), CtlError> {
     let client = crate::connect(database_url).await?;

@@ -47,6 +47,15 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
                     let moved = instance::drain(url, &name).await?;
                     Ok(format!("engine instance {name:?} cordoned; {moved} tenants moving off it\n"))
                 }
+                InstanceCommand::Rebalance { threshold, max_moves } => {
+                    let moved = instance::rebalance(url, threshold, max_moves).await?;
+                    Ok(if moved.is_empty() {
+                        "the instances' loads are within the threshold (or moves are running): nothing moved\n"
+                            .to_owned()
+                    } else {
+                        moved.iter().map(|(ns, from, to)| format!("moving {ns:?} from {from:?} to {to:?}\n")).collect()
+                    })
+                }
                 InstanceCommand::Remove { name } => {
                     instance::remove(url, &name).await?;
                     Ok(format!("engine instance {name:?} removed\n"))

@@ -312,3 +312,39 @@ async fn instance_health_follows_heartbeats_and_argocd_progress() {
     set("1 second", "5 minutes").await;
     assert_eq!(place(&db.url(), "new".into()).await, Err(Unplaced::Full));
 }
+
+#[tokio::test]
+async fn rebalance_moves_tenants_from_the_fullest_to_the_emptiest_within_the_move_budget() {
+    let db = TestDb::migrated().await;
+    let client = db.connect().await;
+    let full = engine_instance_add(&client, "full", "argo-full", 10).await.expect("add");
+    let empty = engine_instance_add(&client, "empty", "argo-empty", 10).await.expect("add");
+    let cordoned = engine_instance_add(&client, "closed", "argo-closed", 10).await.expect("add");
+    for id in [full, empty, cordoned] {
+        engine_instance_heartbeat(&client, id).await.expect("heartbeat");
+    }
+    engine_instance_cordon(&client, "closed", true).await.expect("cordon");
+    for i in 0..8 {
+        client
+            .execute(
+                "INSERT INTO tenant (namespace_uid, namespace_name, engine_instance_id) VALUES ($1, $2, $3)",
+                &[&Uuid::new_v4(), &format!("team-{i}"), &full.0],
+            )
+            .await
+            .expect("tenant");
+    }
+    let url = db.url();
+    // Loads 0.8 and 0: three moves bring them to 0.5 / 0.3, a fourth would not help
+    // beyond the threshold; the budget allows two now.
+    let moved = gitopsctl::instance::rebalance(&url, 0.25, 2).await.expect("rebalance");
+    assert_eq!(moved.len(), 2, "{moved:?}");
+    assert!(moved.iter().all(|(_, from, to)| from == "full" && to == "empty"), "{moved:?}");
+    // Those two still run: the budget is spent.
+    assert!(gitopsctl::instance::rebalance(&url, 0.25, 2).await.expect("rebalance").is_empty());
+    client.execute("UPDATE tenant SET moving_from = NULL, move_state = NULL", &[]).await.expect("moves end");
+    let moved = gitopsctl::instance::rebalance(&url, 0.25, 5).await.expect("rebalance");
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    let listed = engine_instance_list(&client).await.expect("list");
+    let tenants = |name: &str| listed.iter().find(|i| i.name == name).map(|i| i.tenants);
+    assert_eq!((tenants("full"), tenants("empty"), tenants("closed")), (Some(5), Some(3), Some(0)));
+}

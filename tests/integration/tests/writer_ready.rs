@@ -126,8 +126,7 @@ async fn writer_ready_says_when_the_argocd_instance_is_degraded_or_lost() {
         ))
         .await
         .expect("set the windows");
-    let (second, standin) =
-        env.another_instance("argocd-2", "wr-inst", std::time::Duration::from_millis(300)).await;
+    let (second, standin) = env.another_instance("argocd-2", "wr-inst", std::time::Duration::from_millis(300)).await;
     engine_instance_cordon(&env.client, crate::support::writer::INSTANCE, true).await.expect("cordon the first");
     let _writer = env.writer_for("writer-a", vec![env.tenant.name().to_owned()], |c| {
         c.fleet_watch_interval = std::time::Duration::from_millis(300);

@@ -224,6 +224,7 @@ async fn run(config: &ChaosBenchConfig, stack: &mut DevStack) -> Result<ChaosBen
             // Killed while it holds claims (if it gets any soon), so they must be taken over.
             wait_for_claims(&url, stack.child_pid(victim)).await;
         }
+        eprintln!("  kill {} at {:.2}", children[victim], epoch_now());
         stack.kill_and_replace(victim).await.map_err(|source| ChaosBenchError::Child { source })?;
         kills += 1;
         tokio::time::sleep(Duration::from_millis(1500 + random.below(2500) as u64)).await;
@@ -498,8 +499,9 @@ struct Monitor {
     /// (previous holder's last lease expiry, next holder's first lease expiry) per
     /// handoff; renewal and claim are expiry − lease, subtracted when figures are made.
     shard_handoffs: Vec<Takeover>,
-    /// resource → (lease token, last lease expiry seen) of its claim seen live.
-    claims: HashMap<String, (String, f64)>,
+    /// resource → (lease token, last lease expiry seen, expired leases counted) of
+    /// its claim seen live.
+    claims: HashMap<String, (String, f64, i32)>,
     /// (previous holder's last lease expiry, the next claim) per takeover.
     claim_takeovers: Vec<Takeover>,
     /// The database outage (epoch seconds).
@@ -565,13 +567,13 @@ SELECT shard, writer_id, extract(epoch FROM lease_expires_at)::float8 AS expires
   FROM writer_shard WHERE writer_id IS NOT NULL AND lease_expires_at > now()";
 
 // Claims held now, and those that ended a moment ago (a claim that took over and
-// finished between two reads still shows its token and claim time). Takeovers are
-// followed per resource, because an expired claim may be merged into the
-// resource's next operation rather than claimed again under its own id.
+// finished between two reads still shows its token, claim time and expiry count).
+// Takeovers are followed per resource, because an expired claim may be merged into
+// the resource's next operation, which inherits its expiry count.
 const CLAIMS: &str = "
 SELECT resource_type::text || '/' || resource_id AS resource, lease_token::text AS token,
        extract(epoch FROM lease_expires_at)::float8 AS expires,
-       extract(epoch FROM claimed_at)::float8 AS claimed_at
+       extract(epoch FROM claimed_at)::float8 AS claimed_at, lease_expiries
   FROM operation
  WHERE state = 'claimed' OR completed_at > now() - interval '5 seconds'";
 
@@ -608,26 +610,19 @@ async fn watch_leases(url: String, monitor: Arc<Mutex<Monitor>>, cancel: Cancell
                 continue;
             };
             let expires: Option<f64> = row.get("expires");
+            let expiries: i32 = row.get("lease_expiries");
             let seen = monitor.claims.get(&resource).cloned();
-            if let Some((old_token, old_expiry)) = &seen
+            if let Some((old_token, old_expiry, old_expiries)) = &seen
                 && *old_token != token
-                && claimed_at > *old_expiry
+                && expiries > *old_expiries
             {
-                // Claimed after the previous holder's lease ran out: it never
-                // completed, so this is a takeover.
+                // A later claim whose operation counts one more expired lease than
+                // the claim seen before: that one's holder never finished.
                 let what = format!("operation of {resource}");
                 monitor.claim_takeovers.push(Takeover { expiry: *old_expiry, taken: claimed_at, what });
             }
-            match (seen, expires) {
-                // A live claim: remember its latest expiry.
-                (_, Some(expires)) => {
-                    monitor.claims.insert(resource, (token, expires));
-                }
-                // Ended: a later claim of the resource is no takeover of this one.
-                (Some((old_token, _)), None) if old_token == token => {
-                    monitor.claims.remove(&resource);
-                }
-                _ => {}
+            if let Some(expires) = expires {
+                monitor.claims.insert(resource, (token, expires, expiries));
             }
         }
     }
