@@ -109,7 +109,10 @@ impl ShardKeeper {
                     self.owned.send_if_modified(|current| {
                         let changed = *current != owned;
                         if changed {
-                            tracing::info!(writer.id = %self.writer_id, shards = owned.len(), "owned shards changed");
+                            let gained: Vec<i32> = owned.iter().copied().filter(|s| !current.contains(s)).collect();
+                            let lost: Vec<i32> = current.iter().copied().filter(|s| !owned.contains(s)).collect();
+                            tracing::info!(writer.id = %self.writer_id, shards = owned.len(), ?gained, ?lost,
+                                "owned shards changed");
                             *current = owned;
                         }
                         changed

@@ -199,7 +199,8 @@ async fn writer_agent_chaos_converges_with_nothing_lost_duplicated_or_stale() {
     let chaos_over = Instant::now();
     let apps: Api<DynamicObject> = Api::namespaced_with(kube.clone(), argocd_ns.name(), &application_resource());
     let check = || async {
-        let listed = apps.list(&ListParams::default()).await.ok()?;
+        let selector = format!("{}={}", gitops_agent::names::MANAGED_BY_LABEL, gitops_agent::names::MANAGED_BY_VALUE);
+        let listed = apps.list(&ListParams::default().labels(&selector)).await.ok()?;
         let by_name: BTreeMap<String, String> = listed
             .items
             .iter()

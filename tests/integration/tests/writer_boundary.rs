@@ -131,7 +131,7 @@ async fn writer_boundary_namespaces_not_served_get_a_condition_and_nothing_else(
     }
     assert_eq!(env.rows(&name).await, 1, "only the tenant namespace's deployment is stored");
     eventually("one Application", || async {
-        (env.apps().list(&ListParams::default()).await.ok()?.items.len() == 1).then_some(())
+        (env.apps().list(&Env::tenant_apps_params()).await.ok()?.items.len() == 1).then_some(())
     })
     .await;
     eventually("the unserved namespaces counted", || async {
@@ -154,7 +154,7 @@ async fn writer_boundary_namespaces_not_served_get_a_condition_and_nothing_else(
         .expect("the row")
         .get(0);
     assert_eq!(state, "active", "a selector change deletes nothing");
-    assert_eq!(env.apps().list(&ListParams::default()).await.expect("list").items.len(), 1);
+    assert_eq!(env.apps().list(&Env::tenant_apps_params()).await.expect("list").items.len(), 1);
 
     for namespace in &reserved {
         let _ = Api::<GitOpsDeployment>::namespaced(env.kube.clone(), namespace)

@@ -24,7 +24,7 @@ async fn deployed(env: &Env, names: &[String]) {
         env.create(name, spec(REPO, "apps/web")).await;
     }
     eventually("every Application", || async {
-        let apps = env.apps().list(&Default::default()).await.ok()?;
+        let apps = env.apps().list(&Env::tenant_apps_params()).await.ok()?;
         (apps.items.len() == names.len()).then_some(())
     })
     .await;
@@ -69,7 +69,7 @@ async fn writer_resync_tombstones_rows_of_resources_deleted_while_no_writer_watc
     })
     .await;
     eventually("only the kept Application", || async {
-        let apps = env.apps().list(&Default::default()).await.ok()?;
+        let apps = env.apps().list(&Env::tenant_apps_params()).await.ok()?;
         (apps.items.len() == 1).then_some(apps)
     })
     .await;
@@ -98,7 +98,7 @@ async fn writer_resync_tombstones_nothing_above_its_cap() {
         assert_eq!(row_state(&env, name).await, "active", "{name}: nothing tombstoned above the cap");
     }
     assert_eq!(metrics.resync_repairs(Kind::Deployment, "tombstoned"), 0);
-    let apps = env.apps().list(&Default::default()).await.expect("list");
+    let apps = env.apps().list(&Env::tenant_apps_params()).await.expect("list");
     assert_eq!(apps.items.len(), names.len(), "every Application stays");
 }
 

@@ -8,8 +8,8 @@
 //!
 //! A monitor reads the leases from the database every 200 ms and times each
 //! takeover from the previous holder's last renewal (database clock): a shard
-//! passing to another writer, and an operation claimed again after its lease
-//! expired. Takeovers spanning the database outage are counted apart. Then: how
+//! passing to another writer, and an expired claim taken back by a live agent (its
+//! operation waiting again, or superseded by the resource's newer one). Takeovers spanning the database outage are counted apart. Then: how
 //! long after PostgreSQL returns the tenants read the Degraded health, how long after
 //! the chaos the service converges (every deployment Ready at its generation with
 //! its Application at the wanted path, nothing left over), and what did not: lost
@@ -99,8 +99,8 @@ pub struct ChaosBenchReport {
     pub exited: usize,
     pub writer_lease_s: f64,
     pub agent_lease_s: f64,
-    /// Operations claimed again after their holder's lease expired, and the longest
-    /// wait from the holder's last renewal (bound: agent lease + 1 s).
+    /// Expired claims taken back by a live agent, and the longest wait from the
+    /// dead holder's last renewal (bound: agent lease + 1 s).
     pub claim_takeovers: usize,
     pub claim_takeover_s: Option<f64>,
     /// Shards that passed to another writer, and the longest time from the previous
@@ -443,7 +443,9 @@ async fn converge(client: &kube::Client, wanted: &Wanted, deadline: Duration) ->
 /// One look at every deployment and Application; None if a list failed.
 async fn check(client: &kube::Client, wanted: &Wanted) -> Option<Misses> {
     let apps: Api<DynamicObject> = Api::namespaced_with(client.clone(), DEV_ARGOCD_NAMESPACE, &application_resource());
-    let listed = apps.list(&ListParams::default()).await.ok()?;
+    // The agent's own Applications (not its progress probe).
+    let selector = format!("{}={}", gitops_agent::names::MANAGED_BY_LABEL, gitops_agent::names::MANAGED_BY_VALUE);
+    let listed = apps.list(&ListParams::default().labels(&selector)).await.ok()?;
     let paths: HashMap<String, String> = listed
         .items
         .iter()
@@ -499,9 +501,9 @@ struct Monitor {
     /// (previous holder's last lease expiry, next holder's first lease expiry) per
     /// handoff; renewal and claim are expiry − lease, subtracted when figures are made.
     shard_handoffs: Vec<Takeover>,
-    /// resource → (lease token, last lease expiry seen, expired leases counted) of
+    /// operation → (lease token, last lease expiry seen, expired leases counted) of
     /// its claim seen live.
-    claims: HashMap<String, (String, f64, i32)>,
+    claims: HashMap<i64, (String, f64, i32)>,
     /// (previous holder's last lease expiry, the next claim) per takeover.
     claim_takeovers: Vec<Takeover>,
     /// The database outage (epoch seconds).
@@ -566,14 +568,15 @@ const SHARDS: &str = "
 SELECT shard, writer_id, extract(epoch FROM lease_expires_at)::float8 AS expires
   FROM writer_shard WHERE writer_id IS NOT NULL AND lease_expires_at > now()";
 
-// Claims held now, and those that ended a moment ago (a claim that took over and
-// finished between two reads still shows its token, claim time and expiry count).
-// Takeovers are followed per resource, because an expired claim may be merged into
-// the resource's next operation, which inherits its expiry count.
+// Claims held now, and those that ended a moment ago. A live agent takes an
+// expired claim back by putting its operation back to waiting (run_after = the
+// moment it did) or, when the resource has a newer waiting operation, by
+// superseding it (completed_at = that moment); either way its expiry count grows.
 const CLAIMS: &str = "
-SELECT resource_type::text || '/' || resource_id AS resource, lease_token::text AS token,
+SELECT id, state::text AS state, lease_token::text AS token,
        extract(epoch FROM lease_expires_at)::float8 AS expires,
-       extract(epoch FROM claimed_at)::float8 AS claimed_at, lease_expiries
+       extract(epoch FROM run_after)::float8 AS run_after,
+       extract(epoch FROM completed_at)::float8 AS completed_at, lease_expiries
   FROM operation
  WHERE state = 'claimed' OR completed_at > now() - interval '5 seconds'";
 
@@ -603,26 +606,31 @@ async fn watch_leases(url: String, monitor: Arc<Mutex<Monitor>>, cancel: Cancell
             monitor.shards.insert(shard, (writer, expires));
         }
         for row in &claims {
-            let resource: String = row.get("resource");
-            let (Some(token), Some(claimed_at)) =
-                (row.get::<_, Option<String>>("token"), row.get::<_, Option<f64>>("claimed_at"))
-            else {
-                continue;
-            };
+            let id: i64 = row.get("id");
+            let state: String = row.get("state");
+            let token: Option<String> = row.get("token");
             let expires: Option<f64> = row.get("expires");
             let expiries: i32 = row.get("lease_expiries");
-            let seen = monitor.claims.get(&resource).cloned();
-            if let Some((old_token, old_expiry, old_expiries)) = &seen
-                && *old_token != token
-                && expiries > *old_expiries
+            if let Some((_, old_expiry, old_expiries)) = monitor.claims.get(&id).cloned()
+                && expiries > old_expiries
             {
-                // A later claim whose operation counts one more expired lease than
-                // the claim seen before: that one's holder never finished.
-                let what = format!("operation of {resource}");
-                monitor.claim_takeovers.push(Takeover { expiry: *old_expiry, taken: claimed_at, what });
+                // The claim seen before expired and a live agent took it back.
+                let taken: Option<f64> =
+                    if state == "superseded" { row.get("completed_at") } else { row.get("run_after") };
+                if let Some(taken) = taken {
+                    let what = format!("operation {id}");
+                    monitor.claim_takeovers.push(Takeover { expiry: old_expiry, taken, what });
+                }
+                monitor.claims.remove(&id);
             }
-            if let Some(expires) = expires {
-                monitor.claims.insert(resource, (token, expires, expiries));
+            match (state.as_str(), token, expires) {
+                ("claimed", Some(token), Some(expires)) => {
+                    monitor.claims.insert(id, (token, expires, expiries));
+                }
+                ("claimed", _, _) => {}
+                _ => {
+                    monitor.claims.remove(&id);
+                }
             }
         }
     }

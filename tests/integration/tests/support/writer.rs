@@ -17,7 +17,7 @@ use gitops_writer::api::{GitOpsDeployment, GitOpsDeploymentSyncRun, crds};
 use gitops_writer::controller::CONDITION;
 use gitops_writer::run::{WriterConfig, run_writer};
 use gitops_writer::shard::ShardConfig;
-use kube::api::{Api, DynamicObject, PostParams};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::json;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
@@ -169,6 +169,11 @@ impl Env {
     /// The tenant namespace's GitOpsDeployments as `client` sees them.
     pub(crate) fn deployments_with(&self, client: kube::Client) -> Api<GitOpsDeployment> {
         Api::namespaced(client, self.tenant.name())
+    }
+
+    /// Lists the Applications the agent made for tenants (not its progress probe).
+    pub(crate) fn tenant_apps_params() -> ListParams {
+        ListParams::default().labels(&format!("{}={}", names::MANAGED_BY_LABEL, names::MANAGED_BY_VALUE))
     }
 
     pub(crate) fn apps(&self) -> Api<DynamicObject> {
