@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use gitops_shared::db::writer_shard::{
     OtherWriterRow, writer_shard_acquire, writer_shard_other_writers, writer_shard_release, writer_shard_renew,
-    writer_shard_take_over,
+    writer_shard_take_over, writer_shard_unowned,
 };
 use gitops_shared::db::{DbError, DbPool, pooled};
 use tokio::sync::watch;
@@ -39,6 +39,8 @@ pub const SHARDS: i32 = 64;
 /// How long past another writer's lease expiry the keeper looks again: enough for the
 /// database clock to have passed it, little next to a lease.
 const EXPIRY_MARGIN: Duration = Duration::from_millis(150);
+/// How soon a ready keeper looks again while shards are left unowned.
+const UNOWNED_RETRY: Duration = Duration::from_millis(250);
 
 /// The shard of a namespace: FNV-1a (32 bit) of its name modulo [`SHARDS`].
 pub fn shard_of(namespace: &str) -> i32 {
@@ -143,8 +145,13 @@ impl ShardKeeper {
         let client = pooled(&self.pool).await?;
         let (id, lease) = (self.writer_id.as_str(), self.config.lease);
         let mut owned: BTreeSet<i32> = writer_shard_renew(&client, id, lease).await?.into_iter().collect();
+        // Shards the acquisition skipped (another statement held their row for a
+        // moment) are looked at again soon, not at the next interval. Counted before
+        // any shard is given back below: those are for other writers to take.
+        let mut skipped = false;
         if ready {
             owned.extend(writer_shard_acquire(&client, id, lease, i64::from(SHARDS)).await?);
+            skipped = writer_shard_unowned(&client).await? > 0;
         }
         let others = writer_shard_other_writers(&client, id).await?;
         let loads: Vec<i64> = others.iter().map(|other| other.shards).collect();
@@ -160,7 +167,11 @@ impl ShardKeeper {
             }
             Rebalance::Stay => {}
         }
-        Ok(Round { owned: owned.into_iter().collect(), next: next_look(self.config.interval, &others) })
+        let mut next = next_look(self.config.interval, &others);
+        if skipped {
+            next = next.min(UNOWNED_RETRY);
+        }
+        Ok(Round { owned: owned.into_iter().collect(), next })
     }
 
     async fn release_all(&self) -> Result<(), DbError> {

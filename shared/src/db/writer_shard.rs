@@ -58,7 +58,11 @@ UPDATE writer_shard
  WHERE shard = $1 AND writer_id = $2 AND lease_expires_at > now() AND status_xid < $3::text::xid8";
 
 /// Every statement of this module (a test prepares them against the schema).
-pub const STATEMENTS: &[&str] = &[RENEW, OTHER_WRITERS, RELEASE, ACQUIRE, TAKE_OVER, FENCE, CURSOR_ADVANCE];
+pub const STATEMENTS: &[&str] = &[RENEW, OTHER_WRITERS, RELEASE, ACQUIRE, UNOWNED, TAKE_OVER, FENCE, CURSOR_ADVANCE];
+
+// Free or expired shards nobody has taken yet.
+const UNOWNED: &str =
+    "SELECT count(*) AS unowned FROM writer_shard WHERE writer_id IS NULL OR lease_expires_at <= now()";
 
 fn millis(lease: Duration) -> i64 {
     i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
@@ -121,6 +125,12 @@ pub async fn writer_shard_acquire(
     let rows =
         client.query(ACQUIRE, &[&writer_id, &millis(lease), &want]).await.map_err(DbError::query("acquire shards"))?;
     shards(&rows)
+}
+
+/// How many shards are free or expired now.
+pub async fn writer_shard_unowned(client: &Client) -> Result<i64, DbError> {
+    let row = client.query_one(UNOWNED, &[]).await.map_err(DbError::query("count unowned shards"))?;
+    crate::db::column(&row, "unowned", "count unowned shards")
 }
 
 /// Takes one shard from the writer holding the most, when it holds more than `share`.
