@@ -5,6 +5,7 @@
 
 pub mod destination;
 pub mod engine;
+pub mod fence;
 pub mod http;
 pub mod metrics;
 pub mod names;

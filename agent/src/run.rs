@@ -266,6 +266,9 @@ async fn heartbeat_loop(
         if let Err(error) = heartbeat(&pool, &instance, &metrics).await {
             tracing::warn!(%error, "heartbeat failed");
         }
+        if let Err(error) = crate::fence::clean_up_if_fenced(&pool, engine.as_ref(), instance.id).await {
+            tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "fenced: clean-up failed; retrying");
+        }
         // Argo CD itself: did its application controller refresh the probe since the
         // last look? An unstamped probe counts once (the grace starts when it is made).
         let progressed = match engine.probe_progress().await {

@@ -4,12 +4,16 @@
 //! when an instance's health changes it touches the observed-state rows of the
 //! tenants of its own shards placed there, so the status feed tells them
 //! (`Ready=False` reason `InstanceDegraded` or `InstanceLost`, and back). Shards it
-//! gains are told of instances that are unhealthy already.
+//! gains are told of instances that are unhealthy already. It also takes failover
+//! steps (`gitops_shared::db::failover`): an instance lost for longer than the grace
+//! is fenced and its tenants placed on healthy instances, a bounded batch per step;
+//! an advisory lock lets one writer at a time act.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use gitops_shared::db::failover::failover_step;
 use gitops_shared::db::instance_health::{instance_health_all, instance_health_touch};
 use gitops_shared::db::{DbError, DbPool, pooled};
 use gitops_shared::model::EngineInstanceId;
@@ -21,12 +25,36 @@ use crate::metrics::WriterMetrics;
 /// How often the instances' health is read.
 pub const FLEET_WATCH_INTERVAL: Duration = Duration::from_secs(5);
 
+/// When a lost instance fails over, and how fast.
+#[derive(Debug, Clone, Copy)]
+pub struct FailoverSettings {
+    /// How long an instance stays lost before it is fenced and its tenants move.
+    pub grace: Duration,
+    /// Most tenants re-placed per step.
+    pub batch: i64,
+}
+
+impl Default for FailoverSettings {
+    fn default() -> Self {
+        FailoverSettings { grace: Duration::from_secs(120), batch: 20 }
+    }
+}
+
+/// The fleet watch's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct FleetWatch {
+    pub every: Duration,
+    pub failover: Option<FailoverSettings>,
+    /// As placement's: an instance whose agents reported within this is a candidate.
+    pub healthy_within: Duration,
+}
+
 /// Runs until `cancel` fires.
 pub async fn run_fleet_watch(
     pool: DbPool,
     mut shards: watch::Receiver<Vec<i32>>,
     metrics: Arc<WriterMetrics>,
-    every: Duration,
+    settings: FleetWatch,
     cancel: CancellationToken,
 ) {
     let mut known: BTreeMap<EngineInstanceId, String> = BTreeMap::new();
@@ -37,11 +65,39 @@ pub async fn run_fleet_watch(
             Ok(()) => told = owned,
             Err(error) => tracing::warn!(%error, "could not read the instances' health"),
         }
+        if let Some(failover) = settings.failover
+            && let Err(error) = fail_over(&pool, failover, settings.healthy_within, &metrics).await
+        {
+            tracing::warn!(%error, "could not take a failover step");
+        }
         tokio::select! {
             () = cancel.cancelled() => return,
-            () = tokio::time::sleep(every) => {}
+            () = tokio::time::sleep(settings.every) => {}
         }
     }
+}
+
+/// One failover step, logged and counted.
+async fn fail_over(
+    pool: &DbPool,
+    settings: FailoverSettings,
+    healthy_within: Duration,
+    metrics: &WriterMetrics,
+) -> Result<(), DbError> {
+    let mut client = pooled(pool).await?;
+    let step = failover_step(&mut client, settings.grace, settings.batch, healthy_within).await?;
+    for instance in &step.fenced {
+        tracing::warn!(engine.instance = %instance, grace_s = settings.grace.as_secs(),
+            "engine instance lost past the grace: fenced, its tenants move to healthy instances");
+    }
+    if !step.moved.is_empty() {
+        tracing::warn!(tenants = step.moved.len(), "tenants of a lost instance placed on healthy instances");
+        metrics.failover_moves(step.moved.len() as u64);
+    }
+    if step.unplaced > 0 {
+        tracing::error!(tenants = step.unplaced, "tenants of a lost instance wait: no healthy instance has room");
+    }
+    Ok(())
 }
 
 /// One look: tells the tenants of `owned` of every change since `known`, and those

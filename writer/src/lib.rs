@@ -99,6 +99,14 @@ pub struct RunArgs {
     /// tombstones none and reports the refusal (a mass deletion is never a repair).
     #[arg(long, env = "GITOPS_WRITER_RESYNC_MAX_TOMBSTONES", default_value_t = 50)]
     pub resync_max_tombstones: usize,
+    /// How long an engine instance may stay lost (no agent reaches its Argo CD)
+    /// before it is fenced and its tenants are placed on healthy instances, e.g. 2m.
+    #[arg(long, env = "GITOPS_WRITER_FAILOVER_GRACE", value_parser = parse_duration, default_value = "2m")]
+    pub failover_grace: Duration,
+    /// Most tenants re-placed per failover step (one step every few seconds).
+    #[arg(long, env = "GITOPS_WRITER_FAILOVER_BATCH", default_value_t = 20,
+          value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    pub failover_batch: i64,
     /// Check that each GitOpsDeploymentManagedEnvironment's apiURL answers with its
     /// credentials (GET /version), reported in its ConnectionInitializationSucceeded
     /// condition. Off by default: the writer then contacts no tenant API server.
@@ -292,6 +300,8 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
         purge_after,
         resync_interval,
         resync_max_tombstones,
+        failover_grace,
+        failover_batch,
         connection_check,
         connection_check_allow,
         connection_check_deny,
@@ -316,6 +326,7 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
     config.controllers.max_deployments = max_deployments;
     config.controllers.resync_interval = resync_interval;
     config.controllers.resync_max_tombstones = resync_max_tombstones;
+    config.failover = Some(crate::fleet::FailoverSettings { grace: failover_grace, batch: failover_batch });
     config.home.api_url = home_api_url;
     let lifetime = current_or_deprecated(
         home_token_lifetime,

@@ -104,6 +104,8 @@ pub struct WriterMetrics {
     unplaced: Mutex<BTreeMap<&'static str, u64>>,
     /// Each engine instance's health at the last look (name → health).
     instance_health: Mutex<BTreeMap<String, String>>,
+    /// Tenants this writer placed elsewhere because their instance was lost.
+    pub failover_moves: AtomicU64,
 }
 
 impl Default for WriterMetrics {
@@ -123,6 +125,7 @@ impl Default for WriterMetrics {
             resync_refused: Mutex::default(),
             unplaced: Mutex::default(),
             instance_health: Mutex::default(),
+            failover_moves: AtomicU64::new(0),
         }
     }
 }
@@ -246,6 +249,11 @@ impl WriterMetrics {
         lock(&self.resync_refused).get(reason).copied().unwrap_or(0)
     }
 
+    /// Counts tenants moved off lost instances.
+    pub fn failover_moves(&self, count: u64) {
+        self.failover_moves.fetch_add(count, Ordering::Relaxed);
+    }
+
     /// Records each engine instance's health (name → `healthy`, `degraded`, `lost`).
     pub fn set_instance_health(&self, health: BTreeMap<String, String>) {
         *lock(&self.instance_health) = health;
@@ -338,6 +346,12 @@ impl WriterMetrics {
                 );
             }
         }
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_failover_moves_total Tenants this writer placed on healthy instances because theirs was lost."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_failover_moves_total counter");
+        let _ = writeln!(out, "gitops_writer_failover_moves_total {}", self.failover_moves.load(Ordering::Relaxed));
         let (tenants, deployments) = self.owned_counts();
         let _ =
             writeln!(out, "# HELP gitops_writer_tenants Namespaces with resources the writer knows, in its shards.");

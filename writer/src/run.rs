@@ -56,6 +56,8 @@ pub struct WriterConfig {
     pub purge: PurgeSettings,
     /// How often the engine instances' health is read (and tenants told of changes).
     pub fleet_watch_interval: std::time::Duration,
+    /// Failing over lost instances (None: off).
+    pub failover: Option<crate::fleet::FailoverSettings>,
     /// Where environment connection checks may go; `None` (the default): checks are off.
     pub connection_check: Option<ConnectionPolicy>,
     /// Which namespaces are tenants.
@@ -89,6 +91,7 @@ impl WriterConfig {
             http_address: Arc::new(OnceLock::new()),
             purge: PurgeSettings::default(),
             fleet_watch_interval: crate::fleet::FLEET_WATCH_INTERVAL,
+            failover: Some(crate::fleet::FailoverSettings::default()),
             connection_check: None,
             tenancy: TenancySettings::default(),
             webhook: None,
@@ -207,7 +210,11 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
         ctx.pool.clone(),
         shards.clone(),
         ctx.metrics.clone(),
-        config.fleet_watch_interval,
+        crate::fleet::FleetWatch {
+            every: config.fleet_watch_interval,
+            failover: config.failover,
+            healthy_within: config.controllers.healthy_within,
+        },
         cancel.clone(),
     ));
     tracing::info!(writer.id = %config.writer_id, "writer running");

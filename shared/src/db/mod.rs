@@ -12,6 +12,7 @@ pub mod credential;
 pub mod desired;
 pub mod engine_instance;
 mod error;
+pub mod failover;
 pub mod instance_health;
 pub mod managed_environment;
 mod migrate;
@@ -41,6 +42,8 @@ pub const STATEMENTS: &[(&str, &[&str])] = &[
     ("credential", credential::STATEMENTS),
     ("desired", desired::STATEMENTS),
     ("engine_instance", engine_instance::STATEMENTS),
+    ("failover", failover::STATEMENTS),
+    ("failover (agent)", failover::AGENT_STATEMENTS),
     ("instance_health", instance_health::STATEMENTS),
     ("managed_environment", managed_environment::STATEMENTS),
     ("placed_rows", placed_rows::STATEMENTS),

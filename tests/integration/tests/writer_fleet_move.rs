@@ -131,3 +131,82 @@ async fn writer_fleet_move_never_holds_an_application_on_two_instances() {
     assert!(first.get_opt(&apps[0]).await.expect("read").is_none(), "nothing back on the first instance");
     watch.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_fleet_failover_fences_a_lost_instance_and_it_cleans_up_when_back() {
+    use gitops_shared::db::engine_instance::{engine_instance_by_name, engine_instance_cordon};
+    use std::time::Duration;
+
+    let env = env("ffail").await;
+    let db: String = env.client.query_one("SELECT current_database()", &[]).await.expect("name").get(0);
+    env.client
+        .batch_execute(&format!("ALTER DATABASE \"{db}\" SET gitops.instance_lost_after = '3 seconds'"))
+        .await
+        .expect("set the window");
+    let (second, _standin2) = env.another_instance("argocd-2", "ffail", Duration::from_millis(300)).await;
+    let (third, _standin3) = env.another_instance("argocd-3", "ffail", Duration::from_millis(300)).await;
+    engine_instance_cordon(&env.client, crate::support::writer::INSTANCE, true).await.expect("cordon the first");
+    let _writer = env.writer_for("writer-a", vec![env.tenant.name().to_owned()], |c| {
+        c.fleet_watch_interval = Duration::from_millis(300);
+        c.failover = Some(gitops_writer::fleet::FailoverSettings { grace: Duration::from_secs(2), batch: 20 });
+    });
+    let names: Vec<String> = (0..2).map(|i| format!("web-{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        env.create(name, spec(REPO, &format!("apps/{i}"))).await;
+    }
+    eventually("every deployment Ready", || all_ready(&env, &names)).await;
+    let apps = application_names(&env, &names).await;
+    let on = |ns: &str| -> Api<DynamicObject> { Api::namespaced_with(env.kube.clone(), ns, &application_resource()) };
+    let (lost_apps, new_apps) = (on(second.name()), on(third.name()));
+    for app in &apps {
+        assert!(lost_apps.get_opt(app).await.expect("read").is_some(), "{app} on the second instance");
+    }
+
+    // The second instance's agent loses its Argo CD: lost, then fenced and failed over.
+    let binding = crate::support::revoke_agent_access(&env.kube, second.name()).await;
+    let client = gitops_shared::db::connect(&env.db.url(), "fleet-failover-test").await.expect("connect");
+    eventually("the tenant placed on the third instance", || async {
+        let placed = tenant_placements(&client, Some(env.tenant.name()), None).await.ok()?;
+        let tenant = placed.first()?;
+        (tenant.instance.as_deref() == Some("argocd-3") && tenant.move_state.is_none()).then_some(())
+    })
+    .await;
+    let fenced = engine_instance_by_name(&client, "argocd-2").await.expect("instance");
+    assert!(fenced.cordoned, "a fenced instance is cordoned");
+    eventually("every Application adopted by the third instance", || async {
+        for app in &apps {
+            new_apps.get_opt(app).await.ok()??;
+        }
+        Some(())
+    })
+    .await;
+    eventually("every deployment Ready on the third instance", || all_ready(&env, &names)).await;
+    // The lost instance could not be told: its Applications are still there.
+    assert!(lost_apps.get_opt(&apps[0]).await.expect("read").is_some(), "nothing could reach the lost instance");
+
+    // It comes back: before rejoining, it removes what is no longer its own.
+    crate::support::restore_agent_access(&env.kube, second.name(), binding).await;
+    eventually("the returning instance removed the tenant's Applications", || async {
+        for app in &apps {
+            if lost_apps.get_opt(app).await.ok()?.is_some() {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    eventually("the fence lifted", || async {
+        let row = client
+            .query_one("SELECT fenced_at IS NULL FROM engine_instance WHERE name = 'argocd-2'", &[])
+            .await
+            .ok()?;
+        row.get::<_, bool>(0).then_some(())
+    })
+    .await;
+    let back = engine_instance_by_name(&client, "argocd-2").await.expect("instance");
+    assert!(back.cordoned, "it rejoins cordoned");
+    for app in &apps {
+        assert!(new_apps.get_opt(app).await.expect("read").is_some(), "{app} stays on the third instance");
+    }
+    eventually("still Ready", || all_ready(&env, &names)).await;
+}

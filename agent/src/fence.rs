@@ -1,0 +1,78 @@
+//! A fenced instance coming back (`gitops_shared::db::failover`): while it was
+//! lost, its tenants were placed on healthy instances. Before it rejoins, its agent
+//! removes — without pruning what they deployed — every Argo CD object of a tenant
+//! no longer placed on it: Applications (finalizer first), then cluster and
+//! repository Secrets, then AppProjects. Then it lifts the fence; the instance stays
+//! cordoned until an operator uncordons it.
+
+use std::collections::HashSet;
+
+use gitops_shared::db::failover::{instance_fenced, instance_unfence, tenants_placed_on};
+use gitops_shared::db::{DbPool, pooled};
+use gitops_shared::model::EngineInstanceId;
+
+use crate::engine::{Engine, EngineError, ObjectKind, Removal};
+use crate::names::TENANT_ID_LABEL;
+
+/// Why the clean-up could not finish now (it runs again on the next heartbeat).
+#[derive(Debug, thiserror::Error)]
+pub enum FenceError {
+    #[error(transparent)]
+    Db(#[from] gitops_shared::db::DbError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+/// When `instance` is fenced, removes the objects of tenants placed elsewhere and
+/// lifts the fence once none is left. Returns whether it is still fenced.
+pub async fn clean_up_if_fenced(
+    pool: &DbPool,
+    engine: &dyn Engine,
+    instance: EngineInstanceId,
+) -> Result<bool, FenceError> {
+    let client = pooled(pool).await?;
+    if !instance_fenced(&client, instance).await? {
+        return Ok(false);
+    }
+    let owned = engine.list_owned().await?;
+    let tenant_of = |labels: &std::collections::BTreeMap<String, String>| {
+        labels.get(TENANT_ID_LABEL).and_then(|t| t.parse::<i64>().ok())
+    };
+    let mut tenants: Vec<i64> = owned.iter().filter_map(|o| tenant_of(&o.labels)).collect();
+    tenants.sort_unstable();
+    tenants.dedup();
+    let placed: HashSet<i64> = tenants_placed_on(&client, &tenants, instance).await?.into_iter().collect();
+    drop(client);
+    let gone = |o: &&crate::engine::OwnedObject| tenant_of(&o.labels).is_some_and(|t| !placed.contains(&t));
+    let mut pending = 0;
+    let mut removed = 0;
+    for kind in [ObjectKind::Application, ObjectKind::Cluster, ObjectKind::Repository, ObjectKind::Project] {
+        if kind != ObjectKind::Application && pending > 0 {
+            break; // Secrets and projects stay while an Application may still need them
+        }
+        for object in owned.iter().filter(|o| o.kind == kind).filter(gone) {
+            let removal = match kind {
+                ObjectKind::Application => engine.release_application(&object.name).await?,
+                ObjectKind::Cluster => engine.delete_cluster(&object.name).await?,
+                ObjectKind::Repository => engine.delete_repository(&object.name).await?,
+                ObjectKind::Project => engine.delete_project(&object.name).await?,
+            };
+            match removal {
+                Removal::Pending => pending += 1,
+                Removal::Gone => removed += 1,
+            }
+        }
+    }
+    if pending > 0 {
+        tracing::warn!(removed, pending, "fenced: removing what tenants placed elsewhere left here");
+        return Ok(true);
+    }
+    let client = pooled(pool).await?;
+    instance_unfence(&client, instance).await?;
+    tracing::warn!(
+        removed,
+        "fence lifted: objects of tenants placed elsewhere removed without pruning; \
+        the instance stays cordoned until an operator uncordons it"
+    );
+    Ok(false)
+}
