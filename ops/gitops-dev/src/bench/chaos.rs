@@ -6,7 +6,7 @@
 //! once for a few seconds (after a lease without kills, so it is timed on its own),
 //! during which some Applications turn Degraded in Argo CD.
 //!
-//! A monitor reads the leases from the database every 200 ms and times each
+//! A monitor reads the leases from the database every 100 ms and times each
 //! takeover from the previous holder's last renewal (database clock): a shard
 //! passing to another writer, and an expired claim taken back by a live agent (its
 //! operation waiting again, or superseded by the resource's newer one). Takeovers spanning the database outage are counted apart. Then: how
@@ -32,7 +32,7 @@ use super::e2e::{create_deployment, create_namespace, set_path};
 use crate::up::{DEV_ARGOCD_NAMESPACE, DevError, DevStack, StackShape};
 
 /// How often the monitor reads the leases.
-const MONITOR_EVERY: Duration = Duration::from_millis(200);
+const MONITOR_EVERY: Duration = Duration::from_millis(100);
 /// How long PostgreSQL stays stopped.
 const OUTAGE: Duration = Duration::from_secs(4);
 /// How long a kill of an agent waits for it to hold a claim.
