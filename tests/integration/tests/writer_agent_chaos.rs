@@ -15,6 +15,7 @@ use gitops_shared::crypto::SecretBox;
 use gitops_shared::db::engine_instance::engine_instance_add;
 use gitops_testkit::argocd::{self, StandinOptions, app_project_crd, application_crd};
 use gitops_testkit::cluster::TestCluster;
+use gitops_testkit::random::Random;
 use gitops_testkit::{PgCluster, PgOptions};
 use gitops_writer::api::GitOpsDeployment;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -27,22 +28,6 @@ use crate::support::{DEADLINE, eventually};
 const REPO: &str = "https://git.example.invalid/team/app.git";
 /// How long children are killed at random.
 const CHAOS: Duration = Duration::from_secs(25);
-
-/// xorshift64*: enough randomness for choosing victims, replayable from its seed.
-struct Random(u64);
-
-impl Random {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 struct Process {
     which: &'static str,
@@ -66,12 +51,9 @@ fn supervise(processes: &mut [Process], env: &[(&str, String)], logs: &std::path
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn writer_agent_chaos_converges_with_nothing_lost_duplicated_or_stale() {
-    let seed = std::env::var("GITOPS_CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0 | 1);
+    let seed = Random::seed_from_env("GITOPS_CHAOS_SEED");
     println!("chaos seed {seed} (GITOPS_CHAOS_SEED={seed} replays it)");
-    let mut random = Random(seed);
+    let mut random = Random::new(seed);
 
     // A PostgreSQL of this test's own: it is restarted below.
     let postgres = PgCluster::start(PgOptions::default()).await.expect("start PostgreSQL");
@@ -157,7 +139,7 @@ async fn writer_agent_chaos_converges_with_nothing_lost_duplicated_or_stale() {
         round += 1;
         // A tenant at work: a change, sometimes a deletion or a new deployment.
         let names: Vec<String> = wanted.keys().cloned().collect();
-        let name = names[random.below(names.len() as u64) as usize].clone();
+        let name = names[random.below(names.len())].clone();
         let path = format!("apps/{name}/v{round}");
         let patch = json!({"spec": {"source": {"path": path}}});
         deployments.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("change a deployment");
@@ -176,7 +158,7 @@ async fn writer_agent_chaos_converges_with_nothing_lost_duplicated_or_stale() {
             _ => {}
         }
         // A process dies without warning and comes back.
-        let victim = random.below(processes.len() as u64) as usize;
+        let victim = random.below(processes.len());
         let process = &mut processes[victim];
         signal(&process.child, "-KILL").await;
         let _ = process.child.wait().await;
@@ -186,7 +168,7 @@ async fn writer_agent_chaos_converges_with_nothing_lost_duplicated_or_stale() {
             postgres.restart().await.expect("restart PostgreSQL");
             restarted_postgres = true;
         }
-        tokio::time::sleep(Duration::from_millis(500 + random.below(1500))).await;
+        tokio::time::sleep(Duration::from_millis(500 + random.below(1500) as u64)).await;
         exits += supervise(&mut processes, &env, &logs, round);
     }
     assert!(restarted_postgres, "PostgreSQL was restarted once");

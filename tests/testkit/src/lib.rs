@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod kube_emulator;
 mod postgres;
 pub mod proxy;
+pub mod random;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

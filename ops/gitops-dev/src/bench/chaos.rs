@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::e2e::{create_deployment, create_namespace, set_path};
 use crate::up::{DEV_ARGOCD_NAMESPACE, DevError, DevStack, StackShape};
+use gitops_testkit::random::Random;
 
 /// How often the monitor reads the leases.
 const MONITOR_EVERY: Duration = Duration::from_millis(100);
@@ -124,22 +125,6 @@ pub struct ChaosBenchReport {
 /// Where the deployments should be: (namespace, name) → path.
 type Wanted = BTreeMap<(String, String), String>;
 
-/// xorshift64*: enough randomness for choosing victims, replayable from its seed.
-struct Random(u64);
-
-impl Random {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
 /// Runs the benchmark; the stack is stopped whatever the outcome.
 pub async fn chaos_bench(config: &ChaosBenchConfig) -> Result<ChaosBenchReport, ChaosBenchError> {
     if config.tenants == 0 || config.deployments < config.tenants {
@@ -166,9 +151,9 @@ pub async fn chaos_bench(config: &ChaosBenchConfig) -> Result<ChaosBenchReport, 
 }
 
 async fn run(config: &ChaosBenchConfig, stack: &mut DevStack) -> Result<ChaosBenchReport, ChaosBenchError> {
-    let seed = config.seed.unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0 | 1);
+    let seed = config.seed.unwrap_or_else(Random::fresh_seed);
     eprintln!("seed {seed}");
-    let mut random = Random(seed);
+    let mut random = Random::new(seed);
     let kube_client = stack.kube.clone();
     let namespaces: Vec<String> = (0..config.tenants).map(|t| format!("chaos-t{t:03}")).collect();
     stream::iter(namespaces.iter().map(|name| create_namespace(&kube_client, name)))
@@ -658,13 +643,5 @@ mod tests {
         let monitor = Monitor { shard_handoffs: vec![event(115.0, 131.0)], ..Monitor::default() };
         assert_eq!(monitor.shard_handoffs(Duration::from_secs(15)).max, Some(16.0));
         assert_eq!(Monitor::default().shard_handoffs(lease).max, None);
-    }
-
-    #[test]
-    fn the_random_choices_replay_from_the_seed() {
-        let (mut a, mut b) = (Random(42), Random(42));
-        let first: Vec<usize> = (0..5).map(|_| a.below(7)).collect();
-        assert_eq!(first, (0..5).map(|_| b.below(7)).collect::<Vec<_>>());
-        assert!(first.iter().all(|&n| n < 7));
     }
 }
