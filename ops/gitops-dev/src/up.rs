@@ -61,6 +61,8 @@ const AGENT_READY: &str =
 pub enum DevError {
     #[error("could not prepare the directory {path}")]
     Dir { path: PathBuf, source: std::io::Error },
+    #[error("{dir} is in use by another gitops-dev (process {pid}); stop it or choose another directory")]
+    DirInUse { dir: PathBuf, pid: String },
     #[error("{binary} not found next to gitops-dev (in {dir}); run `cargo build --workspace` first")]
     BinaryMissing { binary: &'static str, dir: PathBuf },
     #[error("could not find gitops-dev's own location")]
@@ -151,6 +153,47 @@ pub struct DevStack {
     standin: tokio::task::JoinHandle<Result<(), argocd::StandinError>>,
     emulator: KubeEmulator,
     postgres: PgCluster,
+    /// Held while the stack runs: no second stack may share the directory.
+    _dir_lock: DirLock,
+}
+
+/// `DIR/lock`, holding the process id of the `gitops-dev` that uses DIR. Two stacks in
+/// one directory would share the kubeconfig and env files, so children started by
+/// one would reach the other's database or API server; the second is refused.
+struct DirLock {
+    path: PathBuf,
+}
+
+impl DirLock {
+    fn take(dir: &Path) -> Result<DirLock, DevError> {
+        use std::io::Write as _;
+        let path = dir.join("lock");
+        for _ in 0..2 {
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(mut file) => {
+                    let _ = write!(file, "{}", std::process::id());
+                    return Ok(DirLock { path });
+                }
+                Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let holder = std::fs::read_to_string(&path).unwrap_or_default().trim().to_owned();
+                    let alive = !holder.is_empty() && Path::new("/proc").join(&holder).exists();
+                    if alive {
+                        return Err(DevError::DirInUse { dir: dir.to_owned(), pid: holder });
+                    }
+                    // Left by a gitops-dev that is gone: take it over.
+                    let _ = std::fs::remove_file(&path);
+                }
+                Err(source) => return Err(DevError::Dir { path, source }),
+            }
+        }
+        Err(DevError::DirInUse { dir: dir.to_owned(), pid: "unknown".to_owned() })
+    }
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 impl DevStack {
@@ -168,6 +211,7 @@ impl DevStack {
     ) -> Result<DevStack, DevError> {
         std::fs::create_dir_all(dir).map_err(|source| DevError::Dir { path: dir.to_owned(), source })?;
         let dir = dir.canonicalize().map_err(|source| DevError::Dir { path: dir.to_owned(), source })?;
+        let dir_lock = DirLock::take(&dir)?;
         let bin_dir = binary_dir()?;
         let writer_bin = binary(&bin_dir, "gitops-writer")?;
         let agent_bin = binary(&bin_dir, "gitops-agent")?;
@@ -198,8 +242,17 @@ impl DevStack {
             .map_err(|source| DevError::Db { action: "connect", source })?;
         let info =
             DevInfo { dir: dir.clone(), kubeconfig: kubeconfig.clone(), env_file: dir.join("env"), database_url };
-        let mut stack =
-            DevStack { info, kube, client, children: Vec::new(), standin_cancel, standin, emulator, postgres };
+        let mut stack = DevStack {
+            info,
+            kube,
+            client,
+            children: Vec::new(),
+            standin_cancel,
+            standin,
+            emulator,
+            postgres,
+            _dir_lock: dir_lock,
+        };
         match stack.start_children(&writer_bin, &agent_bin, shape).await {
             Ok(()) => Ok(stack),
             Err(error) => {
@@ -539,4 +592,25 @@ fn write_env_file(path: &Path, env: &[(&str, String)]) -> Result<(), DevError> {
     let mut file =
         std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path).map_err(io)?;
     std::io::Write::write_all(&mut file, text.as_bytes()).map_err(io)
+}
+
+#[cfg(test)]
+mod dir_lock_tests {
+    use super::*;
+
+    #[test]
+    fn one_stack_per_directory_and_a_stale_lock_is_taken_over() {
+        let dir = std::env::temp_dir().join(format!("gitops-dev-lock-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let first = DirLock::take(&dir).expect("the first takes it");
+        let second = DirLock::take(&dir).err().expect("a second is refused");
+        assert!(second.to_string().contains("in use by another gitops-dev"), "{second}");
+        drop(first);
+        let again = DirLock::take(&dir).expect("free again once the first stopped");
+        drop(again);
+        // Left by a process that is gone (no such pid).
+        std::fs::write(dir.join("lock"), "4294967295").expect("stale lock");
+        drop(DirLock::take(&dir).expect("a stale lock is taken over"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
