@@ -283,7 +283,7 @@ impl Sweeper {
             );
         }
         let mut plan = plan(&objects, &rows, self.config.max_deletions);
-        self.leave_other_instances(&client, &mut plan).await?;
+        let elsewhere = self.leave_other_instances(&client, &mut plan).await?;
         for name in &plan.unattributed {
             tracing::warn!(argocd.object = %name, "owned object names no row; left alone");
         }
@@ -308,6 +308,10 @@ impl Sweeper {
             self.metrics.sweep_dry_run_skipped.fetch_add(would as u64, Ordering::Relaxed);
             return Ok(plan);
         }
+        if !elsewhere.is_empty() {
+            let released = self.release_elsewhere(&objects, &elsewhere).await;
+            tracing::info!(released, "objects of tenants placed elsewhere released");
+        }
         let all: Vec<Target> = plan.deletions.iter().chain(&plan.restores).chain(&plan.resyncs).copied().collect();
         enqueue_targets(&mut client, self.instance, all).await.map_err(SweepError::Enqueue)?;
         self.metrics.sweep_deletions_enqueued.fetch_add(plan.deletions.len() as u64, Ordering::Relaxed);
@@ -315,13 +319,15 @@ impl Sweeper {
         Ok(plan)
     }
 
-    /// Drops from the deletions objects whose rows live on another instance (a
-    /// tenant placed elsewhere): enqueueing here would pull its operation over.
+    /// Takes out of the deletions the objects whose rows live on another instance (a
+    /// tenant placed elsewhere): enqueueing here would pull its operation over. They
+    /// are returned, to be released here (see [`Sweeper::release_elsewhere`]).
     async fn leave_other_instances(
         &self,
         client: &tokio_postgres::Client,
         plan: &mut SweepPlan,
-    ) -> Result<(), SweepError> {
+    ) -> Result<Vec<Target>, SweepError> {
+        let mut taken = Vec::new();
         for key in ResourceTypeKey::ALL {
             let ids: Vec<i64> =
                 plan.deletions.iter().filter(|t| t.resource_type == key).map(|t| t.resource_id).collect();
@@ -335,11 +341,56 @@ impl Sweeper {
                 .collect();
             for id in &elsewhere {
                 tracing::warn!(resource.type = %key.resource_type(), resource.id = id,
-                    "object belongs to a row placed on another instance; left alone");
+                    "object belongs to a row placed on another instance: released here, never deleted");
             }
+            taken
+                .extend(plan.deletions.iter().filter(|t| t.resource_type == key && elsewhere.contains(&t.resource_id)));
             plan.deletions.retain(|t| t.resource_type != key || !elsewhere.contains(&t.resource_id));
         }
-        Ok(())
+        Ok(taken)
+    }
+
+    /// Removes here, without pruning, the objects of rows placed on another instance
+    /// (left behind by a move or a failover): Applications lose Argo CD's finalizer
+    /// before they go; Secrets and projects follow once no Application is left. The
+    /// deletion cap does not apply: nothing deployed is touched. Returns how many went.
+    async fn release_elsewhere(&self, objects: &[OwnedObject], targets: &[Target]) -> usize {
+        let of = |key: ResourceTypeKey| {
+            let (kind, label) = key.object();
+            objects.iter().filter(move |o| {
+                o.kind == kind
+                    && targets.iter().any(|t| t.resource_type == key && Some(t.resource_id) == label_id(o, label))
+            })
+        };
+        let mut released = 0;
+        let mut pending = false;
+        for key in [
+            ResourceTypeKey::Application,
+            ResourceTypeKey::ManagedEnvironment,
+            ResourceTypeKey::RepositoryCredential,
+            ResourceTypeKey::Tenant,
+        ] {
+            if pending {
+                break; // Secrets and projects stay while an Application may still need them
+            }
+            for object in of(key) {
+                let removal = match object.kind {
+                    ObjectKind::Application => self.engine.release_application(&object.name).await,
+                    ObjectKind::Cluster => self.engine.delete_cluster(&object.name).await,
+                    ObjectKind::Repository => self.engine.delete_repository(&object.name).await,
+                    ObjectKind::Project => self.engine.delete_project(&object.name).await,
+                };
+                match removal {
+                    Ok(crate::engine::Removal::Gone) => released += 1,
+                    Ok(crate::engine::Removal::Pending) => pending = true,
+                    Err(error) => {
+                        tracing::warn!(error = %chain(&error), argocd.object = %object.name, "could not release an object");
+                        pending = true;
+                    }
+                }
+            }
+        }
+        released
     }
 }
 

@@ -210,3 +210,55 @@ async fn writer_fleet_failover_fences_a_lost_instance_and_it_cleans_up_when_back
     }
     eventually("still Ready", || all_ready(&env, &names)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_fleet_sweep_releases_what_a_moved_tenant_left_behind() {
+    use std::time::Duration;
+
+    use gitops_agent::engine::argocd::ArgoCdEngine;
+    use gitops_agent::sweep::{SweepConfig, Sweeper};
+    use gitops_shared::db::engine_instance::engine_instance_by_name;
+    use gitops_testkit::argocd::{FINALIZER_KNOB, RESOURCES_FINALIZER};
+
+    let env = env("fleft").await;
+    let (second, _standin) = env.another_instance("argocd-2", "fleft", Duration::from_secs(15)).await;
+    let _writer = env.writer("writer-a");
+    let names = vec!["web".to_owned()];
+    env.create(&names[0], spec(REPO, "apps/web")).await;
+    eventually("Ready on the first instance", || all_ready(&env, &names)).await;
+    let app = application_names(&env, &names).await.remove(0);
+    let labels = env.apps().get(&app).await.expect("read").metadata.labels.unwrap_or_default();
+    let mut client = gitops_shared::db::connect(&env.db.url(), "fleet-leftover-test").await.expect("connect");
+    tenant_move(&mut client, env.tenant.name(), "argocd-2", "test").await.expect("move");
+    let target: Api<DynamicObject> = Api::namespaced_with(env.kube.clone(), second.name(), &application_resource());
+    eventually("adopted by the second instance", || async { target.get_opt(&app).await.ok()? }).await;
+    eventually("released by the first", || async { env.apps().get_opt(&app).await.ok()?.is_none().then_some(()) })
+        .await;
+
+    // Something left the Application behind on the first instance (a restored
+    // backup, say), with Argo CD's resources finalizer, which Argo CD would hold.
+    let leftover: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": {"name": app, "labels": labels, "finalizers": [RESOURCES_FINALIZER],
+                     "annotations": {FINALIZER_KNOB: "hang"}},
+        "spec": {"project": "default", "source": {"repoURL": REPO, "path": "apps/web"},
+                 "destination": {"server": "https://cluster.example.invalid", "namespace": "web"}},
+    }))
+    .expect("Application");
+    env.apps().create(&Default::default(), &leftover).await.expect("create the leftover");
+    let first = engine_instance_by_name(&client, crate::support::writer::INSTANCE).await.expect("instance");
+    let sweeper = Sweeper {
+        engine: std::sync::Arc::new(ArgoCdEngine::new(env.kube.clone(), env.argocd.name())),
+        pool: env.db.pool(2),
+        instance: first.id,
+        config: SweepConfig { interval: Duration::from_secs(300), max_deletions: 50, dry_run: false },
+        metrics: std::sync::Arc::default(),
+    };
+    let plan = sweeper.sweep_once().await.expect("sweep");
+    assert!(plan.deletions.is_empty(), "a row placed elsewhere is never queued for deletion here: {plan:?}");
+    eventually("the leftover released without pruning (its finalizer would hang)", || async {
+        env.apps().get_opt(&app).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(target.get_opt(&app).await.expect("read").is_some(), "the tenant's Application stays where it lives");
+}
