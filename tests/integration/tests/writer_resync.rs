@@ -28,7 +28,7 @@ async fn deployed(env: &Env, names: &[String]) {
         (apps.items.len() == names.len()).then_some(())
     })
     .await;
-    writer.cancel();
+    env.stop_writer(writer, "writer-a").await;
 }
 
 /// What a tenant can do while no writer runs: strip the finalizer, then delete.
@@ -118,7 +118,7 @@ async fn writer_resync_terminates_the_sync_of_a_sync_run_deleted_while_no_writer
         env.sync_state(&run).await.filter(|(state, _)| state == "running").map(|_| ())
     })
     .await;
-    writer.cancel();
+    env.stop_writer(writer, "writer-a").await;
 
     let runs = env.sync_runs();
     let strip = json!({"metadata": {"finalizers": null}});

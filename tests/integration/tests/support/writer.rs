@@ -133,6 +133,19 @@ impl Env {
         self.writer_for(id, vec![self.tenant.name().to_owned()], |_| {})
     }
 
+    /// Stops writer `id` (started with `cancel`) and returns once it has: its shard
+    /// leases are released only after its controllers stopped, so nothing of it acts
+    /// on the cluster any more (cancelling alone returns at once).
+    pub(crate) async fn stop_writer(&self, cancel: CancellationToken, id: &str) {
+        cancel.cancel();
+        eventually(&format!("writer {id} stopped"), || async {
+            let row =
+                self.client.query_one("SELECT count(*) FROM writer_shard WHERE writer_id = $1", &[&id]).await.ok()?;
+            (row.get::<_, i64>(0) == 0).then_some(())
+        })
+        .await;
+    }
+
     /// A writer for `namespaces`, its config adjusted by `adjust`.
     pub(crate) fn writer_for(
         &self,
