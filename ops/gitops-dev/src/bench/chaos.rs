@@ -565,9 +565,46 @@ SELECT id, state::text AS state, lease_token::text AS token,
   FROM operation
  WHERE state = 'claimed' OR completed_at > now() - interval '5 seconds'";
 
+// Shards expired for more than a second without a new holder, and the transactions
+// open for more than a second that might hold their rows (for the log: why a
+// handoff takes longer than the lease).
+const STUCK_SHARDS: &str = "
+SELECT shard, writer_id FROM writer_shard WHERE writer_id IS NULL OR lease_expires_at < now() - interval '1 second'";
+const LONG_TRANSACTIONS: &str = "
+SELECT pid, application_name, state, coalesce(wait_event_type || ':' || wait_event, '') AS waiting,
+       extract(epoch FROM now() - xact_start)::float8 AS age_s, left(query, 100) AS query
+  FROM pg_stat_activity
+ WHERE xact_start < now() - interval '1 second' AND pid <> pg_backend_pid() AND datname = current_database()";
+
+/// Logs, once per shard, a shard left unowned past its lease with the long
+/// transactions open at that moment.
+async fn report_stuck_shards(db: &tokio_postgres::Client, reported: &mut std::collections::HashSet<(i32, String)>) {
+    let Ok(stuck) = db.query(STUCK_SHARDS, &[]).await else { return };
+    let fresh: Vec<(i32, String)> = stuck
+        .iter()
+        .map(|row| (row.get::<_, i32>("shard"), row.get::<_, Option<String>>("writer_id").unwrap_or_default()))
+        .filter(|key| !reported.contains(key))
+        .collect();
+    if fresh.is_empty() {
+        return;
+    }
+    eprintln!("  shards unowned past their lease: {fresh:?}");
+    if let Ok(rows) = db.query(LONG_TRANSACTIONS, &[]).await {
+        for row in &rows {
+            let (pid, app, state): (i32, String, Option<String>) =
+                (row.get("pid"), row.get("application_name"), row.get("state"));
+            let (waiting, age, query): (String, f64, Option<String>) =
+                (row.get("waiting"), row.get("age_s"), row.get("query"));
+            eprintln!("    open transaction pid {pid} ({app}) {state:?} {waiting} for {age:.1}s: {query:?}");
+        }
+    }
+    reported.extend(fresh);
+}
+
 /// Reads the leases every [`MONITOR_EVERY`] until `cancel`, reconnecting as needed.
 async fn watch_leases(url: String, monitor: Arc<Mutex<Monitor>>, cancel: CancellationToken) {
     let mut client = None;
+    let mut reported = std::collections::HashSet::new();
     while !cancel.is_cancelled() {
         tokio::time::sleep(MONITOR_EVERY).await;
         if client.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
@@ -577,6 +614,7 @@ async fn watch_leases(url: String, monitor: Arc<Mutex<Monitor>>, cancel: Cancell
         let (Ok(shards), Ok(claims)) = (db.query(SHARDS, &[]).await, db.query(CLAIMS, &[]).await) else {
             continue;
         };
+        report_stuck_shards(db, &mut reported).await;
         let mut monitor = monitor.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for row in &shards {
             let (shard, writer, expires): (i32, String, f64) =
