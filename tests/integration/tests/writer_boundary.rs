@@ -402,6 +402,22 @@ async fn writer_boundary_webhook_lets_in_only_who_could_grant_the_home_role() {
     let url = format!("https://{address}/validate");
     let configuration = admission::configuration(&marker, &url, &cert.ca_pem, Some(("gitops-test/webhook", &marker)));
     admission::register(&env.kube, &configuration).await.expect("register the webhook");
+    // A real API server calls a new webhook a moment after it is registered: until
+    // it does, what the editor creates is let in (and taken away again here).
+    let deployments: Api<GitOpsDeployment> = Api::namespaced(env.kube.clone(), &tenant);
+    eventually("the webhook in effect", || async {
+        match create_in(&editor, &tenant, "probe", spec(REPO, "apps/probe")).await {
+            Ok(_) => {
+                let strip = json!({"metadata": {"finalizers": null}});
+                let _ = deployments.patch("probe", &PatchParams::default(), &Patch::Merge(&strip)).await;
+                let _ = deployments.delete("probe", &Default::default()).await;
+                None
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => None, // the last probe is still going
+            Err(_) => Some(()),
+        }
+    })
+    .await;
 
     // Someone holding `edit` may not deploy with the home role (`admin`).
     let refused = create_in(&editor, &tenant, "by-editor", spec(REPO, "apps/e")).await;
