@@ -199,6 +199,11 @@ impl DestinationGuard {
 
     /// The in-cluster URLs as the home cluster, nothing else reserved beyond the
     /// built-in rules and the engines' namespaces.
+    /// The metrics it counts into (the agent's).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     pub fn with_defaults(own_engine_namespace: &str, metrics: Arc<Metrics>) -> Self {
         DestinationGuard {
             home: HomeClusters::default(),

@@ -29,6 +29,7 @@ pub async fn clean_up_if_fenced(
     pool: &DbPool,
     engine: &dyn Engine,
     instance: EngineInstanceId,
+    metrics: &crate::metrics::Metrics,
 ) -> Result<bool, FenceError> {
     let client = pooled(pool).await?;
     if !instance_fenced(&client, instance).await? {
@@ -45,7 +46,7 @@ pub async fn clean_up_if_fenced(
     drop(client);
     let gone = |o: &&crate::engine::OwnedObject| tenant_of(&o.labels).is_some_and(|t| !placed.contains(&t));
     let mut pending = 0;
-    let mut removed = 0;
+    let mut removed: u64 = 0;
     for kind in [ObjectKind::Application, ObjectKind::Cluster, ObjectKind::Repository, ObjectKind::Project] {
         if kind != ObjectKind::Application && pending > 0 {
             break; // Secrets and projects stay while an Application may still need them
@@ -63,6 +64,7 @@ pub async fn clean_up_if_fenced(
             }
         }
     }
+    metrics.objects_released.fetch_add(removed, std::sync::atomic::Ordering::Relaxed);
     if pending > 0 {
         tracing::warn!(removed, pending, "fenced: removing what tenants placed elsewhere left here");
         return Ok(true);

@@ -57,6 +57,12 @@ pub struct Metrics {
     pub sweep_deletions_refused: AtomicU64,
     /// Operations enqueued because a row had no object (or was being deleted).
     pub sweep_restores_enqueued: AtomicU64,
+    /// Tenants this instance let go of for a move (its objects removed, nothing pruned).
+    pub tenants_released: AtomicU64,
+    /// Tenants this instance took on after a move or a failover.
+    pub tenants_adopted: AtomicU64,
+    /// Objects of tenants placed elsewhere removed without pruning (sweep and fence).
+    pub objects_released: AtomicU64,
     /// What dry-run sweeps would have enqueued.
     pub sweep_dry_run_skipped: AtomicU64,
     /// Set once the first sweep finished (for readiness and tests).
@@ -106,6 +112,9 @@ impl Default for Metrics {
             sweep_deletions_enqueued: AtomicU64::new(0),
             sweep_deletions_refused: AtomicU64::new(0),
             sweep_restores_enqueued: AtomicU64::new(0),
+            tenants_released: AtomicU64::new(0),
+            tenants_adopted: AtomicU64::new(0),
+            objects_released: AtomicU64::new(0),
             sweep_dry_run_skipped: AtomicU64::new(0),
             sweep_done_once: AtomicBool::new(false),
             destinations_refused: Default::default(),
@@ -220,7 +229,7 @@ impl Metrics {
             "Argo CD errors no class was found for (retried as transient).",
             crate::engine::argocd::UNCLASSIFIED_ERRORS.load(Ordering::Relaxed),
         );
-        let plain: [(&str, &str, &AtomicU64); 12] = [
+        let plain: [(&str, &str, &AtomicU64); 15] = [
             ("gitops_agent_heartbeats_total", "Instance heartbeats written.", &self.heartbeats),
             ("gitops_agent_argocd_probes_total", "Probes of the Argo CD namespace's API.", &self.argocd_probes),
             ("gitops_agent_status_events_total", "Application watch events seen.", &self.status_events),
@@ -244,6 +253,21 @@ impl Metrics {
                 "gitops_agent_sweep_restores_enqueued_total",
                 "Rows queued because their object was missing.",
                 &self.sweep_restores_enqueued,
+            ),
+            (
+                "gitops_agent_tenants_released_total",
+                "Tenants let go of for a move to another instance (nothing pruned).",
+                &self.tenants_released,
+            ),
+            (
+                "gitops_agent_tenants_adopted_total",
+                "Tenants taken on after a move or a failover.",
+                &self.tenants_adopted,
+            ),
+            (
+                "gitops_agent_objects_released_total",
+                "Objects of tenants placed elsewhere removed without pruning (by the sweep or a lifted fence).",
+                &self.objects_released,
             ),
         ];
         for (name, help, value) in plain {

@@ -266,7 +266,7 @@ async fn heartbeat_loop(
         if let Err(error) = heartbeat(&pool, &instance, &metrics).await {
             tracing::warn!(%error, "heartbeat failed");
         }
-        if let Err(error) = crate::fence::clean_up_if_fenced(&pool, engine.as_ref(), instance.id).await {
+        if let Err(error) = crate::fence::clean_up_if_fenced(&pool, engine.as_ref(), instance.id, &metrics).await {
             tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "fenced: clean-up failed; retrying");
         }
         // Argo CD itself: did its application controller refresh the probe since the

@@ -310,6 +310,7 @@ impl Sweeper {
         }
         if !elsewhere.is_empty() {
             let released = self.release_elsewhere(&objects, &elsewhere).await;
+            self.metrics.objects_released.fetch_add(released as u64, Ordering::Relaxed);
             tracing::info!(released, "objects of tenants placed elsewhere released");
         }
         let all: Vec<Target> = plan.deletions.iter().chain(&plan.restores).chain(&plan.resyncs).copied().collect();

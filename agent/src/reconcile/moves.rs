@@ -67,6 +67,9 @@ impl Reconciler {
             Box::pin(async move { tenant_release_confirm_in_txn(txn, tenant, source).await })
         })
         .await?;
+        if confirmed {
+            self.destinations.metrics().tenants_released.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         tracing::info!(tenant.id = %tenant, tenant.ns = %placement.namespace, confirmed, "tenant released for a move");
         Ok(())
     }
@@ -116,6 +119,9 @@ impl Reconciler {
             Box::pin(async move { tenant_adopt_done_in_txn(txn, tenant, target).await })
         })
         .await?;
+        if done {
+            self.destinations.metrics().tenants_adopted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         tracing::info!(tenant.id = %tenant, tenant.ns = %placement.namespace, done, "tenant adopted after a move");
         Ok(())
     }
