@@ -11,7 +11,8 @@ use gitops_shared::db::failover::{instance_fenced, instance_unfence, tenants_pla
 use gitops_shared::db::{DbPool, pooled};
 use gitops_shared::model::EngineInstanceId;
 
-use crate::engine::{Engine, EngineError, ObjectKind, Removal};
+use crate::engine::release::release_objects;
+use crate::engine::{Engine, EngineError, OwnedObject};
 use crate::names::TENANT_ID_LABEL;
 
 /// Why the clean-up could not finish now (it runs again on the next heartbeat).
@@ -44,35 +45,25 @@ pub async fn clean_up_if_fenced(
     tenants.dedup();
     let placed: HashSet<i64> = tenants_placed_on(&client, &tenants, instance).await?.into_iter().collect();
     drop(client);
-    let gone = |o: &&crate::engine::OwnedObject| tenant_of(&o.labels).is_some_and(|t| !placed.contains(&t));
-    let mut pending = 0;
-    let mut removed: u64 = 0;
-    for kind in [ObjectKind::Application, ObjectKind::Cluster, ObjectKind::Repository, ObjectKind::Project] {
-        if kind != ObjectKind::Application && pending > 0 {
-            break; // Secrets and projects stay while an Application may still need them
-        }
-        for object in owned.iter().filter(|o| o.kind == kind).filter(gone) {
-            let removal = match kind {
-                ObjectKind::Application => engine.release_application(&object.name).await?,
-                ObjectKind::Cluster => engine.delete_cluster(&object.name).await?,
-                ObjectKind::Repository => engine.delete_repository(&object.name).await?,
-                ObjectKind::Project => engine.delete_project(&object.name).await?,
-            };
-            match removal {
-                Removal::Pending => pending += 1,
-                Removal::Gone => removed += 1,
-            }
-        }
+    let gone: Vec<&OwnedObject> =
+        owned.iter().filter(|o| tenant_of(&o.labels).is_some_and(|t| !placed.contains(&t))).collect();
+    let mut released = release_objects(engine, &gone).await;
+    metrics.objects_released.fetch_add(released.removed, std::sync::atomic::Ordering::Relaxed);
+    if let Some((_, error)) = released.failed.pop() {
+        return Err(error.into());
     }
-    metrics.objects_released.fetch_add(removed, std::sync::atomic::Ordering::Relaxed);
-    if pending > 0 {
-        tracing::warn!(removed, pending, "fenced: removing what tenants placed elsewhere left here");
+    if !released.pending.is_empty() {
+        tracing::warn!(
+            removed = released.removed,
+            pending = released.pending.len(),
+            "fenced: removing what tenants placed elsewhere left here"
+        );
         return Ok(true);
     }
     let client = pooled(pool).await?;
     instance_unfence(&client, instance).await?;
     tracing::warn!(
-        removed,
+        removed = released.removed,
         "fence lifted: objects of tenants placed elsewhere removed without pruning; \
         the instance stays cordoned until an operator uncordons it"
     );

@@ -28,6 +28,7 @@ use gitops_shared::model::{EngineInstanceId, ResourceType, RowState, TenantId};
 use gitops_shared::queue::operation_enqueue_in_txn;
 use tokio_util::sync::CancellationToken;
 
+use crate::engine::release::release_objects;
 use crate::engine::{Engine, EngineError, ObjectKind, OwnedObject};
 use crate::metrics::Metrics;
 use crate::names::{
@@ -310,7 +311,7 @@ impl Sweeper {
         }
         if !elsewhere.is_empty() {
             let released = self.release_elsewhere(&objects, &elsewhere).await;
-            self.metrics.objects_released.fetch_add(released as u64, Ordering::Relaxed);
+            self.metrics.objects_released.fetch_add(released, Ordering::Relaxed);
             tracing::info!(released, "objects of tenants placed elsewhere released");
         }
         let all: Vec<Target> = plan.deletions.iter().chain(&plan.restores).chain(&plan.resyncs).copied().collect();
@@ -351,47 +352,22 @@ impl Sweeper {
         Ok(taken)
     }
 
-    /// Removes here, without pruning, the objects of rows placed on another instance
-    /// (left behind by a move or a failover): Applications lose Argo CD's finalizer
-    /// before they go; Secrets and projects follow once no Application is left. The
+    /// Removes here, without pruning (`crate::engine::release`), the objects of rows
+    /// placed on another instance (left behind by a move or a failover). The
     /// deletion cap does not apply: nothing deployed is touched. Returns how many went.
-    async fn release_elsewhere(&self, objects: &[OwnedObject], targets: &[Target]) -> usize {
-        let of = |key: ResourceTypeKey| {
-            let (kind, label) = key.object();
-            objects.iter().filter(move |o| {
-                o.kind == kind
-                    && targets.iter().any(|t| t.resource_type == key && Some(t.resource_id) == label_id(o, label))
+    async fn release_elsewhere(&self, objects: &[OwnedObject], targets: &[Target]) -> u64 {
+        let theirs: Vec<&OwnedObject> = objects
+            .iter()
+            .filter(|o| {
+                let key = ResourceTypeKey::of_kind(o.kind);
+                targets.iter().any(|t| t.resource_type == key && Some(t.resource_id) == label_id(o, key.object().1))
             })
-        };
-        let mut released = 0;
-        let mut pending = false;
-        for key in [
-            ResourceTypeKey::Application,
-            ResourceTypeKey::ManagedEnvironment,
-            ResourceTypeKey::RepositoryCredential,
-            ResourceTypeKey::Tenant,
-        ] {
-            if pending {
-                break; // Secrets and projects stay while an Application may still need them
-            }
-            for object in of(key) {
-                let removal = match object.kind {
-                    ObjectKind::Application => self.engine.release_application(&object.name).await,
-                    ObjectKind::Cluster => self.engine.delete_cluster(&object.name).await,
-                    ObjectKind::Repository => self.engine.delete_repository(&object.name).await,
-                    ObjectKind::Project => self.engine.delete_project(&object.name).await,
-                };
-                match removal {
-                    Ok(crate::engine::Removal::Gone) => released += 1,
-                    Ok(crate::engine::Removal::Pending) => pending = true,
-                    Err(error) => {
-                        tracing::warn!(error = %chain(&error), argocd.object = %object.name, "could not release an object");
-                        pending = true;
-                    }
-                }
-            }
+            .collect();
+        let released = release_objects(self.engine.as_ref(), &theirs).await;
+        for (name, error) in &released.failed {
+            tracing::warn!(error = %chain(error), argocd.object = %name, "could not release an object");
         }
-        released
+        released.removed
     }
 }
 

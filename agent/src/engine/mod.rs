@@ -6,6 +6,7 @@
 //! `StatusEvent`s, which the agent's status watcher (`crate::status`) maps to rows.
 
 pub mod argocd;
+pub mod release;
 
 use std::collections::BTreeMap;
 use std::fmt;

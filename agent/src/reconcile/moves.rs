@@ -13,7 +13,8 @@ use gitops_shared::db::{in_txn_retrying, pooled};
 use gitops_shared::model::TenantId;
 
 use super::{ReconcileError, Reconciler};
-use crate::engine::{ObjectKind, Removal};
+use crate::engine::OwnedObject;
+use crate::engine::release::release_objects;
 use crate::names::TENANT_ID_LABEL;
 
 /// What a tenant operation means to this instance.
@@ -74,39 +75,17 @@ impl Reconciler {
         Ok(())
     }
 
-    /// Removes every object of `tenant` in this instance: Applications without
-    /// pruning (their finalizer goes first), then cluster and repository Secrets,
-    /// then the AppProject. Returns those still being deleted.
+    /// Removes every object of `tenant` in this instance, without pruning
+    /// (`crate::engine::release`). Returns those still being deleted.
     async fn remove_tenant_objects(&self, tenant: TenantId) -> Result<Vec<String>, ReconcileError> {
         let wanted = tenant.0.to_string();
         let owned = self.engine().list_owned().await?;
-        let wanted = &wanted;
-        let ours = |kind: ObjectKind| {
-            owned.iter().filter(move |o| o.kind == kind && o.labels.get(TENANT_ID_LABEL) == Some(wanted))
-        };
-        let mut pending = Vec::new();
-        for object in ours(ObjectKind::Application) {
-            if self.engine().release_application(&object.name).await? == Removal::Pending {
-                pending.push(object.name.clone());
-            }
+        let ours: Vec<&OwnedObject> = owned.iter().filter(|o| o.labels.get(TENANT_ID_LABEL) == Some(&wanted)).collect();
+        let mut released = release_objects(self.engine(), &ours).await;
+        if let Some((_, error)) = released.failed.pop() {
+            return Err(error.into());
         }
-        if !pending.is_empty() {
-            return Ok(pending); // Secrets stay while an Application may still need them
-        }
-        for object in ours(ObjectKind::Cluster) {
-            if self.engine().delete_cluster(&object.name).await? == Removal::Pending {
-                pending.push(object.name.clone());
-            }
-        }
-        for object in ours(ObjectKind::Repository) {
-            if self.engine().delete_repository(&object.name).await? == Removal::Pending {
-                pending.push(object.name.clone());
-            }
-        }
-        if self.engine().delete_project(&crate::names::project_name(tenant)).await? == Removal::Pending {
-            pending.push(crate::names::project_name(tenant));
-        }
-        Ok(pending)
+        Ok(released.pending)
     }
 
     /// Takes `tenant` on here: its project, then every row (enqueued as the move ends).

@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio_postgres::Client;
 
 use crate::db::placement::placement_choose_in_txn;
+use crate::db::tenant_move::RETARGET;
 use crate::db::{DbError, column, in_txn_retrying};
 use crate::model::{EngineInstanceId, ResourceType, TenantId};
 use crate::queue::operation_enqueue_in_txn;
@@ -61,14 +62,10 @@ UPDATE tenant SET moving_from = engine_instance_id, engine_instance_id = $2, mov
                   move_started_at = now(), move_reason = 'failover', updated_at = now()
  WHERE id = $1";
 
-const RETARGET: &str = "
-UPDATE operation SET engine_instance_id = $2
- WHERE tenant_id = $1 AND state = 'waiting' AND resource_type <> 'tenant'";
-
 const TOUCH_STATE: &str = "UPDATE application_state SET updated_at = now() WHERE tenant_id = ANY($1)";
 
 /// Every statement of this module (a test prepares them against the schema).
-pub const STATEMENTS: &[&str] = &[LOCK, LOST, FENCE, SKIP_RELEASE, UNPARK, TENANTS, REPLACE, RETARGET, TOUCH_STATE];
+pub const STATEMENTS: &[&str] = &[LOCK, LOST, FENCE, SKIP_RELEASE, UNPARK, TENANTS, REPLACE, TOUCH_STATE];
 
 /// What one failover step did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -75,8 +75,8 @@ UPDATE tenant SET moving_from = engine_instance_id, engine_instance_id = $2, mov
                   move_started_at = now(), move_reason = $3, updated_at = now()
  WHERE id = $1";
 
-// The trigger parks them (the tenant is releasing now).
-const RETARGET: &str = "
+// The trigger parks them while the tenant is releasing (failover uses it too).
+pub(crate) const RETARGET: &str = "
 UPDATE operation SET engine_instance_id = $2
  WHERE tenant_id = $1 AND state = 'waiting' AND resource_type <> 'tenant'";
 
