@@ -29,7 +29,7 @@ use gitops_shared::db::writer_shard::{
     OtherWriterRow, writer_shard_acquire, writer_shard_other_writers, writer_shard_release, writer_shard_renew,
     writer_shard_take_over, writer_shard_unowned,
 };
-use gitops_shared::db::{DbError, DbPool, pooled};
+use gitops_shared::db::{DbError, DbPool, PooledClient, pooled};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -39,6 +39,8 @@ pub const SHARDS: i32 = 64;
 /// How long past another writer's lease expiry the keeper looks again: enough for the
 /// database clock to have passed it, little next to a lease.
 const EXPIRY_MARGIN: Duration = Duration::from_millis(150);
+/// A round slower than this is logged: it delays renewals and takeovers.
+const SLOW_ROUND: Duration = Duration::from_secs(1);
 /// How soon a ready keeper looks again while shards are left unowned.
 const UNOWNED_RETRY: Duration = Duration::from_millis(250);
 
@@ -78,6 +80,10 @@ pub struct ShardKeeper {
     config: ShardConfig,
     /// Whether the writer may take shards (its watchers have listed once).
     ready: watch::Receiver<bool>,
+    /// The keeper's own connection, held between rounds so that a renewal or a
+    /// takeover never waits for a pool busy with intent transactions; replaced after
+    /// a failed round.
+    connection: Option<PooledClient>,
     owned: watch::Sender<Vec<i32>>,
 }
 
@@ -97,7 +103,7 @@ impl ShardKeeper {
         ready: watch::Receiver<bool>,
     ) -> (Self, watch::Receiver<Vec<i32>>) {
         let (owned, rx) = watch::channel(Vec::new());
-        (ShardKeeper { pool, writer_id, config, ready, owned }, rx)
+        (ShardKeeper { pool, writer_id, config, ready, owned, connection: None }, rx)
     }
 
     /// Renews and rebalances every interval, when another writer's lease is due to
@@ -106,7 +112,13 @@ impl ShardKeeper {
     pub async fn run(mut self, cancel: CancellationToken) {
         loop {
             let ready = *self.ready.borrow_and_update();
-            let next = match self.round(ready).await {
+            let started = std::time::Instant::now();
+            let round = self.round(ready).await;
+            if started.elapsed() > SLOW_ROUND {
+                tracing::warn!(writer.id = %self.writer_id, elapsed = ?started.elapsed(),
+                    "a shard round took long: leases may lapse and free shards wait");
+            }
+            let next = match round {
                 Ok(Round { owned, next }) => {
                     self.owned.send_if_modified(|current| {
                         let changed = *current != owned;
@@ -122,6 +134,7 @@ impl ShardKeeper {
                     next
                 }
                 Err(error) => {
+                    self.connection = None;
                     // Leases that lapse are dropped here so no work continues on them.
                     tracing::warn!(writer.id = %self.writer_id, error = %error, "could not renew shard leases");
                     self.owned.send_if_modified(|current| !std::mem::take(current).is_empty());
@@ -141,27 +154,36 @@ impl ShardKeeper {
     }
 
     /// One renewal and rebalancing; returns the shards held afterwards.
-    async fn round(&self, ready: bool) -> Result<Round, DbError> {
-        let client = pooled(&self.pool).await?;
+    async fn round(&mut self, ready: bool) -> Result<Round, DbError> {
+        let client = match self.connection.take() {
+            Some(client) if !client.is_closed() => client,
+            _ => pooled(&self.pool).await?,
+        };
+        let round = self.round_on(&client, ready).await;
+        self.connection = Some(client);
+        round
+    }
+
+    async fn round_on(&self, client: &tokio_postgres::Client, ready: bool) -> Result<Round, DbError> {
         let (id, lease) = (self.writer_id.as_str(), self.config.lease);
-        let mut owned: BTreeSet<i32> = writer_shard_renew(&client, id, lease).await?.into_iter().collect();
+        let mut owned: BTreeSet<i32> = writer_shard_renew(client, id, lease).await?.into_iter().collect();
         // Shards the acquisition skipped (another statement held their row for a
         // moment) are looked at again soon, not at the next interval. Counted before
         // any shard is given back below: those are for other writers to take.
         let mut skipped = false;
         if ready {
-            owned.extend(writer_shard_acquire(&client, id, lease, i64::from(SHARDS)).await?);
-            skipped = writer_shard_unowned(&client).await? > 0;
+            owned.extend(writer_shard_acquire(client, id, lease, i64::from(SHARDS)).await?);
+            skipped = writer_shard_unowned(client).await? > 0;
         }
-        let others = writer_shard_other_writers(&client, id).await?;
+        let others = writer_shard_other_writers(client, id).await?;
         let loads: Vec<i64> = others.iter().map(|other| other.shards).collect();
         match rebalance(ready, owned.len(), &loads) {
             Rebalance::TakeOne { share } => {
-                owned.extend(writer_shard_take_over(&client, id, lease, share).await?);
+                owned.extend(writer_shard_take_over(client, id, lease, share).await?);
             }
             Rebalance::GiveOne => {
                 if let Some(&shard) = owned.last() {
-                    writer_shard_release(&client, id, &[shard]).await?;
+                    writer_shard_release(client, id, &[shard]).await?;
                     owned.remove(&shard);
                 }
             }
@@ -174,8 +196,11 @@ impl ShardKeeper {
         Ok(Round { owned: owned.into_iter().collect(), next })
     }
 
-    async fn release_all(&self) -> Result<(), DbError> {
-        let client = pooled(&self.pool).await?;
+    async fn release_all(&mut self) -> Result<(), DbError> {
+        let client = match self.connection.take() {
+            Some(client) if !client.is_closed() => client,
+            _ => pooled(&self.pool).await?,
+        };
         let all: Vec<i32> = (0..SHARDS).collect();
         writer_shard_release(&client, &self.writer_id, &all).await
     }

@@ -68,6 +68,9 @@ use tokio_postgres::{Client, Config, Transaction};
 /// The pool every component uses for ordinary statements.
 pub type DbPool = Pool;
 
+/// A connection taken from a [`DbPool`]; back in the pool when dropped.
+pub type PooledClient = deadpool_postgres::Object;
+
 /// A connection string taken apart: tokio-postgres's settings (TLS off, optional
 /// or mandatory, as `sslmode` says) and the connector that does the TLS.
 #[derive(Debug, Clone)]
@@ -138,7 +141,7 @@ pub async fn connect(url: &str, application_name: &str) -> Result<Client, DbErro
 }
 
 /// Takes a pooled connection.
-pub async fn pooled(pool: &DbPool) -> Result<deadpool_postgres::Object, DbError> {
+pub async fn pooled(pool: &DbPool) -> Result<PooledClient, DbError> {
     pool.get().await.map_err(|source| DbError::Pool { source })
 }
 

@@ -30,11 +30,14 @@ const RELEASE: &str = "
 UPDATE writer_shard SET writer_id = NULL, lease_expires_at = NULL, updated_at = now()
  WHERE writer_id = $1 AND shard = ANY($2)";
 
+// `FOR NO KEY UPDATE`, the lock the UPDATE takes anyway: it waits for (here: skips)
+// an owner's fence (`FOR SHARE`) but not the key-share lock a foreign key check on
+// `tenant.writer_shard` holds until its transaction ends, which `FOR UPDATE` would.
 const ACQUIRE: &str = "
 UPDATE writer_shard SET writer_id = $1, lease_expires_at = now() + $2::bigint * interval '1 millisecond', updated_at = now()
  WHERE shard IN (SELECT shard FROM writer_shard
                   WHERE writer_id IS NULL OR lease_expires_at <= now()
-                  ORDER BY shard LIMIT $3 FOR UPDATE SKIP LOCKED)
+                  ORDER BY shard LIMIT $3 FOR NO KEY UPDATE SKIP LOCKED)
 RETURNING shard";
 
 // One shard of the writer holding the most, when that writer holds more than $3.
@@ -46,7 +49,7 @@ UPDATE writer_shard SET writer_id = $1, lease_expires_at = now() + $2::bigint * 
                                      WHERE lease_expires_at > now() AND writer_id <> $1
                                      GROUP BY writer_id HAVING count(*) > $3
                                      ORDER BY count(*) DESC, writer_id LIMIT 1)
-                 ORDER BY shard DESC LIMIT 1 FOR UPDATE SKIP LOCKED)
+                 ORDER BY shard DESC LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED)
 RETURNING shard";
 
 const FENCE: &str = "

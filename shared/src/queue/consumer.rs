@@ -23,7 +23,7 @@ use super::{
     ClaimedOperation, Failure, LeaseKeeper, RetryPolicy, operation_claim, operation_complete, operation_fail,
     operation_next_lease_expiry, operation_prune, operation_reclaim_expired,
 };
-use crate::db::{DbError, DbPool, pooled};
+use crate::db::{DbError, DbPool, PooledClient, pooled};
 use crate::listen::Listener;
 use crate::model::EngineInstanceId;
 use crate::signal::{Signal, SleepAttempt};
@@ -227,21 +227,24 @@ impl<H: Handler> Consumer<H> {
 
     /// Reclaims expired leases and prunes, until `stop`: at once, when the first
     /// claimed lease of the instance is due to expire, and every `reclaim_every`.
+    /// The upkeep holds its own connection, so that taking back a crashed claimer's
+    /// operations never waits for a pool busy with handlers; a failed round drops it.
     async fn upkeep_loop(&self, stop: &CancellationToken) {
         let mut next_prune = Instant::now();
+        let mut held: Option<PooledClient> = None;
         while !stop.is_cancelled() {
-            let reclaimed = self.reclaim().await;
+            let reclaimed = self.reclaim(&mut held).await;
             if reclaimed.is_some_and(|reclaimed| reclaimed > 0) {
                 self.requeued.notify_one();
             }
             if Instant::now() >= next_prune {
-                self.prune().await;
+                self.prune(&mut held).await;
                 next_prune = Instant::now() + self.config.reclaim_every;
             }
             // After a failure, wait a whole round: an expired lease that cannot be
             // reclaimed would otherwise be tried again at once, over and over.
             let wait = match reclaimed {
-                Some(_) => self.next_reclaim().await,
+                Some(_) => self.next_reclaim(&mut held).await,
                 None => self.config.reclaim_every,
             };
             tokio::select! {
@@ -251,12 +254,21 @@ impl<H: Handler> Consumer<H> {
         }
     }
 
+    /// The upkeep's connection: the one held, or a new one from the pool.
+    async fn upkeep_client<'a>(&self, held: &'a mut Option<PooledClient>) -> Result<&'a mut PooledClient, DbError> {
+        let client = match held.take() {
+            Some(client) if !client.is_closed() => client,
+            _ => pooled(&self.pool).await?,
+        };
+        Ok(held.insert(client))
+    }
+
     /// Handles the expired leases of the instance; returns how many (None: it failed,
     /// and said so).
-    async fn reclaim(&self) -> Option<u64> {
+    async fn reclaim(&self, held: &mut Option<PooledClient>) -> Option<u64> {
         let outcome = async {
-            let mut client = pooled(&self.pool).await?;
-            operation_reclaim_expired(&mut client, self.config.instance, &self.config.retry, 1000).await
+            let client = self.upkeep_client(held).await?;
+            operation_reclaim_expired(client, self.config.instance, &self.config.retry, 1000).await
         }
         .await;
         match outcome {
@@ -268,35 +280,38 @@ impl<H: Handler> Consumer<H> {
                 Some(reclaimed)
             }
             Err(error) => {
+                *held = None;
                 tracing::warn!(%error, "could not reclaim expired leases");
                 None
             }
         }
     }
 
-    async fn prune(&self) {
+    async fn prune(&self, held: &mut Option<PooledClient>) {
         let outcome = async {
-            let client = pooled(&self.pool).await?;
-            operation_prune(&client, self.config.retention, self.config.failed_retention, 10_000).await
+            let client = self.upkeep_client(held).await?;
+            operation_prune(client, self.config.retention, self.config.failed_retention, 10_000).await
         }
         .await;
         if let Err(error) = outcome {
+            *held = None;
             tracing::warn!(%error, "could not prune finished operations");
         }
     }
 
     /// How long until the upkeep looks for expired leases again: just after the first
     /// claimed lease of the instance is due, or after `reclaim_every`.
-    async fn next_reclaim(&self) -> Duration {
+    async fn next_reclaim(&self, held: &mut Option<PooledClient>) -> Duration {
         let next = async {
-            let client = pooled(&self.pool).await?;
-            operation_next_lease_expiry(&client, self.config.instance).await
+            let client = self.upkeep_client(held).await?;
+            operation_next_lease_expiry(client, self.config.instance).await
         }
         .await;
         match next {
             Ok(Some(expires_in)) => self.config.reclaim_every.min(expires_in + LEASE_EXPIRY_MARGIN),
             Ok(None) => self.config.reclaim_every,
             Err(error) => {
+                *held = None;
                 tracing::warn!(%error, "could not find the next lease expiry");
                 self.config.reclaim_every
             }

@@ -565,16 +565,19 @@ SELECT id, state::text AS state, lease_token::text AS token,
   FROM operation
  WHERE state = 'claimed' OR completed_at > now() - interval '5 seconds'";
 
-// Shards expired for more than a second without a new holder, and the transactions
-// open for more than a second that might hold their rows (for the log: why a
+// Shards expired (or released) for more than a second without a new holder, and the
+// transactions open for more than half a second that might hold their rows (for the log: why a
 // handoff takes longer than the lease).
 const STUCK_SHARDS: &str = "
-SELECT shard, writer_id FROM writer_shard WHERE writer_id IS NULL OR lease_expires_at < now() - interval '1 second'";
+SELECT shard, writer_id FROM writer_shard
+ WHERE coalesce(lease_expires_at, updated_at) < now() - interval '1 second'";
 const LONG_TRANSACTIONS: &str = "
 SELECT pid, application_name, state, coalesce(wait_event_type || ':' || wait_event, '') AS waiting,
+       pg_blocking_pids(pid)::text AS blocked_by,
        extract(epoch FROM now() - xact_start)::float8 AS age_s, left(query, 100) AS query
   FROM pg_stat_activity
- WHERE xact_start < now() - interval '1 second' AND pid <> pg_backend_pid() AND datname = current_database()";
+ WHERE xact_start < now() - interval '500 milliseconds' AND pid <> pg_backend_pid()
+   AND datname = current_database()";
 
 /// Logs, once per shard, a shard left unowned past its lease with the long
 /// transactions open at that moment.
@@ -595,7 +598,10 @@ async fn report_stuck_shards(db: &tokio_postgres::Client, reported: &mut std::co
                 (row.get("pid"), row.get("application_name"), row.get("state"));
             let (waiting, age, query): (String, f64, Option<String>) =
                 (row.get("waiting"), row.get("age_s"), row.get("query"));
-            eprintln!("    open transaction pid {pid} ({app}) {state:?} {waiting} for {age:.1}s: {query:?}");
+            let blocked_by: String = row.get("blocked_by");
+            eprintln!(
+                "    open transaction pid {pid} ({app}) {state:?} {waiting} blocked by {blocked_by} for {age:.1}s: {query:?}"
+            );
         }
     }
     reported.extend(fresh);
