@@ -3,14 +3,17 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use gitops_agent::Cli;
-use gitops_shared::telemetry::{init_logging, print_error_chain};
+use gitops_shared::telemetry::{init_logging_as, print_error_chain, version_line};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging();
+    // `--version`: the version and the Git revision this binary was built from.
+    let version = version_line(env!("CARGO_PKG_VERSION"), option_env!("GITOPS_REVISION"));
+    let matches = Cli::command().version(&*version.leak()).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+    init_logging_as(cli.log_format);
     match gitops_agent::execute(cli.command).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

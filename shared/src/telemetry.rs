@@ -1,21 +1,75 @@
-//! What every binary does the same way at its edges: structured logs to stderr
-//! (level from `RUST_LOG`, `info` by default, colour only on a terminal) and an
+//! What every binary does the same way at its edges: the version line it prints,
+//! structured logs to stderr (level from `RUST_LOG`, `info` by default; text with
+//! colour only on a terminal, or one JSON object per line for log collectors) and an
 //! error printed with its whole chain of causes.
 
 use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
-/// Installs the process-wide log subscriber. Call once, first thing in `main`.
-/// A log line that cannot be written (stderr a closed pipe, say) is dropped: it
-/// must never stop the process — or stop it from shutting down on SIGTERM.
+/// The environment variable every binary reads its log format from (`--log-format`).
+pub const LOG_FORMAT: &str = "GITOPS_LOG_FORMAT";
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human-readable lines, coloured on a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `target`, `fields` (the
+    /// message and the event's structured fields), `span` and `spans`.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "text" => Ok(Self::Text),
+            "json" => Ok(Self::Json),
+            other => Err(format!("unknown log format {other:?}: use text or json")),
+        }
+    }
+}
+
+impl std::fmt::Display for LogFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Text => "text",
+            Self::Json => "json",
+        })
+    }
+}
+
+/// The line `--version` prints: the crate version and the Git revision the binary
+/// was built from. Binaries pass `option_env!("GITOPS_REVISION")` from their own
+/// `main.rs`, so a new revision relinks the binaries and rebuilds nothing else; the
+/// image and release scripts and `ops/test` set it, a plain `cargo build` says
+/// that it was not given.
+pub fn version_line(version: &str, revision: Option<&str>) -> String {
+    match revision.map(str::trim).filter(|r| !r.is_empty()) {
+        Some(revision) => format!("{version} (revision {revision})"),
+        None => format!("{version} (revision unknown: built without GITOPS_REVISION)"),
+    }
+}
+
+/// Installs the process-wide log subscriber, as text. Call once, first thing in `main`.
 pub fn init_logging() {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .log_internal_errors(false)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
-        .init();
+    init_logging_as(LogFormat::Text);
+}
+
+/// Installs the process-wide log subscriber in `format`. Call once, first thing in
+/// `main`. A log line that cannot be written (stderr a closed pipe, say) is dropped:
+/// it must never stop the process — or stop it from shutting down on SIGTERM.
+pub fn init_logging_as(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder =
+        tracing_subscriber::fmt().with_writer(std::io::stderr).log_internal_errors(false).with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.json().with_ansi(false).with_current_span(true).with_span_list(true).init(),
+    }
 }
 
 /// An error and all its sources on one line, `outer: inner: innermost` (for
@@ -70,4 +124,24 @@ pub fn print_error_chain(error: &dyn std::error::Error) {
 fn to_stderr(line: &str) {
     use std::io::Write as _;
     let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_formats_parse_and_print_as_written() {
+        for format in [LogFormat::Text, LogFormat::Json] {
+            assert_eq!(format.to_string().parse::<LogFormat>(), Ok(format));
+        }
+        assert!("JSON ".parse::<LogFormat>().is_err());
+    }
+
+    #[test]
+    fn the_version_line_names_the_revision_or_says_it_is_unknown() {
+        assert_eq!(version_line("0.1.0", Some("0123abc")), "0.1.0 (revision 0123abc)");
+        assert_eq!(version_line("0.1.0", Some("")), "0.1.0 (revision unknown: built without GITOPS_REVISION)");
+        assert_eq!(version_line("0.1.0", None), "0.1.0 (revision unknown: built without GITOPS_REVISION)");
+    }
 }

@@ -13,6 +13,10 @@ use crate::bench::queue::QueueBenchConfig;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log format on stderr: `text`, or `json` (one object per line, for log
+    /// collectors). The level comes from RUST_LOG (`info` by default).
+    #[arg(long, global = true, env = gitops_shared::telemetry::LOG_FORMAT, default_value_t)]
+    pub log_format: gitops_shared::telemetry::LogFormat,
 }
 
 #[derive(Debug, Subcommand)]
