@@ -106,6 +106,8 @@ pub struct WriterMetrics {
     instance_health: Mutex<BTreeMap<String, String>>,
     /// Tenants this writer placed elsewhere because their instance was lost.
     pub failover_moves: AtomicU64,
+    /// Rounds of home-token renewal that failed (each is retried a round later).
+    pub home_token_renewal_failures: AtomicU64,
 }
 
 impl Default for WriterMetrics {
@@ -126,6 +128,7 @@ impl Default for WriterMetrics {
             unplaced: Mutex::default(),
             instance_health: Mutex::default(),
             failover_moves: AtomicU64::new(0),
+            home_token_renewal_failures: AtomicU64::new(0),
         }
     }
 }
@@ -352,6 +355,13 @@ impl WriterMetrics {
         );
         let _ = writeln!(out, "# TYPE gitops_writer_failover_moves_total counter");
         let _ = writeln!(out, "gitops_writer_failover_moves_total {}", self.failover_moves.load(Ordering::Relaxed));
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_home_token_renewal_failures_total Rounds of home-token renewal that failed (retried a round later)."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_home_token_renewal_failures_total counter");
+        let failures = self.home_token_renewal_failures.load(Ordering::Relaxed);
+        let _ = writeln!(out, "gitops_writer_home_token_renewal_failures_total {failures}");
         let (tenants, deployments) = self.owned_counts();
         let _ =
             writeln!(out, "# HELP gitops_writer_tenants Namespaces with resources the writer knows, in its shards.");

@@ -221,6 +221,7 @@ pub(super) async fn renew_loop(ctl: Arc<Controllers>, cancel: CancellationToken)
             () = tokio::time::sleep(every) => {}
         }
         if let Err(error) = renew_due(&ctl).await {
+            ctl.ctx.metrics.home_token_renewal_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "renewing home tokens failed; retrying");
         }
     }
