@@ -141,6 +141,7 @@ async fn rendered() -> BTreeMap<String, BTreeSet<String>> {
     writer.resync_repaired(Kind::Deployment, "tombstoned", 1);
     writer.resync_refused("too_many_tombstones");
     writer.admission_reviewed("GitOpsDeployment", "denied");
+    writer.set_instance_health(BTreeMap::from([("argocd-1".to_owned(), "lost".to_owned())]));
     series(&writer.render(), &mut found);
 
     let db = TestDb::empty().await;
@@ -159,6 +160,7 @@ async fn rendered() -> BTreeMap<String, BTreeSet<String>> {
         "gitops_writer_resync_repairs_total",
         "gitops_writer_resync_refused_total",
         "gitops_writer_admission_reviews_total",
+        "gitops_writer_engine_instance_health",
         "gitops_agent_listen_connected",
         "gitops_agent_consumer_scans_total",
     ];
@@ -250,6 +252,9 @@ fn alert_rules() -> Vec<(String, Value)> {
     for entry in std::fs::read_dir(&dir).expect("ops/alerts exists") {
         let path = entry.expect("a directory entry").path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+        if !name.ends_with(".rules.yaml") {
+            continue;
+        }
         let text = std::fs::read_to_string(&path).expect("a readable rule file");
         let json: Value =
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name} is not JSON-compatible YAML: {e}"));
@@ -303,4 +308,77 @@ async fn alert_rules_query_rendered_metrics_and_link_the_runbook() {
         assert!(anchors.contains(anchor), "{file}: {name} links #{anchor}, which ops/runbook.md does not have");
         assert!(rule["labels"]["severity"].is_string(), "{file}: {name} has no severity");
     }
+}
+
+/// Every promtool unit test file in `ops/alerts/tests/`, parsed (JSON-compatible YAML).
+fn alert_tests() -> Vec<(String, Value)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../ops/alerts/tests");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("ops/alerts/tests exists") {
+        let path = entry.expect("a directory entry").path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+        let text = std::fs::read_to_string(&path).expect("a readable test file");
+        found.push((name.clone(), serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name}: {e}"))));
+    }
+    found
+}
+
+/// Each alert has a promtool unit test with input series in which it fires
+/// (`promtool test rules ops/alerts/tests/*.yaml` runs them in `ops/test`), and each
+/// test file loads the rule file its alerts come from.
+#[test]
+fn every_alert_rule_has_a_unit_test_in_which_it_fires() {
+    let mut fired = BTreeSet::new();
+    for (file, test) in alert_tests() {
+        let rule_files: Vec<&str> =
+            test["rule_files"].as_array().expect("rule_files").iter().filter_map(Value::as_str).collect();
+        for group in test["tests"].as_array().expect("tests") {
+            assert!(
+                !group["input_series"].as_array().expect("input series").is_empty(),
+                "{file}: a test without input"
+            );
+            for case in group["alert_rule_test"].as_array().into_iter().flatten() {
+                if case["exp_alerts"].as_array().is_some_and(|alerts| !alerts.is_empty()) {
+                    fired.insert((
+                        rule_files.clone().join(","),
+                        case["alertname"].as_str().expect("alertname").to_owned(),
+                    ));
+                }
+            }
+        }
+    }
+    for (file, rule) in alert_rules() {
+        let name = rule["alert"].as_str().expect("a name");
+        assert!(
+            fired.iter().any(|(files, alert)| alert == name && files.contains(&format!("../{file}"))),
+            "{file}: {name} has no unit test in ops/alerts/tests/ in which it fires"
+        );
+    }
+}
+
+/// The Prometheus Operator component carries the same rules as `ops/alerts/`.
+#[test]
+fn the_prometheus_rule_component_matches_the_rule_files() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../ops/deploy/components/prometheus-operator/writer/prometheusrule.yaml");
+    let text = std::fs::read_to_string(&path).expect("the PrometheusRule");
+    let rule: Value = serde_json::from_str(&text).expect("the PrometheusRule is JSON-compatible YAML");
+    assert_eq!(rule["kind"], "PrometheusRule");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../ops/alerts");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("ops/alerts")
+        .map(|entry| entry.expect("a directory entry").path())
+        .filter(|path| path.to_str().is_some_and(|p| p.ends_with(".rules.yaml")))
+        .collect();
+    files.sort();
+    let mut groups = Vec::new();
+    for file in files {
+        let json: Value = serde_json::from_str(&std::fs::read_to_string(&file).expect("a rule file")).expect("JSON");
+        groups.extend(json["groups"].as_array().expect("groups").iter().cloned());
+    }
+    assert_eq!(
+        rule["spec"]["groups"],
+        Value::Array(groups),
+        "the PrometheusRule is out of date: run ops/alerts/render-prometheusrule"
+    );
 }
