@@ -208,9 +208,12 @@ pub fn run_env_vars() -> Vec<String> {
     use clap::CommandFactory;
     let mut names = vec![config::ENCRYPTION_KEYS.to_owned(), config::ENCRYPTION_ACTIVE_KEY.to_owned()];
     names.extend(DEPRECATED_ENV.iter().map(|(old, _)| (*old).to_owned()));
-    if let Some(run) = Cli::command().find_subcommand("run") {
-        names.extend(run.get_arguments().filter_map(|arg| arg.get_env()).map(|env| env.to_string_lossy().into_owned()));
-    }
+    let cli = Cli::command();
+    // The global flags (`--log-format`) and those of `run`.
+    let run = cli.find_subcommand("run").into_iter().flat_map(|run| run.get_arguments());
+    names.extend(
+        cli.get_arguments().chain(run).filter_map(|arg| arg.get_env()).map(|env| env.to_string_lossy().into_owned()),
+    );
     names
 }
 

@@ -464,43 +464,55 @@ async fn writer_e2e_runs_with_exactly_its_deployed_rbac_rules() {
     identity.remove(&env.kube).await;
 }
 
-/// The writer's manifests in `ops/deploy/` (`writer-*.yaml`), by kind.
+/// The writer's install as kustomize renders it from `ops/deploy/writer`, by `Kind/name`.
 fn writer_manifests() -> std::collections::BTreeMap<String, serde_json::Value> {
-    crate::support::deploy_manifests(true)
+    crate::support::rendered_install("writer")
 }
 
 #[test]
 fn writer_e2e_deploy_cluster_role_grants_exactly_the_tested_rules() {
     let m = writer_manifests();
-    let kinds: Vec<&str> = m.keys().map(String::as_str).collect();
+    let keys: Vec<&str> =
+        m.keys().map(String::as_str).filter(|k| !k.starts_with("CustomResourceDefinition/")).collect();
     assert_eq!(
-        kinds,
+        keys,
         [
-            "ClusterRole",
-            "ClusterRoleBinding",
-            "Deployment",
-            "Namespace",
-            "Service",
-            "ServiceAccount",
-            "ValidatingWebhookConfiguration"
+            "ClusterRole/gitops-writer",
+            "ClusterRoleBinding/gitops-writer",
+            "Deployment/gitops-writer",
+            "Namespace/gitops-service",
+            "Namespace/gitops-service-home",
+            "NetworkPolicy/gitops-writer",
+            "PodDisruptionBudget/gitops-writer",
+            "Service/gitops-writer-metrics",
+            "Service/gitops-writer-webhook",
+            "ServiceAccount/gitops-writer",
+            "ValidatingWebhookConfiguration/gitops-service"
         ]
     );
-    assert_eq!(m["ClusterRole"]["rules"], crate::support::writer_rbac_rules());
+    // The tenant CRDs come with the writer, exactly those the Rust types generate.
+    let crds: Vec<&str> = m.keys().filter_map(|k| k.strip_prefix("CustomResourceDefinition/")).collect();
+    let generated: Vec<String> =
+        gitops_writer::api::crds().into_iter().map(|crd| crd.metadata.name.expect("a name")).collect();
+    let mut generated: Vec<&str> = generated.iter().map(String::as_str).collect();
+    generated.sort_unstable();
+    assert_eq!(crds, generated);
+    assert_eq!(m["ClusterRole/gitops-writer"]["rules"], crate::support::writer_rbac_rules());
 
-    let namespace = &m["ServiceAccount"]["metadata"]["namespace"];
+    let namespace = &m["ServiceAccount/gitops-writer"]["metadata"]["namespace"];
     assert!(namespace.is_string(), "the ServiceAccount has a namespace");
-    assert_eq!(&m["Deployment"]["metadata"]["namespace"], namespace);
-    let binding = &m["ClusterRoleBinding"];
+    assert_eq!(&m["Deployment/gitops-writer"]["metadata"]["namespace"], namespace);
+    let binding = &m["ClusterRoleBinding/gitops-writer"];
     assert_eq!(binding["roleRef"]["kind"], "ClusterRole");
-    assert_eq!(binding["roleRef"]["name"], m["ClusterRole"]["metadata"]["name"]);
+    assert_eq!(binding["roleRef"]["name"], m["ClusterRole/gitops-writer"]["metadata"]["name"]);
     let subjects = binding["subjects"].as_array().expect("subjects");
     assert_eq!(subjects.len(), 1, "bound to the writer only");
     assert_eq!(subjects[0]["kind"], "ServiceAccount");
-    assert_eq!(subjects[0]["name"], m["ServiceAccount"]["metadata"]["name"]);
+    assert_eq!(subjects[0]["name"], m["ServiceAccount/gitops-writer"]["metadata"]["name"]);
     assert_eq!(&subjects[0]["namespace"], namespace);
     assert_eq!(
-        m["Deployment"]["spec"]["template"]["spec"]["serviceAccountName"],
-        m["ServiceAccount"]["metadata"]["name"]
+        m["Deployment/gitops-writer"]["spec"]["template"]["spec"]["serviceAccountName"],
+        m["ServiceAccount/gitops-writer"]["metadata"]["name"]
     );
 }
 
@@ -510,7 +522,7 @@ fn writer_e2e_deploy_cluster_role_grants_exactly_the_tested_rules() {
 #[test]
 fn writer_e2e_deploy_registers_the_webhook_and_the_home_namespace() {
     let m = writer_manifests();
-    let container = &m["Deployment"]["spec"]["template"]["spec"]["containers"][0];
+    let container = &m["Deployment/gitops-writer"]["spec"]["template"]["spec"]["containers"][0];
     let env = container["env"].as_array().expect("env");
     let value =
         |name: &str| env.iter().find(|e| e["name"] == name).and_then(|e| e["value"].as_str()).map(str::to_owned);
@@ -518,9 +530,9 @@ fn writer_e2e_deploy_registers_the_webhook_and_the_home_namespace() {
     let port: u64 = address.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).expect("a port");
     let ports = container["ports"].as_array().expect("ports");
     assert!(ports.iter().any(|p| p["name"] == "webhook" && p["containerPort"] == port));
-    let service = &m["Service"];
+    let service = &m["Service/gitops-writer-webhook"];
     assert_eq!(service["spec"]["ports"][0]["targetPort"], "webhook");
-    let webhook = &m["ValidatingWebhookConfiguration"]["webhooks"][0];
+    let webhook = &m["ValidatingWebhookConfiguration/gitops-service"]["webhooks"][0];
     let client = &webhook["clientConfig"]["service"];
     assert_eq!(client["name"], service["metadata"]["name"]);
     assert_eq!(client["namespace"], service["metadata"]["namespace"]);
@@ -539,9 +551,10 @@ fn writer_e2e_deploy_registers_the_webhook_and_the_home_namespace() {
         );
     }
     assert!(!resources.iter().any(|r| r.contains('/')), "no subresource (status) is sent");
-    assert_eq!(m["Namespace"]["metadata"]["name"], gitops_writer::controller::DEFAULT_HOME_NAMESPACE);
+    let home = format!("Namespace/{}", gitops_writer::controller::DEFAULT_HOME_NAMESPACE);
+    assert!(m.contains_key(&home), "the install makes the writer's default home namespace");
     assert_eq!(
-        m["ValidatingWebhookConfiguration"]["metadata"]["name"], "gitops-service",
+        m["ValidatingWebhookConfiguration/gitops-service"]["metadata"]["name"], "gitops-service",
         "the writer's default registration name"
     );
     let mounted = container["volumeMounts"][0]["mountPath"].as_str().expect("a mounted certificate");
@@ -552,7 +565,7 @@ fn writer_e2e_deploy_registers_the_webhook_and_the_home_namespace() {
 #[test]
 fn writer_e2e_deploy_sets_only_variables_the_writer_reads() {
     let m = writer_manifests();
-    let container = &m["Deployment"]["spec"]["template"]["spec"]["containers"][0];
+    let container = &m["Deployment/gitops-writer"]["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(container["command"], json!(["gitops-writer", "run"]));
 
     let known = gitops_writer::run_env_vars();
@@ -571,4 +584,39 @@ fn writer_e2e_deploy_sets_only_variables_the_writer_reads() {
     // The probes reach the metrics listener, which must listen beyond loopback.
     let address = env.iter().find(|e| e["name"] == "GITOPS_WRITER_METRICS_ADDRESS").and_then(|e| e["value"].as_str());
     crate::support::assert_probes_reach_metrics(container, address);
+}
+
+/// The metrics Service, the disruption budget and the network policy select the
+/// writer's pods; the policy lets in the API server (webhook port) and scraping
+/// (metrics port) only, and lets out DNS, PostgreSQL, API servers and Git only; the
+/// production overlay runs several writers with resource requests.
+#[test]
+fn writer_e2e_deploy_service_budget_policy_and_production_overlay() {
+    let m = writer_manifests();
+    let deployment = &m["Deployment/gitops-writer"];
+    let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let selects = |selector: &serde_json::Value| {
+        let wanted = selector.as_object().expect("matchLabels");
+        !wanted.is_empty() && wanted.iter().all(|(k, v)| &pod_labels[k] == v)
+    };
+    assert!(selects(&m["Service/gitops-writer-metrics"]["spec"]["selector"]));
+    assert_eq!(m["Service/gitops-writer-metrics"]["spec"]["ports"][0]["targetPort"], "metrics");
+    assert_eq!(m["PodDisruptionBudget/gitops-writer"]["apiVersion"], "policy/v1");
+    assert!(selects(&m["PodDisruptionBudget/gitops-writer"]["spec"]["selector"]["matchLabels"]));
+
+    let policy = &m["NetworkPolicy/gitops-writer"]["spec"];
+    assert!(selects(&policy["podSelector"]["matchLabels"]));
+    assert_eq!(policy["policyTypes"], json!(["Ingress", "Egress"]));
+    let ingress_ports: Vec<&serde_json::Value> =
+        policy["ingress"].as_array().expect("ingress rules").iter().map(|rule| &rule["ports"][0]["port"]).collect();
+    assert_eq!(ingress_ports, [&json!("webhook"), &json!("metrics")]);
+    assert_eq!(crate::support::egress_ports(policy), ["TCP/22", "TCP/443", "TCP/53", "TCP/5432", "TCP/6443", "UDP/53"]);
+
+    let production = crate::support::rendered_install("overlays/production/writer");
+    let deployment = &production["Deployment/gitops-writer"];
+    assert!(deployment["spec"]["replicas"].as_u64().expect("replicas") >= 2);
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert!(container["resources"]["requests"]["cpu"].is_string());
+    let image = container["image"].as_str().expect("an image");
+    assert!(image.contains('/') && image.ends_with("/gitops-writer:0.1.0"), "{image}");
 }

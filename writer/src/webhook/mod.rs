@@ -2,7 +2,7 @@
 //! read again when they change, as cert-manager rotates them), `POST /validate`
 //! with an `admission.k8s.io/v1` AdmissionReview, answered by `review`. Every
 //! writer replica answers, whatever shards it owns. The API server calls it for
-//! CREATE and UPDATE of the tenant resources (`ops/deploy/writer-webhook.yaml`).
+//! CREATE and UPDATE of the tenant resources (`ops/deploy/writer/webhook.yaml`).
 
 pub mod escalation;
 pub mod review;

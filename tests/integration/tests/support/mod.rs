@@ -272,25 +272,54 @@ pub fn assert_probes_reach_metrics(container: &serde_json::Value, address: Optio
     assert_eq!(container["readinessProbe"]["httpGet"]["port"], "metrics");
 }
 
-/// The manifests in `ops/deploy/`, by kind (one object per kind): the writer's
-/// (`writer-*.yaml`) or the agent's (the others). They are JSON-compatible YAML, so
-/// they parse as JSON.
-pub fn deploy_manifests(writer: bool) -> std::collections::BTreeMap<String, serde_json::Value> {
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../ops/deploy");
-    let mut by_kind = std::collections::BTreeMap::new();
-    for entry in std::fs::read_dir(dir).expect("ops/deploy exists") {
-        let path = entry.expect("a directory entry").path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        if !name.ends_with(".yaml") || name.starts_with("writer-") != writer {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).expect("a readable manifest");
-        let object: serde_json::Value = serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("{} is not JSON-compatible YAML: {e}", path.display()));
-        let kind = object["kind"].as_str().expect("a kind").to_owned();
-        assert!(by_kind.insert(kind.clone(), object).is_none(), "two manifests of kind {kind} in {name}");
+/// The objects kustomize renders from `ops/deploy/<dir>` (a base, an overlay), by
+/// `Kind/name`: what an operator applies, so the tests check that rather than the
+/// files it is made of. The renderer is `$GITOPS_KUSTOMIZE` (a command line, e.g.
+/// `kustomize build`), else `kubectl kustomize` (its kustomize must be ≥ 3.7, for
+/// components); `ops/test` checks that one is there.
+pub fn rendered_install(dir: &str) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../ops/deploy").join(dir);
+    let command = std::env::var("GITOPS_KUSTOMIZE").unwrap_or_else(|_| "kubectl kustomize".to_owned());
+    let mut words = command.split_whitespace();
+    let program = words.next().expect("GITOPS_KUSTOMIZE names a command");
+    let output = std::process::Command::new(program).args(words).arg(&root).output().unwrap_or_else(|e| {
+        panic!("run `{command}` ({e}): install kubectl or kustomize ≥ 3.7, or set GITOPS_KUSTOMIZE")
+    });
+    assert!(
+        output.status.success(),
+        "`{command} {}` failed: {}",
+        root.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).expect("kustomize prints UTF-8");
+    let objects: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{dir} renders YAML that does not parse: {e}"));
+    let mut by_name = std::collections::BTreeMap::new();
+    for object in objects {
+        let key = format!(
+            "{}/{}",
+            object["kind"].as_str().expect("a kind"),
+            object["metadata"]["name"].as_str().expect("a name")
+        );
+        assert!(by_name.insert(key.clone(), object).is_none(), "{dir} renders {key} twice");
     }
-    by_kind
+    by_name
+}
+
+/// Every `protocol/port` a NetworkPolicy's egress rules open, sorted; a rule that
+/// opens every port is `any`.
+pub fn egress_ports(policy: &serde_json::Value) -> Vec<String> {
+    let mut ports = std::collections::BTreeSet::new();
+    for rule in policy["egress"].as_array().expect("egress rules") {
+        let Some(list) = rule["ports"].as_array() else {
+            ports.insert("any".to_owned());
+            continue;
+        };
+        for port in list {
+            ports.insert(format!("{}/{}", port["protocol"].as_str().unwrap_or("TCP"), port["port"]));
+        }
+    }
+    ports.into_iter().collect()
 }
 
 /// Claims every due operation of `instance`, hands each to `reconciler` and records
