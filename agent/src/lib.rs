@@ -86,6 +86,10 @@ pub struct RunArgs {
     /// Lease on a claimed operation (renewed while work goes on), e.g. 60s.
     #[arg(long, env = "GITOPS_AGENT_LEASE", default_value = "60s", value_parser = parse_duration)]
     pub lease: Duration,
+    /// How often the agent probes its Argo CD instance and heartbeats (an instance
+    /// is lost after `gitops.instance_lost_after` without one, default 60 s).
+    #[arg(long, env = "GITOPS_AGENT_HEARTBEAT_INTERVAL", default_value = "15s", value_parser = parse_duration)]
+    pub heartbeat_interval: Duration,
     /// Operations reconciled at once.
     #[arg(long, env = "GITOPS_AGENT_CONCURRENCY", default_value_t = 16)]
     pub concurrency: usize,
@@ -182,6 +186,7 @@ pub async fn run(args: &RunArgs) -> Result<(), AgentError> {
         sweep_max_deletions,
         sweep_dry_run,
         lease,
+        heartbeat_interval,
         concurrency,
         failed_retention,
         stuck_deletion_after,
@@ -198,6 +203,7 @@ pub async fn run(args: &RunArgs) -> Result<(), AgentError> {
     config.sweep.max_deletions = *sweep_max_deletions;
     config.sweep.dry_run = *sweep_dry_run;
     config.lease = *lease;
+    config.heartbeat_interval = *heartbeat_interval;
     config.concurrency = *concurrency;
     config.failed_retention = *failed_retention;
     config.stuck_deletion_after = *stuck_deletion_after;

@@ -22,15 +22,19 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::WriterMetrics;
 
-/// How often the instances' health is read.
-pub const FLEET_WATCH_INTERVAL: Duration = Duration::from_secs(5);
+/// How often the instances' health is read (and a failover step taken): two small
+/// statements, so often enough that a grace ending is acted on within seconds.
+pub const FLEET_WATCH_INTERVAL: Duration = Duration::from_secs(2);
+
+/// How soon the next failover step follows one that used its whole batch.
+const FAILOVER_BATCH_EVERY: Duration = Duration::from_secs(1);
 
 /// When a lost instance fails over, and how fast.
 #[derive(Debug, Clone, Copy)]
 pub struct FailoverSettings {
     /// How long an instance stays lost before it is fenced and its tenants move.
     pub grace: Duration,
-    /// Most tenants re-placed per step.
+    /// Most tenants re-placed per step (a step a second while tenants are left).
     pub batch: i64,
 }
 
@@ -65,25 +69,31 @@ pub async fn run_fleet_watch(
             Ok(()) => told = owned,
             Err(error) => tracing::warn!(%error, "could not read the instances' health"),
         }
-        if let Some(failover) = settings.failover
-            && let Err(error) = fail_over(&pool, failover, settings.healthy_within, &metrics).await
-        {
-            tracing::warn!(%error, "could not take a failover step");
+        // A step that used its whole batch left tenants to move: the next one comes
+        // after a second, so the rate is a batch per second, not per look.
+        let mut next = settings.every;
+        if let Some(failover) = settings.failover {
+            match fail_over(&pool, failover, settings.healthy_within, &metrics).await {
+                Ok(more) if more => next = next.min(FAILOVER_BATCH_EVERY),
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, "could not take a failover step"),
+            }
         }
         tokio::select! {
             () = cancel.cancelled() => return,
-            () = tokio::time::sleep(settings.every) => {}
+            () = tokio::time::sleep(next) => {}
         }
     }
 }
 
-/// One failover step, logged and counted.
+/// One failover step, logged and counted; returns whether it used its whole batch
+/// (tenants may be left to move).
 async fn fail_over(
     pool: &DbPool,
     settings: FailoverSettings,
     healthy_within: Duration,
     metrics: &WriterMetrics,
-) -> Result<(), DbError> {
+) -> Result<bool, DbError> {
     let mut client = pooled(pool).await?;
     let step = failover_step(&mut client, settings.grace, settings.batch, healthy_within).await?;
     for instance in &step.fenced {
@@ -97,7 +107,7 @@ async fn fail_over(
     if step.unplaced > 0 {
         tracing::error!(tenants = step.unplaced, "tenants of a lost instance wait: no healthy instance has room");
     }
-    Ok(())
+    Ok(i64::try_from(step.moved.len()).unwrap_or(i64::MAX) >= settings.batch)
 }
 
 /// One look: tells the tenants of `owned` of every change since `known`, and those

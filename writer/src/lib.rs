@@ -107,7 +107,8 @@ pub struct RunArgs {
     /// before it is fenced and its tenants are placed on healthy instances, e.g. 2m.
     #[arg(long, env = "GITOPS_WRITER_FAILOVER_GRACE", value_parser = parse_duration, default_value = "2m")]
     pub failover_grace: Duration,
-    /// Most tenants re-placed per failover step (one step every few seconds).
+    /// Most tenants re-placed per failover step (a step every few seconds, every
+    /// second while tenants are left).
     #[arg(long, env = "GITOPS_WRITER_FAILOVER_BATCH", default_value_t = 20,
           value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub failover_batch: i64,

@@ -61,6 +61,58 @@ pub enum BenchCommand {
     /// status is current after the database returns, convergence, and anything
     /// lost, duplicated or stale.
     Chaos(ChaosBenchArgs),
+    /// Measure the loss of one of three engine instances under load: how soon it is
+    /// detected, its tenants placed elsewhere and their deployments healthy again,
+    /// whether two instances ever held one deployment, and the lost instance's
+    /// clean-up when it comes back.
+    Failover(FailoverBenchArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct FailoverBenchArgs {
+    /// Tenant namespaces the deployments are spread over.
+    #[arg(long, env = "GITOPS_BENCH_TENANTS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(3..=10_000))]
+    pub tenants: u64,
+    /// GitOpsDeployments (at least one per tenant).
+    #[arg(long, env = "GITOPS_BENCH_DEPLOYMENTS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(3..=100_000))]
+    pub deployments: u64,
+    /// The agents' heartbeat interval, in seconds.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub heartbeat_s: u64,
+    /// Seconds without a heartbeat until an instance is lost (the database setting
+    /// gitops.instance_lost_after, for this run).
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..=3600))]
+    pub heartbeat_timeout_s: u64,
+    /// Seconds an instance stays lost before it is fenced and its tenants move (the
+    /// writer's --failover-grace, for this run).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub grace_s: u64,
+    /// Seconds to wait for each phase.
+    #[arg(long, env = "GITOPS_BENCH_DEADLINE", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub deadline_s: u64,
+    /// Run directory: kubeconfig, env file and the children's logs (default:
+    /// gitops-bench-failover in the temp directory).
+    #[arg(long, env = "GITOPS_BENCH_DIR", default_value_os_t = std::env::temp_dir().join("gitops-bench-failover"))]
+    pub dir: std::path::PathBuf,
+}
+
+impl From<FailoverBenchArgs> for crate::bench::failover::FailoverBenchConfig {
+    fn from(args: FailoverBenchArgs) -> Self {
+        // Bounded by the parsers above.
+        let size = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
+        crate::bench::failover::FailoverBenchConfig {
+            tenants: size(args.tenants),
+            deployments: size(args.deployments),
+            heartbeat: std::time::Duration::from_secs(args.heartbeat_s),
+            heartbeat_timeout: std::time::Duration::from_secs(args.heartbeat_timeout_s),
+            grace: std::time::Duration::from_secs(args.grace_s),
+            deadline: std::time::Duration::from_secs(args.deadline_s),
+            dir: args.dir,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Args)]

@@ -1,6 +1,6 @@
 //! `gitops-dev`, the developers' tool, as a library: `up` runs the whole service
 //! locally on the test kit, `bench` measures the queue, the Kubernetes emulator and
-//! the service end to end. Every command returns what to print, so tests run the code
+//! the service end to end, under faults and through the loss of an engine instance. Every command returns what to print, so tests run the code
 //! the binary runs.
 
 pub mod bench;
@@ -20,6 +20,8 @@ pub enum DevToolError {
     E2eBench { source: bench::e2e::E2eBenchError },
     #[error("the chaos benchmark failed")]
     ChaosBench { source: bench::chaos::ChaosBenchError },
+    #[error("the failover benchmark failed")]
+    FailoverBench { source: bench::failover::FailoverBenchError },
     #[error("the local service failed")]
     Up { source: up::DevError },
 }
@@ -48,6 +50,12 @@ pub async fn run(command: Command) -> Result<String, DevToolError> {
                 let report = bench::chaos::chaos_bench(&args.into())
                     .await
                     .map_err(|source| DevToolError::ChaosBench { source })?;
+                Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
+            }
+            BenchCommand::Failover(args) => {
+                let report = bench::failover::failover_bench(&args.into())
+                    .await
+                    .map_err(|source| DevToolError::FailoverBench { source })?;
                 Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
             }
         },

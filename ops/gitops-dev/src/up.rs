@@ -1,7 +1,8 @@
 //! `gitops-dev up`: the whole service on a laptop, throwaway and self-contained. A
 //! PostgreSQL server in a temporary directory (durability off), the Kubernetes API
 //! emulator with TLS, the Argo CD stand-in over namespace `argocd`, one registered
-//! engine instance and a development-only encryption key, then one writer (its
+//! engine instance (benchmarks run several, each with its stand-in and agents) and a
+//! development-only encryption key, then one writer (its
 //! admission webhook registered on loopback with a throwaway certificate) and one
 //! agent as child processes (the binaries built next to this one). It writes
 //! `DIR/kubeconfig` and `DIR/env`, reports readiness once both children serve (the
@@ -103,22 +104,52 @@ fn free_port() -> Result<u16, DevError> {
     Ok(socket.local_addr().map_err(|source| DevError::Port { source })?.port())
 }
 
-/// How many writers and agents the stack runs, and how.
+/// How many writers, engine instances and agents the stack runs, and how.
 #[derive(Debug, Clone)]
 pub struct StackShape {
     pub writers: usize,
+    /// Agents per engine instance.
     pub agents: usize,
+    /// Engine instances, each with its own Argo CD stand-in: the first is
+    /// [`DEV_INSTANCE`] over [`DEV_ARGOCD_NAMESPACE`], the next `argocd-2` over
+    /// namespace `argocd-2`, and so on (see [`instance_names`]).
+    pub instances: usize,
     /// Register the (first) writer's admission webhook; without it, deployments into
     /// a tenant's own namespace are accepted unverified.
     pub webhook: bool,
     /// The agents' operation lease (default: theirs).
     pub agent_lease: Option<Duration>,
+    /// Further environment of every writer and of every agent.
+    pub writer_env: Vec<(String, String)>,
+    pub agent_env: Vec<(String, String)>,
+    /// Database settings (`ALTER DATABASE … SET`) made before the children start,
+    /// e.g. `gitops.instance_lost_after`.
+    pub database_settings: Vec<(String, String)>,
+}
+
+/// The engine instance and Argo CD namespace of instance `index` of a stack.
+pub fn instance_names(index: usize) -> (String, String) {
+    if index == 0 {
+        (DEV_INSTANCE.to_owned(), DEV_ARGOCD_NAMESPACE.to_owned())
+    } else {
+        let name = format!("argocd-{}", index + 1);
+        (name.clone(), name)
+    }
 }
 
 impl Default for StackShape {
     /// What `up` runs: one writer with its webhook, one agent.
     fn default() -> Self {
-        StackShape { writers: 1, agents: 1, webhook: true, agent_lease: None }
+        StackShape {
+            writers: 1,
+            agents: 1,
+            instances: 1,
+            webhook: true,
+            agent_lease: None,
+            writer_env: Vec::new(),
+            agent_env: Vec::new(),
+            database_settings: Vec::new(),
+        }
     }
 }
 
@@ -149,12 +180,34 @@ pub struct DevStack {
     pub kube: kube::Client,
     client: tokio_postgres::Client,
     children: Vec<DevChild>,
-    standin_cancel: CancellationToken,
-    standin: tokio::task::JoinHandle<Result<(), argocd::StandinError>>,
+    /// One Argo CD stand-in per engine instance, by instance index.
+    standins: Vec<Standin>,
     emulator: KubeEmulator,
     postgres: PgCluster,
     /// Held while the stack runs: no second stack may share the directory.
     _dir_lock: DirLock,
+}
+
+/// One engine instance's Argo CD stand-in while it runs.
+struct Standin {
+    cancel: CancellationToken,
+    task: Option<tokio::task::JoinHandle<Result<(), argocd::StandinError>>>,
+}
+
+impl Standin {
+    fn start(kube: &kube::Client, namespace: &str, options: StandinOptions) -> Standin {
+        let cancel = CancellationToken::new();
+        let (kube, namespace, token) = (kube.clone(), namespace.to_owned(), cancel.clone());
+        let task = tokio::spawn(async move { argocd::run(kube, &namespace, options, token).await });
+        Standin { cancel, task: Some(task) }
+    }
+
+    async fn stop(&mut self) {
+        self.cancel.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
 }
 
 /// `DIR/lock`, holding the process id of the `gitops-dev` that uses DIR. Two stacks in
@@ -230,29 +283,26 @@ impl DevStack {
         .map_err(|source| DevError::Emulator { source })?;
         let kube = emulator.client().await;
         install_crds(&kube).await?;
-        create_namespace(&kube, DEV_ARGOCD_NAMESPACE).await?;
         create_namespace(&kube, gitops_writer::controller::DEFAULT_HOME_NAMESPACE).await?;
-        let standin_cancel = CancellationToken::new();
-        let standin =
-            tokio::spawn(argocd::run(kube.clone(), DEV_ARGOCD_NAMESPACE, standin_options, standin_cancel.clone()));
-        tracing::info!(url = emulator.url(), "Kubernetes emulator and Argo CD stand-in up");
+        let mut standins = Vec::new();
+        for index in 0..shape.instances.max(1) {
+            let (_, namespace) = instance_names(index);
+            create_namespace(&kube, &namespace).await?;
+            standins.push(Standin::start(&kube, &namespace, standin_options.clone()));
+        }
+        tracing::info!(
+            url = emulator.url(),
+            instances = standins.len(),
+            "Kubernetes emulator and Argo CD stand-ins up"
+        );
 
         let client = db::connect(&database_url, "gitops-dev")
             .await
             .map_err(|source| DevError::Db { action: "connect", source })?;
         let info =
             DevInfo { dir: dir.clone(), kubeconfig: kubeconfig.clone(), env_file: dir.join("env"), database_url };
-        let mut stack = DevStack {
-            info,
-            kube,
-            client,
-            children: Vec::new(),
-            standin_cancel,
-            standin,
-            emulator,
-            postgres,
-            _dir_lock: dir_lock,
-        };
+        let mut stack =
+            DevStack { info, kube, client, children: Vec::new(), standins, emulator, postgres, _dir_lock: dir_lock };
         match stack.start_children(&writer_bin, &agent_bin, shape).await {
             Ok(()) => Ok(stack),
             Err(error) => {
@@ -268,9 +318,24 @@ impl DevStack {
         agent_bin: &Path,
         shape: &StackShape,
     ) -> Result<(), DevError> {
-        engine_instance_add(&self.client, DEV_INSTANCE, DEV_ARGOCD_NAMESPACE, 1000)
-            .await
-            .map_err(|source| DevError::Db { action: "register the engine instance", source })?;
+        for (name, value) in &shape.database_settings {
+            // Names and values are the stack's own (no tenant input); quoted all the same.
+            let statement = format!(
+                "ALTER DATABASE {DEV_DATABASE} SET {} = '{}'",
+                name.replace(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'), ""),
+                value.replace('\'', "''")
+            );
+            self.client
+                .batch_execute(&statement)
+                .await
+                .map_err(|source| DevError::Query { action: "apply a database setting", source })?;
+        }
+        for index in 0..shape.instances.max(1) {
+            let (name, namespace) = instance_names(index);
+            engine_instance_add(&self.client, &name, &namespace, 1000)
+                .await
+                .map_err(|source| DevError::Db { action: "register the engine instance", source })?;
+        }
         let key = SecretBox::generate_key(DEV_KEY_ID).map_err(|source| DevError::Key { source })?;
         let env = vec![
             (DATABASE_URL, self.info.database_url.clone()),
@@ -312,7 +377,9 @@ impl DevStack {
         if shape.writers > 1 {
             writer_env.push(("GITOPS_WRITER_METRICS_ADDRESS".to_owned(), "127.0.0.1:0".to_owned()));
         }
+        writer_env.extend(shape.writer_env.iter().cloned());
         let mut agent_env = vec![("GITOPS_AGENT_METRICS_ADDRESS".to_owned(), "127.0.0.1:0".to_owned())];
+        agent_env.extend(shape.agent_env.iter().cloned());
         if let Some(lease) = shape.agent_lease {
             agent_env.push(("GITOPS_AGENT_LEASE".to_owned(), format!("{}ms", lease.as_millis())));
         }
@@ -328,18 +395,61 @@ impl DevStack {
                 ChildSpec { binary: "gitops-writer", name, path: writer_bin.to_owned(), env: env.clone(), extra };
             self.children.push(spec.spawn(&dir, 0)?);
         }
-        for index in 0..shape.agents.max(1) {
-            let name = if shape.agents > 1 { format!("gitops-agent-{}", index + 1) } else { "gitops-agent".to_owned() };
-            let spec = ChildSpec {
-                binary: "gitops-agent",
-                name,
-                path: agent_bin.to_owned(),
-                env: env.clone(),
-                extra: agent_env.clone(),
-            };
-            self.children.push(spec.spawn(&dir, 0)?);
+        let instances = shape.instances.max(1);
+        for instance in 0..instances {
+            let (instance_name, _) = instance_names(instance);
+            for index in 0..shape.agents.max(1) {
+                let mut name = "gitops-agent".to_owned();
+                if instances > 1 {
+                    name.push_str(&format!("-{}", instance + 1));
+                }
+                if shape.agents > 1 {
+                    name.push_str(&format!("-{}", index + 1));
+                }
+                let mut extra = agent_env.clone();
+                extra.push((ENGINE_INSTANCE.to_owned(), instance_name.clone()));
+                let spec =
+                    ChildSpec { binary: "gitops-agent", name, path: agent_bin.to_owned(), env: env.clone(), extra };
+                self.children.push(spec.spawn(&dir, 0)?);
+            }
         }
-        wait_ready(&self.client, &dir, &mut self.children).await
+        let names: Vec<String> = (0..instances).map(|index| instance_names(index).0).collect();
+        wait_ready(&self.client, &dir, &mut self.children, &names).await
+    }
+
+    /// Stops engine instance `index` as a lost node would: its Argo CD stand-in stops
+    /// and its agents are killed (SIGKILL), none replaced. Returns the agents' names.
+    pub async fn stop_instance(&mut self, index: usize) -> Vec<String> {
+        if let Some(standin) = self.standins.get_mut(index) {
+            standin.stop().await;
+        }
+        let (instance, _) = instance_names(index);
+        let mut stopped = Vec::new();
+        for child in &mut self.children {
+            if child.serves(&instance) {
+                let _ = child.child.kill().await;
+                stopped.push(child.spec.name.clone());
+            }
+        }
+        stopped
+    }
+
+    /// Starts again the agents of engine instance `index` (stopped by
+    /// [`stop_instance`](Self::stop_instance)) under a new generation; its stand-in
+    /// stays stopped unless `standin` is given.
+    pub fn restart_instance_agents(&mut self, index: usize, standin: Option<StandinOptions>) -> Result<(), DevError> {
+        let dir = self.info.dir.clone();
+        let (instance, namespace) = instance_names(index);
+        if let (Some(options), Some(slot)) = (standin, self.standins.get_mut(index)) {
+            *slot = Standin::start(&self.kube, &namespace, options);
+        }
+        for child in &mut self.children {
+            if child.serves(&instance) && !matches!(child.child.try_wait(), Ok(None)) {
+                child.generation += 1;
+                *child = child.spec.spawn(&dir, child.generation)?;
+            }
+        }
+        Ok(())
     }
 
     /// An error if the writer or the agent has exited.
@@ -400,8 +510,9 @@ impl DevStack {
             child.stop().await;
         }
         drop(self.client);
-        self.standin_cancel.cancel();
-        let _ = self.standin.await;
+        for standin in &mut self.standins {
+            standin.stop().await;
+        }
         self.emulator.shutdown().await;
         drop(self.postgres);
     }
@@ -424,7 +535,12 @@ async fn serve(children: &mut [DevChild]) -> Result<(), DevError> {
     }
 }
 
-async fn wait_ready(client: &tokio_postgres::Client, dir: &Path, children: &mut [DevChild]) -> Result<(), DevError> {
+async fn wait_ready(
+    client: &tokio_postgres::Client,
+    dir: &Path,
+    children: &mut [DevChild],
+    instances: &[String],
+) -> Result<(), DevError> {
     let deadline = Instant::now() + READY_DEADLINE;
     loop {
         for child in children.iter_mut() {
@@ -435,12 +551,16 @@ async fn wait_ready(client: &tokio_postgres::Client, dir: &Path, children: &mut 
             .await
             .map_err(|source| DevError::Query { action: "check the writer", source })?
             .get(0);
-        let agent: bool = client
-            .query_one(AGENT_READY, &[&DEV_INSTANCE, &HEARTBEAT_FRESH])
-            .await
-            .map_err(|source| DevError::Query { action: "check the agent", source })?
-            .get(0);
-        if writer && agent {
+        let mut agents = true;
+        for instance in instances {
+            let fresh: bool = client
+                .query_one(AGENT_READY, &[instance, &HEARTBEAT_FRESH])
+                .await
+                .map_err(|source| DevError::Query { action: "check the agent", source })?
+                .get(0);
+            agents &= fresh;
+        }
+        if writer && agents {
             return Ok(());
         }
         if Instant::now() >= deadline {
@@ -495,6 +615,20 @@ impl ChildSpec {
 }
 
 impl DevChild {
+    /// Whether this child is an agent of engine instance `instance`.
+    fn serves(&self, instance: &str) -> bool {
+        self.spec.binary == "gitops-agent"
+            && self
+                .spec
+                .env
+                .iter()
+                .chain(&self.spec.extra)
+                .rev()
+                .find(|(key, _)| key == ENGINE_INSTANCE)
+                .map(|(_, v)| v.as_str())
+                == Some(instance)
+    }
+
     /// An error if the process has exited.
     fn check(&mut self) -> Result<(), DevError> {
         match self.child.try_wait() {

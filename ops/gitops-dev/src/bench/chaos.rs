@@ -138,6 +138,7 @@ pub async fn chaos_bench(config: &ChaosBenchConfig) -> Result<ChaosBenchReport, 
         agents: config.agents,
         webhook: false,
         agent_lease: Some(config.agent_lease),
+        ..StackShape::default()
     };
     // No periodic resync in the stand-in: status after the outage must come from the agents.
     let options = StandinOptions { resync: Duration::ZERO, ..StandinOptions::default() };

@@ -3,5 +3,6 @@
 
 pub mod chaos;
 pub mod e2e;
+pub mod failover;
 pub mod kube;
 pub mod queue;
