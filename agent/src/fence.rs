@@ -7,9 +7,9 @@
 
 use std::collections::HashSet;
 
+use gitops_shared::db::engine_instance::InstanceEpoch;
 use gitops_shared::db::failover::{instance_fenced, instance_unfence, tenants_placed_on};
 use gitops_shared::db::{DbPool, pooled};
-use gitops_shared::model::EngineInstanceId;
 
 use crate::engine::release::release_objects;
 use crate::engine::{Engine, EngineError, OwnedObject};
@@ -29,11 +29,15 @@ pub enum FenceError {
 pub async fn clean_up_if_fenced(
     pool: &DbPool,
     engine: &dyn Engine,
-    instance: EngineInstanceId,
+    epoch: &InstanceEpoch,
     metrics: &crate::metrics::Metrics,
 ) -> Result<bool, FenceError> {
+    let instance = epoch.instance;
     let client = pooled(pool).await?;
-    if !instance_fenced(&client, instance).await? {
+    let (fenced, current) = instance_fenced(&client, instance).await?;
+    if !fenced {
+        // Not fenced (any more): status is written at the instance's epoch now.
+        epoch.set(current);
         return Ok(false);
     }
     let owned = engine.list_owned().await?;
@@ -62,6 +66,8 @@ pub async fn clean_up_if_fenced(
     }
     let client = pooled(pool).await?;
     instance_unfence(&client, instance).await?;
+    let (_, current) = instance_fenced(&client, instance).await?;
+    epoch.set(current);
     tracing::warn!(
         removed = released.removed,
         "fence lifted: objects of tenants placed elsewhere removed without pruning; \

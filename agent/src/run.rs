@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use gitops_shared::config::DatabaseUrl;
 use gitops_shared::crypto::SecretBox;
-use gitops_shared::db::engine_instance::{EngineInstance, engine_instance_heartbeat};
+use gitops_shared::db::engine_instance::{EngineInstance, InstanceEpoch, engine_instance_heartbeat};
 use gitops_shared::db::{self, DbPool, pooled};
 use gitops_shared::listen::Listener;
 use gitops_shared::queue::{ClaimedOperation, Consumer, ConsumerConfig, Handler, Outcome};
@@ -141,17 +141,20 @@ pub async fn run_agent(config: AgentConfig, cancel: CancellationToken) -> Result
     let mut tasks = JoinSet::new();
     let endpoints = crate::http::Endpoints { metrics: metrics.clone(), listener: listener.clone(), pool: pool.clone() };
     tasks.spawn(crate::http::serve(http, endpoints, background.clone()));
+    // Status is written at this epoch; the heartbeat loop keeps it current.
+    let epoch = InstanceEpoch::new(instance.id, instance.epoch);
     tasks.spawn(heartbeat_loop(
         pool.clone(),
         engine.clone(),
         instance.clone(),
+        epoch.clone(),
         config.heartbeat_interval,
         metrics.clone(),
         background.clone(),
     ));
     tasks.spawn(crate::status::run_status_watcher(
         engine.clone(),
-        instance.id,
+        epoch.clone(),
         pool.clone(),
         metrics.clone(),
         background.clone(),
@@ -167,6 +170,7 @@ pub async fn run_agent(config: AgentConfig, cancel: CancellationToken) -> Result
 
     let reconciler = Reconciler::new(pool.clone(), engine, config.secrets.clone(), instance.clone())
         .with_destinations(Arc::new(guard))
+        .with_epoch(epoch)
         .with_stuck_deletion_after(config.stuck_deletion_after);
     let handler = Arc::new(Instrumented { inner: reconciler, metrics: metrics.clone() });
     let mut consumer_config = ConsumerConfig::new(instance.id, config.claimer.clone());
@@ -230,6 +234,7 @@ async fn heartbeat_loop(
     pool: DbPool,
     engine: Arc<dyn Engine>,
     instance: EngineInstance,
+    epoch: InstanceEpoch,
     every: Duration,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
@@ -266,7 +271,7 @@ async fn heartbeat_loop(
         if let Err(error) = heartbeat(&pool, &instance, &metrics).await {
             tracing::warn!(%error, "heartbeat failed");
         }
-        if let Err(error) = crate::fence::clean_up_if_fenced(&pool, engine.as_ref(), instance.id, &metrics).await {
+        if let Err(error) = crate::fence::clean_up_if_fenced(&pool, engine.as_ref(), &epoch, &metrics).await {
             tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "fenced: clean-up failed; retrying");
         }
         // Argo CD itself: did its application controller refresh the probe since the

@@ -25,8 +25,9 @@ use gitops_shared::db::application_state::{
     self, ApplicationOwner, ObservedSync, application_owner_by_id, application_owner_by_uid, application_state_upsert,
     sync_operation_progress,
 };
+use gitops_shared::db::engine_instance::InstanceEpoch;
 use gitops_shared::db::{DbError, DbPool, pooled};
-use gitops_shared::model::{ApplicationId, EngineInstanceId, SyncOperationState};
+use gitops_shared::model::{ApplicationId, SyncOperationState};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -46,13 +47,13 @@ const RETRY_LAST: Duration = Duration::from_secs(2);
 /// (the engine retries); observations the database refused are written again.
 pub async fn run_status_watcher(
     engine: Arc<dyn Engine>,
-    instance: EngineInstanceId,
+    epoch: InstanceEpoch,
     pool: DbPool,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
 ) {
     let mut events = engine.status_events();
-    let mut writer = StatusWriter { instance, pool, metrics, last: HashMap::new(), pending: HashMap::new() };
+    let mut writer = StatusWriter { epoch, pool, metrics, last: HashMap::new(), pending: HashMap::new() };
     let mut failures: u32 = 0;
     loop {
         let retry_in = gitops_shared::backoff::exponential(failures, RETRY_FIRST, RETRY_LAST, 1.0);
@@ -78,7 +79,8 @@ pub async fn run_status_watcher(
 }
 
 struct StatusWriter {
-    instance: EngineInstanceId,
+    /// The instance, and the epoch status is written at.
+    epoch: InstanceEpoch,
     pool: DbPool,
     metrics: Arc<Metrics>,
     /// What was last written (or found unchanged) per Application name.
@@ -119,7 +121,7 @@ impl StatusWriter {
             if self.last.get(&name) == Some(&observed) {
                 return Ok(());
             }
-            if let Some(seq) = application_state_upsert(&client, &observed).await? {
+            if let Some(seq) = application_state_upsert(&client, &self.epoch, &observed).await? {
                 self.metrics.status_writes.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(
                     application.id = %owner.application_id, tenant.id = %owner.tenant_id, seq,
@@ -127,7 +129,7 @@ impl StatusWriter {
                 );
             }
             if let Some(sync) = observe_sync(owner.application_id, application)
-                && sync_operation_progress(&client, &sync).await?
+                && sync_operation_progress(&client, &self.epoch, &sync).await?
             {
                 self.metrics.sync_progress_writes.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(
@@ -162,10 +164,10 @@ impl StatusWriter {
     ) -> Result<Option<ApplicationOwner>, DbError> {
         let labelled = application.labels.get(APPLICATION_ID_LABEL);
         if let Some(id) = labelled.and_then(|v| v.parse::<i64>().ok()) {
-            return application_owner_by_id(client, self.instance, ApplicationId(id)).await;
+            return application_owner_by_id(client, self.epoch.instance, ApplicationId(id)).await;
         }
         match uid_from_name(&application.name) {
-            Some(uid) => application_owner_by_uid(client, self.instance, uid).await,
+            Some(uid) => application_owner_by_uid(client, self.epoch.instance, uid).await,
             None => Ok(None),
         }
     }

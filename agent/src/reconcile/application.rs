@@ -97,7 +97,7 @@ impl Reconciler {
                 // The tenant's resource reads that this generation is in Argo CD.
                 let client = pooled(&self.pool).await?;
                 let applied = AgentOutcome::Applied { generation: app.generation };
-                application_state_record_outcome(&client, app.id, &applied).await?;
+                application_state_record_outcome(&client, self.epoch(), app.id, &applied).await?;
                 Ok(())
             }
             RowState::Deleting => self.delete_application(&app).await,

@@ -192,7 +192,7 @@ impl Reconciler {
     /// carries it to the tenant resource).
     async fn record_applied(&self, kind: StateOf, id: i64, generation: i64) -> Result<(), ReconcileError> {
         let client = pooled(&self.pool).await?;
-        resource_state_record_outcome(&client, kind, id, &AgentOutcome::Applied { generation }).await?;
+        resource_state_record_outcome(&client, self.epoch(), kind, id, &AgentOutcome::Applied { generation }).await?;
         Ok(())
     }
 

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use gitops_shared::crypto::{CryptoError, SecretBox};
 use gitops_shared::db::application_state::{AgentOutcome, application_state_record_outcome};
-use gitops_shared::db::engine_instance::EngineInstance;
+use gitops_shared::db::engine_instance::{EngineInstance, InstanceEpoch};
 use gitops_shared::db::resource_state::{StateOf, resource_state_record_outcome};
 use gitops_shared::db::{DbError, DbPool, pooled};
 use gitops_shared::model::{
@@ -115,6 +115,8 @@ pub struct Reconciler {
     engine: Arc<dyn Engine>,
     secrets: SecretBox,
     instance: EngineInstance,
+    /// The epoch status is written at (kept current by the agent's heartbeat).
+    epoch: InstanceEpoch,
     stuck_deletion_after: Duration,
     destinations: Arc<DestinationGuard>,
 }
@@ -126,7 +128,23 @@ impl Reconciler {
     pub fn new(pool: DbPool, engine: Arc<dyn Engine>, secrets: SecretBox, instance: EngineInstance) -> Self {
         let destinations =
             Arc::new(DestinationGuard::with_defaults(&instance.argocd_namespace, Arc::new(Metrics::default())));
-        Reconciler { pool, engine, secrets, instance, stuck_deletion_after: DEFAULT_STUCK_DELETION_AFTER, destinations }
+        let epoch = InstanceEpoch::new(instance.id, instance.epoch);
+        Reconciler {
+            pool,
+            engine,
+            secrets,
+            instance,
+            epoch,
+            stuck_deletion_after: DEFAULT_STUCK_DELETION_AFTER,
+            destinations,
+        }
+    }
+
+    /// The epoch to write status at, shared with the agent's heartbeat (default: the
+    /// instance's when the reconciler was made).
+    pub fn with_epoch(mut self, epoch: InstanceEpoch) -> Self {
+        self.epoch = epoch;
+        self
     }
 
     /// Which destinations are refused, and where refusals are counted.
@@ -142,6 +160,11 @@ impl Reconciler {
     }
 
     /// The instance served.
+    /// The epoch status is written at.
+    pub fn epoch(&self) -> &InstanceEpoch {
+        &self.epoch
+    }
+
     pub fn instance(&self) -> &EngineInstance {
         &self.instance
     }
@@ -203,13 +226,14 @@ impl Reconciler {
             let client = pooled(&self.pool).await?;
             match op.resource_type {
                 ResourceType::Application => {
-                    application_state_record_outcome(&client, ApplicationId(id), &outcome).await
+                    application_state_record_outcome(&client, &self.epoch, ApplicationId(id), &outcome).await
                 }
                 ResourceType::ManagedEnvironment => {
-                    resource_state_record_outcome(&client, StateOf::ManagedEnvironment, id, &outcome).await
+                    resource_state_record_outcome(&client, &self.epoch, StateOf::ManagedEnvironment, id, &outcome).await
                 }
                 ResourceType::RepositoryCredential => {
-                    resource_state_record_outcome(&client, StateOf::RepositoryCredential, id, &outcome).await
+                    resource_state_record_outcome(&client, &self.epoch, StateOf::RepositoryCredential, id, &outcome)
+                        .await
                 }
                 ResourceType::SyncOperation | ResourceType::Tenant | ResourceType::Unknown => Ok(()),
             }

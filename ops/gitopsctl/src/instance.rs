@@ -158,6 +158,8 @@ mod tests {
             tenants: 3,
             cordoned: false,
             progress_at: None,
+            epoch: 0,
+            fenced: false,
             health: "lost".into(),
         };
         assert_eq!(

@@ -15,7 +15,9 @@ use tokio_postgres::Client;
 use uuid::Uuid;
 
 use crate::db::DbError;
+use crate::db::engine_instance::InstanceEpoch;
 use crate::model::{ApplicationId, EngineInstanceId, SyncOperationState, TenantId};
+use crate::placed_at_epoch;
 
 /// One `application_state` row's content, as the engine reported it.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,15 +78,20 @@ SELECT 1 FROM application_state s
        IS NOT DISTINCT FROM
        ($2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb)";
 
-// Inserted only while the application row exists (a concurrent purge wins); an
-// update only when something differs, so a racing replica cannot add a sequence
-// number for nothing.
-const UPSERT: &str = "
+// Inserted only while the application row exists (a concurrent purge wins) and its
+// tenant is placed on the writing instance at its current epoch (a fenced or moved-
+// from instance writes nothing); an update only when something differs, so a racing
+// replica cannot add a sequence number for nothing.
+const UPSERT: &str = concat!(
+    "
 INSERT INTO application_state (application_id, tenant_id, sync_status, sync_revision,
                                health_status, health_message, resources, conditions,
                                operation_state, reconciled_state)
 SELECT a.id, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb
-  FROM application a WHERE a.id = $1
+  FROM application a JOIN tenant t ON t.id = a.tenant_id
+ WHERE a.id = $1 AND ",
+    placed_at_epoch!("$11", "$12"),
+    "
 ON CONFLICT (application_id) DO UPDATE
    SET tenant_id = EXCLUDED.tenant_id, sync_status = EXCLUDED.sync_status,
        sync_revision = EXCLUDED.sync_revision, health_status = EXCLUDED.health_status,
@@ -100,13 +107,15 @@ ON CONFLICT (application_id) DO UPDATE
        (EXCLUDED.tenant_id, EXCLUDED.sync_status, EXCLUDED.sync_revision,
         EXCLUDED.health_status, EXCLUDED.health_message, EXCLUDED.resources,
         EXCLUDED.conditions, EXCLUDED.operation_state, EXCLUDED.reconciled_state)
-RETURNING seq";
+RETURNING seq"
+);
 
 // A finished sync keeps its result; the row is matched by correlation id *and*
 // application, so an object can only report on its own application's syncs. A
 // sync that failed after termination was asked for is `terminated`; a row being
 // terminated does not go back to `running`.
-const SYNC_PROGRESS: &str = "
+const SYNC_PROGRESS: &str = concat!(
+    "
 WITH observed AS (
     SELECT s.id,
            CASE WHEN $3 = 'failed'::sync_operation_state
@@ -118,6 +127,10 @@ WITH observed AS (
      WHERE s.correlation_id = $1 AND s.application_id = $2
        AND s.state NOT IN ('succeeded', 'failed', 'terminated')
        AND NOT (s.state = 'terminating' AND $3 IN ('running', 'pending'))
+       AND EXISTS (SELECT 1 FROM application a JOIN tenant t ON t.id = a.tenant_id
+                    WHERE a.id = $2 AND ",
+    placed_at_epoch!("$8", "$9"),
+    ")
 )
 UPDATE sync_operation s
    SET state = o.state, synced_revision = $4, message = $5,
@@ -126,14 +139,20 @@ UPDATE sync_operation s
  WHERE s.id = o.id
    AND (s.state, s.synced_revision, s.message, s.started_at, s.finished_at)
        IS DISTINCT FROM (o.state, $4, $5, o.started_at, $7)
-RETURNING s.id";
+RETURNING s.id"
+);
 
 // Inserted only while the application row exists; changed only when it differs
 // (every change takes a place in the status feed).
-const AGENT_OUTCOME: &str = "
+const AGENT_OUTCOME: &str = concat!(
+    "
 INSERT INTO application_state (application_id, tenant_id, applied_generation, agent_message, agent_stalled,
                                stalled_generation)
-SELECT a.id, a.tenant_id, $2, $3, $4, CASE WHEN $4 THEN a.generation END FROM application a WHERE a.id = $1
+SELECT a.id, a.tenant_id, $2, $3, $4, CASE WHEN $4 THEN a.generation END
+  FROM application a JOIN tenant t ON t.id = a.tenant_id
+ WHERE a.id = $1 AND ",
+    placed_at_epoch!("$5", "$6"),
+    "
 ON CONFLICT (application_id) DO UPDATE
    SET applied_generation = COALESCE(EXCLUDED.applied_generation, application_state.applied_generation),
        agent_message = EXCLUDED.agent_message, agent_stalled = EXCLUDED.agent_stalled,
@@ -142,7 +161,8 @@ ON CONFLICT (application_id) DO UPDATE
         EXCLUDED.agent_message, EXCLUDED.agent_stalled, EXCLUDED.stalled_generation)
        IS DISTINCT FROM
        (application_state.applied_generation, application_state.agent_message, application_state.agent_stalled,
-        application_state.stalled_generation)";
+        application_state.stalled_generation)"
+);
 
 /// Every statement of this module (a test prepares them against the schema).
 pub const STATEMENTS: &[&str] = &[OWNER_BY_ID, OWNER_BY_UID, UNCHANGED, UPSERT, SYNC_PROGRESS, AGENT_OUTCOME];
@@ -171,12 +191,13 @@ impl AgentOutcome {
 /// Records `outcome` for application `id` (only when it changes what was recorded).
 pub async fn application_state_record_outcome(
     client: &Client,
+    epoch: &InstanceEpoch,
     id: ApplicationId,
     outcome: &AgentOutcome,
 ) -> Result<(), DbError> {
     let (generation, message, stalled) = outcome.columns();
     client
-        .execute(AGENT_OUTCOME, &[&id, &generation, &message, &stalled])
+        .execute(AGENT_OUTCOME, &[&id, &generation, &message, &stalled, &epoch.instance, &epoch.current()])
         .await
         .map_err(DbError::query("record the agent's outcome"))?;
     Ok(())
@@ -213,7 +234,11 @@ pub async fn application_owner_by_uid(
 
 /// Writes `observed` when it differs from the stored row. Returns the new sequence
 /// number, or `None` when nothing changed (or the application row is gone).
-pub async fn application_state_upsert(client: &Client, observed: &ObservedApplication) -> Result<Option<i64>, DbError> {
+pub async fn application_state_upsert(
+    client: &Client,
+    epoch: &InstanceEpoch,
+    observed: &ObservedApplication,
+) -> Result<Option<i64>, DbError> {
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
         &observed.application_id,
         &observed.tenant_id,
@@ -231,13 +256,20 @@ pub async fn application_state_upsert(client: &Client, observed: &ObservedApplic
     if unchanged.is_some() {
         return Ok(None);
     }
+    let current = epoch.current();
+    let mut params = params.to_vec();
+    params.extend([&epoch.instance as &(dyn tokio_postgres::types::ToSql + Sync), &current]);
     let row = client.query_opt(UPSERT, &params).await.map_err(DbError::query("upsert an application state"))?;
     row.map(|row| row.try_get("seq")).transpose().map_err(DbError::query("upsert an application state"))
 }
 
 /// Records a sync's progress on its `sync_operation` row when it changed. Returns
 /// whether a row was written.
-pub async fn sync_operation_progress(client: &Client, observed: &ObservedSync) -> Result<bool, DbError> {
+pub async fn sync_operation_progress(
+    client: &Client,
+    epoch: &InstanceEpoch,
+    observed: &ObservedSync,
+) -> Result<bool, DbError> {
     let row = client
         .query_opt(
             SYNC_PROGRESS,
@@ -249,6 +281,8 @@ pub async fn sync_operation_progress(client: &Client, observed: &ObservedSync) -
                 &observed.message,
                 &observed.started_at,
                 &observed.finished_at,
+                &epoch.instance,
+                &epoch.current(),
             ],
         )
         .await

@@ -25,6 +25,10 @@ pub struct EngineInstance {
     /// `healthy`, `degraded` (the API answers, Argo CD is stuck) or `lost` (no agent
     /// reaches the API), by `engine_instance_health()`.
     pub health: String,
+    /// Bumped when the instance is fenced; agents write status only at the current one.
+    pub epoch: i64,
+    /// Fenced (lost past the grace) and not yet cleaned up by a returning agent.
+    pub fenced: bool,
 }
 
 const ADD: &str = "
@@ -33,13 +37,15 @@ RETURNING id";
 
 const LIST: &str = "
 SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at, i.tenants::bigint AS tenants, i.cordoned,
-       i.progress_at, engine_instance_health(i.heartbeat_at, i.progress_at) AS health
+       i.progress_at, engine_instance_health(i.heartbeat_at, i.progress_at) AS health, i.epoch,
+       i.fenced_at IS NOT NULL AS fenced
   FROM engine_instance i
  ORDER BY i.name";
 
 const BY_NAME: &str = "
 SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at, i.tenants::bigint AS tenants, i.cordoned,
-       i.progress_at, engine_instance_health(i.heartbeat_at, i.progress_at) AS health
+       i.progress_at, engine_instance_health(i.heartbeat_at, i.progress_at) AS health, i.epoch,
+       i.fenced_at IS NOT NULL AS fenced
   FROM engine_instance i
  WHERE i.name = $1";
 
@@ -100,6 +106,47 @@ pub async fn engine_instance_add(
     }
 }
 
+/// The epoch an agent writes tenants' status at: its instance's, read at start and
+/// again whenever the instance is found not fenced. Fencing bumps the epoch, so every
+/// status statement that carries an older one (from an agent that has not yet seen
+/// the fence, or cleaned up after it) writes nothing; the check is in the statement.
+#[derive(Debug, Clone)]
+pub struct InstanceEpoch {
+    pub instance: EngineInstanceId,
+    epoch: std::sync::Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl InstanceEpoch {
+    pub fn new(instance: EngineInstanceId, epoch: i64) -> Self {
+        InstanceEpoch { instance, epoch: std::sync::Arc::new(std::sync::atomic::AtomicI64::new(epoch)) }
+    }
+
+    /// The epoch as last read.
+    pub fn current(&self) -> i64 {
+        self.epoch.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Takes the instance's epoch read now (the instance is not fenced).
+    pub fn set(&self, epoch: i64) {
+        self.epoch.store(epoch, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The SQL condition of a status write: the tenant `t` is placed on instance
+/// `$instance` and that instance is at epoch `$epoch` and not fenced.
+#[macro_export]
+macro_rules! placed_at_epoch {
+    ($instance:literal, $epoch:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM engine_instance e WHERE e.id = t.engine_instance_id AND e.id = ",
+            $instance,
+            " AND e.epoch = ",
+            $epoch,
+            " AND e.fenced_at IS NULL)"
+        )
+    };
+}
+
 impl TryFrom<&tokio_postgres::Row> for EngineInstance {
     type Error = tokio_postgres::Error;
 
@@ -114,6 +161,8 @@ impl TryFrom<&tokio_postgres::Row> for EngineInstance {
             cordoned: row.try_get("cordoned")?,
             progress_at: row.try_get("progress_at")?,
             health: row.try_get("health")?,
+            epoch: row.try_get("epoch")?,
+            fenced: row.try_get("fenced")?,
         })
     }
 }

@@ -143,16 +143,18 @@ pub async fn failover_step(
     .await
 }
 
-const FENCED: &str = "SELECT fenced_at IS NOT NULL AS fenced FROM engine_instance WHERE id = $1";
+const FENCED: &str = "SELECT fenced_at IS NOT NULL AS fenced, epoch FROM engine_instance WHERE id = $1";
 
 const PLACED_HERE: &str = "SELECT id FROM tenant WHERE id = ANY($1) AND engine_instance_id = $2";
 
 const UNFENCE: &str = "UPDATE engine_instance SET fenced_at = NULL WHERE id = $1 AND fenced_at IS NOT NULL";
 
-/// Whether `instance` is fenced (its agents must clean up before anything else).
-pub async fn instance_fenced(client: &Client, instance: EngineInstanceId) -> Result<bool, DbError> {
-    let row = client.query_opt(FENCED, &[&instance]).await.map_err(DbError::query("read an instance's fence"))?;
-    row.map_or(Ok(false), |row| column(&row, "fenced", "read an instance's fence"))
+/// Whether `instance` is fenced (its agents must clean up before anything else),
+/// and its epoch.
+pub async fn instance_fenced(client: &Client, instance: EngineInstanceId) -> Result<(bool, i64), DbError> {
+    let action = "read an instance's fence";
+    let row = client.query_opt(FENCED, &[&instance]).await.map_err(DbError::query(action))?;
+    row.map_or(Ok((false, 0)), |row| Ok((column(&row, "fenced", action)?, column(&row, "epoch", action)?)))
 }
 
 /// Those of `tenants` placed on `instance` now.

@@ -8,6 +8,8 @@ use tokio_postgres::Client;
 
 use crate::db::DbError;
 use crate::db::application_state::AgentOutcome;
+use crate::db::engine_instance::InstanceEpoch;
+use crate::placed_at_epoch;
 
 /// A kind of row whose outcome lives in `resource_state`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -16,8 +18,9 @@ pub enum StateOf {
     RepositoryCredential,
 }
 
-// Inserted only while the intent row exists; changed only when it differs (every
-// change takes a place in the status feed). The stalled generation is the row's
+// Inserted only while the intent row exists and its tenant is placed on the writing
+// instance at its current epoch; changed only when it differs (every change takes a
+// place in the status feed). The stalled generation is the row's
 // generation at the failure.
 macro_rules! outcome_statement {
     ($column:literal, $table:literal) => {
@@ -27,7 +30,9 @@ macro_rules! outcome_statement {
             ", tenant_id, applied_generation, agent_message, agent_stalled, stalled_generation)
 SELECT r.id, r.tenant_id, $2, $3, $4, CASE WHEN $4 THEN r.generation END FROM ",
             $table,
-            " r WHERE r.id = $1
+            " r JOIN tenant t ON t.id = r.tenant_id WHERE r.id = $1 AND ",
+            placed_at_epoch!("$5", "$6"),
+            "
 ON CONFLICT (",
             $column,
             ") DO UPDATE
@@ -52,6 +57,7 @@ pub const STATEMENTS: &[&str] = &[ENVIRONMENT_OUTCOME, CREDENTIAL_OUTCOME];
 /// Records `outcome` for row `id` of `kind` (only when it changes what was recorded).
 pub async fn resource_state_record_outcome(
     client: &Client,
+    epoch: &InstanceEpoch,
     kind: StateOf,
     id: i64,
     outcome: &AgentOutcome,
@@ -62,7 +68,7 @@ pub async fn resource_state_record_outcome(
     };
     let (generation, message, stalled) = outcome.columns();
     client
-        .execute(statement, &[&id, &generation, &message, &stalled])
+        .execute(statement, &[&id, &generation, &message, &stalled, &epoch.instance, &epoch.current()])
         .await
         .map_err(DbError::query("record the agent's outcome"))?;
     Ok(())
