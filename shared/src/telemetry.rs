@@ -54,6 +54,9 @@ pub fn version_line(version: &str, revision: Option<&str>) -> String {
     }
 }
 
+/// Whether logs are JSON, so that a binary's final error is a JSON line too.
+static JSON_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Installs the process-wide log subscriber, as text. Call once, first thing in `main`.
 pub fn init_logging() {
     init_logging_as(LogFormat::Text);
@@ -63,6 +66,7 @@ pub fn init_logging() {
 /// `main`. A log line that cannot be written (stderr a closed pipe, say) is dropped:
 /// it must never stop the process — or stop it from shutting down on SIGTERM.
 pub fn init_logging_as(format: LogFormat) {
+    JSON_LOGS.store(format == LogFormat::Json, std::sync::atomic::Ordering::Relaxed);
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder =
         tracing_subscriber::fmt().with_writer(std::io::stderr).log_internal_errors(false).with_env_filter(filter);
@@ -110,8 +114,14 @@ pub fn finish_command<E: std::error::Error>(
     }
 }
 
-/// Prints `error: …` and one `caused by: …` line per source to stderr.
+/// Prints `error: …` and one `caused by: …` line per source to stderr; with JSON
+/// logs, one log event (`causes`: the sources, `: `-separated) instead.
 pub fn print_error_chain(error: &dyn std::error::Error) {
+    if JSON_LOGS.load(std::sync::atomic::Ordering::Relaxed) {
+        let causes = error.source().map(error_chain).unwrap_or_default();
+        tracing::error!(causes = %causes, "{error}");
+        return;
+    }
     to_stderr(&format!("error: {error}"));
     let mut source = error.source();
     while let Some(cause) = source {
