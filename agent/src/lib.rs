@@ -90,6 +90,12 @@ pub struct RunArgs {
     /// is lost after `gitops.instance_lost_after` without one, default 60 s).
     #[arg(long, env = "GITOPS_AGENT_HEARTBEAT_INTERVAL", default_value = "15s", value_parser = parse_duration)]
     pub heartbeat_interval: Duration,
+    /// How long the agent may go without writing a heartbeat before it stops writing
+    /// to Argo CD (until the next one): keep it below `gitops.instance_lost_after`
+    /// plus the writers' --failover-grace, so a cut-off agent stops before its
+    /// tenants move.
+    #[arg(long, env = "GITOPS_AGENT_SELF_FENCE_AFTER", default_value = "90s", value_parser = parse_duration)]
+    pub self_fence_after: Duration,
     /// Operations reconciled at once.
     #[arg(long, env = "GITOPS_AGENT_CONCURRENCY", default_value_t = 16)]
     pub concurrency: usize,
@@ -187,6 +193,7 @@ pub async fn run(args: &RunArgs) -> Result<(), AgentError> {
         sweep_dry_run,
         lease,
         heartbeat_interval,
+        self_fence_after,
         concurrency,
         failed_retention,
         stuck_deletion_after,
@@ -204,6 +211,7 @@ pub async fn run(args: &RunArgs) -> Result<(), AgentError> {
     config.sweep.dry_run = *sweep_dry_run;
     config.lease = *lease;
     config.heartbeat_interval = *heartbeat_interval;
+    config.self_fence_after = *self_fence_after;
     config.concurrency = *concurrency;
     config.failed_retention = *failed_retention;
     config.stuck_deletion_after = *stuck_deletion_after;

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::destination::{DestinationConfig, DestinationGuard};
 use crate::engine::Engine;
 use crate::engine::argocd::ArgoCdEngine;
+use crate::engine::self_fence::{HeartbeatClock, SelfFencing};
 use crate::metrics::Metrics;
 use crate::reconcile::Reconciler;
 use crate::sweep::{SweepConfig, Sweeper};
@@ -33,6 +34,9 @@ use crate::{AgentError, connect, instance};
 const APPLICATION_NAME: &str = "gitops-agent";
 /// How long a failed consumer waits before it starts over.
 const CONSUMER_RESTART: Duration = Duration::from_secs(2);
+/// How long without a heartbeat until the agent stops writing to Argo CD: below
+/// the default lost window (60 s) plus the default failover grace (2 min).
+pub const DEFAULT_SELF_FENCE_AFTER: Duration = Duration::from_secs(90);
 
 /// What a test or the binary may observe of a running agent.
 #[derive(Debug, Clone, Default)]
@@ -71,6 +75,9 @@ pub struct AgentConfig {
     /// Scan the queue at least this often without a notification.
     pub poll_interval: Duration,
     pub heartbeat_interval: Duration,
+    /// Writes to Argo CD stop while the last heartbeat is older than this (well
+    /// below `gitops.instance_lost_after` plus the writers' failover grace).
+    pub self_fence_after: Duration,
     pub secrets: SecretBox,
     /// Written to `operation.claimed_by`.
     pub claimer: String,
@@ -94,6 +101,7 @@ impl AgentConfig {
             stuck_deletion_after: crate::reconcile::DEFAULT_STUCK_DELETION_AFTER,
             poll_interval: Duration::from_secs(30),
             heartbeat_interval: Duration::from_secs(15),
+            self_fence_after: DEFAULT_SELF_FENCE_AFTER,
             secrets,
             claimer: default_claimer(),
             handle: AgentHandle::default(),
@@ -122,7 +130,10 @@ pub async fn run_agent(config: AgentConfig, cancel: CancellationToken) -> Result
     let pool = db::pool(config.database_url.expose(), config.concurrency + 4, APPLICATION_NAME)
         .map_err(|source| AgentError::Pool { source })?;
     let kube = kube_client(config.kubeconfig.as_ref()).await?;
-    heartbeat(&pool, &instance, &config.handle.metrics).await.map_err(|source| AgentError::Heartbeat { source })?;
+    let clock = HeartbeatClock::new();
+    heartbeat(&pool, &instance, &config.handle.metrics, &clock)
+        .await
+        .map_err(|source| AgentError::Heartbeat { source })?;
 
     let metrics = config.handle.metrics.clone();
     let background = CancellationToken::new();
@@ -137,21 +148,23 @@ pub async fn run_agent(config: AgentConfig, cancel: CancellationToken) -> Result
     let _ = config.handle.http_address.set(bound);
     tracing::info!(address = %bound, "serving /metrics, /healthz and /readyz");
 
-    let engine: Arc<dyn Engine> = Arc::new(ArgoCdEngine::new(kube.clone(), instance.argocd_namespace.clone()));
+    let argocd: Arc<dyn Engine> = Arc::new(ArgoCdEngine::new(kube.clone(), instance.argocd_namespace.clone()));
+    let engine: Arc<dyn Engine> = Arc::new(SelfFencing::new(argocd, clock.clone(), config.self_fence_after));
     let mut tasks = JoinSet::new();
     let endpoints = crate::http::Endpoints { metrics: metrics.clone(), listener: listener.clone(), pool: pool.clone() };
     tasks.spawn(crate::http::serve(http, endpoints, background.clone()));
     // Status is written at this epoch; the heartbeat loop keeps it current.
     let epoch = InstanceEpoch::new(instance.id, instance.epoch);
-    tasks.spawn(heartbeat_loop(
-        pool.clone(),
-        engine.clone(),
-        instance.clone(),
-        epoch.clone(),
-        config.heartbeat_interval,
-        metrics.clone(),
-        background.clone(),
-    ));
+    let beats = Heartbeats {
+        pool: pool.clone(),
+        engine: engine.clone(),
+        instance: instance.clone(),
+        epoch: epoch.clone(),
+        clock,
+        every: config.heartbeat_interval,
+        metrics: metrics.clone(),
+    };
+    tasks.spawn(heartbeat_loop(beats, background.clone()));
     tasks.spawn(crate::status::run_status_watcher(
         engine.clone(),
         epoch.clone(),
@@ -217,9 +230,15 @@ async fn kube_client(path: Option<&PathBuf>) -> Result<kube::Client, AgentError>
     kube::Client::try_from(config).map_err(|source| AgentError::KubeClient { source })
 }
 
-async fn heartbeat(pool: &DbPool, instance: &EngineInstance, metrics: &Metrics) -> Result<(), db::DbError> {
+async fn heartbeat(
+    pool: &DbPool,
+    instance: &EngineInstance,
+    metrics: &Metrics,
+    clock: &HeartbeatClock,
+) -> Result<(), db::DbError> {
     let client = pooled(pool).await?;
     engine_instance_heartbeat(&client, instance.id).await?;
+    clock.beat();
     metrics.heartbeats.fetch_add(1, Ordering::Relaxed);
     let (depth, dead) = gitops_shared::queue::operation_waiting_count(&client, instance.id).await?;
     metrics.queue_depth.store(depth, Ordering::Relaxed);
@@ -227,18 +246,24 @@ async fn heartbeat(pool: &DbPool, instance: &EngineInstance, metrics: &Metrics) 
     Ok(())
 }
 
-/// Beats while the Argo CD namespace's API answers: an agent that cannot reach it
-/// writes no heartbeat and is not ready. When it answers again, the instance's
-/// backed-off operations are made due at once instead of at their next retry.
-async fn heartbeat_loop(
+/// What the heartbeat loop works with.
+struct Heartbeats {
     pool: DbPool,
     engine: Arc<dyn Engine>,
     instance: EngineInstance,
+    /// Kept current: read again whenever the instance is found unfenced.
     epoch: InstanceEpoch,
+    /// Told of every heartbeat written (writes to Argo CD stop while it is old).
+    clock: HeartbeatClock,
     every: Duration,
     metrics: Arc<Metrics>,
-    cancel: CancellationToken,
-) {
+}
+
+/// Beats while the Argo CD namespace's API answers: an agent that cannot reach it
+/// writes no heartbeat and is not ready. When it answers again, the instance's
+/// backed-off operations are made due at once instead of at their next retry.
+async fn heartbeat_loop(beats: Heartbeats, cancel: CancellationToken) {
+    let Heartbeats { pool, engine, instance, epoch, clock, every, metrics } = beats;
     // The progress probe's last stamp, and whether an unstamped probe was counted once.
     let mut last_stamp: Option<String> = None;
     let mut unstamped_counted = false;
@@ -268,7 +293,7 @@ async fn heartbeat_loop(
                 Err(error) => tracing::warn!(%error, "could not make waiting operations due"),
             }
         }
-        if let Err(error) = heartbeat(&pool, &instance, &metrics).await {
+        if let Err(error) = heartbeat(&pool, &instance, &metrics, &clock).await {
             tracing::warn!(%error, "heartbeat failed");
         }
         if let Err(error) = crate::fence::clean_up_if_fenced(&pool, engine.as_ref(), &epoch, &metrics).await {

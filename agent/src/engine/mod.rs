@@ -7,6 +7,7 @@
 
 pub mod argocd;
 pub mod release;
+pub mod self_fence;
 
 use std::collections::BTreeMap;
 use std::fmt;
