@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gitops_shared::db::failover::failover_step;
+use gitops_shared::db::fleet_balance::{BalanceSettings, balance_step};
 use gitops_shared::db::instance_health::{instance_health_all, instance_health_touch};
 use gitops_shared::db::{DbError, DbPool, pooled};
 use gitops_shared::model::EngineInstanceId;
@@ -49,6 +50,8 @@ impl Default for FailoverSettings {
 pub struct FleetWatch {
     pub every: Duration,
     pub failover: Option<FailoverSettings>,
+    /// Draining degraded instances and rebalancing.
+    pub balance: Option<BalanceSettings>,
     /// As placement's: an instance whose agents reported within this is a candidate.
     pub healthy_within: Duration,
 }
@@ -79,6 +82,11 @@ pub async fn run_fleet_watch(
                 Err(error) => tracing::warn!(%error, "could not take a failover step"),
             }
         }
+        if let Some(balance) = settings.balance
+            && let Err(error) = rebalance(&pool, balance, &metrics).await
+        {
+            tracing::warn!(%error, "could not take a balancing step");
+        }
         tokio::select! {
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(next) => {}
@@ -108,6 +116,24 @@ async fn fail_over(
         tracing::error!(tenants = step.unplaced, "tenants of a lost instance wait: no healthy instance has room");
     }
     Ok(i64::try_from(step.moved.len()).unwrap_or(i64::MAX) >= settings.batch)
+}
+
+/// One balancing step, logged and counted.
+async fn rebalance(pool: &DbPool, settings: BalanceSettings, metrics: &WriterMetrics) -> Result<(), DbError> {
+    let mut client = pooled(pool).await?;
+    let step = balance_step(&mut client, settings).await?;
+    for instance in &step.drained {
+        tracing::warn!(engine.instance = %instance, "engine instance degraded past the grace: cordoned, its tenants move");
+    }
+    for moved in &step.moves {
+        tracing::info!(tenant.namespace = %moved.namespace, from = %moved.from, to = %moved.to, reason = moved.reason,
+            "tenant move started");
+        metrics.fleet_move(moved.reason);
+    }
+    for refused in &step.refused {
+        tracing::info!(reason = %refused, "a planned tenant move was refused; tried again next step");
+    }
+    Ok(())
 }
 
 /// One look: tells the tenants of `owned` of every change since `known`, and those

@@ -112,6 +112,16 @@ pub struct RunArgs {
     #[arg(long, env = "GITOPS_WRITER_FAILOVER_BATCH", default_value_t = 20,
           value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub failover_batch: i64,
+    /// Move tenants from the fullest to the emptiest open, healthy instance while
+    /// their loads (tenants / capacity) differ by more than this, 0 to 1 (e.g. 0.2);
+    /// once started, down to half of it. Off when unset.
+    #[arg(long, env = "GITOPS_WRITER_REBALANCE_THRESHOLD", value_parser = parse_threshold)]
+    pub rebalance_threshold: Option<f64>,
+    /// Most tenant moves the writers start to be in progress at once (rebalancing and
+    /// draining instances degraded past the failover grace; operators' moves count).
+    #[arg(long, env = "GITOPS_WRITER_MAX_CONCURRENT_MOVES", default_value_t = 5,
+          value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    pub max_concurrent_moves: u64,
     /// Check that each GitOpsDeploymentManagedEnvironment's apiURL answers with its
     /// credentials (GET /version), reported in its ConnectionInitializationSucceeded
     /// condition. Off by default: the writer then contacts no tenant API server.
@@ -239,6 +249,14 @@ fn current_or_deprecated<T>(
     }
 }
 
+/// A rebalance threshold: a load difference between 0 and 1.
+fn parse_threshold(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(value) if value > 0.0 && value <= 1.0 => Ok(value),
+        _ => Err(format!("{text:?} is not a load difference between 0 and 1 (e.g. 0.2)")),
+    }
+}
+
 /// Why the writer stopped. Messages name the step; sources carry the detail.
 #[derive(Debug, thiserror::Error)]
 pub enum WriterError {
@@ -310,6 +328,8 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
         resync_max_tombstones,
         failover_grace,
         failover_batch,
+        rebalance_threshold,
+        max_concurrent_moves,
         connection_check,
         connection_check_allow,
         connection_check_deny,
@@ -335,6 +355,11 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
     config.controllers.resync_interval = resync_interval;
     config.controllers.resync_max_tombstones = resync_max_tombstones;
     config.failover = Some(crate::fleet::FailoverSettings { grace: failover_grace, batch: failover_batch });
+    config.balance = Some(gitops_shared::db::fleet_balance::BalanceSettings {
+        degraded_grace: Some(failover_grace),
+        rebalance_threshold,
+        max_concurrent_moves: usize::try_from(max_concurrent_moves).unwrap_or(5),
+    });
     config.home.api_url = home_api_url;
     let lifetime = current_or_deprecated(
         home_token_lifetime,

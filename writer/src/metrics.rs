@@ -106,6 +106,9 @@ pub struct WriterMetrics {
     instance_health: Mutex<BTreeMap<String, String>>,
     /// Tenants this writer placed elsewhere because their instance was lost.
     pub failover_moves: AtomicU64,
+    /// Tenant moves this writer started to balance the fleet, by reason
+    /// (`degraded`, `rebalance`).
+    pub fleet_moves: [AtomicU64; 2],
     /// Rounds of home-token renewal that failed (each is retried a round later).
     pub home_token_renewal_failures: AtomicU64,
 }
@@ -128,10 +131,14 @@ impl Default for WriterMetrics {
             unplaced: Mutex::default(),
             instance_health: Mutex::default(),
             failover_moves: AtomicU64::new(0),
+            fleet_moves: std::array::from_fn(|_| AtomicU64::new(0)),
             home_token_renewal_failures: AtomicU64::new(0),
         }
     }
 }
+
+/// The reasons of balancing moves, in the order of `fleet_moves`.
+const FLEET_MOVE_REASONS: [&str; 2] = ["degraded", "rebalance"];
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -257,6 +264,13 @@ impl WriterMetrics {
         self.failover_moves.fetch_add(count, Ordering::Relaxed);
     }
 
+    /// Counts a tenant move started to balance the fleet, for `reason`.
+    pub fn fleet_move(&self, reason: &str) {
+        if let Some(index) = FLEET_MOVE_REASONS.iter().position(|known| *known == reason) {
+            self.fleet_moves[index].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Records each engine instance's health (name → `healthy`, `degraded`, `lost`).
     pub fn set_instance_health(&self, health: BTreeMap<String, String>) {
         *lock(&self.instance_health) = health;
@@ -355,6 +369,18 @@ impl WriterMetrics {
         );
         let _ = writeln!(out, "# TYPE gitops_writer_failover_moves_total counter");
         let _ = writeln!(out, "gitops_writer_failover_moves_total {}", self.failover_moves.load(Ordering::Relaxed));
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_fleet_moves_total Tenant moves this writer started to balance the fleet: off instances degraded past the grace, or to rebalance."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_fleet_moves_total counter");
+        for (reason, count) in FLEET_MOVE_REASONS.iter().zip(&self.fleet_moves) {
+            let _ = writeln!(
+                out,
+                "gitops_writer_fleet_moves_total{{reason=\"{reason}\"}} {}",
+                count.load(Ordering::Relaxed)
+            );
+        }
         let _ = writeln!(
             out,
             "# HELP gitops_writer_home_token_renewal_failures_total Rounds of home-token renewal that failed (retried a round later)."

@@ -58,6 +58,8 @@ pub struct WriterConfig {
     pub fleet_watch_interval: std::time::Duration,
     /// Failing over lost instances (None: off).
     pub failover: Option<crate::fleet::FailoverSettings>,
+    /// Draining degraded instances and rebalancing (None: off).
+    pub balance: Option<gitops_shared::db::fleet_balance::BalanceSettings>,
     /// Where environment connection checks may go; `None` (the default): checks are off.
     pub connection_check: Option<ConnectionPolicy>,
     /// Which namespaces are tenants.
@@ -92,6 +94,7 @@ impl WriterConfig {
             purge: PurgeSettings::default(),
             fleet_watch_interval: crate::fleet::FLEET_WATCH_INTERVAL,
             failover: Some(crate::fleet::FailoverSettings::default()),
+            balance: None,
             connection_check: None,
             tenancy: TenancySettings::default(),
             webhook: None,
@@ -213,6 +216,7 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
         crate::fleet::FleetWatch {
             every: config.fleet_watch_interval,
             failover: config.failover,
+            balance: config.balance,
             healthy_within: config.controllers.healthy_within,
         },
         cancel.clone(),

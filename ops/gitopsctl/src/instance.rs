@@ -4,6 +4,7 @@
 //! empty ones.
 
 use gitops_shared::db::engine_instance::{self, EngineInstance};
+use gitops_shared::db::fleet_balance::{BalanceSettings, balance_step};
 use gitops_shared::model::EngineInstanceId;
 
 use crate::{CtlError, table};
@@ -67,41 +68,25 @@ pub async fn drain(database_url: &str, name: &str) -> Result<usize, CtlError> {
 
 /// Moves tenants from the fullest to the emptiest open, healthy instance while
 /// their loads (tenants / capacity) differ by more than `threshold`, keeping at most
-/// `max_moves` moves in progress. Returns the moves started: (namespace, from, to).
+/// `max_moves` moves in progress: one balancing step, as the writers take them
+/// (`gitops_shared::db::fleet_balance`). Returns the moves started: (namespace,
+/// from, to).
 pub async fn rebalance(
     database_url: &str,
     threshold: f64,
     max_moves: u32,
 ) -> Result<Vec<(String, String, String)>, CtlError> {
-    let tenants = crate::tenant::list(database_url, None, None).await?;
-    let running = tenants.iter().filter(|t| t.move_state.is_some()).count();
-    let mut budget = (max_moves as usize).saturating_sub(running);
-    let mut instances: Vec<EngineInstance> =
-        list(database_url).await?.into_iter().filter(|i| !i.cordoned && i.health == "healthy").collect();
-    let mut started = Vec::new();
-    while budget > 0 && instances.len() > 1 {
-        let load = |i: &EngineInstance| i.tenants as f64 / f64::from(i.capacity);
-        instances.sort_by(|a, b| load(a).total_cmp(&load(b)).then(a.name.cmp(&b.name)));
-        let (emptiest, fullest) = (&instances[0], &instances[instances.len() - 1]);
-        // A move changes both loads; stop when it would not bring them closer.
-        if load(fullest) - load(emptiest) <= threshold || emptiest.tenants >= i64::from(emptiest.capacity) {
-            break;
-        }
-        let Some(tenant) = tenants.iter().find(|t| {
-            t.instance.as_deref() == Some(fullest.name.as_str())
-                && t.move_state.is_none()
-                && !started.iter().any(|(ns, _, _): &(String, String, String)| *ns == t.namespace)
-        }) else {
-            break;
-        };
-        crate::tenant::move_to(database_url, &tenant.namespace, &emptiest.name, "rebalance").await?;
-        started.push((tenant.namespace.clone(), fullest.name.clone(), emptiest.name.clone()));
-        let last = instances.len() - 1;
-        instances[last].tenants -= 1;
-        instances[0].tenants += 1;
-        budget -= 1;
+    let mut client = crate::connect(database_url).await?;
+    let settings = BalanceSettings {
+        degraded_grace: None,
+        rebalance_threshold: Some(threshold),
+        max_concurrent_moves: max_moves as usize,
+    };
+    let step = balance_step(&mut client, settings).await.map_err(CtlError::db("rebalance the fleet"))?;
+    if step.skipped {
+        return Err(CtlError::Refused("a writer is balancing the fleet right now; try again in a moment".into()));
     }
-    Ok(started)
+    Ok(step.moves.into_iter().map(|m| (m.namespace, m.from, m.to)).collect())
 }
 
 /// Removes an instance without tenants or operations.

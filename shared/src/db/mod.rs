@@ -13,6 +13,7 @@ pub mod desired;
 pub mod engine_instance;
 mod error;
 pub mod failover;
+pub mod fleet_balance;
 pub mod instance_health;
 pub mod managed_environment;
 mod migrate;
@@ -44,6 +45,7 @@ pub const STATEMENTS: &[(&str, &[&str])] = &[
     ("engine_instance", engine_instance::STATEMENTS),
     ("failover", failover::STATEMENTS),
     ("failover (agent)", failover::AGENT_STATEMENTS),
+    ("fleet_balance", fleet_balance::STATEMENTS),
     ("instance_health", instance_health::STATEMENTS),
     ("managed_environment", managed_environment::STATEMENTS),
     ("placed_rows", placed_rows::STATEMENTS),

@@ -177,48 +177,50 @@ pub async fn tenant_move(client: &mut Client, namespace: &str, to: &str, reason:
     let (namespace, to, reason) = (namespace.to_owned(), to.to_owned(), reason.to_owned());
     in_txn_retrying(client, move |txn| {
         let (namespace, to, reason) = (namespace.clone(), to.clone(), reason.clone());
-        Box::pin(async move {
-            let invalid = |message: String| Err(DbError::InvalidMove { message });
-            let action = "start a tenant move";
-            let Some(tenant) = txn.query_opt(LOCK, &[&namespace]).await.map_err(DbError::query(action))? else {
-                return invalid(format!("no tenant in namespace {namespace:?}"));
-            };
-            let id: TenantId = column(&tenant, "id", action)?;
-            let from: Option<EngineInstanceId> = column(&tenant, "engine_instance_id", action)?;
-            let state: Option<String> = column(&tenant, "move_state", action)?;
-            let row_state: String = column(&tenant, "row_state", action)?;
-            if row_state != "active" {
-                return invalid(format!("the tenant of {namespace:?} is being deleted"));
-            }
-            if let Some(state) = state {
-                return invalid(format!("the tenant of {namespace:?} is already moving ({state})"));
-            }
-            let Some(from) = from else {
-                return invalid(format!("the tenant of {namespace:?} is not placed on any instance yet"));
-            };
-            let Some(target) = txn.query_opt(TARGET, &[&to]).await.map_err(DbError::query(action))? else {
-                return invalid(format!("no engine instance {to:?}"));
-            };
-            let target_id: EngineInstanceId = column(&target, "id", action)?;
-            if target_id == from {
-                return invalid(format!("the tenant of {namespace:?} is on {to:?} already"));
-            }
-            if column::<bool>(&target, "cordoned", action)? {
-                return invalid(format!("engine instance {to:?} is cordoned"));
-            }
-            let (tenants, capacity): (i32, i32) =
-                (column(&target, "tenants", action)?, column(&target, "capacity", action)?);
-            if tenants >= capacity {
-                return invalid(format!("engine instance {to:?} is full ({tenants} of {capacity} tenants)"));
-            }
-            txn.execute(START, &[&id, &target_id, &reason]).await.map_err(DbError::query(action))?;
-            txn.execute(RETARGET, &[&id, &target_id]).await.map_err(DbError::query(action))?;
-            operation_enqueue_in_txn(txn, from, id, ResourceType::Tenant, id.0).await?;
-            txn.execute(TOUCH_STATE, &[&id]).await.map_err(DbError::query(action))?;
-            Ok(())
-        })
+        Box::pin(async move { tenant_move_in_txn(txn, &namespace, &to, &reason).await })
     })
     .await
+}
+
+/// [`tenant_move`] inside the caller's transaction.
+pub async fn tenant_move_in_txn(txn: &Transaction<'_>, namespace: &str, to: &str, reason: &str) -> Result<(), DbError> {
+    let invalid = |message: String| Err(DbError::InvalidMove { message });
+    let action = "start a tenant move";
+    let Some(tenant) = txn.query_opt(LOCK, &[&namespace]).await.map_err(DbError::query(action))? else {
+        return invalid(format!("no tenant in namespace {namespace:?}"));
+    };
+    let id: TenantId = column(&tenant, "id", action)?;
+    let from: Option<EngineInstanceId> = column(&tenant, "engine_instance_id", action)?;
+    let state: Option<String> = column(&tenant, "move_state", action)?;
+    let row_state: String = column(&tenant, "row_state", action)?;
+    if row_state != "active" {
+        return invalid(format!("the tenant of {namespace:?} is being deleted"));
+    }
+    if let Some(state) = state {
+        return invalid(format!("the tenant of {namespace:?} is already moving ({state})"));
+    }
+    let Some(from) = from else {
+        return invalid(format!("the tenant of {namespace:?} is not placed on any instance yet"));
+    };
+    let Some(target) = txn.query_opt(TARGET, &[&to]).await.map_err(DbError::query(action))? else {
+        return invalid(format!("no engine instance {to:?}"));
+    };
+    let target_id: EngineInstanceId = column(&target, "id", action)?;
+    if target_id == from {
+        return invalid(format!("the tenant of {namespace:?} is on {to:?} already"));
+    }
+    if column::<bool>(&target, "cordoned", action)? {
+        return invalid(format!("engine instance {to:?} is cordoned"));
+    }
+    let (tenants, capacity): (i32, i32) = (column(&target, "tenants", action)?, column(&target, "capacity", action)?);
+    if tenants >= capacity {
+        return invalid(format!("engine instance {to:?} is full ({tenants} of {capacity} tenants)"));
+    }
+    txn.execute(START, &[&id, &target_id, &reason]).await.map_err(DbError::query(action))?;
+    txn.execute(RETARGET, &[&id, &target_id]).await.map_err(DbError::query(action))?;
+    operation_enqueue_in_txn(txn, from, id, ResourceType::Tenant, id.0).await?;
+    txn.execute(TOUCH_STATE, &[&id]).await.map_err(DbError::query(action))?;
+    Ok(())
 }
 
 /// How many of the tenant's ordinary operations `instance` (a move's source) still holds.
