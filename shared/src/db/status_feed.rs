@@ -58,8 +58,9 @@ pub struct StatusFeedRow {
     pub agent_message: Option<String>,
     /// Whether that failure is permanent (retrying cannot help).
     pub agent_stalled: bool,
-    /// The tenant is moving to another engine instance.
-    pub moving: bool,
+    /// Why the tenant is moving to another engine instance (`failover`,
+    /// `degraded`, `rebalance`, `drain`, an operator's word); None: not moving.
+    pub moving: Option<String>,
     /// Why a deletion is stuck (Argo CD has not removed its finalizer for long).
     pub deletion_message: Option<String>,
     /// The health of the tenant's engine instance (`healthy`, `degraded`, `lost`).
@@ -84,8 +85,9 @@ pub struct ResourceFeedRow {
     pub agent_message: Option<String>,
     /// Whether that failure is permanent.
     pub agent_stalled: bool,
-    /// The tenant is moving to another engine instance.
-    pub moving: bool,
+    /// Why the tenant is moving to another engine instance (`failover`,
+    /// `degraded`, `rebalance`, `drain`, an operator's word); None: not moving.
+    pub moving: Option<String>,
     /// The health of the tenant's engine instance.
     pub instance_health: Option<String>,
 }
@@ -144,7 +146,7 @@ SELECT f.*, f.changed_xid::text::bigint AS xid,
            a.resource_uid, CASE WHEN m.home THEN NULL ELSE m.resource_name END AS environment,
            s.sync_status, s.sync_revision, s.health_status, s.health_message,
            s.resources, s.conditions, s.operation_state, s.reconciled_state, a.row_state,
-           s.applied_generation, s.agent_message, s.agent_stalled, t.move_state IS NOT NULL AS moving,
+           s.applied_generation, s.agent_message, s.agent_stalled, CASE WHEN t.move_state IS NOT NULL THEN COALESCE(t.move_reason, '') END AS moving,
            a.deletion_message, engine_instance_health(e.heartbeat_at, e.progress_at) AS instance_health
       FROM w
       JOIN tenant t ON t.writer_shard = w.shard
@@ -156,7 +158,7 @@ SELECT f.*, f.changed_xid::text::bigint AS xid,
     UNION ALL
     SELECT 'managed_environment', s.seq, s.changed_xid, r.id, t.namespace_name, r.resource_name,
            r.resource_uid, NULL, NULL, NULL, NULL, NULL, '[]'::jsonb, '[]'::jsonb, NULL, NULL, r.row_state,
-           s.applied_generation, s.agent_message, s.agent_stalled, t.move_state IS NOT NULL, NULL,
+           s.applied_generation, s.agent_message, s.agent_stalled, CASE WHEN t.move_state IS NOT NULL THEN COALESCE(t.move_reason, '') END, NULL,
            engine_instance_health(e.heartbeat_at, e.progress_at)
       FROM w
       JOIN tenant t ON t.writer_shard = w.shard
@@ -167,7 +169,7 @@ SELECT f.*, f.changed_xid::text::bigint AS xid,
     UNION ALL
     SELECT 'repository_credential', s.seq, s.changed_xid, r.id, t.namespace_name, r.resource_name,
            r.resource_uid, NULL, NULL, NULL, NULL, NULL, '[]'::jsonb, '[]'::jsonb, NULL, NULL, r.row_state,
-           s.applied_generation, s.agent_message, s.agent_stalled, t.move_state IS NOT NULL, NULL,
+           s.applied_generation, s.agent_message, s.agent_stalled, CASE WHEN t.move_state IS NOT NULL THEN COALESCE(t.move_reason, '') END, NULL,
            engine_instance_health(e.heartbeat_at, e.progress_at)
       FROM w
       JOIN tenant t ON t.writer_shard = w.shard
@@ -340,7 +342,7 @@ mod tests {
             applied_generation: None,
             agent_message: None,
             agent_stalled: false,
-            moving: false,
+            moving: None,
             deletion_message: None,
             instance_health: None,
         }))

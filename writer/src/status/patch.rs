@@ -100,7 +100,7 @@ where
         applied_generation: row.applied_generation,
         message: row.agent_message.as_deref(),
         stalled: row.agent_stalled,
-        moving: row.moving,
+        moving: row.moving.as_deref(),
         instance: row.instance_health.as_deref(),
     };
     patch_status(api, &row.resource_name, row.resource_uid, |object: &K| {

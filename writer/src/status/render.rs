@@ -103,8 +103,8 @@ pub struct AgentView<'a> {
     pub applied_generation: Option<i64>,
     pub message: Option<&'a str>,
     pub stalled: bool,
-    /// The tenant is moving to another engine instance.
-    pub moving: bool,
+    /// Why the tenant is moving to another engine instance; None: not moving.
+    pub moving: Option<&'a str>,
     /// The health of the tenant's engine instance (None: unknown, taken as healthy).
     pub instance: Option<&'a str>,
 }
@@ -130,9 +130,17 @@ fn kstatus(
             let waiting = WAITING_REASONS.contains(&reason);
             (false, waiting, !waiting, reason, c.message.clone().unwrap_or_default())
         }
-        _ if agent.moving => {
-            let message = "the namespace is moving to another Argo CD instance; the last status is kept meanwhile";
-            (false, true, false, REASON_MOVING, message.to_owned())
+        _ if let Some(reason) = agent.moving => {
+            let why = match reason {
+                "failover" => " because its Argo CD instance was lost",
+                "degraded" => " because its Argo CD instance stopped making progress",
+                "rebalance" => " to balance the load of the service's instances",
+                "drain" => " because an operator is emptying its Argo CD instance",
+                _ => "",
+            };
+            let message =
+                format!("the namespace is moving to another Argo CD instance{why}; the last status is kept meanwhile");
+            (false, true, false, REASON_MOVING, message)
         }
         _ if agent.instance == Some("lost") => {
             let message = "no agent reaches the Argo CD instance serving this namespace; the last status is kept \
@@ -173,7 +181,7 @@ pub fn readiness(row: &StatusFeedRow, facts: DeploymentFacts, current: &[Conditi
         applied_generation: row.applied_generation,
         message: row.agent_message.as_deref(),
         stalled: row.agent_stalled,
-        moving: row.moving,
+        moving: row.moving.as_deref(),
         instance: row.instance_health.as_deref(),
     };
     let mut out: Vec<Condition> = kstatus(agent, generation, current, || {
@@ -410,7 +418,7 @@ mod tests {
             applied_generation: Some(3),
             agent_message: None,
             agent_stalled: false,
-            moving: false,
+            moving: None,
             deletion_message: None,
             instance_health: None,
         }
@@ -512,7 +520,7 @@ mod tests {
             applied_generation: Some(generation),
             message: None,
             stalled: false,
-            moving: false,
+            moving: None,
             instance: None,
         };
         let kept = [validation()];
@@ -524,7 +532,7 @@ mod tests {
             applied_generation: Some(2),
             message: Some("Argo CD is unavailable"),
             stalled: false,
-            moving: false,
+            moving: None,
             instance: None,
         };
         let unavailable = resource_conditions(failing, Some(3), &kept, "t");
@@ -534,7 +542,7 @@ mod tests {
             applied_generation: Some(2),
             message: Some("reserved namespace"),
             stalled: true,
-            moving: false,
+            moving: None,
             instance: None,
         };
         let stalled = resource_conditions(refused, Some(3), &kept, "t");
@@ -550,9 +558,11 @@ mod tests {
     #[test]
     fn a_moving_tenant_is_not_ready_and_says_so() {
         let mut moving = row();
-        moving.moving = true;
+        moving.moving = Some("failover".into());
         let conditions = readiness(&moving, AUTOMATED, &[]);
         assert_eq!(of(&conditions, READY), ("False", REASON_MOVING));
+        let ready = conditions.iter().find(|c| c.type_ == READY).and_then(|c| c.message.clone()).unwrap_or_default();
+        assert!(ready.contains("because its Argo CD instance was lost"), "the tenant reads why: {ready}");
         assert_eq!(of(&conditions, RECONCILING), ("True", REASON_MOVING));
         assert_eq!(of(&readiness(&row(), AUTOMATED, &[]), READY), ("True", "Ready"), "and Ready again after");
     }
