@@ -554,7 +554,8 @@ CREATE TABLE public.sync_operation (
     finished_at timestamp with time zone,
     row_state public.row_state DEFAULT 'active'::public.row_state NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    failure_reason text
 );
 
 --

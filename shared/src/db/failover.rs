@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio_postgres::Client;
 
 use crate::db::placement::placement_choose_in_txn;
-use crate::db::tenant_move::RETARGET;
+use crate::db::tenant_move::{FAIL_SYNCS, RETARGET};
 use crate::db::{DbError, column, in_txn_retrying};
 use crate::model::{EngineInstanceId, ResourceType, TenantId};
 use crate::queue::operation_enqueue_in_txn;
@@ -127,6 +127,7 @@ pub async fn failover_step(
                     };
                     txn.execute(REPLACE, &[&tenant, &target]).await.map_err(DbError::query(action))?;
                     txn.execute(RETARGET, &[&tenant, &target]).await.map_err(DbError::query(action))?;
+                    txn.execute(FAIL_SYNCS, &[&tenant]).await.map_err(DbError::query(action))?;
                     operation_enqueue_in_txn(txn, target, tenant, ResourceType::Tenant, tenant.0).await?;
                     touched.push(tenant);
                     budget -= 1;

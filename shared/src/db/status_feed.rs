@@ -127,6 +127,8 @@ pub struct SyncRunRow {
     pub state: SyncOperationState,
     pub synced_revision: Option<String>,
     pub message: Option<String>,
+    /// Why the service ended the sync (`InstanceMoved`); None when Argo CD did.
+    pub failure_reason: Option<String>,
 }
 
 // The shard must be owned by $2 under a live lease: a writer that lost the shard
@@ -182,13 +184,15 @@ SELECT f.*, f.changed_xid::text::bigint AS xid,
  LIMIT $3";
 
 const SYNC_RUNS_OF: &str = "
-SELECT o.id, t.namespace_name, o.resource_name, o.resource_uid, o.state, o.synced_revision, o.message
+SELECT o.id, t.namespace_name, o.resource_name, o.resource_uid, o.state, o.synced_revision, o.message,
+       o.failure_reason
   FROM sync_operation o JOIN tenant t ON t.id = o.tenant_id
  WHERE o.application_id = ANY($1) AND o.row_state = 'active'
  ORDER BY o.id";
 
 const SYNC_RUNS_BY_ID: &str = "
-SELECT o.id, t.namespace_name, o.resource_name, o.resource_uid, o.state, o.synced_revision, o.message
+SELECT o.id, t.namespace_name, o.resource_name, o.resource_uid, o.state, o.synced_revision, o.message,
+       o.failure_reason
   FROM sync_operation o JOIN tenant t ON t.id = o.tenant_id
  WHERE o.id = ANY($1) AND o.row_state = 'active'
  ORDER BY o.id";
@@ -311,6 +315,7 @@ async fn sync_runs<T: tokio_postgres::types::ToSql + Sync>(
             state: row.try_get("state")?,
             synced_revision: row.try_get("synced_revision")?,
             message: row.try_get("message")?,
+            failure_reason: row.try_get("failure_reason")?,
         })
     };
     rows.iter().map(|row| read(row).map_err(DbError::query("read sync requests"))).collect()

@@ -80,6 +80,16 @@ pub(crate) const RETARGET: &str = "
 UPDATE operation SET engine_instance_id = $2
  WHERE tenant_id = $1 AND state = 'waiting' AND resource_type <> 'tenant'";
 
+// The tenant's syncs still pending or running end with the move: their Application
+// leaves the instance that runs them (removed without pruning, which ends its
+// operation) and the tenant syncs again with a new SyncRun.
+pub(crate) const FAIL_SYNCS: &str = "
+UPDATE sync_operation
+   SET state = 'failed', failure_reason = 'InstanceMoved', finished_at = now(), updated_at = now(),
+       message = 'the namespace moved to another Argo CD instance while this sync was pending or running; '
+                 || 'create a new GitOpsDeploymentSyncRun to sync again'
+ WHERE tenant_id = $1 AND state IN ('pending', 'running', 'terminating') AND row_state = 'active'";
+
 // Every change stamps the row anew, so the status feed carries it to the tenant.
 const TOUCH_STATE: &str = "UPDATE application_state SET updated_at = now() WHERE tenant_id = $1";
 
@@ -132,6 +142,7 @@ pub const STATEMENTS: &[&str] = &[
     DONE,
     CLAIMED_HERE,
     RETARGET_FROM,
+    FAIL_SYNCS,
 ];
 
 impl TryFrom<&tokio_postgres::Row> for TenantPlacement {
@@ -218,6 +229,7 @@ pub async fn tenant_move_in_txn(txn: &Transaction<'_>, namespace: &str, to: &str
     }
     txn.execute(START, &[&id, &target_id, &reason]).await.map_err(DbError::query(action))?;
     txn.execute(RETARGET, &[&id, &target_id]).await.map_err(DbError::query(action))?;
+    txn.execute(FAIL_SYNCS, &[&id]).await.map_err(DbError::query(action))?;
     operation_enqueue_in_txn(txn, from, id, ResourceType::Tenant, id.0).await?;
     txn.execute(TOUCH_STATE, &[&id]).await.map_err(DbError::query(action))?;
     Ok(())

@@ -348,3 +348,49 @@ async fn rebalance_moves_tenants_from_the_fullest_to_the_emptiest_within_the_mov
     let tenants = |name: &str| listed.iter().find(|i| i.name == name).map(|i| i.tenants);
     assert_eq!((tenants("full"), tenants("empty"), tenants("closed")), (Some(5), Some(3), Some(0)));
 }
+
+#[tokio::test]
+async fn a_move_fails_the_tenants_pending_and_running_syncs_with_instance_moved() {
+    use gitops_shared::db::tenant_move::tenant_move;
+
+    let db = TestDb::migrated().await;
+    let (mut client, _a, _b, tenant) = moving_fixture(&db).await;
+    let application: i64 = client
+        .query_one(
+            "INSERT INTO application (tenant_id, resource_uid, resource_name, generation, repo_url, path,
+                                      destination_namespace, sync_type)
+             VALUES ($1, gen_random_uuid(), 'app', 1, 'https://git.example.invalid/r.git', 'p', 'team-a', 'manual')
+             RETURNING id",
+            &[&tenant.0],
+        )
+        .await
+        .expect("application")
+        .get(0);
+    for (name, state) in [("running", "running"), ("pending", "pending"), ("done", "succeeded")] {
+        client
+            .execute(
+                "INSERT INTO sync_operation (tenant_id, resource_uid, resource_name, generation, deployment_name,
+                                             application_id, revision, state)
+                 VALUES ($1, gen_random_uuid(), $2, 1, 'app', $3, 'main', $4::text::sync_operation_state)",
+                &[&tenant.0, &name, &application, &state],
+            )
+            .await
+            .expect("sync");
+    }
+    tenant_move(&mut client, "team-a", "b", "rebalance").await.expect("move");
+    let rows = client
+        .query("SELECT resource_name, state::text, failure_reason FROM sync_operation ORDER BY resource_name", &[])
+        .await
+        .expect("syncs");
+    let syncs: Vec<(String, String, Option<String>)> =
+        rows.iter().map(|row| (row.get(0), row.get(1), row.get(2))).collect();
+    let moved = Some("InstanceMoved".to_owned());
+    assert_eq!(
+        syncs,
+        [
+            ("done".to_owned(), "succeeded".to_owned(), None),
+            ("pending".to_owned(), "failed".to_owned(), moved.clone()),
+            ("running".to_owned(), "failed".to_owned(), moved),
+        ]
+    );
+}

@@ -299,7 +299,7 @@ pub fn sync_run_conditions(row: &SyncRunRow, current: &[Condition], now: &str) -
         SyncOperationState::Running => ("False", "Running"),
         SyncOperationState::Terminating => ("False", "Terminating"),
         SyncOperationState::Succeeded => ("True", "Succeeded"),
-        SyncOperationState::Failed => ("True", "Failed"),
+        SyncOperationState::Failed => ("True", row.failure_reason.as_deref().unwrap_or("Failed")),
         SyncOperationState::Terminated => ("True", "Terminated"),
         SyncOperationState::Unknown => ("Unknown", "Unknown"),
     };
@@ -630,6 +630,7 @@ mod tests {
             state: SyncOperationState::Running,
             synced_revision: None,
             message: None,
+            failure_reason: None,
         };
         let running = sync_run_conditions(&run, &[validation()], "t1");
         assert_eq!(running[1].status, "False");
@@ -644,6 +645,10 @@ mod tests {
         failed.state = SyncOperationState::Failed;
         let failed = sync_run_conditions(&failed, &running, "t2");
         assert_eq!((of(&failed, READY), of(&failed, STALLED)), (("False", "Failed"), ("True", "Failed")));
+        let mut moved = run.clone();
+        (moved.state, moved.failure_reason) = (SyncOperationState::Failed, Some("InstanceMoved".into()));
+        let moved = sync_run_conditions(&moved, &running, "t2");
+        assert_eq!((of(&moved, READY), of(&moved, STALLED)), (("False", "InstanceMoved"), ("True", "InstanceMoved")));
         assert_eq!((done[1].status.as_str(), done[1].last_transition_time.as_deref()), ("True", Some("t2")));
         assert_eq!(sync_run_conditions(&run, &done, "t3"), done);
     }
