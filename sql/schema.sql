@@ -403,7 +403,8 @@ CREATE TABLE public.managed_environment (
     row_state public.row_state DEFAULT 'active'::public.row_state NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    home boolean DEFAULT false NOT NULL
+    home boolean DEFAULT false NOT NULL,
+    home_revoke_requested_at timestamp with time zone
 );
 
 --
@@ -820,6 +821,12 @@ CREATE INDEX cluster_credential_tenant_idx ON public.cluster_credential USING bt
 --
 
 CREATE UNIQUE INDEX managed_environment_home_idx ON public.managed_environment USING btree (tenant_id) WHERE (home AND (row_state = 'active'::public.row_state));
+
+--
+-- Name: managed_environment_home_revoke_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX managed_environment_home_revoke_idx ON public.managed_environment USING btree (home_revoke_requested_at) WHERE (home_revoke_requested_at IS NOT NULL);
 
 --
 -- Name: managed_environment_tenant_idx; Type: INDEX; Schema: public; Owner: -

@@ -16,8 +16,10 @@ use std::time::Duration;
 use gitops_shared::db::failover::failover_step;
 use gitops_shared::db::fleet_balance::{BalanceSettings, balance_step};
 use gitops_shared::db::instance_health::{instance_health_all, instance_health_touch};
+use gitops_shared::db::managed_environment::{managed_environment_home_revocations, managed_environment_home_revoked};
 use gitops_shared::db::{DbError, DbPool, pooled};
 use gitops_shared::model::EngineInstanceId;
+use k8s_openapi::api::core::v1::ServiceAccount;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -59,6 +61,7 @@ pub struct FleetWatch {
 /// Runs until `cancel` fires.
 pub async fn run_fleet_watch(
     pool: DbPool,
+    homes: HomeIdentities,
     mut shards: watch::Receiver<Vec<i32>>,
     metrics: Arc<WriterMetrics>,
     settings: FleetWatch,
@@ -80,6 +83,10 @@ pub async fn run_fleet_watch(
                 Ok(more) if more => next = next.min(FAILOVER_BATCH_EVERY),
                 Ok(_) => {}
                 Err(error) => tracing::warn!(%error, "could not take a failover step"),
+            }
+            if let Err(error) = replace_home_identities(&pool, &homes).await {
+                tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error),
+                    "could not replace the home identities of failed-over tenants; retrying");
             }
         }
         if let Some(balance) = settings.balance
@@ -116,6 +123,44 @@ async fn fail_over(
         tracing::error!(tenants = step.unplaced, "tenants of a lost instance wait: no healthy instance has room");
     }
     Ok(i64::try_from(step.moved.len()).unwrap_or(i64::MAX) >= settings.batch)
+}
+
+/// Where the tenants' home identities live (their ServiceAccounts).
+#[derive(Clone)]
+pub struct HomeIdentities {
+    pub kube: kube::Client,
+    /// The home namespace.
+    pub namespace: String,
+}
+
+/// Why a home identity could not be replaced now (tried again next round).
+#[derive(Debug, thiserror::Error)]
+pub enum ReplaceError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error("could not delete home ServiceAccount {name}")]
+    Kube { name: String, source: kube::Error },
+}
+
+/// Replaces the home identities failover asked for: deletes each ServiceAccount,
+/// so every token of it stops working (the lost instance's Argo CD may hold one);
+/// the identity watch of the tenant's writer makes it again, with a new token for
+/// the tenant's new instance.
+async fn replace_home_identities(pool: &DbPool, homes: &HomeIdentities) -> Result<(), ReplaceError> {
+    let client = pooled(pool).await?;
+    let pending = managed_environment_home_revocations(&client, 100).await?;
+    let accounts: kube::Api<ServiceAccount> = kube::Api::namespaced(homes.kube.clone(), &homes.namespace);
+    for revocation in &pending {
+        let name = crate::controller::home_account_name(revocation.namespace_uid);
+        match accounts.delete(&name, &kube::api::DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(source) => return Err(ReplaceError::Kube { name, source }),
+        }
+        managed_environment_home_revoked(&client, revocation).await?;
+        tracing::warn!(home.account = %name, "home identity of a failed-over tenant replaced:             the lost instance's token no longer works");
+    }
+    Ok(())
 }
 
 /// One balancing step, logged and counted.

@@ -211,6 +211,7 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
     tasks.spawn(crate::purge::run_purge_loop(ctx.pool.clone(), shards.clone(), config.purge, cancel.clone()));
     tasks.spawn(crate::fleet::run_fleet_watch(
         ctx.pool.clone(),
+        crate::fleet::HomeIdentities { kube: ctx.kube.clone(), namespace: ctx.home.namespace.clone() },
         shards.clone(),
         ctx.metrics.clone(),
         crate::fleet::FleetWatch {

@@ -1,5 +1,6 @@
 //! Failover: the tenants of an instance lost for longer than a grace period are
-//! placed on healthy instances, which adopt them directly. A lost instance cannot
+//! placed on healthy instances, which adopt them directly, and their home
+//! identities are marked for replacement (the lost Argo CD may hold their tokens). A lost instance cannot
 //! release what it holds, so it is *fenced* first (its epoch bumped, `fenced_at`
 //! set, cordoned): when its agents reach the database again they remove, without
 //! pruning, every object of tenants no longer placed there before they rejoin.
@@ -64,8 +65,14 @@ UPDATE tenant SET moving_from = engine_instance_id, engine_instance_id = $2, mov
 
 const TOUCH_STATE: &str = "UPDATE application_state SET updated_at = now() WHERE tenant_id = ANY($1)";
 
+// The lost instance's Argo CD may still hold the tenant's home token: a writer
+// replaces the home identity (see migration V14).
+const REVOKE_HOME: &str = "
+UPDATE managed_environment SET home_revoke_requested_at = now()
+ WHERE tenant_id = $1 AND home AND row_state = 'active'";
+
 /// Every statement of this module (a test prepares them against the schema).
-pub const STATEMENTS: &[&str] = &[LOCK, LOST, FENCE, SKIP_RELEASE, UNPARK, TENANTS, REPLACE, TOUCH_STATE];
+pub const STATEMENTS: &[&str] = &[LOCK, LOST, FENCE, SKIP_RELEASE, UNPARK, TENANTS, REPLACE, TOUCH_STATE, REVOKE_HOME];
 
 /// What one failover step did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -116,6 +123,7 @@ pub async fn failover_step(
                     let tenant: TenantId = column(&adopting, "id", action)?;
                     let target: EngineInstanceId = column(&adopting, "engine_instance_id", action)?;
                     operation_enqueue_in_txn(txn, target, tenant, ResourceType::Tenant, tenant.0).await?;
+                    txn.execute(REVOKE_HOME, &[&tenant]).await.map_err(DbError::query(action))?;
                     touched.push(tenant);
                 }
                 txn.execute(UNPARK, &[&touched]).await.map_err(DbError::query(action))?;
@@ -128,6 +136,7 @@ pub async fn failover_step(
                     txn.execute(REPLACE, &[&tenant, &target]).await.map_err(DbError::query(action))?;
                     txn.execute(RETARGET, &[&tenant, &target]).await.map_err(DbError::query(action))?;
                     txn.execute(FAIL_SYNCS, &[&tenant]).await.map_err(DbError::query(action))?;
+                    txn.execute(REVOKE_HOME, &[&tenant]).await.map_err(DbError::query(action))?;
                     operation_enqueue_in_txn(txn, target, tenant, ResourceType::Tenant, tenant.0).await?;
                     touched.push(tenant);
                     budget -= 1;

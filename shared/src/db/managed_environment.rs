@@ -30,6 +30,19 @@ const MARK_HOME: &str = "UPDATE managed_environment SET home = true WHERE id = $
 
 const SET_EXPIRY: &str = "UPDATE cluster_credential SET expires_at = $2 WHERE managed_environment_id = $1";
 
+// Home identities failover asked to replace (oldest first).
+const HOME_REVOCATIONS: &str = "
+SELECT e.id, t.namespace_uid, e.home_revoke_requested_at AS requested_at FROM managed_environment e
+  JOIN tenant t ON t.id = e.tenant_id
+ WHERE e.home_revoke_requested_at IS NOT NULL
+ ORDER BY e.home_revoke_requested_at
+ LIMIT $1";
+
+// Cleared only when not asked again meanwhile.
+const HOME_REVOKED: &str = "
+UPDATE managed_environment SET home_revoke_requested_at = NULL
+ WHERE id = $1 AND home_revoke_requested_at = $2";
+
 const HOME_NEAR_EXPIRY: &str = "
 SELECT t.namespace_name, t.namespace_uid FROM managed_environment e
   JOIN tenant t ON t.id = e.tenant_id
@@ -40,7 +53,8 @@ SELECT t.namespace_name, t.namespace_uid FROM managed_environment e
  LIMIT 500";
 
 /// Every statement of this module (a test prepares them against the schema).
-pub const STATEMENTS: &[&str] = &[BY_NAME, HOME, LIVE_OF_RESOURCE, MARK_HOME, SET_EXPIRY, HOME_NEAR_EXPIRY];
+pub const STATEMENTS: &[&str] =
+    &[BY_NAME, HOME, LIVE_OF_RESOURCE, MARK_HOME, SET_EXPIRY, HOME_NEAR_EXPIRY, HOME_REVOCATIONS, HOME_REVOKED];
 
 fn id(row: &tokio_postgres::Row) -> Result<ManagedEnvironmentId, DbError> {
     row.try_get("id").map_err(DbError::query("read a managed environment"))
@@ -109,4 +123,38 @@ pub async fn managed_environment_home_near_expiry(
         .map(|row| Ok((row.try_get("namespace_name")?, row.try_get("namespace_uid")?)))
         .collect::<Result<_, tokio_postgres::Error>>()
         .map_err(DbError::query("read a home token near expiry"))
+}
+
+/// A home identity failover asked to replace: the environment, the tenant
+/// namespace's UID (which names the ServiceAccount) and when it was asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HomeRevocation {
+    pub id: ManagedEnvironmentId,
+    pub namespace_uid: Uuid,
+    pub requested_at: SystemTime,
+}
+
+/// Up to `limit` home identities to replace, oldest request first.
+pub async fn managed_environment_home_revocations(client: &Client, limit: i64) -> Result<Vec<HomeRevocation>, DbError> {
+    let action = "find home identities to replace";
+    let rows = client.query(HOME_REVOCATIONS, &[&limit]).await.map_err(DbError::query(action))?;
+    rows.iter()
+        .map(|row| {
+            Ok(HomeRevocation {
+                id: row.try_get("id")?,
+                namespace_uid: row.try_get("namespace_uid")?,
+                requested_at: row.try_get("requested_at")?,
+            })
+        })
+        .collect::<Result<_, tokio_postgres::Error>>()
+        .map_err(DbError::query(action))
+}
+
+/// Clears `revocation` once its ServiceAccount was deleted (unless asked again since).
+pub async fn managed_environment_home_revoked(client: &Client, revocation: &HomeRevocation) -> Result<(), DbError> {
+    client
+        .execute(HOME_REVOKED, &[&revocation.id, &revocation.requested_at])
+        .await
+        .map_err(DbError::query("clear a home identity replacement"))?;
+    Ok(())
 }

@@ -10,7 +10,10 @@ use std::sync::{Arc, Mutex};
 use futures_util::StreamExt;
 use gitops_agent::engine::argocd::application_resource;
 use gitops_shared::db::tenant_move::{tenant_move, tenant_placements};
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use gitops_testkit::cluster::TestCluster;
+use gitops_writer::controller::home_account_name;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
@@ -161,6 +164,11 @@ async fn writer_fleet_failover_fences_a_lost_instance_and_it_cleans_up_when_back
     for app in &apps {
         assert!(lost_apps.get_opt(app).await.expect("read").is_some(), "{app} on the second instance");
     }
+    // The home token the second instance's Argo CD holds, and the identity behind it.
+    let (_, lost_token) = env.home_secret_in(second.name(), |_| true).await;
+    let accounts: Api<ServiceAccount> = Api::namespaced(env.kube.clone(), env.home.name());
+    let account = home_account_name(env.namespace_uid().await);
+    let first_uid = accounts.get(&account).await.expect("home ServiceAccount").metadata.uid;
 
     // The second instance's agent loses its Argo CD: lost, then fenced and failed over.
     let binding = crate::support::revoke_agent_access(&env.kube, second.name()).await;
@@ -181,6 +189,27 @@ async fn writer_fleet_failover_fences_a_lost_instance_and_it_cleans_up_when_back
     })
     .await;
     eventually("every deployment Ready on the third instance", || all_ready(&env, &names)).await;
+    // Its home identity was replaced: the token the lost Argo CD holds is refused,
+    // the third instance's works.
+    eventually("a new home ServiceAccount", || async {
+        let made = accounts.get_opt(&account).await.ok()??;
+        (made.metadata.uid != first_uid).then_some(())
+    })
+    .await;
+    let cluster = TestCluster::get().await;
+    let tenant_ns = env.tenant.name().to_owned();
+    eventually("a new home token on the third instance that works", || async {
+        let (_, token) = env.home_secret_in(third.name(), |token| token != lost_token).await;
+        let scoped = cluster.client_with_token(&token).await;
+        Api::<ConfigMap>::namespaced(scoped, &tenant_ns).list(&ListParams::default()).await.ok()
+    })
+    .await;
+    let scoped = cluster.client_with_token(&lost_token).await;
+    let refused = Api::<ConfigMap>::namespaced(scoped, &tenant_ns).list(&ListParams::default()).await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(status)) if status.code == 401),
+        "the lost instance's home token is refused: {refused:?}"
+    );
     // The lost instance could not be told: its Applications are still there.
     assert!(lost_apps.get_opt(&apps[0]).await.expect("read").is_some(), "nothing could reach the lost instance");
 

@@ -17,7 +17,7 @@ use gitops_writer::validate::reason::INVALID_DESTINATION_NAMESPACE;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use serde_json::{Value, json};
+use serde_json::json;
 use uuid::Uuid;
 
 use crate::support::eventually;
@@ -28,28 +28,9 @@ const HOME_URL: &str = "https://home.example.invalid";
 const REPO: &str = "https://git.example.invalid/org/repo.git";
 
 impl Env {
-    async fn namespace_uid(&self) -> Uuid {
-        let namespace = Api::<Namespace>::all(self.kube.clone()).get(self.tenant.name()).await.expect("namespace");
-        namespace.metadata.uid.as_deref().and_then(|u| u.parse().ok()).expect("a namespace UID")
-    }
-
     /// The Argo CD cluster Secret of the tenant's home environment: (data, bearer token).
     async fn home_secret(&self, check: impl Fn(&str) -> bool) -> (std::collections::BTreeMap<String, String>, String) {
-        let name = names::cluster_secret_name(self.namespace_uid().await);
-        let secrets: Api<Secret> = Api::namespaced(self.kube.clone(), self.argocd.name());
-        eventually("the home cluster Secret", || async {
-            let secret = secrets.get_opt(&name).await.ok()??;
-            let data: std::collections::BTreeMap<String, String> = secret
-                .data
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
-                .collect();
-            let config: Value = serde_json::from_str(data.get("config")?).ok()?;
-            let token = config["bearerToken"].as_str()?.to_owned();
-            check(&token).then_some((data, token))
-        })
-        .await
+        self.home_secret_in(self.argocd.name(), check).await
     }
 
     /// (id, expiry in seconds since the epoch) of the tenant's home environment.

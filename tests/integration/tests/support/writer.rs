@@ -278,3 +278,39 @@ impl Env {
         names::application_name(uid)
     }
 }
+
+/// The tenant's home identity.
+impl Env {
+    /// The UID of the tenant namespace (it names the home ServiceAccount).
+    pub(crate) async fn namespace_uid(&self) -> uuid::Uuid {
+        let namespace = Api::<k8s_openapi::api::core::v1::Namespace>::all(self.kube.clone())
+            .get(self.tenant.name())
+            .await
+            .expect("namespace");
+        namespace.metadata.uid.as_deref().and_then(|u| u.parse().ok()).expect("a namespace UID")
+    }
+
+    /// The Argo CD cluster Secret of the tenant's home environment in Argo CD
+    /// namespace `argocd`, once its bearer token passes `check`: (data, token).
+    pub(crate) async fn home_secret_in(
+        &self,
+        argocd: &str,
+        check: impl Fn(&str) -> bool,
+    ) -> (std::collections::BTreeMap<String, String>, String) {
+        let name = names::cluster_secret_name(self.namespace_uid().await);
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(self.kube.clone(), argocd);
+        eventually("the home cluster Secret", || async {
+            let secret = secrets.get_opt(&name).await.ok()??;
+            let data: std::collections::BTreeMap<String, String> = secret
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+                .collect();
+            let config: serde_json::Value = serde_json::from_str(data.get("config")?).ok()?;
+            let token = config["bearerToken"].as_str()?.to_owned();
+            check(&token).then_some((data, token))
+        })
+        .await
+    }
+}
