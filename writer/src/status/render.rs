@@ -144,7 +144,8 @@ fn kstatus(
         }
         _ if agent.instance == Some("lost") => {
             let message = "no agent reaches the Argo CD instance serving this namespace; the last status is kept \
-                           meanwhile";
+                           meanwhile. If that Argo CD still runs, it may keep applying the last specs it had \
+                           (with the credentials it holds) until an operator stops it";
             (false, true, false, REASON_INSTANCE_LOST, message.to_owned())
         }
         _ if agent.instance == Some("degraded") => {
