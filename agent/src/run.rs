@@ -246,6 +246,47 @@ async fn heartbeat(
     Ok(())
 }
 
+/// Probes in a row an instance's API must answer, after it did not, before its agent
+/// reports it reachable again (a heartbeat): coming back takes several probes, never
+/// one. Losing it takes `gitops.instance_lost_after` without a heartbeat, and
+/// degrading `gitops.instance_degraded_after` without progress of Argo CD's
+/// controller, several probes too at the default 15 s interval; progress seen once
+/// counts (the controller refreshed the probe Application, which a stuck one cannot).
+const RECOVERY_PROBES: u32 = 3;
+
+/// Whether to report a probe that passed: always while none failed, and after a
+/// failure only once `need` passed in a row.
+#[derive(Debug, Clone, Copy)]
+struct Debounce {
+    need: u32,
+    streak: u32,
+    /// Whether the previous probe was reported as passed.
+    reported: bool,
+    /// Whether the one before it was.
+    reported_before: bool,
+}
+
+impl Debounce {
+    /// Settled: nothing failed yet.
+    fn new(need: u32) -> Self {
+        Debounce { need, streak: need, reported: true, reported_before: true }
+    }
+
+    /// Takes a probe's outcome; returns whether to report it as passed.
+    fn observe(&mut self, passed: bool) -> bool {
+        self.streak = if passed { self.streak.saturating_add(1) } else { 0 };
+        self.reported_before = self.reported;
+        self.reported = self.streak >= self.need;
+        self.reported
+    }
+
+    /// Whether the probe before the last one was reported as passed (false right
+    /// after a recovery).
+    fn reported_before(&self) -> bool {
+        self.reported_before
+    }
+}
+
 /// What the heartbeat loop works with.
 struct Heartbeats {
     pool: DbPool,
@@ -267,6 +308,7 @@ async fn heartbeat_loop(beats: Heartbeats, cancel: CancellationToken) {
     // The progress probe's last stamp, and whether an unstamped probe was counted once.
     let mut last_stamp: Option<String> = None;
     let mut unstamped_counted = false;
+    let mut reachable = Debounce::new(RECOVERY_PROBES);
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -280,11 +322,16 @@ async fn heartbeat_loop(beats: Heartbeats, cancel: CancellationToken) {
                 tracing::error!(error = %gitops_shared::telemetry::error_chain(&error), argocd.ns = %instance.argocd_namespace,
                     "the Argo CD namespace's API does not answer this agent: not ready, no heartbeat");
             }
+            reachable.observe(false);
             metrics.argocd_reachable.store(false, Ordering::Relaxed);
             continue;
         }
         metrics.argocd_reachable.store(true, Ordering::Relaxed);
-        if !was_reachable {
+        // The instance is reported live again only after a few answers in a row.
+        if !reachable.observe(true) {
+            continue;
+        }
+        if !reachable.reported_before() {
             match recovered(&pool, &instance).await {
                 Ok(due) => tracing::info!(
                     operations = due,
@@ -362,5 +409,22 @@ impl<H: Handler> Handler for Instrumented<H> {
             }
         }
         outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_instance_is_reported_again_only_after_three_probes_in_a_row() {
+        let mut probe = Debounce::new(RECOVERY_PROBES);
+        assert!(probe.observe(true) && probe.reported_before(), "settled at start");
+        assert!(!probe.observe(false));
+        assert!(!probe.observe(true) && !probe.observe(true), "two in a row are not enough");
+        assert!(!probe.observe(false), "a failure starts over");
+        assert!(!probe.observe(true) && !probe.observe(true));
+        assert!(probe.observe(true) && !probe.reported_before(), "the third reports, as a recovery");
+        assert!(probe.observe(true) && probe.reported_before());
     }
 }
