@@ -457,15 +457,19 @@ async fn agent_sweep_does_not_bring_back_a_refused_application() {
         (metrics.destinations_refused(RefusedKind::Application) > 0).then_some(())
     })
     .await;
-    // Two more sweeps, each re-enqueueing every row: the row is refused again and
-    // nothing comes back.
-    let target = metrics.sweeps() + 2;
-    let refused_before = metrics.destinations_refused(RefusedKind::Application);
-    eventually("two more sweeps and their reconciles", || async {
-        (metrics.sweeps() >= target && metrics.destinations_refused(RefusedKind::Application) > refused_before)
-            .then_some(())
+    // The refusal is permanent at this generation: the row reads Stalled, and two
+    // more sweeps neither bring the Application back nor queue the row again.
+    eventually("the row stalled", || async {
+        let row = env
+            .client
+            .query_opt("SELECT agent_stalled FROM application_state WHERE application_id = $1", &[&id])
+            .await
+            .ok()??;
+        row.get::<_, bool>(0).then_some(())
     })
     .await;
+    let target = metrics.sweeps() + 2;
+    eventually("two more sweeps", || async { (metrics.sweeps() >= target).then_some(()) }).await;
     assert!(env.get(&env.apps(), &name).await.is_none(), "the sweep did not bring it back");
     let (state, message) = env.operation(ResourceType::Application, id).await;
     assert!(state == "failed" || state == "waiting" || state == "claimed", "{state}");
