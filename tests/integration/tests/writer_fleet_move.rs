@@ -10,15 +10,17 @@ use std::sync::{Arc, Mutex};
 use futures_util::StreamExt;
 use gitops_agent::engine::argocd::application_resource;
 use gitops_shared::db::tenant_move::{tenant_move, tenant_placements};
+use gitops_testkit::argocd::live::WRITTEN_BY_ANNOTATION;
 use gitops_testkit::cluster::TestCluster;
 use gitops_writer::controller::home_account_name;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
 use crate::support::eventually;
-use crate::support::writer::{Env, env, spec};
+use crate::support::writer::{Env, env, env_live, spec};
 
 const REPO: &str = "https://git.example.invalid/team/app.git";
 
@@ -50,7 +52,7 @@ async fn application_names(env: &Env, names: &[String]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writer_fleet_move_never_holds_an_application_on_two_instances() {
-    let env = env("fmove").await;
+    let env = env_live("fmove").await;
     let (second, _standin) = env.another_instance("argocd-2", "fmove", std::time::Duration::from_secs(15)).await;
     let _writer = env.writer("writer-a");
     let names: Vec<String> = (0..3).map(|i| format!("web-{i}")).collect();
@@ -64,6 +66,32 @@ async fn writer_fleet_move_never_holds_an_application_on_two_instances() {
     for app in &apps {
         assert!(first.get_opt(app).await.expect("read").is_some(), "{app} on the first instance");
     }
+    // What the Applications deployed: one live object each, written by the first
+    // instance. Any deletion of one during the move would be a prune.
+    let live: Api<ConfigMap> = Api::namespaced(env.kube.clone(), env.tenant.name());
+    let mut uids = std::collections::BTreeMap::new();
+    for app in &apps {
+        let object = eventually("the live object written by the first instance", || async {
+            let object = live.get_opt(app).await.ok()??;
+            (object.annotations().get(WRITTEN_BY_ANNOTATION)? == env.argocd.name()).then_some(object)
+        })
+        .await;
+        uids.insert(app.clone(), object.metadata.uid.clone().expect("uid"));
+    }
+    let pruned: Arc<Mutex<Vec<String>>> = Arc::default();
+    let live_watch = tokio::spawn({
+        let (live, apps, pruned) = (live.clone(), apps.clone(), pruned.clone());
+        async move {
+            let mut events = watcher::watcher(live, watcher::Config::default()).boxed();
+            while let Some(Ok(event)) = events.next().await {
+                if let watcher::Event::Delete(object) = event
+                    && apps.contains(&object.name_any())
+                {
+                    pruned.lock().expect("lock").push(object.name_any());
+                }
+            }
+        }
+    });
 
     // Watch the target: whenever one of the tenant's Applications shows up there,
     // the source must not hold it any more.
@@ -122,6 +150,19 @@ async fn writer_fleet_move_never_holds_an_application_on_two_instances() {
     })
     .await;
     assert!(overlaps.lock().expect("lock").is_empty(), "held by both at once: {:?}", overlaps.lock());
+    // Nothing was pruned: the second instance adopted each live object (same UID)
+    // and wrote it last.
+    for app in &apps {
+        eventually("the live object adopted by the second instance", || async {
+            let object = live.get_opt(app).await.ok()??;
+            (object.annotations().get(WRITTEN_BY_ANNOTATION)? == second.name()).then_some(())
+        })
+        .await;
+        let object = live.get(app).await.expect("live object");
+        assert_eq!(object.metadata.uid.as_ref(), uids.get(app), "{app}'s live object adopted, not recreated");
+    }
+    assert!(pruned.lock().expect("lock").is_empty(), "pruned during the move: {:?}", pruned.lock());
+    live_watch.abort();
 
     // After the move, changes go to the new instance.
     let patch = json!({"spec": {"source": {"path": "apps/moved"}}});
@@ -140,7 +181,7 @@ async fn writer_fleet_failover_fences_a_lost_instance_and_it_cleans_up_when_back
     use gitops_shared::db::engine_instance::{engine_instance_by_name, engine_instance_cordon};
     use std::time::Duration;
 
-    let env = env("ffail").await;
+    let env = env_live("ffail").await;
     let db: String = env.client.query_one("SELECT current_database()", &[]).await.expect("name").get(0);
     env.client
         .batch_execute(&format!("ALTER DATABASE \"{db}\" SET gitops.instance_lost_after = '3 seconds'"))
@@ -163,6 +204,17 @@ async fn writer_fleet_failover_fences_a_lost_instance_and_it_cleans_up_when_back
     let (lost_apps, new_apps) = (on(second.name()), on(third.name()));
     for app in &apps {
         assert!(lost_apps.get_opt(app).await.expect("read").is_some(), "{app} on the second instance");
+    }
+    // What the Applications deployed, written by the second instance.
+    let live: Api<ConfigMap> = Api::namespaced(env.kube.clone(), env.tenant.name());
+    let mut uids = std::collections::BTreeMap::new();
+    for app in &apps {
+        let object = eventually("the live object written by the second instance", || async {
+            let object = live.get_opt(app).await.ok()??;
+            (object.annotations().get(WRITTEN_BY_ANNOTATION)? == second.name()).then_some(object)
+        })
+        .await;
+        uids.insert(app.clone(), object.metadata.uid.clone().expect("uid"));
     }
     // The home token the second instance's Argo CD holds, and the identity behind it.
     let (_, lost_token) = env.home_secret_in(second.name(), |_| true).await;
@@ -234,6 +286,13 @@ async fn writer_fleet_failover_fences_a_lost_instance_and_it_cleans_up_when_back
     .await;
     let back = engine_instance_by_name(&client, "argocd-2").await.expect("instance");
     assert!(back.cordoned, "it rejoins cordoned");
+    // Neither the failover nor the returning instance's clean-up pruned anything:
+    // every live object is the one deployed before the loss. (The lost Argo CD kept
+    // writing it while it ran: Argo CD itself cannot be fenced.)
+    for app in &apps {
+        let object = live.get(app).await.expect("the live object is still there");
+        assert_eq!(object.metadata.uid.as_ref(), uids.get(app), "{app}'s live object adopted, not recreated");
+    }
     for app in &apps {
         assert!(new_apps.get_opt(app).await.expect("read").is_some(), "{app} stays on the third instance");
     }

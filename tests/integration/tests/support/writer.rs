@@ -39,6 +39,8 @@ pub(crate) struct Env {
     pub(crate) home: TestNamespace,
     pub(crate) secrets: SecretBox,
     pub(crate) cancel: CancellationToken,
+    /// How this environment's stand-ins run (another instance's too).
+    pub(crate) standin: StandinOptions,
 }
 
 impl Drop for Env {
@@ -48,6 +50,16 @@ impl Drop for Env {
 }
 
 pub(crate) async fn env(purpose: &str) -> Env {
+    env_with(purpose, StandinOptions::default()).await
+}
+
+/// An environment whose stand-ins model what Applications deploy (see
+/// `gitops_testkit::argocd::live`).
+pub(crate) async fn env_live(purpose: &str) -> Env {
+    env_with(purpose, StandinOptions { live_resources: true, ..StandinOptions::default() }).await
+}
+
+async fn env_with(purpose: &str, standin: StandinOptions) -> Env {
     let cluster = TestCluster::get().await;
     let mut all = crds();
     all.push(application_crd());
@@ -59,8 +71,9 @@ pub(crate) async fn env(purpose: &str) -> Env {
     let kube = cluster.admin().await;
     let cancel = CancellationToken::new();
     tokio::spawn({
-        let (kube, name, cancel) = (kube.clone(), argocd_ns.name().to_owned(), cancel.clone());
-        async move { argocd::run(kube, &name, StandinOptions::default(), cancel).await }
+        let (kube, name, cancel, options) =
+            (kube.clone(), argocd_ns.name().to_owned(), cancel.clone(), standin.clone());
+        async move { argocd::run(kube, &name, options, cancel).await }
     });
     let db = TestDb::migrated().await;
     let client = db.connect().await;
@@ -78,7 +91,18 @@ pub(crate) async fn env(purpose: &str) -> Env {
     agent.stuck_deletion_after = Duration::from_secs(2);
     tokio::spawn(run_agent(agent, cancel.clone()));
     let admin_kubeconfig = cluster.kubeconfig_path().to_owned();
-    let env = Env { db, client, kube, kubeconfig: admin_kubeconfig, argocd: argocd_ns, tenant, home, secrets, cancel };
+    let env = Env {
+        db,
+        client,
+        kube,
+        kubeconfig: admin_kubeconfig,
+        argocd: argocd_ns,
+        tenant,
+        home,
+        secrets,
+        cancel,
+        standin,
+    };
     // Placement needs a heartbeat; the agent's first one comes at start.
     eventually("the agent's heartbeat", || async {
         let row = env.client.query_one("SELECT heartbeat_at IS NOT NULL FROM engine_instance", &[]).await.ok()?;
@@ -103,8 +127,9 @@ impl Env {
         let namespace = cluster.namespace(&format!("{purpose}-{name}")).await;
         let standin = self.cancel.child_token();
         tokio::spawn({
-            let (kube, ns, cancel) = (self.kube.clone(), namespace.name().to_owned(), standin.clone());
-            async move { argocd::run(kube, &ns, StandinOptions::default(), cancel).await }
+            let (kube, ns, cancel, options) =
+                (self.kube.clone(), namespace.name().to_owned(), standin.clone(), self.standin.clone());
+            async move { argocd::run(kube, &ns, options, cancel).await }
         });
         engine_instance_add(&self.client, name, namespace.name(), 1000).await.expect("add instance");
         let kubeconfig = cluster

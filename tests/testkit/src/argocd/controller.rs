@@ -24,6 +24,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::application::AppSpec;
 use super::knobs::Knobs;
+use super::live;
 use super::loop_guard::{LoopGuard, MAX_SELF_WRITES};
 use super::project::ProjectRules;
 use super::status::{PlanInput, deletion_held_patch, plan};
@@ -72,6 +73,13 @@ pub enum ReconcileError {
     },
     #[error("Application {name} still conflicted after {CONFLICT_ATTEMPTS} attempts")]
     Conflicts { name: String },
+    #[error("{action} the live object of Application {name}")]
+    Live {
+        action: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
 }
 
 impl ReconcileError {
@@ -84,6 +92,7 @@ impl ReconcileError {
 }
 
 struct Context {
+    client: Client,
     apps: Api<DynamicObject>,
     projects: Api<DynamicObject>,
     namespace: String,
@@ -100,7 +109,7 @@ pub(super) async fn run_controller(
 ) -> Result<(), StandinError> {
     let app_resource = application_resource();
     let apps: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &app_resource);
-    let projects: Api<DynamicObject> = Api::namespaced_with(client, namespace, &app_project_resource());
+    let projects: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &app_project_resource());
     // Fail fast, with a clear error, when the CRDs are not served.
     for (kind, api) in [("Application", &apps), ("AppProject", &projects)] {
         api.list(&ListParams::default().limit(1)).await.map_err(|source| StandinError::NotServed {
@@ -114,6 +123,7 @@ pub(super) async fn run_controller(
     let controller = Controller::new_with(apps.clone(), watcher::Config::default(), app_resource.clone());
     let store = controller.store();
     let context = Arc::new(Context {
+        client,
         apps,
         projects: projects.clone(),
         namespace: namespace.to_owned(),
@@ -232,6 +242,15 @@ async fn reconcile_object(app: &DynamicObject, context: &Context) -> Result<Acti
             "status written"
         );
     }
+    if context.options.live_resources && plan.sync_status == "Synced" {
+        let spec = AppSpec::from_object(&object);
+        let made = live::apply(&context.client, &context.namespace, &name, &spec)
+            .await
+            .map_err(|source| ReconcileError::Live { action: "apply", name: name.clone(), source })?;
+        if made {
+            info!(destination.ns = %spec.destination.namespace, "live object written");
+        }
+    }
     Ok(plan.requeue_after.map_or_else(Action::await_change, Action::requeue))
 }
 
@@ -256,10 +275,16 @@ async fn finalize(
         }
         return Ok(Action::await_change());
     }
+    if context.options.live_resources {
+        let name = app.name_any();
+        live::prune(&context.client, &name, &AppSpec::from_object(object))
+            .await
+            .map_err(|source| ReconcileError::Live { action: "prune", name, source })?;
+    }
     let remaining: Vec<&String> = finalizers.iter().filter(|finalizer| !is_resources_finalizer(finalizer)).collect();
     if write(context, app, json!({"metadata": {"finalizers": remaining}}), "remove the finalizer of").await? {
         context.loop_guard.forget(&app.uid().unwrap_or_default());
-        info!("resources pruned (none deployed); finalizer removed");
+        info!("resources pruned; finalizer removed");
     }
     Ok(Action::await_change())
 }

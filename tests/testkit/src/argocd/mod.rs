@@ -51,6 +51,7 @@ mod controller;
 mod crds;
 mod install;
 mod knobs;
+pub mod live;
 mod loop_guard;
 mod operation;
 mod project;
@@ -86,11 +87,15 @@ pub struct StandinOptions {
     pub resync: Duration,
     /// Applications reconciled at once (0: unbounded).
     pub concurrency: u16,
+    /// Model what Applications deploy (see [`live`]): a tracked object per synced
+    /// Application in its destination namespace, pruned only under the resources
+    /// finalizer. Off by default (it costs a write per Application).
+    pub live_resources: bool,
 }
 
 impl Default for StandinOptions {
     fn default() -> Self {
-        StandinOptions { resync: Duration::from_secs(180), concurrency: 8 }
+        StandinOptions { resync: Duration::from_secs(180), concurrency: 8, live_resources: false }
     }
 }
 

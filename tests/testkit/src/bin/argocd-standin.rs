@@ -77,7 +77,11 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
         }
         on_signal.cancel();
     });
-    let options = StandinOptions { resync: Duration::from_secs(cli.resync_seconds), concurrency: cli.concurrency };
+    let options = StandinOptions {
+        resync: Duration::from_secs(cli.resync_seconds),
+        concurrency: cli.concurrency,
+        ..StandinOptions::default()
+    };
     argocd::run(client, &cli.namespace, options, cancel).await?;
     Ok(())
 }
