@@ -368,6 +368,9 @@ CREATE TABLE public.engine_instance (
     progress_at timestamp with time zone,
     epoch bigint DEFAULT 0 NOT NULL,
     fenced_at timestamp with time zone,
+    tracking_method text,
+    instance_label_key text,
+    installation_id text,
     CONSTRAINT engine_instance_argocd_namespace_check CHECK ((argocd_namespace ~ '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'::text)),
     CONSTRAINT engine_instance_capacity_check CHECK ((capacity > 0)),
     CONSTRAINT engine_instance_name_check CHECK ((name ~ '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'::text))

@@ -23,9 +23,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::destination::{DestinationConfig, DestinationGuard};
-use crate::engine::Engine;
 use crate::engine::argocd::ArgoCdEngine;
 use crate::engine::self_fence::{HeartbeatClock, SelfFencing};
+use crate::engine::{AdoptionSettings, Engine};
 use crate::metrics::Metrics;
 use crate::reconcile::Reconciler;
 use crate::sweep::{SweepConfig, Sweeper};
@@ -309,6 +309,8 @@ async fn heartbeat_loop(beats: Heartbeats, cancel: CancellationToken) {
     let mut last_stamp: Option<String> = None;
     let mut unstamped_counted = false;
     let mut reachable = Debounce::new(RECOVERY_PROBES);
+    // The adoption settings last recorded.
+    let mut reported: Option<AdoptionSettings> = None;
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -343,6 +345,7 @@ async fn heartbeat_loop(beats: Heartbeats, cancel: CancellationToken) {
         if let Err(error) = heartbeat(&pool, &instance, &metrics, &clock).await {
             tracing::warn!(%error, "heartbeat failed");
         }
+        report_adoption_settings(&pool, engine.as_ref(), &instance, &mut reported).await;
         if let Err(error) = crate::fence::clean_up_if_fenced(&pool, engine.as_ref(), &epoch, &metrics).await {
             tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "fenced: clean-up failed; retrying");
         }
@@ -361,6 +364,47 @@ async fn heartbeat_loop(beats: Heartbeats, cancel: CancellationToken) {
         if progressed && let Err(error) = progress(&pool, &instance).await {
             tracing::warn!(%error, "could not record Argo CD's progress");
         }
+    }
+}
+
+/// Records how the instance's Argo CD tracks what it deploys, when it changed (moves
+/// between instances that differ are refused).
+async fn report_adoption_settings(
+    pool: &DbPool,
+    engine: &dyn Engine,
+    instance: &EngineInstance,
+    reported: &mut Option<AdoptionSettings>,
+) {
+    let settings = match engine.adoption_settings().await {
+        Ok(Some(settings)) => settings,
+        Ok(None) => return,
+        Err(error) => {
+            tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "could not read Argo CD's tracking settings");
+            return;
+        }
+    };
+    if reported.as_ref() == Some(&settings) {
+        return;
+    }
+    let recorded = async {
+        let client = pooled(pool).await?;
+        gitops_shared::db::engine_instance::engine_instance_adoption_settings(
+            &client,
+            instance.id,
+            &settings.tracking_method,
+            &settings.instance_label_key,
+            &settings.installation_id,
+        )
+        .await
+    }
+    .await;
+    match recorded {
+        Ok(_) => {
+            tracing::info!(tracking = %settings.tracking_method, instance_label = %settings.instance_label_key,
+                "Argo CD's tracking settings recorded");
+            *reported = Some(settings);
+        }
+        Err(error) => tracing::warn!(%error, "could not record Argo CD's tracking settings"),
     }
 }
 

@@ -119,8 +119,15 @@ async fn fail_over(
         tracing::warn!(tenants = step.moved.len(), "tenants of a lost instance placed on healthy instances");
         metrics.failover_moves(step.moved.len() as u64);
     }
-    if step.unplaced > 0 {
-        tracing::error!(tenants = step.unplaced, "tenants of a lost instance wait: no healthy instance has room");
+    if let Some(why) = step.refused.first() {
+        tracing::error!(tenants = step.refused.len(), reason = %why,
+            "tenants of a lost instance wait: the instance chosen for them could not adopt them");
+    }
+    if step.unplaced > step.refused.len() {
+        tracing::error!(
+            tenants = step.unplaced - step.refused.len(),
+            "tenants of a lost instance wait: no healthy instance has room"
+        );
     }
     Ok(i64::try_from(step.moved.len()).unwrap_or(i64::MAX) >= settings.batch)
 }

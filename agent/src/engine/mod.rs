@@ -237,6 +237,17 @@ pub enum EngineError {
     },
 }
 
+/// What another instance must share for its engine to adopt what this one
+/// deployed under the same application names (Argo CD: `argocd-cm`'s
+/// `application.resourceTrackingMethod`, `application.instanceLabelKey` and
+/// `installationID`, with Argo CD's defaults for keys not set).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdoptionSettings {
+    pub tracking_method: String,
+    pub instance_label_key: String,
+    pub installation_id: String,
+}
+
 /// The operations the reconciler needs of a GitOps engine. Applies are
 /// idempotent; deletes of absent objects succeed; nothing here touches a database.
 pub trait Engine: Send + Sync + fmt::Debug + 'static {
@@ -279,6 +290,11 @@ pub trait Engine: Send + Sync + fmt::Debug + 'static {
     /// previous call). Engines that cannot tell keep the default.
     fn probe_progress(&self) -> BoxFuture<'_, Result<ProgressStamp, EngineError>> {
         Box::pin(async { Ok(ProgressStamp::Unsupported) })
+    }
+    /// How the engine tracks what its applications deploy, which decides whether
+    /// another instance can adopt them (None: it cannot tell).
+    fn adoption_settings(&self) -> BoxFuture<'_, Result<Option<AdoptionSettings>, EngineError>> {
+        Box::pin(async { Ok(None) })
     }
     /// The status of the service's applications, as a stream that never ends on its
     /// own: errors are reported as items (always transient) and the stream retries

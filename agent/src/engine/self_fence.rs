@@ -160,6 +160,10 @@ impl Engine for SelfFencing {
         self.inner.probe_progress()
     }
 
+    fn adoption_settings(&self) -> BoxFuture<'_, Result<Option<super::AdoptionSettings>, EngineError>> {
+        self.inner.adoption_settings()
+    }
+
     fn status_events(&self) -> BoxStream<'_, Result<StatusEvent, EngineError>> {
         self.inner.status_events()
     }

@@ -64,8 +64,22 @@ const HEARTBEAT: &str = "UPDATE engine_instance SET heartbeat_at = now() WHERE i
 
 const PROGRESS: &str = "UPDATE engine_instance SET progress_at = now() WHERE id = $1";
 
+const ADOPTION_SETTINGS: &str = "
+UPDATE engine_instance SET tracking_method = $2, instance_label_key = $3, installation_id = $4
+ WHERE id = $1
+   AND (tracking_method, instance_label_key, installation_id) IS DISTINCT FROM ($2, $3, $4)";
+
+const ADOPTION_PAIR: &str = "
+SELECT s.name AS source, t.name AS target,
+       s.tracking_method AS source_tracking, t.tracking_method AS target_tracking,
+       s.instance_label_key AS source_label, t.instance_label_key AS target_label,
+       s.installation_id AS source_installation, t.installation_id AS target_installation
+  FROM engine_instance s, engine_instance t
+ WHERE s.id = $1 AND t.id = $2";
+
 /// Every statement of this module (a test prepares them against the schema).
-pub const STATEMENTS: &[&str] = &[ADD, LIST, BY_NAME, CORDON, REMOVE, NAMESPACES, HEARTBEAT, PROGRESS];
+pub const STATEMENTS: &[&str] =
+    &[ADD, LIST, BY_NAME, CORDON, REMOVE, NAMESPACES, HEARTBEAT, PROGRESS, ADOPTION_SETTINGS, ADOPTION_PAIR];
 
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
@@ -217,4 +231,50 @@ pub async fn engine_instance_progress(client: &Client, id: EngineInstanceId) -> 
 pub async fn engine_instance_heartbeat(client: &Client, id: EngineInstanceId) -> Result<(), DbError> {
     client.execute(HEARTBEAT, &[&id.0]).await.map_err(DbError::query("heartbeat an engine instance"))?;
     Ok(())
+}
+
+/// Records how `id`'s engine tracks what it deploys (only when it changed).
+pub async fn engine_instance_adoption_settings(
+    client: &Client,
+    id: EngineInstanceId,
+    tracking_method: &str,
+    instance_label_key: &str,
+    installation_id: &str,
+) -> Result<bool, DbError> {
+    let changed = client
+        .execute(ADOPTION_SETTINGS, &[&id, &tracking_method, &instance_label_key, &installation_id])
+        .await
+        .map_err(DbError::query("record an instance's adoption settings"))?;
+    Ok(changed > 0)
+}
+
+/// Why instance `to` could not adopt what instance `from` deployed (their reported
+/// tracking settings differ), or None; settings not reported count as matching.
+pub async fn adoption_refusal_in_txn(
+    txn: &tokio_postgres::Transaction<'_>,
+    from: EngineInstanceId,
+    to: EngineInstanceId,
+) -> Result<Option<String>, DbError> {
+    let action = "compare instances' adoption settings";
+    let Some(row) = txn.query_opt(ADOPTION_PAIR, &[&from, &to]).await.map_err(DbError::query(action))? else {
+        return Ok(None);
+    };
+    let get = |column: &str| -> Result<Option<String>, DbError> { crate::db::column(&row, column, action) };
+    let (source, target): (String, String) =
+        (crate::db::column(&row, "source", action)?, crate::db::column(&row, "target", action)?);
+    for (what, ours, theirs) in [
+        ("track resources by", get("source_tracking")?, get("target_tracking")?),
+        ("label instances with", get("source_label")?, get("target_label")?),
+        ("have installationID", get("source_installation")?, get("target_installation")?),
+    ] {
+        if let (Some(ours), Some(theirs)) = (ours, theirs)
+            && ours != theirs
+        {
+            return Ok(Some(format!(
+                "engine instances {source:?} and {target:?} {what} {ours:?} and {theirs:?}: Argo CD on {target:?} \
+                 would not adopt what {source:?} deployed"
+            )));
+        }
+    }
+    Ok(None)
 }

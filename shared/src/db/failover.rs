@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
+use crate::db::engine_instance::adoption_refusal_in_txn;
 use crate::db::placement::placement_choose_in_txn;
 use crate::db::tenant_move::{FAIL_SYNCS, RETARGET};
 use crate::db::{DbError, column, in_txn_retrying};
@@ -81,8 +82,11 @@ pub struct FailoverStep {
     pub fenced: Vec<String>,
     /// Tenants placed elsewhere (or whose pending release was skipped).
     pub moved: Vec<TenantId>,
-    /// Tenants left on a lost instance because no healthy instance had room.
+    /// Tenants left on a lost instance because no healthy instance had room, or the
+    /// one chosen could not adopt them.
     pub unplaced: usize,
+    /// Why a chosen instance could not adopt (its tracking settings differ).
+    pub refused: Vec<String>,
     /// Another writer held the step's lock: nothing was done.
     pub skipped: bool,
 }
@@ -133,6 +137,11 @@ pub async fn failover_step(
                         step.unplaced += 1;
                         continue;
                     };
+                    if let Some(why) = adoption_refusal_in_txn(txn, id, target).await? {
+                        step.unplaced += 1;
+                        step.refused.push(why);
+                        continue;
+                    }
                     txn.execute(REPLACE, &[&tenant, &target]).await.map_err(DbError::query(action))?;
                     txn.execute(RETARGET, &[&tenant, &target]).await.map_err(DbError::query(action))?;
                     txn.execute(FAIL_SYNCS, &[&tenant]).await.map_err(DbError::query(action))?;

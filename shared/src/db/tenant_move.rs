@@ -24,6 +24,7 @@ use std::time::SystemTime;
 
 use tokio_postgres::{Client, Transaction};
 
+use crate::db::engine_instance::adoption_refusal_in_txn;
 use crate::db::{DbError, column, in_txn_retrying};
 use crate::model::{EngineInstanceId, ResourceType, TenantId};
 use crate::queue::operation_enqueue_in_txn;
@@ -226,6 +227,9 @@ pub async fn tenant_move_in_txn(txn: &Transaction<'_>, namespace: &str, to: &str
     let (tenants, capacity): (i32, i32) = (column(&target, "tenants", action)?, column(&target, "capacity", action)?);
     if tenants >= capacity {
         return invalid(format!("engine instance {to:?} is full ({tenants} of {capacity} tenants)"));
+    }
+    if let Some(why) = adoption_refusal_in_txn(txn, from, target_id).await? {
+        return invalid(why);
     }
     txn.execute(START, &[&id, &target_id, &reason]).await.map_err(DbError::query(action))?;
     txn.execute(RETARGET, &[&id, &target_id]).await.map_err(DbError::query(action))?;

@@ -595,3 +595,51 @@ async fn agent_endpoints_answer_and_cancel_exits_cleanly() {
     let refused = run_agent(config, CancellationToken::new()).await;
     assert!(matches!(refused, Err(gitops_agent::AgentError::UnknownInstance { .. })), "{refused:?}");
 }
+
+#[tokio::test]
+async fn agent_reports_how_its_argocd_tracks_resources() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Patch, PatchParams};
+
+    let env = env("ar-track").await;
+    let mut config = env.config();
+    config.heartbeat_interval = Duration::from_millis(200);
+    let agent = env.start(config);
+    let settings = || async {
+        let row = env
+            .client
+            .query_one(
+                "SELECT tracking_method, instance_label_key, installation_id FROM engine_instance WHERE id = $1",
+                &[&env.instance.0],
+            )
+            .await
+            .ok()?;
+        let values: (Option<String>, Option<String>, Option<String>) = (row.get(0), row.get(1), row.get(2));
+        Some(values)
+    };
+    // No argocd-cm: Argo CD's defaults.
+    eventually("the defaults recorded", || async {
+        let (tracking, label, installation) = settings().await?;
+        (tracking.as_deref() == Some("label")
+            && label.as_deref() == Some("app.kubernetes.io/instance")
+            && installation.as_deref() == Some(""))
+        .then_some(())
+    })
+    .await;
+    // The instance's settings change: the agent reports them.
+    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "argocd-cm"},
+        "data": {"application.resourceTrackingMethod": "annotation", "installationID": "prod-a"},
+    }))
+    .expect("ConfigMap");
+    Api::<ConfigMap>::namespaced(env.kube.clone(), env.ns.name())
+        .patch("argocd-cm", &PatchParams::apply("agent-run-test").force(), &Patch::Apply(&cm))
+        .await
+        .expect("apply argocd-cm");
+    eventually("the instance's settings recorded", || async {
+        let (tracking, _, installation) = settings().await?;
+        (tracking.as_deref() == Some("annotation") && installation.as_deref() == Some("prod-a")).then_some(())
+    })
+    .await;
+    agent.stop().await;
+}

@@ -394,3 +394,26 @@ async fn a_move_fails_the_tenants_pending_and_running_syncs_with_instance_moved(
         ]
     );
 }
+
+#[tokio::test]
+async fn a_move_between_instances_that_track_resources_differently_is_refused() {
+    use gitops_shared::db::engine_instance::engine_instance_adoption_settings;
+    use gitops_shared::db::tenant_move::tenant_move;
+
+    let db = TestDb::migrated().await;
+    let (mut client, a, b, _tenant) = moving_fixture(&db).await;
+    let label = "app.kubernetes.io/instance";
+    // Not reported by one side: nothing to compare, the move would go.
+    engine_instance_adoption_settings(&client, a, "annotation", label, "").await.expect("settings");
+    // Reported and different: refused, naming both and what differs.
+    engine_instance_adoption_settings(&client, b, "label", label, "").await.expect("settings");
+    let refused = tenant_move(&mut client, "team-a", "b", "test").await.expect_err("refused");
+    let message = refused.to_string();
+    assert!(message.contains("track resources by") && message.contains("\"annotation\""), "{message}");
+    engine_instance_adoption_settings(&client, b, "annotation", label, "other-install").await.expect("settings");
+    let refused = tenant_move(&mut client, "team-a", "b", "test").await.expect_err("refused");
+    assert!(refused.to_string().contains("installationID"), "{refused}");
+    // The same settings: the move starts.
+    engine_instance_adoption_settings(&client, b, "annotation", label, "").await.expect("settings");
+    tenant_move(&mut client, "team-a", "b", "test").await.expect("the move starts");
+}

@@ -40,6 +40,9 @@ pub fn app_project_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("argoproj.io", "v1alpha1", "AppProject"), "appprojects")
 }
 
+/// Argo CD's settings ConfigMap.
+const ARGOCD_CM: &str = "argocd-cm";
+
 /// One Argo CD instance, reached through `client`, reading `namespace`.
 #[derive(Clone)]
 pub struct ArgoCdEngine {
@@ -344,6 +347,27 @@ impl Engine for ArgoCdEngine {
 
     fn probe_progress(&self) -> BoxFuture<'_, Result<crate::engine::ProgressStamp, EngineError>> {
         Box::pin(self.probe_progress_once())
+    }
+
+    fn adoption_settings(&self) -> BoxFuture<'_, Result<Option<crate::engine::AdoptionSettings>, EngineError>> {
+        Box::pin(async move {
+            let config: Api<k8s_openapi::api::core::v1::ConfigMap> =
+                Api::namespaced(self.client.clone(), &self.namespace);
+            let data = match config.get_opt(ARGOCD_CM).await {
+                Ok(found) => found.and_then(|cm| cm.data).unwrap_or_default(),
+                // Not allowed to read it: the settings are unknown, not a fault.
+                Err(kube::Error::Api(status)) if status.code == 403 => return Ok(None),
+                Err(error) => return Err(classify(format!("read ConfigMap {ARGOCD_CM}"), error)),
+            };
+            let setting = |key: &str, default: &str| {
+                data.get(key).map(|v| v.trim()).filter(|v| !v.is_empty()).unwrap_or(default).to_owned()
+            };
+            Ok(Some(crate::engine::AdoptionSettings {
+                tracking_method: setting("application.resourceTrackingMethod", "label"),
+                instance_label_key: setting("application.instanceLabelKey", "app.kubernetes.io/instance"),
+                installation_id: setting("installationID", ""),
+            }))
+        })
     }
 
     fn list_owned(&self) -> BoxFuture<'_, Result<Vec<OwnedObject>, EngineError>> {

@@ -222,7 +222,8 @@ pub fn server_addr(url: &str) -> std::net::SocketAddr {
 pub fn agent_rbac_rules() -> serde_json::Value {
     serde_json::json!([
         {"apiGroups": ["argoproj.io"], "resources": ["applications", "appprojects"], "verbs": ["*"]},
-        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["*"]}
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["*"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["argocd-cm"], "verbs": ["get"]}
     ])
 }
 
