@@ -3,7 +3,7 @@
 //! once (each one appearing on the target is checked absent on the source at that
 //! moment), even while the tenant changes its deployments mid-move; afterwards every deployment is Ready on the target with the same
 //! Application names, the source holds nothing of the tenant, and changes reach the
-//! target.
+//! target. A drain moves every tenant off an instance the same way.
 
 use std::sync::{Arc, Mutex};
 
@@ -349,4 +349,45 @@ async fn writer_fleet_sweep_releases_what_a_moved_tenant_left_behind() {
     })
     .await;
     assert!(target.get_opt(&app).await.expect("read").is_some(), "the tenant's Application stays where it lives");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_fleet_drain_moves_every_tenant_off_and_nothing_is_pruned() {
+    let env = env_live("fdrain").await;
+    let (second, _standin) = env.another_instance("argocd-2", "fdrain", std::time::Duration::from_secs(15)).await;
+    let _writer = env.writer("writer-a");
+    let names: Vec<String> = (0..2).map(|i| format!("web-{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        env.create(name, spec(REPO, &format!("apps/{i}"))).await;
+    }
+    eventually("every deployment Ready on the first instance", || all_ready(&env, &names)).await;
+    let apps = application_names(&env, &names).await;
+    let live: Api<ConfigMap> = Api::namespaced(env.kube.clone(), env.tenant.name());
+    let mut uids = std::collections::BTreeMap::new();
+    for app in &apps {
+        let object = eventually("the live object", || async { live.get_opt(app).await.ok()? }).await;
+        uids.insert(app.clone(), object.metadata.uid.clone().expect("uid"));
+    }
+
+    let moved = gitopsctl::instance::drain(&env.db.url(), crate::support::writer::INSTANCE).await.expect("drain");
+    assert_eq!(moved, 1, "the one tenant moves");
+    let client = gitops_shared::db::connect(&env.db.url(), "fleet-drain-test").await.expect("connect");
+    eventually("the tenant settled on the second instance", || async {
+        let placed = tenant_placements(&client, Some(env.tenant.name()), None).await.ok()?;
+        let tenant = placed.first()?;
+        (tenant.instance.as_deref() == Some("argocd-2") && tenant.move_state.is_none()).then_some(())
+    })
+    .await;
+    eventually("every deployment Ready on the second instance", || all_ready(&env, &names)).await;
+    let (first, target) =
+        (env.apps(), Api::<DynamicObject>::namespaced_with(env.kube.clone(), second.name(), &application_resource()));
+    for app in &apps {
+        assert!(first.get_opt(app).await.expect("read").is_none(), "{app} left the drained instance");
+        assert!(target.get_opt(app).await.expect("read").is_some(), "{app} on the second instance");
+        let object = live.get(app).await.expect("the live object is still there");
+        assert_eq!(object.metadata.uid.as_ref(), uids.get(app), "{app}'s live object adopted, not recreated");
+    }
+    let listed = gitopsctl::instance::list(&env.db.url()).await.expect("list");
+    let drained = listed.iter().find(|i| i.name == crate::support::writer::INSTANCE).expect("the first instance");
+    assert!(drained.cordoned && drained.tenants == 0, "drained: cordoned and empty");
 }
