@@ -246,12 +246,13 @@ async fn heartbeat(
     Ok(())
 }
 
-/// Probes in a row an instance's API must answer, after it did not, before its agent
-/// reports it reachable again (a heartbeat): coming back takes several probes, never
-/// one. Losing it takes `gitops.instance_lost_after` without a heartbeat, and
-/// degrading `gitops.instance_degraded_after` without progress of Argo CD's
-/// controller, several probes too at the default 15 s interval; progress seen once
-/// counts (the controller refreshed the probe Application, which a stuck one cannot).
+/// Probes in a row that must pass, after one failed, before the agent reports its
+/// instance reachable (a heartbeat) or Argo CD making progress again: coming back
+/// takes several probes, never one. Losing it takes `gitops.instance_lost_after`
+/// without a heartbeat, and degrading `gitops.instance_degraded_after` without
+/// progress, several probes too at the default 15 s interval. (Argo CD stamps
+/// `reconciledAt` to the second: probes less than a second apart cannot see progress
+/// in a row.)
 const RECOVERY_PROBES: u32 = 3;
 
 /// Whether to report a probe that passed: always while none failed, and after a
@@ -308,7 +309,7 @@ async fn heartbeat_loop(beats: Heartbeats, cancel: CancellationToken) {
     // The progress probe's last stamp, and whether an unstamped probe was counted once.
     let mut last_stamp: Option<String> = None;
     let mut unstamped_counted = false;
-    let mut reachable = Debounce::new(RECOVERY_PROBES);
+    let (mut reachable, mut progressing) = (Debounce::new(RECOVERY_PROBES), Debounce::new(RECOVERY_PROBES));
     // The adoption settings last recorded.
     let mut reported: Option<AdoptionSettings> = None;
     loop {
@@ -361,7 +362,8 @@ async fn heartbeat_loop(beats: Heartbeats, cancel: CancellationToken) {
             }
         };
         metrics.argocd_progressing.store(progressed, Ordering::Relaxed);
-        if progressed && let Err(error) = progress(&pool, &instance).await {
+        // Progress after a stall counts once seen in a few probes in a row.
+        if progressing.observe(progressed) && let Err(error) = progress(&pool, &instance).await {
             tracing::warn!(%error, "could not record Argo CD's progress");
         }
     }

@@ -121,12 +121,14 @@ async fn writer_ready_says_when_the_argocd_instance_is_degraded_or_lost() {
     let db: String = env.client.query_one("SELECT current_database()", &[]).await.expect("name").get(0);
     env.client
         .batch_execute(&format!(
-            "ALTER DATABASE \"{db}\" SET gitops.instance_degraded_after = '3 seconds';
+            "ALTER DATABASE \"{db}\" SET gitops.instance_degraded_after = '4 seconds';
              ALTER DATABASE \"{db}\" SET gitops.instance_lost_after = '3 seconds'"
         ))
         .await
         .expect("set the windows");
-    let (second, standin) = env.another_instance("argocd-2", "wr-inst", std::time::Duration::from_millis(300)).await;
+    // Probes a little over a second apart: Argo CD's `reconciledAt` has a resolution of
+    // a second, and progress must be seen in three probes in a row.
+    let (second, standin) = env.another_instance("argocd-2", "wr-inst", std::time::Duration::from_millis(1100)).await;
     engine_instance_cordon(&env.client, crate::support::writer::INSTANCE, true).await.expect("cordon the first");
     let _writer = env.writer_for("writer-a", vec![env.tenant.name().to_owned()], |c| {
         c.fleet_watch_interval = std::time::Duration::from_millis(300);
