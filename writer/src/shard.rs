@@ -41,6 +41,10 @@ pub const SHARDS: i32 = 64;
 const EXPIRY_MARGIN: Duration = Duration::from_millis(150);
 /// A round slower than this is logged: it delays renewals and takeovers.
 const SLOW_ROUND: Duration = Duration::from_secs(1);
+/// How often a ready keeper below its share looks for shards given back.
+const BELOW_SHARE_LOOK: Duration = Duration::from_secs(1);
+/// How soon the keeper tries again after a failed round (its connection is replaced).
+const FAILED_ROUND_RETRY: Duration = Duration::from_secs(1);
 /// How soon a ready keeper looks again while shards are left unowned.
 const UNOWNED_RETRY: Duration = Duration::from_millis(250);
 
@@ -138,7 +142,7 @@ impl ShardKeeper {
                     // Leases that lapse are dropped here so no work continues on them.
                     tracing::warn!(writer.id = %self.writer_id, error = %error, "could not renew shard leases");
                     self.owned.send_if_modified(|current| !std::mem::take(current).is_empty());
-                    self.config.interval
+                    self.config.interval.min(FAILED_ROUND_RETRY)
                 }
             };
             tokio::select! {
@@ -193,6 +197,12 @@ impl ShardKeeper {
         if skipped {
             next = next.min(UNOWNED_RETRY);
         }
+        // A ready writer below its share is the one that takes the shards others give
+        // back: it looks every second while it is, so a shard given back is taken
+        // within a second, not at the next interval.
+        if ready && below_share(owned.len(), &loads) {
+            next = next.min(BELOW_SHARE_LOOK);
+        }
         Ok(Round { owned: owned.into_iter().collect(), next })
     }
 
@@ -217,6 +227,13 @@ async fn until_ready(ready: &mut watch::Receiver<bool>) {
 /// another writer is due to expire, whichever comes first.
 fn next_look(interval: Duration, others: &[OtherWriterRow]) -> Duration {
     others.iter().map(|other| other.expires_in + EXPIRY_MARGIN).fold(interval, Duration::min)
+}
+
+/// Whether a writer holding `owned` shards is below its share (rounded down) while
+/// the other live writers hold `others` each.
+fn below_share(owned: usize, others: &[i64]) -> bool {
+    let live = i64::try_from(others.len()).unwrap_or(i64::MAX).saturating_add(1);
+    i64::try_from(owned).unwrap_or(i64::MAX) < i64::from(SHARDS) / live
 }
 
 /// The one step towards a fair split a round takes.
@@ -266,6 +283,14 @@ mod tests {
         let shards: BTreeSet<i32> = (0..1000).map(|i| shard_of(&format!("team-{i}"))).collect();
         assert!(shards.iter().all(|s| (0..SHARDS).contains(s)));
         assert!(shards.len() > 50, "1000 names cover most shards: {}", shards.len());
+    }
+
+    #[test]
+    fn a_writer_below_its_share_looks_often_for_shards_given_back() {
+        assert!(below_share(10, &[30, 24]), "21 is the share of three");
+        assert!(!below_share(21, &[22, 21]));
+        assert!(below_share(0, &[]), "alone, 64 is the share");
+        assert!(!below_share(64, &[]));
     }
 
     #[test]

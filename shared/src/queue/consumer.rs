@@ -117,6 +117,9 @@ pub struct Consumer<H> {
 const PAUSE_MIN: Duration = Duration::from_millis(1);
 const PAUSE_MAX: Duration = Duration::from_millis(5);
 
+/// How soon the upkeep tries again after a failed round.
+const UPKEEP_RETRY: Duration = Duration::from_secs(1);
+
 /// How long after a lease is due the upkeep looks for it: enough for the database
 /// clock to have passed it.
 const LEASE_EXPIRY_MARGIN: Duration = Duration::from_millis(100);
@@ -241,11 +244,12 @@ impl<H: Handler> Consumer<H> {
                 self.prune(&mut held).await;
                 next_prune = Instant::now() + self.config.reclaim_every;
             }
-            // After a failure, wait a whole round: an expired lease that cannot be
-            // reclaimed would otherwise be tried again at once, over and over.
+            // After a failure (its connection is replaced), wait a second, not at
+            // once: an expired lease that cannot be reclaimed would otherwise be tried
+            // over and over.
             let wait = match reclaimed {
                 Some(_) => self.next_reclaim(&mut held).await,
-                None => self.config.reclaim_every,
+                None => self.config.reclaim_every.min(UPKEEP_RETRY),
             };
             tokio::select! {
                 () = stop.cancelled() => break,
@@ -313,7 +317,7 @@ impl<H: Handler> Consumer<H> {
             Err(error) => {
                 *held = None;
                 tracing::warn!(%error, "could not find the next lease expiry");
-                self.config.reclaim_every
+                self.config.reclaim_every.min(UPKEEP_RETRY)
             }
         }
     }

@@ -9,7 +9,9 @@
 //! A monitor reads the leases from the database every 100 ms and times each
 //! takeover from the previous holder's last renewal (database clock): a shard
 //! passing to another writer, and an expired claim taken back by a live agent (its
-//! operation waiting again, or superseded by the resource's newer one). Takeovers spanning the database outage are counted apart. Then: how
+//! operation waiting again, or superseded by the resource's newer one). A shard a
+//! writer gave back (rebalancing) counts as if its lease had ended the moment it was
+//! given back, so the bound (lease + 1 s) means it was taken within a second. Takeovers spanning the database outage are counted apart. Then: how
 //! long after PostgreSQL returns the tenants read the Degraded health, how long after
 //! the chaos the service converges (every deployment Ready at its generation with
 //! its Application at the wanted path, nothing left over), and what did not: lost
@@ -550,9 +552,14 @@ impl Monitor {
     }
 }
 
+// Held shards with their expiry, and shards given back with the moment they were
+// (a given-back shard is free from then on: for the figure, its lease ended then).
 const SHARDS: &str = "
 SELECT shard, writer_id, extract(epoch FROM lease_expires_at)::float8 AS expires
-  FROM writer_shard WHERE writer_id IS NOT NULL AND lease_expires_at > now()";
+  FROM writer_shard WHERE writer_id IS NOT NULL AND lease_expires_at > now()
+UNION ALL
+SELECT shard, '', extract(epoch FROM updated_at)::float8
+  FROM writer_shard WHERE writer_id IS NULL";
 
 // Claims held now, and those that ended a moment ago. A live agent takes an
 // expired claim back by putting its operation back to waiting (run_after = the
@@ -627,10 +634,17 @@ async fn watch_leases(url: String, monitor: Arc<Mutex<Monitor>>, cancel: Cancell
             let (shard, writer, expires): (i32, String, f64) =
                 (row.get("shard"), row.get("writer_id"), row.get("expires"));
             match monitor.shards.get(&shard).cloned() {
-                Some((previous, last_expiry)) if previous != writer => {
+                // Given back: from now on its "expiry" is the moment it was given back
+                // (and the handoff to the next holder is timed from there).
+                Some((previous, _)) if writer.is_empty() && !previous.is_empty() => {
+                    monitor.shards.insert(shard, (format!("{previous} (given back)"), expires));
+                    continue;
+                }
+                Some((previous, last_expiry)) if previous != writer && !writer.is_empty() => {
                     let what = format!("shard {shard}: {previous} -> {writer}");
                     monitor.shard_handoffs.push(Takeover { expiry: last_expiry, taken: expires, what });
                 }
+                _ if writer.is_empty() => continue,
                 _ => {}
             }
             monitor.shards.insert(shard, (writer, expires));
