@@ -72,8 +72,14 @@ pub async fn run_fleet_watch(
     loop {
         let owned = shards.borrow_and_update().clone();
         match look(&pool, &owned, &told, &mut known, &metrics).await {
-            Ok(()) => told = owned,
-            Err(error) => tracing::warn!(%error, "could not read the instances' health"),
+            Ok(()) => {
+                told = owned;
+                metrics.database_up.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            Err(error) => {
+                metrics.database_up.store(false, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(%error, "could not read the instances' health");
+            }
         }
         // A step that used its whole batch left tenants to move: the next one comes
         // after a second, so the rate is a batch per second, not per look.

@@ -111,6 +111,11 @@ pub struct WriterMetrics {
     pub fleet_moves: [AtomicU64; 2],
     /// Rounds of home-token renewal that failed (each is retried a round later).
     pub home_token_renewal_failures: AtomicU64,
+    /// When the status loop last read every owned shard's feed to its end (it does
+    /// at least every 30 s while it works), or when the writer started.
+    status_caught_up: Mutex<std::time::Instant>,
+    /// Whether the fleet watch's last look at the database succeeded (every 2 s).
+    pub database_up: std::sync::atomic::AtomicBool,
 }
 
 impl Default for WriterMetrics {
@@ -133,6 +138,8 @@ impl Default for WriterMetrics {
             failover_moves: AtomicU64::new(0),
             fleet_moves: std::array::from_fn(|_| AtomicU64::new(0)),
             home_token_renewal_failures: AtomicU64::new(0),
+            status_caught_up: Mutex::new(std::time::Instant::now()),
+            database_up: std::sync::atomic::AtomicBool::new(true),
         }
     }
 }
@@ -262,6 +269,11 @@ impl WriterMetrics {
     /// Counts tenants moved off lost instances.
     pub fn failover_moves(&self, count: u64) {
         self.failover_moves.fetch_add(count, Ordering::Relaxed);
+    }
+
+    /// The status loop read every owned shard's feed to its end just now.
+    pub fn status_caught_up(&self) {
+        *lock(&self.status_caught_up) = std::time::Instant::now();
     }
 
     /// Counts a tenant move started to balance the fleet, for `reason`.
@@ -437,6 +449,19 @@ impl WriterMetrics {
         let _ = writeln!(out, "# HELP gitops_writer_queue_depth Objects waiting in the work queue.");
         let _ = writeln!(out, "# TYPE gitops_writer_queue_depth gauge");
         let _ = writeln!(out, "gitops_writer_queue_depth {}", self.queue_depth.load(Ordering::Relaxed));
+        let behind = lock(&self.status_caught_up).elapsed().as_secs_f64();
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_status_behind_seconds Seconds since the status loop last read every owned shard's status feed to its end (it does at least every 30 s while it works): how stale tenants' status may be."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_status_behind_seconds gauge");
+        let _ = writeln!(out, "gitops_writer_status_behind_seconds {behind:.3}");
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_database_up 1 while the writer's look at the database every 2 s succeeds, else 0."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_database_up gauge");
+        let _ = writeln!(out, "gitops_writer_database_up {}", u8::from(self.database_up.load(Ordering::Relaxed)));
         let _ = writeln!(out, "# HELP gitops_writer_shards_owned Shards this writer holds a lease on.");
         let _ = writeln!(out, "# TYPE gitops_writer_shards_owned gauge");
         let _ = writeln!(out, "gitops_writer_shards_owned {}", self.shards_owned.load(Ordering::Relaxed));

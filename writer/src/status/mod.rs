@@ -93,8 +93,15 @@ pub async fn run_status_loop(
         wake.borrow_and_update();
         let owned = shards.borrow_and_update().clone();
         let pause = match scan_until_asleep(&ctx, &signal, &owned, &mut syncs).await {
-            Ok(report) if report.held_back || !syncs.is_empty() => RETRY_INTERVAL,
-            Ok(_) => STATUS_SCAN_INTERVAL,
+            Ok(report) if report.held_back => RETRY_INTERVAL,
+            Ok(_) if !syncs.is_empty() => {
+                ctx.metrics.status_caught_up();
+                RETRY_INTERVAL
+            }
+            Ok(_) => {
+                ctx.metrics.status_caught_up();
+                STATUS_SCAN_INTERVAL
+            }
             Err(error) => {
                 tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "status scan failed");
                 RETRY_INTERVAL
