@@ -363,7 +363,9 @@ async fn heartbeat_loop(beats: Heartbeats, cancel: CancellationToken) {
         };
         metrics.argocd_progressing.store(progressed, Ordering::Relaxed);
         // Progress after a stall counts once seen in a few probes in a row.
-        if progressing.observe(progressed) && let Err(error) = progress(&pool, &instance).await {
+        if progressing.observe(progressed)
+            && let Err(error) = progress(&pool, &instance).await
+        {
             tracing::warn!(%error, "could not record Argo CD's progress");
         }
     }
