@@ -26,8 +26,10 @@ SELECT writer_id, count(*) AS shards,
  WHERE lease_expires_at > now() AND writer_id <> $1
  GROUP BY writer_id";
 
+// updated_at: when the row was let go (after waiting for the owner's fenced
+// transactions), not when the statement began.
 const RELEASE: &str = "
-UPDATE writer_shard SET writer_id = NULL, lease_expires_at = NULL, updated_at = now()
+UPDATE writer_shard SET writer_id = NULL, lease_expires_at = NULL, updated_at = clock_timestamp()
  WHERE writer_id = $1 AND shard = ANY($2)";
 
 // `FOR NO KEY UPDATE`, the lock the UPDATE takes anyway: it waits for (here: skips)
@@ -54,6 +56,8 @@ RETURNING shard";
 
 const FENCE: &str = "
 SELECT 1 FROM writer_shard WHERE shard = $1 AND writer_id = $2 AND lease_expires_at > now() FOR SHARE";
+
+const FENCED_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '2s'";
 
 const CURSOR_ADVANCE: &str = "
 UPDATE writer_shard
@@ -153,6 +157,10 @@ pub async fn writer_shard_take_over(
 /// Whether `writer_id` holds `shard`, locking the row against a hand-over until
 /// `txn` ends.
 pub async fn writer_shard_fence_in_txn(txn: &Transaction<'_>, shard: i32, writer_id: &str) -> Result<bool, DbError> {
+    // A fenced transaction holds the shard's row until it ends: it waits for no lock
+    // longer than FENCED_LOCK_TIMEOUT, so one of a crashed writer (whose session only
+    // notices when it next speaks) cannot keep the shard from its next owner.
+    txn.batch_execute(FENCED_LOCK_TIMEOUT).await.map_err(DbError::query("bound a fenced transaction's lock waits"))?;
     let row = txn.query_opt(FENCE, &[&shard, &writer_id]).await.map_err(DbError::query("check a shard lease"))?;
     Ok(row.is_some())
 }

@@ -615,6 +615,9 @@ async fn report_stuck_shards(db: &tokio_postgres::Client, reported: &mut std::co
     reported.extend(fresh);
 }
 
+/// How a shard given back is named after its last holder in the log.
+const GIVEN_BACK: &str = " (given back)";
+
 /// Reads the leases every [`MONITOR_EVERY`] until `cancel`, reconnecting as needed.
 async fn watch_leases(url: String, monitor: Arc<Mutex<Monitor>>, cancel: CancellationToken) {
     let mut client = None;
@@ -637,7 +640,8 @@ async fn watch_leases(url: String, monitor: Arc<Mutex<Monitor>>, cancel: Cancell
                 // Given back: from now on its "expiry" is the moment it was given back
                 // (and the handoff to the next holder is timed from there).
                 Some((previous, _)) if writer.is_empty() && !previous.is_empty() => {
-                    monitor.shards.insert(shard, (format!("{previous} (given back)"), expires));
+                    let given_back = if previous.ends_with(GIVEN_BACK) { previous } else { previous + GIVEN_BACK };
+                    monitor.shards.insert(shard, (given_back, expires));
                     continue;
                 }
                 Some((previous, last_expiry)) if previous != writer && !writer.is_empty() => {
