@@ -16,7 +16,8 @@ use crate::sanitize::sanitize_tenant_message;
 // ordinary operation is not claimed by an instance its tenant is not placed on, nor
 // while the tenant is being released (a move: see sql/README.md); one whose tenant
 // row is gone is claimed, to be completed quietly. Tenant operations carry the move
-// itself and are always claimable.
+// itself and are always claimable. A fenced instance claims nothing: its agents clean
+// up first (`db::failover`), then the fence is lifted.
 /// The claim statement (public so a test can EXPLAIN it).
 pub const CLAIM: &str = "
 WITH picked AS (
@@ -34,6 +35,7 @@ WITH picked AS (
                             WHERE t.id = o.tenant_id
                               AND (t.engine_instance_id IS DISTINCT FROM o.engine_instance_id
                                    OR t.move_state = 'releasing')))
+       AND NOT EXISTS (SELECT 1 FROM engine_instance e WHERE e.id = $1 AND e.fenced_at IS NOT NULL)
      ORDER BY o.run_after, o.id
      LIMIT $2
        FOR UPDATE OF o SKIP LOCKED

@@ -33,17 +33,7 @@ async fn fixture(client: &Client) -> (EngineInstanceId, EngineInstanceId, Tenant
         .await
         .expect("tenant")
         .get(0);
-    let application: i64 = client
-        .query_one(
-            "INSERT INTO application (tenant_id, resource_uid, resource_name, generation, repo_url, path,
-                                      destination_namespace, sync_type)
-             VALUES ($1, gen_random_uuid(), 'app', 1, 'https://git.example.invalid/r.git', 'p', 'team-a', 'manual')
-             RETURNING id",
-            &[&tenant],
-        )
-        .await
-        .expect("application")
-        .get(0);
+    let application = crate::support::application_row(client, tenant).await;
     (a, b, TenantId(tenant), ApplicationId(application))
 }
 
@@ -153,4 +143,30 @@ async fn status_lands_only_from_the_placed_instance_at_its_current_epoch() {
             .is_some()
     );
     assert_eq!(stored_health(&client, application).await.as_deref(), Some("Progressing"));
+}
+
+#[tokio::test]
+async fn a_fenced_instance_claims_nothing_until_its_fence_is_lifted() {
+    use gitops_shared::model::ResourceType;
+    use gitops_shared::queue::{operation_claim, operation_enqueue_in_txn};
+
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let (a, b, tenant, application) = fixture(&client).await;
+    engine_instance_cordon(&client, "b", true).await.expect("cordon");
+    let txn = client.transaction().await.expect("begin");
+    operation_enqueue_in_txn(&txn, a, tenant, ResourceType::Application, application.0).await.expect("enqueue");
+    txn.commit().await.expect("commit");
+    client
+        .execute("UPDATE engine_instance SET heartbeat_at = now() - interval '1 hour' WHERE id = $1", &[&a.0])
+        .await
+        .expect("age the heartbeat");
+    let step = failover_step(&mut client, Duration::ZERO, 10, Duration::from_secs(60)).await.expect("failover");
+    assert_eq!(step.fenced, ["a"], "fenced; the tenant stays (b is cordoned)");
+    let lease = Duration::from_secs(30);
+    assert!(operation_claim(&client, a, "a-agent", 10, lease).await.expect("claim").is_empty(), "fenced: nothing");
+    instance_unfence(&client, a).await.expect("unfence");
+    let claimed = operation_claim(&client, a, "a-agent", 10, lease).await.expect("claim");
+    assert_eq!(claimed.iter().map(|op| op.resource_id).collect::<Vec<_>>(), [application.0]);
+    let _ = b;
 }

@@ -355,17 +355,7 @@ async fn a_move_fails_the_tenants_pending_and_running_syncs_with_instance_moved(
 
     let db = TestDb::migrated().await;
     let (mut client, _a, _b, tenant) = moving_fixture(&db).await;
-    let application: i64 = client
-        .query_one(
-            "INSERT INTO application (tenant_id, resource_uid, resource_name, generation, repo_url, path,
-                                      destination_namespace, sync_type)
-             VALUES ($1, gen_random_uuid(), 'app', 1, 'https://git.example.invalid/r.git', 'p', 'team-a', 'manual')
-             RETURNING id",
-            &[&tenant.0],
-        )
-        .await
-        .expect("application")
-        .get(0);
+    let application = crate::support::application_row(&client, tenant.0).await;
     for (name, state) in [("running", "running"), ("pending", "pending"), ("done", "succeeded")] {
         client
             .execute(

@@ -430,3 +430,18 @@ pub async fn restore_agent_access(
     let binding = k8s_openapi::api::rbac::v1::RoleBinding { metadata, ..binding };
     bindings.create(&Default::default(), &binding).await.expect("recreate the RoleBinding");
 }
+
+/// A manual application row `app` of tenant `tenant` (deploying into `team-a`).
+pub async fn application_row(client: &tokio_postgres::Client, tenant: i64) -> i64 {
+    client
+        .query_one(
+            "INSERT INTO application (tenant_id, resource_uid, resource_name, generation, repo_url, path,
+                                      destination_namespace, sync_type)
+             VALUES ($1, gen_random_uuid(), 'app', 1, 'https://git.example.invalid/r.git', 'p', 'team-a', 'manual')
+             RETURNING id",
+            &[&tenant],
+        )
+        .await
+        .expect("application")
+        .get(0)
+}
