@@ -91,6 +91,13 @@ UPDATE sync_operation
                  || 'create a new GitOpsDeploymentSyncRun to sync again'
  WHERE tenant_id = $1 AND state IN ('pending', 'running', 'terminating') AND row_state = 'active'";
 
+// At a move's end: what the source applied is not applied on the target (the
+// update stamps the rows, so the status feed carries it).
+const NOT_APPLIED_APPLICATIONS: &str =
+    "UPDATE application_state SET applied_generation = NULL, updated_at = now() WHERE tenant_id = $1";
+const NOT_APPLIED_RESOURCES: &str =
+    "UPDATE resource_state SET applied_generation = NULL, updated_at = now() WHERE tenant_id = $1";
+
 // Every change stamps the row anew, so the status feed carries it to the tenant.
 const TOUCH_STATE: &str = "UPDATE application_state SET updated_at = now() WHERE tenant_id = $1";
 
@@ -144,6 +151,8 @@ pub const STATEMENTS: &[&str] = &[
     CLAIMED_HERE,
     RETARGET_FROM,
     FAIL_SYNCS,
+    NOT_APPLIED_APPLICATIONS,
+    NOT_APPLIED_RESOURCES,
 ];
 
 impl TryFrom<&tokio_postgres::Row> for TenantPlacement {
@@ -301,6 +310,9 @@ pub async fn tenant_adopt_done_in_txn(
         };
         operation_enqueue_in_txn(txn, target, tenant, resource_type, id).await?;
     }
-    txn.execute(TOUCH_STATE, &[&tenant]).await.map_err(DbError::query(action))?;
+    // Nothing is applied on the target yet: the tenant reads Reconciling until its
+    // agent applied each row there (the status seen on the source is kept meanwhile).
+    txn.execute(NOT_APPLIED_APPLICATIONS, &[&tenant]).await.map_err(DbError::query(action))?;
+    txn.execute(NOT_APPLIED_RESOURCES, &[&tenant]).await.map_err(DbError::query(action))?;
     Ok(true)
 }

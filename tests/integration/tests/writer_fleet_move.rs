@@ -3,7 +3,8 @@
 //! once (each one appearing on the target is checked absent on the source at that
 //! moment), even while the tenant changes its deployments mid-move; afterwards every deployment is Ready on the target with the same
 //! Application names, the source holds nothing of the tenant, and changes reach the
-//! target. A drain moves every tenant off an instance the same way.
+//! target. A drain moves every tenant off an instance the same way, and so does a
+//! rebalancing step from the fuller instance to the emptier one.
 
 use std::sync::{Arc, Mutex};
 
@@ -12,6 +13,7 @@ use gitops_agent::engine::argocd::application_resource;
 use gitops_shared::db::tenant_move::{tenant_move, tenant_placements};
 use gitops_testkit::argocd::live::WRITTEN_BY_ANNOTATION;
 use gitops_testkit::cluster::TestCluster;
+use gitops_writer::api::GitOpsDeployment;
 use gitops_writer::controller::home_account_name;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use kube::ResourceExt;
@@ -383,11 +385,85 @@ async fn writer_fleet_drain_moves_every_tenant_off_and_nothing_is_pruned() {
         (env.apps(), Api::<DynamicObject>::namespaced_with(env.kube.clone(), second.name(), &application_resource()));
     for app in &apps {
         assert!(first.get_opt(app).await.expect("read").is_none(), "{app} left the drained instance");
-        assert!(target.get_opt(app).await.expect("read").is_some(), "{app} on the second instance");
+        eventually("the Application on the second instance", || async { target.get_opt(app).await.ok()? }).await;
         let object = live.get(app).await.expect("the live object is still there");
         assert_eq!(object.metadata.uid.as_ref(), uids.get(app), "{app}'s live object adopted, not recreated");
     }
     let listed = gitopsctl::instance::list(&env.db.url()).await.expect("list");
     let drained = listed.iter().find(|i| i.name == crate::support::writer::INSTANCE).expect("the first instance");
     assert!(drained.cordoned && drained.tenants == 0, "drained: cordoned and empty");
+}
+
+/// Whether deployment `name` in `namespace` is Ready at its generation; its
+/// Application's name when it is.
+async fn ready_in(kube: &kube::Client, namespace: &str, name: &str) -> Option<String> {
+    let object = Api::<GitOpsDeployment>::namespaced(kube.clone(), namespace).get_opt(name).await.ok()??;
+    let ready = object
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True" && c.observed_generation == object.metadata.generation);
+    let uid = object.metadata.uid.as_deref()?.parse().ok()?;
+    ready.then(|| gitops_agent::names::application_name(uid))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_fleet_rebalance_moves_a_tenant_to_the_emptier_instance() {
+    use gitops_shared::db::engine_instance::engine_instance_cordon;
+    use gitops_shared::db::fleet_balance::{BalanceSettings, balance_step};
+
+    let env = env_live("fbal").await;
+    let other = TestCluster::get().await.namespace("fbal-other").await;
+    let (second, _standin) = env.another_instance("argocd-2", "fbal", std::time::Duration::from_secs(15)).await;
+    // Both tenants land on the first instance.
+    engine_instance_cordon(&env.client, "argocd-2", true).await.expect("cordon");
+    let namespaces = [env.tenant.name().to_owned(), other.name().to_owned()];
+    let _writer = env.writer_for("writer-a", namespaces.to_vec(), |_| {});
+    for namespace in &namespaces {
+        let object: GitOpsDeployment = serde_json::from_value(json!({
+            "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeployment",
+            "metadata": {"name": "web"}, "spec": spec(REPO, &format!("apps/{namespace}")),
+        }))
+        .expect("GitOpsDeployment");
+        Api::<GitOpsDeployment>::namespaced(env.kube.clone(), namespace)
+            .create(&kube::api::PostParams::default(), &object)
+            .await
+            .expect("create");
+    }
+    let mut apps = Vec::new();
+    for namespace in &namespaces {
+        apps.push(eventually("Ready on the first instance", || ready_in(&env.kube, namespace, "web")).await);
+    }
+    let mut uids = Vec::new();
+    for (namespace, app) in namespaces.iter().zip(&apps) {
+        let live: Api<ConfigMap> = Api::namespaced(env.kube.clone(), namespace);
+        let object = eventually("the live object", || async { live.get_opt(app).await.ok()? }).await;
+        uids.push(object.metadata.uid.clone().expect("uid"));
+    }
+
+    // The second instance opens: 2 tenants against 0 are more than the threshold apart.
+    engine_instance_cordon(&env.client, "argocd-2", false).await.expect("uncordon");
+    let mut client = gitops_shared::db::connect(&env.db.url(), "fleet-rebalance-test").await.expect("connect");
+    let settings = BalanceSettings { degraded_grace: None, rebalance_threshold: Some(0.0001), max_concurrent_moves: 5 };
+    let step = balance_step(&mut client, settings).await.expect("balance");
+    assert_eq!(step.moves.len(), 1, "one tenant moves: {step:?}");
+    let moved = step.moves[0].clone();
+    assert_eq!((moved.to.as_str(), moved.reason), ("argocd-2", "rebalance"));
+    let index = namespaces.iter().position(|n| *n == moved.namespace).expect("one of the tenants");
+    eventually("the tenant settled on the second instance", || async {
+        let placed = tenant_placements(&client, Some(&moved.namespace), None).await.ok()?;
+        let tenant = placed.first()?;
+        (tenant.instance.as_deref() == Some("argocd-2") && tenant.move_state.is_none()).then_some(())
+    })
+    .await;
+    eventually("Ready on the second instance", || ready_in(&env.kube, &moved.namespace, "web")).await;
+    let target = Api::<DynamicObject>::namespaced_with(env.kube.clone(), second.name(), &application_resource());
+    eventually("adopted by the second instance", || async { target.get_opt(&apps[index]).await.ok()? }).await;
+    assert!(env.apps().get_opt(&apps[index]).await.expect("read").is_none(), "released by the first");
+    let live: Api<ConfigMap> = Api::namespaced(env.kube.clone(), &moved.namespace);
+    let object = live.get(&apps[index]).await.expect("the live object is still there");
+    assert_eq!(object.metadata.uid.as_ref(), Some(&uids[index]), "adopted, not recreated");
+    // One tenant each: balanced, nothing more moves.
+    assert!(balance_step(&mut client, settings).await.expect("balance").moves.is_empty());
 }
