@@ -34,6 +34,10 @@ use crate::{AgentError, connect, instance};
 const APPLICATION_NAME: &str = "gitops-agent";
 /// How long a failed consumer waits before it starts over.
 const CONSUMER_RESTART: Duration = Duration::from_secs(2);
+/// The longest any agent statement waits for a lock: a killed agent's sessions hold
+/// what they locked until their statement ends, and its claims are taken back by
+/// another agent only once nothing holds them.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long without a heartbeat until the agent stops writing to Argo CD: below
 /// the default lost window (60 s) plus the default failover grace (2 min).
 pub const DEFAULT_SELF_FENCE_AFTER: Duration = Duration::from_secs(90);
@@ -127,8 +131,13 @@ pub async fn run_agent(config: AgentConfig, cancel: CancellationToken) -> Result
         .map_err(|message| AgentError::Destinations { message })?;
     tracing::info!(instance.id = %instance.id, instance.name = %instance.name, argocd.ns = %instance.argocd_namespace,
         "serving engine instance");
-    let pool = db::pool(config.database_url.expose(), config.concurrency + 4, APPLICATION_NAME)
-        .map_err(|source| AgentError::Pool { source })?;
+    let pool = db::pool_with_lock_timeout(
+        config.database_url.expose(),
+        config.concurrency + 4,
+        APPLICATION_NAME,
+        Some(LOCK_TIMEOUT),
+    )
+    .map_err(|source| AgentError::Pool { source })?;
     let kube = kube_client(config.kubeconfig.as_ref()).await?;
     let clock = HeartbeatClock::new();
     heartbeat(&pool, &instance, &config.handle.metrics, &clock)

@@ -119,12 +119,33 @@ fn parse_parts(url: &str) -> Result<(Config, TlsParams), DbError> {
 
 /// Builds a pool of `size` connections. Connections are opened lazily.
 pub fn pool(url: &str, size: usize, application_name: &str) -> Result<DbPool, DbError> {
+    pool_with_lock_timeout(url, size, application_name, None)
+}
+
+/// [`pool`] whose sessions wait at most `lock_timeout` for any lock (None: as the
+/// server says). For a component that may be killed while its statements wait: a
+/// session whose client is gone only notices when its statement ends, holding its
+/// locks until then.
+pub fn pool_with_lock_timeout(
+    url: &str,
+    size: usize,
+    application_name: &str,
+    lock_timeout: Option<Duration>,
+) -> Result<DbPool, DbError> {
     let ConnectConfig { mut config, tls } = ConnectConfig::parse(url)?;
     if config.get_application_name().is_none() {
         config.application_name(application_name);
     }
     let manager = Manager::from_config(config, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
-    Pool::builder(manager)
+    let mut builder = Pool::builder(manager);
+    if let Some(timeout) = lock_timeout {
+        let set = format!("SET lock_timeout = {}", timeout.as_millis().max(1));
+        builder = builder.post_create(deadpool_postgres::Hook::async_fn(move |client, _| {
+            let set = set.clone();
+            Box::pin(async move { client.batch_execute(&set).await.map_err(deadpool_postgres::HookError::Backend) })
+        }));
+    }
+    builder
         .max_size(size.max(1))
         .wait_timeout(Some(Duration::from_secs(30)))
         .runtime(deadpool_postgres::Runtime::Tokio1)
