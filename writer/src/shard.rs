@@ -180,7 +180,14 @@ impl ShardKeeper {
             skipped = writer_shard_unowned(client).await? > 0;
         }
         let others = writer_shard_other_writers(client, id).await?;
-        let loads: Vec<i64> = others.iter().map(|other| other.shards).collect();
+        // Fairness counts the writers that renewed within the last round (and a
+        // second): one that stopped renewing has likely crashed, and shards given
+        // back for it would wait for nobody.
+        let loads: Vec<i64> = others
+            .iter()
+            .filter(|other| renewed_lately(other.expires_in, self.config))
+            .map(|other| other.shards)
+            .collect();
         match rebalance(ready, owned.len(), &loads) {
             Rebalance::TakeOne { share } => {
                 owned.extend(writer_shard_take_over(client, id, lease, share).await?);
@@ -227,6 +234,12 @@ async fn until_ready(ready: &mut watch::Receiver<bool>) {
 /// another writer is due to expire, whichever comes first.
 fn next_look(interval: Duration, others: &[OtherWriterRow]) -> Duration {
     others.iter().map(|other| other.expires_in + EXPIRY_MARGIN).fold(interval, Duration::min)
+}
+
+/// Whether a writer whose first lease expires in `expires_in` renewed within the
+/// last interval and a second (leases are renewed every interval).
+fn renewed_lately(expires_in: Duration, config: ShardConfig) -> bool {
+    expires_in + config.interval + Duration::from_secs(1) >= config.lease
 }
 
 /// Whether a writer holding `owned` shards is below its share (rounded down) while
@@ -283,6 +296,14 @@ mod tests {
         let shards: BTreeSet<i32> = (0..1000).map(|i| shard_of(&format!("team-{i}"))).collect();
         assert!(shards.iter().all(|s| (0..SHARDS).contains(s)));
         assert!(shards.len() > 50, "1000 names cover most shards: {}", shards.len());
+    }
+
+    #[test]
+    fn only_writers_that_renewed_lately_count_for_the_share() {
+        let config = ShardConfig::default(); // lease 15 s, renewed every 5 s
+        assert!(renewed_lately(Duration::from_secs(14), config));
+        assert!(renewed_lately(Duration::from_secs(9), config), "renewed 6 s ago: within a round and a second");
+        assert!(!renewed_lately(Duration::from_secs(8), config), "7 s without renewing: not counted");
     }
 
     #[test]
