@@ -29,7 +29,7 @@ use gitops_shared::db::writer_shard::{
     OtherWriterRow, writer_shard_acquire, writer_shard_other_writers, writer_shard_release, writer_shard_renew,
     writer_shard_take_over, writer_shard_unowned,
 };
-use gitops_shared::db::{DbError, DbPool, PooledClient, pooled};
+use gitops_shared::db::{DbError, DbPool, PooledClient, held_or_pooled};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -159,12 +159,12 @@ impl ShardKeeper {
 
     /// One renewal and rebalancing; returns the shards held afterwards.
     async fn round(&mut self, ready: bool) -> Result<Round, DbError> {
-        let client = match self.connection.take() {
-            Some(client) if !client.is_closed() => client,
-            _ => pooled(&self.pool).await?,
+        let mut held = self.connection.take();
+        let round = match held_or_pooled(&self.pool, &mut held).await {
+            Ok(client) => self.round_on(client, ready).await,
+            Err(error) => Err(error),
         };
-        let round = self.round_on(&client, ready).await;
-        self.connection = Some(client);
+        self.connection = held;
         round
     }
 
@@ -214,12 +214,9 @@ impl ShardKeeper {
     }
 
     async fn release_all(&mut self) -> Result<(), DbError> {
-        let client = match self.connection.take() {
-            Some(client) if !client.is_closed() => client,
-            _ => pooled(&self.pool).await?,
-        };
+        let client = held_or_pooled(&self.pool, &mut self.connection).await?;
         let all: Vec<i32> = (0..SHARDS).collect();
-        writer_shard_release(&client, &self.writer_id, &all).await
+        writer_shard_release(client, &self.writer_id, &all).await
     }
 }
 

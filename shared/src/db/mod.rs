@@ -163,6 +163,19 @@ pub async fn connect(url: &str, application_name: &str) -> Result<Client, DbErro
     connect.connect().await
 }
 
+/// The connection `held` keeps between rounds (a lease keeper's own, so it never
+/// waits behind a busy pool), taken from `pool` when there is none or it closed.
+pub async fn held_or_pooled<'a>(
+    pool: &DbPool,
+    held: &'a mut Option<PooledClient>,
+) -> Result<&'a mut PooledClient, DbError> {
+    let client = match held.take() {
+        Some(client) if !client.is_closed() => client,
+        _ => pooled(pool).await?,
+    };
+    Ok(held.insert(client))
+}
+
 /// Takes a pooled connection.
 pub async fn pooled(pool: &DbPool) -> Result<PooledClient, DbError> {
     pool.get().await.map_err(|source| DbError::Pool { source })

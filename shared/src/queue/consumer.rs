@@ -23,7 +23,7 @@ use super::{
     ClaimedOperation, Failure, LeaseKeeper, RetryPolicy, operation_claim, operation_complete, operation_fail,
     operation_next_lease_expiry, operation_prune, operation_reclaim_expired,
 };
-use crate::db::{DbError, DbPool, PooledClient, pooled};
+use crate::db::{DbError, DbPool, PooledClient, held_or_pooled, pooled};
 use crate::listen::Listener;
 use crate::model::EngineInstanceId;
 use crate::signal::{Signal, SleepAttempt};
@@ -258,20 +258,11 @@ impl<H: Handler> Consumer<H> {
         }
     }
 
-    /// The upkeep's connection: the one held, or a new one from the pool.
-    async fn upkeep_client<'a>(&self, held: &'a mut Option<PooledClient>) -> Result<&'a mut PooledClient, DbError> {
-        let client = match held.take() {
-            Some(client) if !client.is_closed() => client,
-            _ => pooled(&self.pool).await?,
-        };
-        Ok(held.insert(client))
-    }
-
     /// Handles the expired leases of the instance; returns how many (None: it failed,
     /// and said so).
     async fn reclaim(&self, held: &mut Option<PooledClient>) -> Option<u64> {
         let outcome = async {
-            let client = self.upkeep_client(held).await?;
+            let client = held_or_pooled(&self.pool, held).await?;
             operation_reclaim_expired(client, self.config.instance, &self.config.retry, 1000).await
         }
         .await;
@@ -293,7 +284,7 @@ impl<H: Handler> Consumer<H> {
 
     async fn prune(&self, held: &mut Option<PooledClient>) {
         let outcome = async {
-            let client = self.upkeep_client(held).await?;
+            let client = held_or_pooled(&self.pool, held).await?;
             operation_prune(client, self.config.retention, self.config.failed_retention, 10_000).await
         }
         .await;
@@ -307,7 +298,7 @@ impl<H: Handler> Consumer<H> {
     /// claimed lease of the instance is due, or after `reclaim_every`.
     async fn next_reclaim(&self, held: &mut Option<PooledClient>) -> Duration {
         let next = async {
-            let client = self.upkeep_client(held).await?;
+            let client = held_or_pooled(&self.pool, held).await?;
             operation_next_lease_expiry(client, self.config.instance).await
         }
         .await;
