@@ -14,20 +14,22 @@
 //! ownerless much longer than a lease after its owner's last renewal.
 //!
 //! Fairness (the shard count over the live writers, a writer being live while it
-//! holds an unexpired lease) is restored gradually, one shard per round on each side:
-//! a ready writer below its share (rounded down) takes one shard from the writer
-//! holding the most, if that one is above its share (rounded up); a writer above its
-//! share gives one back only while another live writer is below its share, and the
-//! next ready writer to look takes it. So a newcomer gets its share without a registry
-//! table, and a share miscounted (a crashed writer still counted) never sends a batch
-//! of shards ownerless.
+//! holds an unexpired lease it renewed lately) is restored gradually, one shard per
+//! round on each side: a ready writer below its share (rounded down) takes one shard
+//! from the writer holding the most, if that one is above its share (rounded up); a
+//! writer above its share hands one straight to the live writer furthest below its
+//! share, under the lease that writer last renewed its own shards to, and only if it
+//! renewed within [`HAND_OVER_FRESH`]. A shard given for fairness is therefore never
+//! ownerless, and one handed to a writer that crashed a moment ago expires with that
+//! writer's other shards. So a newcomer gets its share without a registry table, and a
+//! share miscounted (a crashed writer still counted) never sends shards ownerless.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use gitops_shared::db::writer_shard::{
-    OtherWriterRow, writer_shard_acquire, writer_shard_other_writers, writer_shard_release, writer_shard_renew,
-    writer_shard_take_over, writer_shard_unowned,
+    OtherWriterRow, writer_shard_acquire, writer_shard_hand_over, writer_shard_other_writers, writer_shard_release,
+    writer_shard_renew, writer_shard_take_over, writer_shard_unowned,
 };
 use gitops_shared::db::{DbError, DbPool, PooledClient, held_or_pooled};
 use tokio::sync::watch;
@@ -43,6 +45,10 @@ const EXPIRY_MARGIN: Duration = Duration::from_millis(150);
 const SLOW_ROUND: Duration = Duration::from_secs(1);
 /// How often a ready keeper below its share looks for shards given back.
 const BELOW_SHARE_LOOK: Duration = Duration::from_secs(1);
+/// How recently a writer must have renewed its leases to be handed a shard: a writer
+/// below its share renews every [`BELOW_SHARE_LOOK`], so one silent for longer may
+/// have crashed.
+pub const HAND_OVER_FRESH: Duration = Duration::from_secs(2);
 /// How soon the keeper tries again after a failed round (its connection is replaced).
 const FAILED_ROUND_RETRY: Duration = Duration::from_secs(1);
 /// How soon a ready keeper looks again while shards are left unowned.
@@ -183,18 +189,19 @@ impl ShardKeeper {
         // Fairness counts the writers that renewed within the last round (and a
         // second): one that stopped renewing has likely crashed, and shards given
         // back for it would wait for nobody.
-        let loads: Vec<i64> = others
-            .iter()
-            .filter(|other| renewed_lately(other.expires_in, self.config))
-            .map(|other| other.shards)
-            .collect();
+        let live: Vec<&OtherWriterRow> =
+            others.iter().filter(|other| renewed_lately(other.expires_in, self.config)).collect();
+        let loads: Vec<i64> = live.iter().map(|other| other.shards).collect();
         match rebalance(ready, owned.len(), &loads) {
             Rebalance::TakeOne { share } => {
                 owned.extend(writer_shard_take_over(client, id, lease, share).await?);
             }
             Rebalance::GiveOne => {
-                if let Some(&shard) = owned.last() {
-                    writer_shard_release(client, id, &[shard]).await?;
+                if let (Some(&shard), Some(recipient)) = (owned.last(), recipient(&live))
+                    && writer_shard_hand_over(client, id, shard, &recipient.writer_id, lease, HAND_OVER_FRESH).await?
+                {
+                    tracing::info!(writer.id = %self.writer_id, shard, to = %recipient.writer_id,
+                        "handed a shard over for fairness");
                     owned.remove(&shard);
                 }
             }
@@ -227,6 +234,12 @@ async fn until_ready(ready: &mut watch::Receiver<bool>) {
     }
 }
 
+/// The writer a shard given for fairness goes to: the one holding the fewest, and of
+/// those the one that renewed last.
+fn recipient<'a>(live: &[&'a OtherWriterRow]) -> Option<&'a OtherWriterRow> {
+    live.iter().copied().min_by(|a, b| a.shards.cmp(&b.shards).then(b.expires_in.cmp(&a.expires_in)))
+}
+
 /// When the keeper looks again: after `interval`, or just after the first lease of
 /// another writer is due to expire, whichever comes first.
 fn next_look(interval: Duration, others: &[OtherWriterRow]) -> Duration {
@@ -253,7 +266,7 @@ enum Rebalance {
     TakeOne {
         share: i64,
     },
-    /// Give back one shard: this writer holds more than its share (rounded up) and
+    /// Hand one shard over: this writer holds more than its share (rounded up) and
     /// another live writer less than its share (rounded down).
     GiveOne,
     Stay,
@@ -328,6 +341,19 @@ mod tests {
         assert_eq!(rebalance(true, 22, &[21, 21]), Rebalance::Stay);
         assert_eq!(rebalance(true, 40, &[]), Rebalance::Stay, "alone, every shard is its share");
         assert_eq!(rebalance(true, 32, &[32]), Rebalance::Stay);
+    }
+
+    #[test]
+    fn a_shard_given_for_fairness_goes_to_the_writer_holding_fewest_that_renewed_last() {
+        let other = |id: &str, shards, secs| OtherWriterRow {
+            writer_id: id.into(),
+            shards,
+            expires_in: Duration::from_secs(secs),
+        };
+        let (a, b, c) = (other("a", 30, 14), other("b", 10, 12), other("c", 10, 14));
+        assert_eq!(recipient(&[&a, &b, &c]).map(|r| r.writer_id.as_str()), Some("c"));
+        assert_eq!(recipient(&[&a]).map(|r| r.writer_id.as_str()), Some("a"));
+        assert!(recipient(&[]).is_none());
     }
 
     #[test]

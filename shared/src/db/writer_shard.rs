@@ -32,6 +32,20 @@ const RELEASE: &str = "
 UPDATE writer_shard SET writer_id = NULL, lease_expires_at = NULL, updated_at = clock_timestamp()
  WHERE writer_id = $1 AND shard = ANY($2)";
 
+// Hands one shard of $1 straight to writer $3, with the lease $3 last renewed its
+// own shards to, and only when that renewal is at most $5 ms old (a writer that
+// stopped renewing may have crashed: a shard handed to it would wait for its lease
+// to run out). Like RELEASE it waits for $1's fenced transactions on the row.
+const HAND_OVER: &str = "
+UPDATE writer_shard s
+   SET writer_id = r.writer_id, lease_expires_at = r.expires, updated_at = clock_timestamp()
+  FROM (SELECT writer_id, max(lease_expires_at) AS expires FROM writer_shard
+         WHERE writer_id = $3
+         GROUP BY writer_id
+        HAVING max(lease_expires_at) > now() + ($4::bigint - $5::bigint) * interval '1 millisecond') r
+ WHERE s.shard = $2 AND s.writer_id = $1 AND s.lease_expires_at > now()
+RETURNING s.shard";
+
 // `FOR NO KEY UPDATE`, the lock the UPDATE takes anyway: it waits for (here: skips)
 // an owner's fence (`FOR SHARE`) but not the key-share lock a foreign key check on
 // `tenant.writer_shard` holds until its transaction ends, which `FOR UPDATE` would.
@@ -65,7 +79,8 @@ UPDATE writer_shard
  WHERE shard = $1 AND writer_id = $2 AND lease_expires_at > now() AND status_xid < $3::text::xid8";
 
 /// Every statement of this module (a test prepares them against the schema).
-pub const STATEMENTS: &[&str] = &[RENEW, OTHER_WRITERS, RELEASE, ACQUIRE, UNOWNED, TAKE_OVER, FENCE, CURSOR_ADVANCE];
+pub const STATEMENTS: &[&str] =
+    &[RENEW, OTHER_WRITERS, RELEASE, HAND_OVER, ACQUIRE, UNOWNED, TAKE_OVER, FENCE, CURSOR_ADVANCE];
 
 // Free or expired shards nobody has taken yet.
 const UNOWNED: &str =
@@ -119,6 +134,24 @@ pub async fn writer_shard_other_writers(client: &Client, writer_id: &str) -> Res
 pub async fn writer_shard_release(client: &Client, writer_id: &str, shards: &[i32]) -> Result<(), DbError> {
     client.execute(RELEASE, &[&writer_id, &shards]).await.map_err(DbError::query("release shards"))?;
     Ok(())
+}
+
+/// Hands `shard` (held by `writer_id`) to `recipient` under the lease the recipient
+/// last renewed its own shards to, if it did so within `fresh` (its leases last
+/// `lease`). Returns whether the shard changed hands; it is never left unowned.
+pub async fn writer_shard_hand_over(
+    client: &Client,
+    writer_id: &str,
+    shard: i32,
+    recipient: &str,
+    lease: Duration,
+    fresh: Duration,
+) -> Result<bool, DbError> {
+    let rows = client
+        .query(HAND_OVER, &[&writer_id, &shard, &recipient, &millis(lease), &millis(fresh)])
+        .await
+        .map_err(DbError::query("hand a shard over"))?;
+    Ok(!rows.is_empty())
 }
 
 /// Takes up to `want` free or expired shards; returns them. Shards another writer

@@ -3,9 +3,10 @@
 //! read from the database's record of every lease, measured against the lease. A
 //! whole writer whose Kubernetes API does not answer takes no shard.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use gitops_shared::crypto::SecretBox;
+use gitops_shared::db::writer_shard::{writer_shard_fence_in_txn, writer_shard_hand_over};
 use gitops_testkit::TestDb;
 use gitops_writer::run::{WriterConfig, run_writer};
 use gitops_writer::shard::{SHARDS, ShardConfig};
@@ -92,6 +93,13 @@ async fn no_shard_goes_ownerless_beyond_a_lease_while_writers_crash_and_rebalanc
     })
     .await;
 
+    // Fairness moved shards straight from writer to writer: none was let go.
+    let let_go: i64 = client
+        .query_one("SELECT count(*) FROM test_shard_change WHERE writer_id IS NULL", &[])
+        .await
+        .expect("shards let go")
+        .get(0);
+    assert_eq!(let_go, 0, "no shard was left without an owner while the writers rebalanced");
     let all = handovers(&client, config.lease).await;
     assert!(all.iter().any(|handover| handover.from == "doomed"), "the crashed writer's shards changed hands");
     for handover in &all {
@@ -203,4 +211,74 @@ async fn a_writer_whose_kubernetes_api_does_not_answer_takes_no_shard() {
     cancel.cancel();
     writer.await.expect("the writer task").expect("the writer stops cleanly");
     std::fs::remove_file(kubeconfig).expect("remove the kubeconfig");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_is_handed_over_only_to_a_writer_that_renewed_lately_and_after_the_givers_fence() {
+    let db = TestDb::migrated().await;
+    let client = db.connect().await;
+    let lease = Duration::from_secs(30);
+    let fresh = Duration::from_secs(2);
+    for (shard, writer, renewed_ago) in [(1_i32, "giver", 0_i64), (2, "giver", 0), (3, "fresh", 1), (4, "stale", 10)] {
+        client
+            .execute(
+                "UPDATE writer_shard SET writer_id = $2,
+                        lease_expires_at = now() + $3::bigint * interval '1 second' WHERE shard = $1",
+                &[&shard, &writer, &(30 - renewed_ago)],
+            )
+            .await
+            .expect("hold a shard");
+    }
+    let expiry = |shard: i32| {
+        let client = &client;
+        async move {
+            let row = client
+                .query_one("SELECT writer_id, lease_expires_at FROM writer_shard WHERE shard = $1", &[&shard])
+                .await
+                .expect("shard row");
+            (row.get::<_, Option<String>>(0), row.get::<_, Option<SystemTime>>(1))
+        }
+    };
+
+    // A writer silent for longer than `fresh` is not handed anything.
+    assert!(!writer_shard_hand_over(&client, "giver", 1, "stale", lease, fresh).await.expect("hand over"));
+    assert!(!writer_shard_hand_over(&client, "giver", 1, "nobody", lease, fresh).await.expect("hand over"));
+    assert_eq!(expiry(1).await.0.as_deref(), Some("giver"));
+    // Nor can a writer hand over a shard it does not hold.
+    assert!(!writer_shard_hand_over(&client, "stale", 1, "fresh", lease, fresh).await.expect("hand over"));
+
+    // The giver's fenced transaction on shard 1 is open: the hand-over waits for it.
+    let mut giver = db.connect().await;
+    let fenced = giver.transaction().await.expect("begin");
+    assert!(writer_shard_fence_in_txn(&fenced, 1, "giver").await.expect("fence"));
+    let handing = {
+        let db_client = db.connect().await;
+        tokio::spawn(async move {
+            writer_shard_hand_over(&db_client, "giver", 1, "fresh", lease, fresh).await.expect("hand over")
+        })
+    };
+    eventually("the hand-over to wait for the giver's fence", || async {
+        let waiting: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE writer_shard s%'",
+                &[],
+            )
+            .await
+            .expect("waiting sessions")
+            .get(0);
+        (waiting == 1).then_some(())
+    })
+    .await;
+    assert_eq!(expiry(1).await.0.as_deref(), Some("giver"), "still the giver's while its fence holds");
+    fenced.commit().await.expect("commit");
+    assert!(handing.await.expect("join"), "handed over once the fence ended");
+
+    // The shard is the recipient's, under the lease the recipient renewed to.
+    let (owner, expires) = expiry(1).await;
+    assert_eq!(owner.as_deref(), Some("fresh"));
+    assert_eq!(expires, expiry(3).await.1, "the handed shard expires with the recipient's own");
+    let txn = giver.transaction().await.expect("begin");
+    assert!(!writer_shard_fence_in_txn(&txn, 1, "giver").await.expect("fence"), "the giver's fence now fails");
+    assert!(writer_shard_fence_in_txn(&txn, 1, "fresh").await.expect("fence"));
+    txn.rollback().await.expect("rollback");
 }

@@ -9,9 +9,10 @@
 //! A monitor reads the leases from the database every 100 ms and times each
 //! takeover from the previous holder's last renewal (database clock): a shard
 //! passing to another writer, and an expired claim taken back by a live agent (its
-//! operation waiting again, or superseded by the resource's newer one). A shard a
-//! writer gave back (rebalancing) counts as if its lease had ended the moment it was
-//! given back, so the bound (lease + 1 s) means it was taken within a second. Takeovers spanning the database outage are counted apart. Then: how
+//! operation waiting again, or superseded by the resource's newer one). A shard handed
+//! to another writer for fairness is timed like a takeover (it is never ownerless);
+//! one a writer let go (at shutdown) counts as if its lease had ended the moment it
+//! was let go, so the bound (lease + 1 s) means it was taken within a second. Takeovers spanning the database outage are counted apart. Then: how
 //! long after PostgreSQL returns the tenants read the Degraded health, how long after
 //! the chaos the service converges (every deployment Ready at its generation with
 //! its Application at the wanted path, nothing left over), and what did not: lost
