@@ -99,6 +99,10 @@ pub struct RunArgs {
     /// Operations reconciled at once.
     #[arg(long, env = "GITOPS_AGENT_CONCURRENCY", default_value_t = 16)]
     pub concurrency: usize,
+    /// How long completed and superseded operations are kept (for `gitopsctl queue`
+    /// history and the inspection queries) before they are pruned, e.g. 24h or 5m.
+    #[arg(long, env = "GITOPS_AGENT_COMPLETED_RETENTION", default_value = "24h", value_parser = parse_duration)]
+    pub completed_retention: Duration,
     /// How long failed operations (dead letters) are kept before they are pruned,
     /// e.g. 7d.
     #[arg(long, env = "GITOPS_AGENT_FAILED_RETENTION", default_value = "7d", value_parser = parse_duration)]
@@ -195,6 +199,7 @@ pub async fn run(args: &RunArgs) -> Result<(), AgentError> {
         heartbeat_interval,
         self_fence_after,
         concurrency,
+        completed_retention,
         failed_retention,
         stuck_deletion_after,
         home_api_urls: _,
@@ -213,6 +218,7 @@ pub async fn run(args: &RunArgs) -> Result<(), AgentError> {
     config.heartbeat_interval = *heartbeat_interval;
     config.self_fence_after = *self_fence_after;
     config.concurrency = *concurrency;
+    config.completed_retention = *completed_retention;
     config.failed_retention = *failed_retention;
     config.stuck_deletion_after = *stuck_deletion_after;
     // The three destination settings are read by `destinations`.
@@ -332,5 +338,32 @@ mod tests {
             "Infra",
         ]);
         assert!(bad.is_err());
+    }
+
+    #[test]
+    fn retention_of_finished_operations_is_a_setting() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["gitops-agent", "run", "--database-url", "postgres://localhost/x", "--instance", "i"];
+            argv.extend_from_slice(extra);
+            let Command::Run(args) = Cli::try_parse_from(argv).expect("valid flags").command;
+            (args.completed_retention, args.failed_retention)
+        };
+        let day = Duration::from_secs(24 * 3600);
+        assert_eq!(parse(&[]), (day, 7 * day), "a day of history, a week of dead letters by default");
+        assert_eq!(
+            parse(&["--completed-retention", "5m", "--failed-retention", "2d"]),
+            (Duration::from_secs(300), 2 * day)
+        );
+        let bad = Cli::try_parse_from([
+            "gitops-agent",
+            "run",
+            "--database-url",
+            "x",
+            "--instance",
+            "i",
+            "--completed-retention",
+            "soon",
+        ]);
+        assert!(bad.is_err(), "a retention that cannot be read is refused at start");
     }
 }

@@ -72,6 +72,8 @@ pub struct AgentConfig {
     pub destinations: DestinationConfig,
     pub lease: Duration,
     pub concurrency: usize,
+    /// Completed and superseded operations older than this are pruned.
+    pub completed_retention: Duration,
     /// Dead letters older than this are pruned.
     pub failed_retention: Duration,
     /// A deletion Argo CD has not finished after this long is reported as stuck.
@@ -101,6 +103,7 @@ impl AgentConfig {
             destinations: DestinationConfig::default(),
             lease: Duration::from_secs(60),
             concurrency: 16,
+            completed_retention: Duration::from_secs(24 * 3600),
             failed_retention: Duration::from_secs(7 * 24 * 3600),
             stuck_deletion_after: crate::reconcile::DEFAULT_STUCK_DELETION_AFTER,
             poll_interval: Duration::from_secs(30),
@@ -201,6 +204,7 @@ pub async fn run_agent(config: AgentConfig, cancel: CancellationToken) -> Result
     consumer_config.lease_for = config.lease;
     consumer_config.margin = (config.lease / 12).max(Duration::from_millis(500));
     consumer_config.poll_interval = config.poll_interval;
+    consumer_config.retention = Some(config.completed_retention);
     consumer_config.failed_retention = Some(config.failed_retention);
     let consumer = Consumer::new(pool.clone(), listener.clone(), consumer_config, handler);
     metrics.attach_consumer(consumer.stats());
