@@ -111,6 +111,8 @@ pub struct WriterMetrics {
     pub fleet_moves: [AtomicU64; 2],
     /// Rounds of home-token renewal that failed (each is retried a round later).
     pub home_token_renewal_failures: AtomicU64,
+    /// Listings the home-identity watch made again after losing its place.
+    pub home_identity_relists: AtomicU64,
     /// When the status loop last read every owned shard's feed to its end (it does
     /// at least every 30 s while it works), or when the writer started.
     status_caught_up: Mutex<std::time::Instant>,
@@ -138,6 +140,7 @@ impl Default for WriterMetrics {
             failover_moves: AtomicU64::new(0),
             fleet_moves: std::array::from_fn(|_| AtomicU64::new(0)),
             home_token_renewal_failures: AtomicU64::new(0),
+            home_identity_relists: AtomicU64::new(0),
             status_caught_up: Mutex::new(std::time::Instant::now()),
             database_up: std::sync::atomic::AtomicBool::new(true),
         }
@@ -400,6 +403,13 @@ impl WriterMetrics {
         let _ = writeln!(out, "# TYPE gitops_writer_home_token_renewal_failures_total counter");
         let failures = self.home_token_renewal_failures.load(Ordering::Relaxed);
         let _ = writeln!(out, "gitops_writer_home_token_renewal_failures_total {failures}");
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_watch_relists_total Listings a watch made again after losing its place in the API server's history (410 Gone), by watch."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_watch_relists_total counter");
+        let relists = self.home_identity_relists.load(Ordering::Relaxed);
+        let _ = writeln!(out, "gitops_writer_watch_relists_total{{watch=\"home_identity\"}} {relists}");
         let (tenants, deployments) = self.owned_counts();
         let _ =
             writeln!(out, "# HELP gitops_writer_tenants Namespaces with resources the writer knows, in its shards.");

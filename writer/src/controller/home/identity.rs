@@ -245,21 +245,85 @@ pub(crate) async fn watch_identity(ctl: Arc<Controllers>, scope: Option<String>,
         Some(namespace) => (Api::namespaced(kube.clone(), namespace), Api::namespaced(kube.clone(), namespace)),
         None => (Api::all(kube.clone()), Api::all(kube.clone())),
     };
-    let accounts = watcher::watcher(accounts, config.clone()).default_backoff().map_ok(|e| seen(e, Identity::Account));
-    let roles = watcher::watcher(roles, config.clone()).default_backoff().map_ok(|e| seen(e, Identity::Role));
-    let bindings = watcher::watcher(bindings, config).default_backoff().map_ok(|e| seen(e, Identity::Binding));
+    let accounts =
+        watcher::watcher(accounts, config.clone()).default_backoff().map_ok(|e| (0, wrap(e, Identity::Account)));
+    let roles = watcher::watcher(roles, config.clone()).default_backoff().map_ok(|e| (1, wrap(e, Identity::Role)));
+    let bindings = watcher::watcher(bindings, config).default_backoff().map_ok(|e| (2, wrap(e, Identity::Binding)));
     let mut events = futures_util::stream::select_all([accounts.boxed(), roles.boxed(), bindings.boxed()]);
+    let mut known: [Known; 3] = Default::default();
     while let Some(event) = next_or_cancelled(&mut events, &cancel).await {
-        let (object, deleted) = match event {
-            Ok(Some(change)) => change,
-            Ok(None) => continue,
+        let (kind, event) = match event {
+            Ok(change) => change,
             Err(error) => {
                 tracing::warn!(%error, "home identity watch failed; retrying");
                 continue;
             }
         };
-        if let Err(error) = look_at(&ctl, &object, deleted).await {
-            tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "could not repair a home identity; retrying at the next event or reconcile");
+        if matches!(event, watcher::Event::Init) && known[kind].listed {
+            ctl.ctx.metrics.home_identity_relists.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        for (object, deleted) in known[kind].seen(event) {
+            if let Err(error) = look_at(&ctl, &object, deleted).await {
+                tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "could not repair a home identity; retrying at the next event or reconcile");
+            }
+        }
+    }
+}
+
+/// A watch event of one kind as an event of the identity's objects.
+fn wrap<K>(event: watcher::Event<K>, identity: fn(K) -> Identity) -> watcher::Event<Identity> {
+    match event {
+        watcher::Event::Apply(object) => watcher::Event::Apply(identity(object)),
+        watcher::Event::Delete(object) => watcher::Event::Delete(identity(object)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(object) => watcher::Event::InitApply(identity(object)),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
+/// The objects of one kind a watch has shown, so that a re-list (after the watch
+/// fell out of the API server's history, `410 Gone`) reports the objects deleted
+/// during the gap, which no event of the new listing names.
+#[derive(Default)]
+struct Known {
+    objects: std::collections::HashMap<(String, String), Identity>,
+    /// While a listing runs: the objects it has shown so far.
+    listing: Option<std::collections::HashSet<(String, String)>>,
+    /// Whether a listing has completed (the next one is a re-list).
+    listed: bool,
+}
+
+impl Known {
+    /// What an event means: objects present (`false`) or deleted (`true`). The end
+    /// of a listing reports every object known before it and absent from it as deleted.
+    fn seen(&mut self, event: watcher::Event<Identity>) -> Vec<(Identity, bool)> {
+        match event {
+            watcher::Event::Init => {
+                self.listing = Some(std::collections::HashSet::new());
+                Vec::new()
+            }
+            watcher::Event::InitApply(object) => {
+                if let Some(listing) = &mut self.listing {
+                    listing.insert(object.key());
+                }
+                self.objects.insert(object.key(), object.remembered());
+                vec![(object, false)]
+            }
+            watcher::Event::InitDone => {
+                self.listed = true;
+                let Some(listing) = self.listing.take() else { return Vec::new() };
+                let gone: Vec<(String, String)> =
+                    self.objects.keys().filter(|key| !listing.contains(*key)).cloned().collect();
+                gone.into_iter().filter_map(|key| self.objects.remove(&key)).map(|object| (object, true)).collect()
+            }
+            watcher::Event::Apply(object) => {
+                self.objects.insert(object.key(), object.remembered());
+                vec![(object, false)]
+            }
+            watcher::Event::Delete(object) => {
+                self.objects.remove(&object.key());
+                vec![(object, true)]
+            }
         }
     }
 }
@@ -322,15 +386,6 @@ fn deleted_ok(result: Result<(), kube::Error>) -> Result<(), ReconcileError> {
     deleted(result, "remove a home RoleBinding")
 }
 
-/// An event's object, and whether it was deleted (listings count as present).
-fn seen<K>(event: watcher::Event<K>, wrap: fn(K) -> Identity) -> Option<(Identity, bool)> {
-    match event {
-        watcher::Event::Apply(object) | watcher::Event::InitApply(object) => Some((wrap(object), false)),
-        watcher::Event::Delete(object) => Some((wrap(object), true)),
-        watcher::Event::Init | watcher::Event::InitDone => None,
-    }
-}
-
 /// One object of a home identity, as its watcher saw it.
 enum Identity {
     Account(ServiceAccount),
@@ -354,11 +409,91 @@ impl Identity {
     fn namespace(&self) -> &str {
         self.meta().namespace.as_deref().unwrap_or_default()
     }
+
+    fn key(&self) -> (String, String) {
+        (self.namespace().to_owned(), self.name().to_owned())
+    }
+
+    /// The copy kept to report a deletion noticed at a re-list: what [`look_at`]
+    /// reads of a deleted object (name, namespace, labels), nothing more.
+    fn remembered(&self) -> Identity {
+        let meta = ObjectMeta {
+            name: self.meta().name.clone(),
+            namespace: self.meta().namespace.clone(),
+            labels: self.meta().labels.clone(),
+            ..ObjectMeta::default()
+        };
+        match self {
+            Identity::Account(_) => Identity::Account(ServiceAccount { metadata: meta, ..ServiceAccount::default() }),
+            Identity::Role(_) => Identity::Role(Role { metadata: meta, ..Role::default() }),
+            Identity::Binding(binding) => {
+                Identity::Binding(RoleBinding { metadata: meta, role_ref: binding.role_ref.clone(), subjects: None })
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn binding(namespace: &str) -> Identity {
+        let mut binding = RoleBinding::default();
+        binding.metadata.name = Some(HOME_IDENTITY.into());
+        binding.metadata.namespace = Some(namespace.into());
+        binding.metadata.resource_version = Some("7".into());
+        Identity::Binding(binding)
+    }
+
+    fn account(tenant: &str) -> Identity {
+        let mut account = ServiceAccount::default();
+        account.metadata.name = Some(format!("home-{tenant}"));
+        account.metadata.namespace = Some("gitops-home".into());
+        account.metadata.labels = Some(BTreeMap::from([(TENANT_NAMESPACE_LABEL.to_owned(), tenant.to_owned())]));
+        Identity::Account(account)
+    }
+
+    fn names(changes: &[(Identity, bool)]) -> Vec<(String, bool)> {
+        changes.iter().map(|(object, deleted)| (object.namespace().to_owned(), *deleted)).collect()
+    }
+
+    #[test]
+    fn a_relist_reports_the_objects_deleted_while_the_watch_was_away() {
+        let mut known = Known::default();
+        assert!(known.seen(watcher::Event::Init).is_empty());
+        assert_eq!(names(&known.seen(watcher::Event::InitApply(binding("team-a")))), [("team-a".into(), false)]);
+        known.seen(watcher::Event::InitApply(binding("team-b")));
+        known.seen(watcher::Event::InitApply(binding("team-c")));
+        assert!(known.seen(watcher::Event::InitDone).is_empty(), "the first listing deletes nothing");
+        assert!(known.listed, "the next listing is a re-list");
+        assert_eq!(names(&known.seen(watcher::Event::Delete(binding("team-c")))), [("team-c".into(), true)]);
+        known.seen(watcher::Event::Apply(binding("team-d")));
+
+        // The watch fell out of the history: team-b's binding was deleted in the gap.
+        known.seen(watcher::Event::Init);
+        known.seen(watcher::Event::InitApply(binding("team-a")));
+        known.seen(watcher::Event::InitApply(binding("team-d")));
+        assert_eq!(names(&known.seen(watcher::Event::InitDone)), [("team-b".into(), true)]);
+        // And it is reported once.
+        known.seen(watcher::Event::Init);
+        known.seen(watcher::Event::InitApply(binding("team-a")));
+        known.seen(watcher::Event::InitApply(binding("team-d")));
+        assert!(known.seen(watcher::Event::InitDone).is_empty());
+    }
+
+    #[test]
+    fn a_deleted_account_noticed_at_a_relist_still_names_its_tenant() {
+        let mut known = Known::default();
+        known.seen(watcher::Event::Init);
+        known.seen(watcher::Event::InitApply(account("team-a")));
+        known.seen(watcher::Event::InitDone);
+        known.seen(watcher::Event::Init);
+        let gone = known.seen(watcher::Event::InitDone);
+        let [(Identity::Account(account), true)] = gone.as_slice() else { panic!("one deleted account") };
+        let labels = account.metadata.labels.as_ref().expect("labels kept");
+        assert_eq!(labels.get(TENANT_NAMESPACE_LABEL).map(String::as_str), Some("team-a"));
+        assert_eq!(account.metadata.resource_version, None, "only what a deletion needs is kept");
+    }
 
     #[test]
     fn the_binding_grants_the_configured_cluster_role_to_an_account_outside_the_tenant_namespace() {
