@@ -340,14 +340,14 @@ async fn agent_credentials_and_destinations_stay_with_their_tenant() {
         [(server_b.clone(), "team-b-dev".to_owned()), (env.home_server(b), "team-b".to_owned())]
     );
     let app = env
-        .wait_app(&names::application_name(app_b), "B's Application compared (OutOfSync)", |a| {
-            a["status"]["sync"]["status"] == "OutOfSync"
+        .wait_app(&names::application_name(app_b), "B's Application Synced", |a| {
+            a["status"]["sync"]["status"] == "Synced"
         })
         .await;
     assert_eq!(app["spec"]["project"], names::project_name(b));
     assert_eq!(app["spec"]["destination"], json!({"server": server_b, "namespace": "team-b-dev"}));
-    env.wait_app(&names::application_name(app_a), "A's Application compared (OutOfSync)", |a| {
-        a["status"]["sync"]["status"] == "OutOfSync"
+    env.wait_app(&names::application_name(app_a), "A's Application Synced", |a| {
+        a["status"]["sync"]["status"] == "Synced"
     })
     .await;
 

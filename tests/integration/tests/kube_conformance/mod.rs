@@ -10,6 +10,7 @@ mod authorization;
 mod controller;
 mod crd;
 mod crud;
+mod dry_run;
 mod finalizers;
 mod kubectl;
 mod patch;

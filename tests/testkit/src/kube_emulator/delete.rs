@@ -132,6 +132,19 @@ pub fn delete(
     options: &DeleteOptions,
     now: &str,
 ) -> Result<Deleted, ApiError> {
+    let existing = check(state, info, namespace, name, options)?;
+    Ok(delete_one(state, info, namespace, &existing, now))
+}
+
+/// The object a DELETE may remove: it exists, may be deleted, and matches the
+/// preconditions.
+pub fn check(
+    state: &State,
+    info: &ResourceInfo,
+    namespace: &str,
+    name: &str,
+    options: &DeleteOptions,
+) -> Result<Arc<Value>, ApiError> {
     let existing = state.get(&info.storage_key(), namespace, name).ok_or_else(|| ApiError::not_found(info, name))?;
     if is_namespace(info) && matches!(name, "default" | "kube-system" | "kube-public") {
         return Err(ApiError::forbidden(
@@ -156,7 +169,7 @@ pub fn delete(
             ),
         ));
     }
-    Ok(delete_one(state, info, namespace, &existing, now))
+    Ok(existing)
 }
 
 fn delete_one(state: &mut State, info: &ResourceInfo, namespace: &str, existing: &Arc<Value>, now: &str) -> Deleted {
