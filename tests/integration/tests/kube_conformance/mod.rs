@@ -12,6 +12,7 @@ mod crd;
 mod crud;
 mod dry_run;
 mod finalizers;
+mod gc;
 mod kubectl;
 mod patch;
 mod rbac;

@@ -21,6 +21,8 @@ use super::write::commit;
 pub struct DeleteOptions {
     pub precondition_uid: Option<String>,
     pub precondition_rv: Option<String>,
+    /// `propagationPolicy: Orphan` or `orphanDependents: true` (see `gc`).
+    pub orphan: bool,
 }
 
 impl DeleteOptions {
@@ -35,6 +37,8 @@ impl DeleteOptions {
         Ok(DeleteOptions {
             precondition_uid: s("/preconditions/uid"),
             precondition_rv: s("/preconditions/resourceVersion"),
+            orphan: s("/propagationPolicy").as_deref() == Some("Orphan")
+                || value.get("orphanDependents") == Some(&Value::Bool(true)),
         })
     }
 }
@@ -100,6 +104,7 @@ pub fn remove_now(state: &mut State, info: &ResourceInfo, namespace: &str, name:
     {
         remove_now(state, &crd_info, "", &custom.crd_name);
     }
+    super::gc::collect(state, meta::uid(&removed));
     Some(removed)
 }
 
@@ -133,6 +138,9 @@ pub fn delete(
     now: &str,
 ) -> Result<Deleted, ApiError> {
     let existing = check(state, info, namespace, name, options)?;
+    if options.orphan {
+        super::gc::orphan(state, meta::uid(&existing));
+    }
     Ok(delete_one(state, info, namespace, &existing, now))
 }
 

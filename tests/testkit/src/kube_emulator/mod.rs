@@ -18,6 +18,7 @@ mod errors;
 mod escalation;
 mod fieldpath;
 mod fields;
+mod gc;
 mod kubeconfig;
 mod managed;
 mod meta;

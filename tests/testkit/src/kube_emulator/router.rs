@@ -254,9 +254,9 @@ fn non_resource(shared: &Shared, state: &State, segments: &[&str], accept: &str)
         },
         ["openapi", "v2"] => {
             if accept.contains("protobuf") && !accept.contains("json") && !accept.contains("*/*") {
-                return Ok(Outcome::Binary(StatusCode::OK, openapi::v2_protobuf()));
+                return Ok(Outcome::Binary(StatusCode::OK, openapi::v2_protobuf(state)));
             }
-            json_outcome(StatusCode::OK, &openapi::v2())
+            json_outcome(StatusCode::OK, &openapi::v2(state))
         }
         _ => not_found,
     })
