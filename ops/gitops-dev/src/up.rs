@@ -878,6 +878,45 @@ fn write_env_file(path: &Path, env: &[(&str, String)]) -> Result<(), DevError> {
 }
 
 #[cfg(test)]
+mod summary_tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_names_every_url_and_log_and_hides_the_password() {
+        let info = DevInfo {
+            dir: PathBuf::from("run"),
+            kubeconfig: PathBuf::from("run/kubeconfig"),
+            env_file: PathBuf::from("run/env"),
+            database_url: "postgres://gitops:s3cret@127.0.0.1:5432/gitops".into(),
+            api_server: "https://127.0.0.1:6443".into(),
+            emulated: true,
+            standin_namespaces: vec!["argocd".into()],
+            components: vec![ComponentInfo {
+                name: "gitops-writer".into(),
+                metrics_url: "http://127.0.0.1:9000/metrics".into(),
+                health_url: "http://127.0.0.1:9000/healthz".into(),
+                log: PathBuf::from("run/gitops-writer.log"),
+            }],
+        };
+        let summary = info.summary(Some(Path::new("run/gitops-dev.log")));
+        for part in [
+            "run/kubeconfig",
+            "set -a; . run/env; set +a",
+            "https://127.0.0.1:6443 (emulator; log run/gitops-dev.log)",
+            "stand-in over namespace argocd",
+            "http://127.0.0.1:9000/metrics",
+            "http://127.0.0.1:9000/healthz",
+            "run/gitops-writer.log",
+            "postgres://gitops:***@127.0.0.1:5432/gitops",
+        ] {
+            assert!(summary.contains(part), "{part} in {summary}");
+        }
+        assert!(!summary.contains("s3cret"));
+        assert_eq!(redact_password("postgres://postgres@127.0.0.1:1/db"), "postgres://postgres@127.0.0.1:1/db");
+    }
+}
+
+#[cfg(test)]
 mod dir_lock_tests {
     use super::*;
 

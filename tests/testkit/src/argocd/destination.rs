@@ -39,10 +39,13 @@ pub fn loopback_address(server: &str) -> Option<SocketAddr> {
     ip.is_loopback().then_some(SocketAddr::new(ip, port))
 }
 
+/// A probe's answer and when it was found.
+type Probed = (Instant, Result<(), String>);
+
 /// Probe results per server URL.
 #[derive(Debug, Default)]
 pub struct Destinations {
-    cache: Mutex<HashMap<String, (Instant, Result<(), String>)>>,
+    cache: Mutex<HashMap<String, Probed>>,
 }
 
 impl Destinations {
@@ -77,6 +80,11 @@ mod tests {
         assert_eq!(loopback_address("https://[::1]:8443/"), Some("[::1]:8443".parse().unwrap()));
         assert_eq!(loopback_address("https://localhost"), Some("127.0.0.1:443".parse().unwrap()));
         assert_eq!(loopback_address("https://127.3.4.5:1"), Some("127.3.4.5:1".parse().unwrap()));
+        // The agent's per-environment server URLs carry a query.
+        assert_eq!(
+            loopback_address("https://127.0.0.1:6443?managed-environment=1"),
+            Some("127.0.0.1:6443".parse().unwrap())
+        );
         assert_eq!(loopback_address("https://kubernetes.default.svc"), None);
         assert_eq!(loopback_address("https://cluster.example.invalid:6443"), None);
         assert_eq!(loopback_address("https://10.0.0.1:6443"), None);

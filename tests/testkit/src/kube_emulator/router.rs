@@ -406,7 +406,7 @@ fn resource(
                 let table = table::render(state, &info, &[object], list_meta, request.accept, include)?;
                 return Ok(json_outcome(StatusCode::OK, &table));
             }
-            Ok(json_outcome(StatusCode::OK, &*object))
+            Ok(json_outcome(StatusCode::OK, &object))
         }
         "list" => {
             let limit = request.param("limit").and_then(|l| l.parse().ok());
