@@ -23,8 +23,10 @@ pub struct Cli {
 pub enum Command {
     /// Run the whole service locally: a throwaway PostgreSQL, the Kubernetes emulator,
     /// the Argo CD stand-in, one writer (its admission webhook registered) and one
-    /// agent. Prints `ready` when a GitOpsDeployment can be applied; stops on Ctrl-C or
-    /// SIGTERM.
+    /// agent, each child on free ports. Prints `ready` and a summary (kubeconfig, env
+    /// file, each child's metrics/health URL and log) when a GitOpsDeployment can be
+    /// applied; stops on Ctrl-C or SIGTERM. `--kubeconfig` runs against an existing
+    /// cluster instead of the emulator.
     Up(UpArgs),
     /// Benchmarks: programs that print figures as JSON on stdout.
     Bench(BenchArgs),
