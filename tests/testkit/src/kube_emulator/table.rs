@@ -6,7 +6,7 @@
 //! (`PartialObjectMetadata`, the default `includeObject=Metadata`), `None` leaves
 //! it out and `Object` carries the whole object.
 //!
-//! Watches keep streaming plain objects (`kubectl get -w` then prints NAME/AGE).
+//! Watches keep streaming plain objects, not Table rows.
 
 use std::sync::Arc;
 
