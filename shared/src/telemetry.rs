@@ -76,6 +76,27 @@ pub fn init_logging_as(format: LogFormat) {
     }
 }
 
+/// As [`init_logging_as`], into the file at `path` (appended; its directory
+/// created) instead of stderr.
+pub fn init_logging_into(format: LogFormat, path: &std::path::Path) -> std::io::Result<()> {
+    if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    JSON_LOGS.store(format == LogFormat::Json, std::sync::atomic::Ordering::Relaxed);
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::sync::Mutex::new(file))
+        .log_internal_errors(false)
+        .with_env_filter(filter)
+        .with_ansi(false);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().with_current_span(true).with_span_list(true).init(),
+    }
+    Ok(())
+}
+
 /// An error and all its sources on one line, `outer: inner: innermost` (for
 /// operator-facing messages and log fields).
 pub fn error_chain(error: &dyn std::error::Error) -> String {

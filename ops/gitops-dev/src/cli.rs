@@ -23,8 +23,10 @@ pub struct Cli {
 pub enum Command {
     /// Run the whole service locally: a throwaway PostgreSQL, the Kubernetes emulator,
     /// the Argo CD stand-in, one writer (its admission webhook registered) and one
-    /// agent. Prints `ready` when a GitOpsDeployment can be applied; stops on Ctrl-C or
-    /// SIGTERM.
+    /// agent, each child on free ports. Prints `ready` and a summary (kubeconfig, env
+    /// file, each child's metrics/health URL and log) when a GitOpsDeployment can be
+    /// applied; stops on Ctrl-C or SIGTERM. `--kubeconfig` runs against an existing
+    /// cluster instead of the emulator.
     Up(UpArgs),
     /// Benchmarks: programs that print figures as JSON on stdout.
     Bench(BenchArgs),
@@ -32,10 +34,45 @@ pub enum Command {
 
 #[derive(Debug, Clone, Args)]
 pub struct UpArgs {
-    /// Directory for the kubeconfig, the env file and the children's logs
-    /// (created if missing).
+    /// Directory for the kubeconfig, the env file and the logs (created if missing;
+    /// the default `.gitops-dev` is git-ignored at the top of the checkout).
     #[arg(long, env = "GITOPS_DEV_DIR", default_value = ".gitops-dev")]
     pub dir: std::path::PathBuf,
+    /// Log the emulator, the stand-in and gitops-dev itself on stderr instead of
+    /// into DIR/gitops-dev.log.
+    #[arg(long, env = "GITOPS_DEV_VERBOSE")]
+    pub verbose: bool,
+    /// Run the writer, the agent (and the stand-in) against this existing cluster
+    /// (kind, k3d, a real one) instead of the emulator. Its API server cannot call a
+    /// webhook on this machine's loopback, so the admission webhook is not
+    /// registered and home deployments are accepted unverified.
+    #[arg(long, env = "GITOPS_DEV_KUBECONFIG")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// Do not run the Argo CD stand-in (nor install Argo CD's CRDs): the cluster
+    /// runs a real Argo CD. Needs --kubeconfig.
+    #[arg(long, env = "GITOPS_DEV_NO_STANDIN", requires = "kubeconfig")]
+    pub no_standin: bool,
+    /// The namespace of Argo CD's Applications (the engine instance's namespace).
+    #[arg(long, env = "GITOPS_DEV_ARGOCD_NAMESPACE", default_value = crate::up::DEV_ARGOCD_NAMESPACE)]
+    pub argocd_namespace: String,
+}
+
+impl UpArgs {
+    /// The stack `up` runs.
+    pub fn shape(&self) -> crate::up::StackShape {
+        let UpArgs { dir: _, verbose: _, kubeconfig, no_standin, argocd_namespace } = self;
+        crate::up::StackShape {
+            kubeconfig: kubeconfig.clone(),
+            standin: !no_standin,
+            argocd_namespace: Some(argocd_namespace.clone()),
+            ..Default::default()
+        }
+    }
+
+    /// Where in-process logs go: `None` on stderr (`--verbose`).
+    pub fn log_file(&self) -> Option<std::path::PathBuf> {
+        (!self.verbose).then(|| self.dir.join("gitops-dev.log"))
+    }
 }
 
 #[derive(Debug, Args)]

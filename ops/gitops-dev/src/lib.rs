@@ -60,17 +60,12 @@ pub async fn run(command: Command) -> Result<String, DevToolError> {
             }
         },
         Command::Up(args) => {
-            up::up(&args.dir, |info| {
+            let log = args.log_file();
+            up::up(&args.dir, &args.shape(), |info| {
                 use std::io::Write as _;
                 // The stack keeps running (and stops on SIGTERM) whoever reads this.
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "kubeconfig: {}\nenvironment: {} (set -a; . {}; set +a)",
-                    info.kubeconfig.display(),
-                    info.env_file.display(),
-                    info.env_file.display()
-                );
-                let _ = writeln!(std::io::stdout(), "ready");
+                let _ = write!(std::io::stdout(), "ready\n{}", info.summary(log.as_deref()));
+                let _ = std::io::stdout().flush();
             })
             .await
             .map_err(|source| DevToolError::Up { source })?;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
 use gitops_dev::cli::Cli;
-use gitops_shared::telemetry::{finish_command, init_logging_as, version_line};
+use gitops_shared::telemetry::{finish_command, init_logging_as, init_logging_into, version_line};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -14,6 +14,19 @@ async fn main() -> ExitCode {
     let version = version_line(env!("CARGO_PKG_VERSION"), option_env!("GITOPS_REVISION"));
     let matches = Cli::command().version(&*version.leak()).get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
-    init_logging_as(cli.log_format);
+    // `up` is quiet unless --verbose: the emulator's and stand-in's logs go to a file.
+    let log_file = match &cli.command {
+        gitops_dev::cli::Command::Up(args) => args.log_file(),
+        _ => None,
+    };
+    match log_file {
+        Some(path) => {
+            if let Err(error) = init_logging_into(cli.log_format, &path) {
+                eprintln!("could not open the log file {}: {error}", path.display());
+                return ExitCode::FAILURE;
+            }
+        }
+        None => init_logging_as(cli.log_format),
+    }
     finish_command(gitops_dev::run(cli.command).await, |_| false)
 }

@@ -125,6 +125,14 @@ pub struct StackShape {
     /// Database settings (`ALTER DATABASE … SET`) made before the children start,
     /// e.g. `gitops.instance_lost_after`.
     pub database_settings: Vec<(String, String)>,
+    /// An existing cluster (its kubeconfig) instead of the emulator. Its API
+    /// server cannot be expected to reach a webhook on this machine's loopback, so
+    /// the webhook is not registered there (home deployments go unverified).
+    pub kubeconfig: Option<PathBuf>,
+    /// Run the Argo CD stand-in; off for a cluster that runs a real Argo CD.
+    pub standin: bool,
+    /// The first engine instance's Argo CD namespace (default [`DEV_ARGOCD_NAMESPACE`]).
+    pub argocd_namespace: Option<String>,
 }
 
 /// The engine instance and Argo CD namespace of instance `index` of a stack.
@@ -149,6 +157,19 @@ impl Default for StackShape {
             writer_env: Vec::new(),
             agent_env: Vec::new(),
             database_settings: Vec::new(),
+            kubeconfig: None,
+            standin: true,
+            argocd_namespace: None,
+        }
+    }
+}
+
+impl StackShape {
+    /// The engine instance and Argo CD namespace of instance `index` of this stack.
+    fn instance(&self, index: usize) -> (String, String) {
+        match (&self.argocd_namespace, index) {
+            (Some(namespace), 0) => (DEV_INSTANCE.to_owned(), namespace.clone()),
+            _ => instance_names(index),
         }
     }
 }
@@ -160,12 +181,78 @@ pub struct DevInfo {
     pub kubeconfig: PathBuf,
     pub env_file: PathBuf,
     pub database_url: String,
+    /// The Kubernetes API server's URL (the emulator's, or the given cluster's).
+    pub api_server: String,
+    /// Whether the API server is the emulator.
+    pub emulated: bool,
+    /// The Argo CD stand-ins' namespaces (none when a real Argo CD serves).
+    pub standin_namespaces: Vec<String>,
+    /// The writers and agents: metrics and health URLs, log files.
+    pub components: Vec<ComponentInfo>,
+}
+
+/// One child process as the ready summary shows it.
+#[derive(Debug, Clone)]
+pub struct ComponentInfo {
+    pub name: String,
+    /// `http://127.0.0.1:PORT/metrics`; `/healthz` and `/readyz` beside it.
+    pub metrics_url: String,
+    pub health_url: String,
+    pub log: PathBuf,
+}
+
+impl DevInfo {
+    /// The short summary printed once the stack is ready; `in_process_log` is where
+    /// the emulator's and stand-in's logs go (`None`: on stderr).
+    pub fn summary(&self, in_process_log: Option<&Path>) -> String {
+        let in_process = in_process_log.map_or_else(|| "stderr".to_owned(), |log| log.display().to_string());
+        let env = self.env_file.display();
+        let mut lines = vec![
+            format!("kubeconfig     {}", self.kubeconfig.display()),
+            format!("env file       {env}   (set -a; . {env}; set +a)"),
+        ];
+        if self.emulated {
+            lines.push(format!("API server     {} (emulator; log {in_process})", self.api_server));
+        } else {
+            lines.push(format!("API server     {} (from the kubeconfig)", self.api_server));
+        }
+        for namespace in &self.standin_namespaces {
+            lines.push(format!("Argo CD        stand-in over namespace {namespace} (log {in_process})"));
+        }
+        for component in &self.components {
+            lines.push(format!(
+                "{:<14} metrics {}  health {}  log {}",
+                component.name,
+                component.metrics_url,
+                component.health_url,
+                component.log.display()
+            ));
+        }
+        lines.push(format!("database       {}", redact_password(&self.database_url)));
+        let mut text = lines.join("\n");
+        text.push('\n');
+        text
+    }
+}
+
+/// `url` with any password replaced by `***` (the summary is printed).
+fn redact_password(url: &str) -> String {
+    match (url.find("://"), url.find('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
 }
 
 /// Runs the local service until Ctrl-C or SIGTERM; calls `on_ready` once a
 /// GitOpsDeployment can be applied.
-pub async fn up(dir: &Path, on_ready: impl FnOnce(&DevInfo)) -> Result<(), DevError> {
-    let mut stack = DevStack::start(dir, StandinOptions::default()).await?;
+pub async fn up(dir: &Path, shape: &StackShape, on_ready: impl FnOnce(&DevInfo)) -> Result<(), DevError> {
+    let mut stack = DevStack::start_shaped(dir, StandinOptions::default(), shape).await?;
     on_ready(&stack.info);
     let outcome = serve(&mut stack.children).await;
     stack.stop().await;
@@ -182,7 +269,8 @@ pub struct DevStack {
     children: Vec<DevChild>,
     /// One Argo CD stand-in per engine instance, by instance index.
     standins: Vec<Standin>,
-    emulator: KubeEmulator,
+    /// `None` on an existing cluster.
+    emulator: Option<KubeEmulator>,
     postgres: PgCluster,
     /// Held while the stack runs: no second stack may share the directory.
     _dir_lock: DirLock,
@@ -273,34 +361,55 @@ impl DevStack {
         let database_url = create_database(&postgres).await?;
         tracing::info!(port = postgres.port(), "PostgreSQL up and migrated");
 
-        let kubeconfig = dir.join("kubeconfig");
-        let emulator = KubeEmulator::start(EmulatorOptions {
-            kubeconfig: Some(kubeconfig.clone()),
-            tls: true,
-            ..Default::default()
-        })
-        .await
-        .map_err(|source| DevError::Emulator { source })?;
-        let kube = emulator.client().await;
-        install_crds(&kube).await?;
+        let (kubeconfig, emulator, kube, api_server) = match &shape.kubeconfig {
+            None => {
+                let kubeconfig = dir.join("kubeconfig");
+                let emulator = KubeEmulator::start(EmulatorOptions {
+                    kubeconfig: Some(kubeconfig.clone()),
+                    tls: true,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|source| DevError::Emulator { source })?;
+                let kube = emulator.client().await;
+                let url = emulator.url().to_owned();
+                (kubeconfig, Some(emulator), kube, url)
+            }
+            Some(path) => {
+                let path = path.canonicalize().map_err(|source| DevError::Dir { path: path.clone(), source })?;
+                let kube =
+                    argocd::client_from_kubeconfig(&path).await.map_err(|source| DevError::Standin { source })?;
+                let url = cluster_url(&path).await?;
+                (path, None, kube, url)
+            }
+        };
+        install_crds(&kube, shape.standin).await?;
         create_namespace(&kube, gitops_writer::controller::DEFAULT_HOME_NAMESPACE).await?;
         let mut standins = Vec::new();
+        let mut standin_namespaces = Vec::new();
         for index in 0..shape.instances.max(1) {
-            let (_, namespace) = instance_names(index);
+            let (_, namespace) = shape.instance(index);
             create_namespace(&kube, &namespace).await?;
-            standins.push(Standin::start(&kube, &namespace, standin_options.clone()));
+            if shape.standin {
+                standins.push(Standin::start(&kube, &namespace, standin_options.clone()));
+                standin_namespaces.push(namespace);
+            }
         }
-        tracing::info!(
-            url = emulator.url(),
-            instances = standins.len(),
-            "Kubernetes emulator and Argo CD stand-ins up"
-        );
+        tracing::info!(url = %api_server, standins = standins.len(), "Kubernetes API server and Argo CD stand-ins up");
 
         let client = db::connect(&database_url, "gitops-dev")
             .await
             .map_err(|source| DevError::Db { action: "connect", source })?;
-        let info =
-            DevInfo { dir: dir.clone(), kubeconfig: kubeconfig.clone(), env_file: dir.join("env"), database_url };
+        let info = DevInfo {
+            dir: dir.clone(),
+            kubeconfig: kubeconfig.clone(),
+            env_file: dir.join("env"),
+            database_url,
+            emulated: emulator.is_some(),
+            api_server,
+            standin_namespaces,
+            components: Vec::new(),
+        };
         let mut stack =
             DevStack { info, kube, client, children: Vec::new(), standins, emulator, postgres, _dir_lock: dir_lock };
         match stack.start_children(&writer_bin, &agent_bin, shape).await {
@@ -331,7 +440,7 @@ impl DevStack {
                 .map_err(|source| DevError::Query { action: "apply a database setting", source })?;
         }
         for index in 0..shape.instances.max(1) {
-            let (name, namespace) = instance_names(index);
+            let (name, namespace) = shape.instance(index);
             engine_instance_add(&self.client, &name, &namespace, 1000)
                 .await
                 .map_err(|source| DevError::Db { action: "register the engine instance", source })?;
@@ -349,7 +458,9 @@ impl DevStack {
         // The webhook's address is the first writer's only.
         let mut writer_env: Vec<(String, String)> = Vec::new();
         let mut first_writer_env: Vec<(String, String)> = Vec::new();
-        if shape.webhook {
+        // Tenants' home deployments go to this API server (loopback for the emulator).
+        writer_env.push(("GITOPS_WRITER_HOME_API_URL".to_owned(), self.info.api_server.clone()));
+        if shape.webhook && shape.kubeconfig.is_none() {
             // The writer's admission webhook, registered as an install registers it
             // (on loopback): the emulator calls it for every tenant resource it stores.
             let cert = admission::serving_cert(&dir).map_err(|source| DevError::Certificate { source })?;
@@ -374,11 +485,8 @@ impl DevStack {
             // taken as they come (a development-only setting).
             writer_env.push(("GITOPS_WRITER_ALLOW_UNVERIFIED_HOME_DEPLOYMENTS".to_owned(), "true".to_owned()));
         }
-        if shape.writers > 1 {
-            writer_env.push(("GITOPS_WRITER_METRICS_ADDRESS".to_owned(), "127.0.0.1:0".to_owned()));
-        }
         writer_env.extend(shape.writer_env.iter().cloned());
-        let mut agent_env = vec![("GITOPS_AGENT_METRICS_ADDRESS".to_owned(), "127.0.0.1:0".to_owned())];
+        let mut agent_env = Vec::new();
         agent_env.extend(shape.agent_env.iter().cloned());
         if let Some(lease) = shape.agent_lease {
             agent_env.push(("GITOPS_AGENT_LEASE".to_owned(), format!("{}ms", lease.as_millis())));
@@ -387,7 +495,9 @@ impl DevStack {
         for index in 0..shape.writers.max(1) {
             let name =
                 if shape.writers > 1 { format!("gitops-writer-{}", index + 1) } else { "gitops-writer".to_owned() };
-            let mut extra = writer_env.clone();
+            // Every child on a port of its own: stacks (and benchmarks) run side by side.
+            let mut extra = vec![("GITOPS_WRITER_METRICS_ADDRESS".to_owned(), format!("127.0.0.1:{}", free_port()?))];
+            extra.extend(writer_env.iter().cloned());
             if index == 0 {
                 extra.extend(first_writer_env.iter().cloned());
             }
@@ -397,7 +507,7 @@ impl DevStack {
         }
         let instances = shape.instances.max(1);
         for instance in 0..instances {
-            let (instance_name, _) = instance_names(instance);
+            let (instance_name, _) = shape.instance(instance);
             for index in 0..shape.agents.max(1) {
                 let mut name = "gitops-agent".to_owned();
                 if instances > 1 {
@@ -406,14 +516,17 @@ impl DevStack {
                 if shape.agents > 1 {
                     name.push_str(&format!("-{}", index + 1));
                 }
-                let mut extra = agent_env.clone();
+                let mut extra =
+                    vec![("GITOPS_AGENT_METRICS_ADDRESS".to_owned(), format!("127.0.0.1:{}", free_port()?))];
+                extra.extend(agent_env.iter().cloned());
                 extra.push((ENGINE_INSTANCE.to_owned(), instance_name.clone()));
                 let spec =
                     ChildSpec { binary: "gitops-agent", name, path: agent_bin.to_owned(), env: env.clone(), extra };
                 self.children.push(spec.spawn(&dir, 0)?);
             }
         }
-        let names: Vec<String> = (0..instances).map(|index| instance_names(index).0).collect();
+        self.info.components = self.children.iter().map(DevChild::info).collect();
+        let names: Vec<String> = (0..instances).map(|index| shape.instance(index).0).collect();
         wait_ready(&self.client, &dir, &mut self.children, &names).await
     }
 
@@ -513,7 +626,9 @@ impl DevStack {
         for standin in &mut self.standins {
             standin.stop().await;
         }
-        self.emulator.shutdown().await;
+        if let Some(emulator) = self.emulator.take() {
+            emulator.shutdown().await;
+        }
         drop(self.postgres);
     }
 }
@@ -615,6 +730,23 @@ impl ChildSpec {
 }
 
 impl DevChild {
+    /// Its metrics and health URLs (from the address it was given) and log.
+    fn info(&self) -> ComponentInfo {
+        let address = self
+            .spec
+            .extra
+            .iter()
+            .find(|(key, _)| key.ends_with("_METRICS_ADDRESS"))
+            .map(|(_, value)| value.clone())
+            .unwrap_or_default();
+        ComponentInfo {
+            name: self.spec.name.clone(),
+            metrics_url: format!("http://{address}/metrics"),
+            health_url: format!("http://{address}/healthz"),
+            log: self.log.clone(),
+        }
+    }
+
     /// Whether this child is an agent of engine instance `instance`.
     fn serves(&self, instance: &str) -> bool {
         self.spec.binary == "gitops-agent"
@@ -686,9 +818,26 @@ async fn create_database(postgres: &PgCluster) -> Result<String, DevError> {
     Ok(url)
 }
 
-/// The writer's four CRDs (applied) and Argo CD's (through the stand-in's installer).
-async fn install_crds(kube: &kube::Client) -> Result<(), DevError> {
-    argocd::install_crds(kube, ForeignCrds::Keep, CRD_DEADLINE).await.map_err(|source| DevError::Standin { source })?;
+/// The server URL of the kubeconfig's current context.
+async fn cluster_url(path: &Path) -> Result<String, DevError> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|source| DevError::Standin {
+        source: argocd::StandinError::Kubeconfig { path: path.to_owned(), source },
+    })?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default()).await.map_err(
+            |source| DevError::Standin { source: argocd::StandinError::Kubeconfig { path: path.to_owned(), source } },
+        )?;
+    Ok(config.cluster_url.to_string().trim_end_matches('/').to_owned())
+}
+
+/// The writer's four CRDs (applied) and, for the stand-in, Argo CD's (through its
+/// installer; a real Argo CD brings its own).
+async fn install_crds(kube: &kube::Client, standin: bool) -> Result<(), DevError> {
+    if standin {
+        argocd::install_crds(kube, ForeignCrds::Keep, CRD_DEADLINE)
+            .await
+            .map_err(|source| DevError::Standin { source })?;
+    }
     let api = Api::<CustomResourceDefinition>::all(kube.clone());
     for crd in gitops_writer::api::crds() {
         let name = crd.metadata.name.clone().unwrap_or_default();
@@ -726,6 +875,45 @@ fn write_env_file(path: &Path, env: &[(&str, String)]) -> Result<(), DevError> {
     let mut file =
         std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path).map_err(io)?;
     std::io::Write::write_all(&mut file, text.as_bytes()).map_err(io)
+}
+
+#[cfg(test)]
+mod summary_tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_names_every_url_and_log_and_hides_the_password() {
+        let info = DevInfo {
+            dir: PathBuf::from("run"),
+            kubeconfig: PathBuf::from("run/kubeconfig"),
+            env_file: PathBuf::from("run/env"),
+            database_url: "postgres://gitops:s3cret@127.0.0.1:5432/gitops".into(),
+            api_server: "https://127.0.0.1:6443".into(),
+            emulated: true,
+            standin_namespaces: vec!["argocd".into()],
+            components: vec![ComponentInfo {
+                name: "gitops-writer".into(),
+                metrics_url: "http://127.0.0.1:9000/metrics".into(),
+                health_url: "http://127.0.0.1:9000/healthz".into(),
+                log: PathBuf::from("run/gitops-writer.log"),
+            }],
+        };
+        let summary = info.summary(Some(Path::new("run/gitops-dev.log")));
+        for part in [
+            "run/kubeconfig",
+            "set -a; . run/env; set +a",
+            "https://127.0.0.1:6443 (emulator; log run/gitops-dev.log)",
+            "stand-in over namespace argocd",
+            "http://127.0.0.1:9000/metrics",
+            "http://127.0.0.1:9000/healthz",
+            "run/gitops-writer.log",
+            "postgres://gitops:***@127.0.0.1:5432/gitops",
+        ] {
+            assert!(summary.contains(part), "{part} in {summary}");
+        }
+        assert!(!summary.contains("s3cret"));
+        assert_eq!(redact_password("postgres://postgres@127.0.0.1:1/db"), "postgres://postgres@127.0.0.1:1/db");
+    }
 }
 
 #[cfg(test)]

@@ -393,7 +393,7 @@ async fn agent_allows_any_namespace_on_other_clusters_and_keeps_secrets_project_
     let name = names::application_name(uid);
     let server = names::environment_server(REMOTE_API_URL, remote);
     let app = eventually("the Application on the tenant's cluster admitted by its project", || async {
-        env.get(&env.apps(), &name).await.filter(|a| a["status"]["sync"]["status"] == "Synced")
+        env.get(&env.apps(), &name).await.filter(|a| a["status"]["sync"]["status"] == "OutOfSync")
     })
     .await;
     assert_eq!(app["spec"]["destination"], json!({"server": server, "namespace": "kube-system"}));

@@ -245,7 +245,9 @@ async fn agent_application_create_update_delete() {
     let name = names::application_name(uid);
     let project = names::project_name(tenant);
     let app = env
-        .wait_app(&name, "a Synced Application (its project admits it)", |a| a["status"]["sync"]["status"] == "Synced")
+        .wait_app(&name, "an OutOfSync Application (its project admits it; never synced)", |a| {
+            a["status"]["sync"]["status"] == "OutOfSync"
+        })
         .await;
     assert_eq!(app["metadata"]["namespace"], env.ns.name());
     assert_eq!(app["metadata"]["labels"][names::APPLICATION_ID_LABEL], id.to_string());
@@ -447,7 +449,7 @@ async fn agent_sync_operation_synced_and_recorded() {
     let app = env.application(tenant, 1, uid, |i| i.sync_type = SyncType::Manual).await;
     env.reconcile_done().await;
     let name = names::application_name(uid);
-    env.wait_app(&name, "Synced", |a| a["status"]["sync"]["status"] == "Synced").await;
+    env.wait_app(&name, "OutOfSync (never synced)", |a| a["status"]["sync"]["status"] == "OutOfSync").await;
 
     let row = env.client.query_one(NEW_SYNC, &[&tenant.0, &Uuid::new_v4(), &app, &"v2"]).await.expect("sync row");
     let (sync, correlation): (i64, Uuid) = (row.get(0), row.get(1));

@@ -229,10 +229,11 @@ async fn agent_status_flows_into_application_state_with_increasing_seq() {
     let agent = env.start(env.config());
     let (id, name) = env.application().await;
 
-    let (first, ..) = eventually("Synced and Healthy recorded", || async {
+    // A manual Application never synced: OutOfSync, as Argo CD reports it.
+    let (first, ..) = eventually("OutOfSync and Healthy recorded", || async {
         env.state(id)
             .await
-            .filter(|(_, sync, health, _)| sync.as_deref() == Some("Synced") && health.as_deref() == Some("Healthy"))
+            .filter(|(_, sync, health, _)| sync.as_deref() == Some("OutOfSync") && health.as_deref() == Some("Healthy"))
     })
     .await;
 

@@ -10,6 +10,7 @@ mod agent_reconcile;
 mod agent_run;
 mod crypto_store;
 mod db_tls;
+mod dev_up;
 mod fleet_balance;
 mod fleet_epoch;
 mod fleet_placement;

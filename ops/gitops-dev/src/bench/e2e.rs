@@ -86,7 +86,14 @@ pub struct E2eBenchReport {
     pub quiet_tenant_latency_ms: Option<Latency>,
     pub writer_rss_mb: f64,
     pub agent_rss_mb: f64,
+    /// What counts as a deployment's status being back ([`STATUS_COUNTED_BY`]).
+    pub status_counted_by: &'static str,
 }
+
+/// A deployment's status is back once it reports a health and its applied
+/// generation: not its sync status, which for a manual deployment never synced
+/// stays `OutOfSync` as Argo CD reports it.
+pub const STATUS_COUNTED_BY: &str = "health reported and observedGeneration equal to generation (sync status not required: a never-synced manual deployment stays OutOfSync)";
 
 /// What the watches have seen.
 #[derive(Debug, Default)]
@@ -95,7 +102,7 @@ struct Seen {
     applications: HashSet<String>,
     /// When each `spec.source.path` first appeared on an Application.
     paths: HashMap<String, Instant>,
-    /// GitOpsDeployments (namespace/name) with a sync status.
+    /// GitOpsDeployments (namespace/name) whose status is back ([`STATUS_COUNTED_BY`]).
     synced: HashSet<String>,
 }
 
@@ -126,6 +133,7 @@ pub async fn e2e_bench(config: &E2eBenchConfig) -> Result<E2eBenchReport, E2eBen
         quiet_tenant_latency_ms,
         writer_rss_mb,
         agent_rss_mb,
+        status_counted_by: STATUS_COUNTED_BY,
     })
 }
 
@@ -325,7 +333,11 @@ async fn watch_deployments(client: kube::Client, seen: std::sync::Arc<watch::Sen
         };
         match next {
             Some(Ok(object)) => {
-                let synced = object.status.as_ref().and_then(|s| s.sync.as_ref()).is_some_and(|s| !s.status.is_empty());
+                let synced = object.status.as_ref().is_some_and(|status| {
+                    status.health.as_ref().is_some_and(|health| !health.status.is_empty())
+                        && status.observed_generation.is_some()
+                        && status.observed_generation == object.metadata.generation
+                });
                 if synced {
                     let key = format!(
                         "{}/{}",

@@ -163,3 +163,106 @@ async fn a_kubectl_session_creates_applies_reads_patches_and_deletes() {
     let out = kubectl.ok(&["delete", "crd", &crd_name]).await;
     assert!(out.contains("deleted"), "{out}");
 }
+
+/// kubectl's everyday habits: `kubectl create` of built-in kinds sends protobuf
+/// bodies, `kubectl delete` a protobuf `DeleteOptions`, and `kubectl get` prints the
+/// server's Table columns (a CRD's printer columns, the built-in kinds' own).
+#[tokio::test]
+async fn kubectl_creates_built_in_kinds_and_prints_server_side_tables() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    use kube::Api;
+
+    if !kubectl_installed() {
+        eprintln!("kubectl is not installed: the kubectl habits test was skipped");
+        return;
+    }
+    let env = Env::new("kubectl-habits").await;
+    let ns = env.ns();
+    let group = format!("{}.kubectl.gitops.example.invalid", random_name("t"));
+    let crd: Value = serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("widgets.{group}")},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {"size": {"type": "integer"}}},
+                    "status": {"type": "object", "properties": {"conditions": {"type": "array", "items": {
+                        "type": "object", "properties": {"type": {"type": "string"}, "status": {"type": "string"}}}}}}}}},
+                "additionalPrinterColumns": [
+                    {"name": "Size", "type": "integer", "jsonPath": ".spec.size"},
+                    {"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"},
+                ]}],
+        }
+    });
+    let kubectl = Kubectl { kubeconfig: env.cluster.kubeconfig_path().to_owned(), dir: scratch_dir() };
+    let crd_name = format!("widgets.{group}");
+    let _cleanup = Cleanup { kubeconfig: kubectl.kubeconfig.clone(), crd: crd_name.clone(), dir: kubectl.dir.clone() };
+
+    // Built-in kinds, as kubectl sends them (protobuf).
+    let out = kubectl.ok(&["create", "secret", "generic", "creds", "-n", ns, "--from-literal=password=pw"]).await;
+    assert!(out.contains("secret/creds created"), "{out}");
+    kubectl.ok(&["create", "configmap", "settings", "-n", ns, "--from-literal=mode=fast"]).await;
+    kubectl.ok(&["create", "serviceaccount", "bot", "-n", ns]).await;
+    let subject = format!("--serviceaccount={ns}:bot");
+    kubectl.ok(&["create", "rolebinding", "bot-view", "-n", ns, "--clusterrole=view", &subject]).await;
+    let extra = random_name("kubectl-ns");
+    kubectl.ok(&["create", "namespace", &extra]).await;
+
+    let secret = env.namespaced::<Secret>().get("creds").await.expect("the Secret kubectl created");
+    assert_eq!(secret.type_.as_deref(), Some("Opaque"));
+    assert_eq!(secret.data.unwrap_or_default().get("password").map(|b| b.0.clone()), Some(b"pw".to_vec()));
+    let config_map = env.namespaced::<ConfigMap>().get("settings").await.expect("the ConfigMap");
+    assert_eq!(config_map.data.unwrap_or_default().get("mode").map(String::as_str), Some("fast"));
+    let binding = env.namespaced::<RoleBinding>().get("bot-view").await.expect("the RoleBinding");
+    assert_eq!(binding.role_ref.name, "view");
+    assert_eq!(binding.subjects.unwrap_or_default()[0].name, "bot");
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    assert!(namespaces.get_opt(&extra).await.expect("get").is_some(), "kubectl create namespace");
+
+    // Server-side tables of built-in kinds.
+    let table = kubectl.ok(&["get", "secrets", "creds", "-n", ns]).await;
+    let header: Vec<&str> = table.lines().next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "TYPE", "DATA", "AGE"], "{table}");
+    assert!(table.lines().any(|l| l.split_whitespace().take(3).eq(["creds", "Opaque", "1"])), "{table}");
+    let table = kubectl.ok(&["get", "configmap", "settings", "-n", ns]).await;
+    assert!(table.lines().next().unwrap_or_default().split_whitespace().eq(["NAME", "DATA", "AGE"]), "{table}");
+    let table = kubectl.ok(&["get", "namespace", &extra]).await;
+    assert!(table.lines().any(|l| l.split_whitespace().take(2).eq([extra.as_str(), "Active"])), "{table}");
+
+    // A CRD's printer columns.
+    let crd_file = kubectl.write("widgets.yaml", &serde_json::to_string_pretty(&crd).unwrap());
+    kubectl.ok(&["create", "-f", &crd_file]).await;
+    kubectl.ok(&["wait", "--for=condition=Established", "--timeout=60s", &format!("crd/{crd_name}")]).await;
+    let widget = format!(
+        "apiVersion: {group}/v1\nkind: Widget\nmetadata:\n  name: w1\n  namespace: {ns}\nspec:\n  size: 3\nstatus:\n  conditions:\n  - type: Reconciling\n    status: \"False\"\n  - type: Ready\n    status: \"True\"\n"
+    );
+    let widget_file = kubectl.write("widget.yaml", &widget);
+    kubectl.ok(&["create", "-f", &widget_file]).await;
+    let table = kubectl.ok(&["get", &format!("widgets.{group}"), "-n", ns]).await;
+    let lines: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(lines.first().map(Vec::as_slice), Some(&["NAME", "SIZE", "READY"][..]), "{table}");
+    assert_eq!(lines.get(1).map(Vec::as_slice), Some(&["w1", "3", "True"][..]), "{table}");
+    let table = kubectl.ok(&["get", &format!("widgets.{group}"), "-A"]).await;
+    assert!(table.lines().any(|l| l.split_whitespace().eq([ns, "w1", "3", "True"])), "{table}");
+
+    // OpenAPI v2 with the CRD's schema: explain, and client-side validation of a typo.
+    let explained = kubectl.ok(&["explain", &format!("widgets.{group}.spec")]).await;
+    assert!(explained.contains("KIND:") && explained.contains("Widget"), "{explained}");
+    assert!(explained.lines().any(|l| l.trim_start().starts_with("size")), "{explained}");
+    let typo = widget.replace("  size: 3", "  sise: 3").replace("name: w1", "name: w2");
+    let typo_file = kubectl.write("typo.yaml", &typo);
+    let refused = kubectl.run(&["create", "-f", &typo_file]).await;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.contains("unknown field \"sise\""), "{stderr}");
+
+    // kubectl delete sends its DeleteOptions as protobuf.
+    let out = kubectl.ok(&["delete", "configmap", "settings", "-n", ns]).await;
+    assert!(out.contains("configmap \"settings\" deleted"), "{out}");
+    assert!(env.namespaced::<ConfigMap>().get_opt("settings").await.expect("get").is_none());
+    kubectl.ok(&["delete", "namespace", &extra, "--wait=false"]).await;
+}

@@ -23,6 +23,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::application::AppSpec;
+use super::destination::{Destinations, PROBE_TTL, loopback_address, unreachable_message};
+use super::knobs::DESTINATION as DESTINATION_KNOB;
 use super::knobs::Knobs;
 use super::live;
 use super::loop_guard::{LoopGuard, MAX_SELF_WRITES};
@@ -98,6 +100,7 @@ struct Context {
     namespace: String,
     options: StandinOptions,
     loop_guard: LoopGuard,
+    destinations: Destinations,
 }
 
 /// Runs the controller until `cancel` fires; in-flight reconciles finish first.
@@ -129,6 +132,7 @@ pub(super) async fn run_controller(
         namespace: namespace.to_owned(),
         options: options.clone(),
         loop_guard: LoopGuard::default(),
+        destinations: Destinations::default(),
     });
     controller
         .watches_with(projects, app_project_resource(), watcher::Config::default(), move |project: DynamicObject| {
@@ -221,6 +225,7 @@ async fn reconcile_object(app: &DynamicObject, context: &Context) -> Result<Acti
         }
         None => None,
     };
+    let destination_error = destination_error(&AppSpec::from_object(&object), &annotations, context).await;
     let plan = plan(&PlanInput {
         object: &object,
         annotations: &annotations,
@@ -228,6 +233,7 @@ async fn reconcile_object(app: &DynamicObject, context: &Context) -> Result<Acti
         controller_namespace: &context.namespace,
         now,
         resync: context.options.resync,
+        destination_error: destination_error.as_deref(),
     });
     if !plan.unknown_knobs.is_empty() {
         warn!(knobs = ?plan.unknown_knobs, "ignoring stand-in knob annotations it does not know");
@@ -251,7 +257,34 @@ async fn reconcile_object(app: &DynamicObject, context: &Context) -> Result<Acti
             info!(destination.ns = %spec.destination.namespace, "live object written");
         }
     }
-    Ok(plan.requeue_after.map_or_else(Action::await_change, Action::requeue))
+    // A destination that does not answer is looked at again once its probe expires.
+    let requeue_after = match (plan.requeue_after, destination_error.is_some()) {
+        (Some(after), true) => Some(after.min(PROBE_TTL)),
+        (None, true) => Some(PROBE_TTL),
+        (after, false) => after,
+    };
+    Ok(requeue_after.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Why the Application's destination does not answer: a loopback server is
+/// probed (cached per server), any other host follows the `destination` knob.
+async fn destination_error(
+    spec: &AppSpec,
+    annotations: &std::collections::BTreeMap<String, String>,
+    context: &Context,
+) -> Option<String> {
+    let server = &spec.destination.server;
+    if loopback_address(server).is_some() {
+        return context.destinations.probe(server).await.err().map(|cause| unreachable_message(server, &cause));
+    }
+    let knobs = super::knobs::Knobs::from_annotations(annotations);
+    let shown = if server.is_empty() { &spec.destination.name } else { server };
+    knobs.destination_unreachable.then(|| {
+        unreachable_message(
+            shown,
+            &format!("the server does not answer (stand-in knob {DESTINATION_KNOB}=unreachable)"),
+        )
+    })
 }
 
 /// Deletion: "prunes" (there is nothing to prune) and removes Argo CD's resources

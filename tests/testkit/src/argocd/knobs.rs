@@ -21,6 +21,10 @@ pub const SYNC_MESSAGE: &str = "standin.gitops.test/sync-message";
 /// `hang`: the resources finalizer is never removed (condition `DeletionError`).
 pub const FINALIZER: &str = "standin.gitops.test/finalizer";
 
+/// `unreachable`: a destination that is not on loopback counts as not answering
+/// (loopback destinations are probed instead); `reachable` (the default): it answers.
+pub const DESTINATION: &str = "standin.gitops.test/destination";
+
 /// The health statuses Argo CD reports.
 const HEALTH_STATUSES: [&str; 6] = ["Healthy", "Progressing", "Degraded", "Suspended", "Missing", "Unknown"];
 
@@ -46,6 +50,8 @@ pub struct Knobs {
     pub sync: SyncKnob,
     pub sync_message: Option<String>,
     pub finalizer_hangs: bool,
+    /// A destination off loopback counts as not answering.
+    pub destination_unreachable: bool,
     /// Knob annotations with a value the stand-in does not know, for a warning.
     pub unknown: Vec<String>,
 }
@@ -75,6 +81,11 @@ impl Knobs {
                     "" | "release" => {}
                     _ => knobs.unknown.push(format!("{key}={value}")),
                 },
+                DESTINATION => match value.to_ascii_lowercase().as_str() {
+                    "unreachable" => knobs.destination_unreachable = true,
+                    "reachable" | "" => {}
+                    _ => knobs.unknown.push(format!("{key}={value}")),
+                },
                 HEALTH_MESSAGE | COMPARISON_ERROR | SYNC_MESSAGE => {}
                 _ => knobs.unknown.push(key.clone()),
             }
@@ -99,6 +110,7 @@ mod tests {
             (COMPARISON_ERROR, "repo unreachable"),
             (SYNC, "Hold"),
             (FINALIZER, "hang"),
+            (DESTINATION, "Unreachable"),
             ("other.example/annotation", "x"),
         ]));
         assert_eq!(knobs.health.as_deref(), Some("Degraded"));
@@ -106,6 +118,7 @@ mod tests {
         assert_eq!(knobs.comparison_error.as_deref(), Some("repo unreachable"));
         assert_eq!(knobs.sync, SyncKnob::Hold);
         assert!(knobs.finalizer_hangs);
+        assert!(knobs.destination_unreachable);
         assert!(knobs.unknown.is_empty());
     }
 

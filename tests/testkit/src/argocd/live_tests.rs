@@ -44,7 +44,10 @@ pub(crate) async fn exercise(client: Client, namespace: &str) {
             "metadata": {"name": "tenant"},
             "spec": {
                 "sourceRepos": ["https://git.example.invalid/team/*"],
-                "destinations": [{"server": SERVER, "namespace": "team-*"}],
+                "destinations": [
+                    {"server": SERVER, "namespace": "team-*"},
+                    {"server": "https://127.0.0.1:*", "namespace": "team-*"},
+                ],
                 "clusterResourceWhitelist": [],
             },
         }),
@@ -79,6 +82,12 @@ pub(crate) async fn exercise(client: Client, namespace: &str) {
     create(&apps, app("degraded", &[(HEALTH_KNOB, "Degraded")], json!({}))).await;
     create(&apps, app("unreadable", &[(COMPARISON_ERROR_KNOB, "repository not found")], json!({}))).await;
     create(&apps, app("automated", &[], json!({"spec": {"syncPolicy": {"automated": {"prune": true}}}}))).await;
+    // Destinations that do not answer: one off loopback (the knob), one on a
+    // loopback port where nothing listens (probed).
+    create(&apps, app("cluster-away", &[(DESTINATION_KNOB, "unreachable")], json!({}))).await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address");
+    let closed_server = format!("https://{closed}");
+    create(&apps, app("cluster-down", &[], json!({"spec": {"destination": {"server": closed_server}}}))).await;
     create(
         &apps,
         app("deleted", &[], json!({"metadata": {"finalizers": [RESOURCES_FINALIZER, "example.invalid/keep"]}})),
@@ -90,10 +99,12 @@ pub(crate) async fn exercise(client: Client, namespace: &str) {
     )
     .await;
 
-    // An allowed Application: Synced and Healthy, status on the main resource.
-    let ok =
-        wait_for(&apps, "ok", "Synced and Healthy", |app| sync_status(app) == "Synced" && health(app) == "Healthy")
-            .await;
+    // An allowed manual Application never synced: OutOfSync (nothing deployed yet)
+    // and Healthy, status on the main resource.
+    let ok = wait_for(&apps, "ok", "OutOfSync and Healthy", |app| {
+        sync_status(app) == "OutOfSync" && health(app) == "Healthy"
+    })
+    .await;
     assert_eq!(ok["status"]["sync"]["revision"], fake_revision(REPO, "apps/web", "main").as_str());
     assert_eq!(ok["status"]["resources"][0]["kind"], "Deployment");
     assert_eq!(ok["status"]["resources"][0]["name"], "web");
@@ -126,7 +137,8 @@ pub(crate) async fn exercise(client: Client, namespace: &str) {
     // Changing the project re-checks its Applications.
     merge(&projects, "tenant", json!({"spec": {"sourceRepos": ["https://git.example.invalid/*"]}})).await;
     let allowed =
-        wait_for(&apps, "bad-repo", "Synced after the project allowed it", |app| sync_status(app) == "Synced").await;
+        wait_for(&apps, "bad-repo", "OutOfSync after the project allowed it", |app| sync_status(app) == "OutOfSync")
+            .await;
     assert!(allowed["status"].get("conditions").is_none());
 
     // A requested sync: Succeeded at the requested revision, info echoed, operation cleared.
@@ -172,6 +184,18 @@ pub(crate) async fn exercise(client: Client, namespace: &str) {
     assert_eq!(condition(&unreadable, COMPARISON_ERROR).unwrap(), "repository not found");
     assert_eq!(sync_status(&unreadable), "Unknown");
 
+    // Destinations that do not answer: Argo CD cannot compare.
+    for name in ["cluster-away", "cluster-down"] {
+        let away = wait_for(&apps, name, "ComparisonError", |app| condition(app, COMPARISON_ERROR).is_some()).await;
+        let message = condition(&away, COMPARISON_ERROR).unwrap();
+        assert!(message.starts_with("Failed to load live state: "), "{name}: {message}");
+        assert_eq!(sync_status(&away), "Unknown", "{name}");
+        assert_eq!(health(&away), "Unknown", "{name}");
+    }
+    let down = apps.get("cluster-down").await.expect("get");
+    let message = down.data.pointer("/status/conditions/0/message").and_then(Value::as_str).unwrap_or_default();
+    assert!(message.contains(&closed.to_string()), "{message}");
+
     // An automated Application syncs itself.
     let automated = wait_for(&apps, "automated", "an automated sync", |app| sync_status(app) == "Synced").await;
     assert_eq!(automated["status"]["operationState"]["phase"], "Succeeded");
@@ -185,7 +209,7 @@ pub(crate) async fn exercise(client: Client, namespace: &str) {
     .await;
 
     // Deletion: Argo CD's finalizer goes, others stay (then ours, so the object goes).
-    wait_for(&apps, "deleted", "Synced before deletion", |app| sync_status(app) == "Synced").await;
+    wait_for(&apps, "deleted", "compared before deletion", |app| sync_status(app) == "OutOfSync").await;
     apps.delete("deleted", &DeleteParams::default()).await.expect("delete");
     let deleting = wait_for(&apps, "deleted", "the resources finalizer removed", |app| {
         finalizers(app) == ["example.invalid/keep"]
@@ -196,7 +220,7 @@ pub(crate) async fn exercise(client: Client, namespace: &str) {
     wait_gone(&apps, "deleted").await;
 
     // A hanging finalizer stays (and says why) until the knob goes.
-    wait_for(&apps, "hanging", "Synced before deletion", |app| sync_status(app) == "Synced").await;
+    wait_for(&apps, "hanging", "compared before deletion", |app| sync_status(app) == "OutOfSync").await;
     apps.delete("hanging", &DeleteParams::default()).await.expect("delete");
     let held = wait_for(&apps, "hanging", "DeletionError", |app| condition(app, DELETION_ERROR).is_some()).await;
     assert!(finalizers(&held).contains(&RESOURCES_FINALIZER.to_owned()));

@@ -15,8 +15,14 @@
 //!   [`fake_revision`]; `comparedTo`), `health`, `resources` (one Deployment named
 //!   after the last path segment), `reconciledAt`, `sourceType: Directory`,
 //!   `controllerNamespace`, `conditions`, `history` after each successful sync. A
-//!   valid manual Application is `Synced` (at its last synced revision, or its
-//!   target revision) and `Healthy` after one write.
+//!   valid manual Application is `OutOfSync` and `Healthy` until its first
+//!   successful sync, then `Synced` at the last synced revision.
+//! - **Destination.** A destination whose API URL is on loopback is probed (a TCP
+//!   connect, cached per server for a few seconds); one that does not answer makes
+//!   the comparison fail as in Argo CD: condition `ComparisonError` (`Failed to load
+//!   live state: …`), sync and health `Unknown`, running syncs fail, and it is looked
+//!   at again until it answers. Other hosts are never contacted: they answer unless
+//!   the `destination` knob says otherwise.
 //! - **Operations.** `.operation.sync` → `status.operationState` `Running` (with
 //!   `startedAt`, `operation` copied, `info[]` included), then `Succeeded`
 //!   (`finishedAt`, `syncResult.revision`, message `successfully synced (all tasks
@@ -42,6 +48,7 @@
 //! | `standin.gitops.test/sync` | `fail` | sync `OutOfSync`; every sync operation ends `Failed` (automated: one attempt per revision, then condition `SyncError`) |
 //! | `standin.gitops.test/sync` | `hold` | sync operations stay `Running` until the value changes (e.g. to `release`) or the annotation goes; `Terminating` still ends them |
 //! | `standin.gitops.test/sync-message` | text | message of a failed sync |
+//! | `standin.gitops.test/destination` | `unreachable` | a destination off loopback does not answer (as above); `reachable` (default) |
 //! | `standin.gitops.test/finalizer` | `hang` | the resources finalizer is never removed; condition `DeletionError` says why; removing the annotation releases it |
 //!
 //! Unknown knob values are ignored with a warning.
@@ -49,6 +56,7 @@
 mod application;
 mod controller;
 mod crds;
+mod destination;
 mod install;
 mod knobs;
 pub mod live;
@@ -72,7 +80,10 @@ pub use application::str_at;
 pub use controller::{FIELD_MANAGER, RESOURCES_FINALIZER, ReconcileError, app_project_resource, application_resource};
 pub use crds::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, app_project_crd, application_crd};
 pub use install::{CrdOutcome, ForeignCrds, install_crds};
-pub use knobs::{COMPARISON_ERROR as COMPARISON_ERROR_KNOB, FINALIZER as FINALIZER_KNOB, HEALTH as HEALTH_KNOB};
+pub use knobs::{
+    COMPARISON_ERROR as COMPARISON_ERROR_KNOB, DESTINATION as DESTINATION_KNOB, FINALIZER as FINALIZER_KNOB,
+    HEALTH as HEALTH_KNOB,
+};
 pub use knobs::{HEALTH_MESSAGE as HEALTH_MESSAGE_KNOB, SYNC as SYNC_KNOB, SYNC_MESSAGE as SYNC_MESSAGE_KNOB};
 pub use operation::{SUCCEEDED_MESSAGE, TERMINATED_MESSAGE};
 pub use project::{INVALID_SPEC_ERROR, glob_match};

@@ -43,6 +43,8 @@ pub struct PlanInput<'a> {
     /// The namespace the stand-in serves (`status.controllerNamespace`).
     pub controller_namespace: &'a str,
     pub now: Timestamp,
+    /// Why the destination cluster does not answer (see `destination`); `None`: it does.
+    pub destination_error: Option<&'a str>,
     /// Argo CD's reconciliation timeout: `reconciledAt` older than this is
     /// refreshed. Zero: never.
     pub resync: Duration,
@@ -75,7 +77,8 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     let spec = AppSpec::from_object(object);
     let knobs = Knobs::from_annotations(input.annotations);
     let errors = spec_errors(&spec, input.project);
-    let comparison_error = if errors.is_empty() { knobs.comparison_error.as_deref() } else { None };
+    let comparison_error =
+        if errors.is_empty() { knobs.comparison_error.as_deref().or(input.destination_error) } else { None };
     let current = object.get("status").filter(|status| status.is_object()).cloned().unwrap_or_else(|| json!({}));
 
     let requested = object.get("operation").filter(|operation| !operation.is_null());
@@ -106,7 +109,8 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         // Argo CD only marks both Unknown and leaves the rest of sync as it was.
         (with_status(current.get("sync"), "Unknown"), transition(current.get("health"), "Unknown", None, &now))
     } else {
-        let health = health_status(&knobs);
+        // Argo CD cannot assess the health of what it cannot reach.
+        let health = if input.destination_error.is_some() { "Unknown".to_owned() } else { health_status(&knobs) };
         let health_message = health_message(&knobs, &health, &resource_name(object, &spec));
         let health = transition(current.get("health"), &health, health_message.as_deref(), &now);
         let compared_to = json!({"source": spec.source_json, "destination": spec.destination_json});
@@ -244,8 +248,9 @@ fn health_message(knobs: &Knobs, status: &str, resource: &str) -> Option<String>
 
 /// `status.sync.status` and `status.sync.revision` of a valid Application. The
 /// stand-in has no Git: a manual Application counts as synced at its last
-/// successful sync's revision (at its target revision before any sync); an
-/// automated one is OutOfSync until a sync at its target revision succeeded.
+/// successful sync's revision and is `OutOfSync` before any sync (nothing of it is
+/// deployed yet, as Argo CD finds); an automated one is OutOfSync until a sync at
+/// its target revision succeeded.
 fn sync_status(spec: &AppSpec, knobs: &Knobs, state: &Value, target: &str) -> (&'static str, String) {
     if knobs.sync == SyncKnob::Fail {
         return ("OutOfSync", target.to_owned());
@@ -258,7 +263,10 @@ fn sync_status(spec: &AppSpec, knobs: &Knobs, state: &Value, target: &str) -> (&
         let status = if last_success == Some(target) { "Synced" } else { "OutOfSync" };
         (status, target.to_owned())
     } else {
-        ("Synced", last_success.unwrap_or(target).to_owned())
+        match last_success {
+            Some(revision) => ("Synced", revision.to_owned()),
+            None => ("OutOfSync", target.to_owned()),
+        }
     }
 }
 

@@ -47,6 +47,10 @@ fn annotations_of(object: &Value) -> BTreeMap<String, String> {
 }
 
 fn plan_at(object: &Value, project: Option<&ProjectRules>, now: Timestamp) -> Plan {
+    plan_reaching(object, project, now, None)
+}
+
+fn plan_reaching(object: &Value, project: Option<&ProjectRules>, now: Timestamp, unreachable: Option<&str>) -> Plan {
     let annotations = annotations_of(object);
     plan(&PlanInput {
         object,
@@ -55,6 +59,7 @@ fn plan_at(object: &Value, project: Option<&ProjectRules>, now: Timestamp) -> Pl
         controller_namespace: "argocd",
         now,
         resync: Duration::from_secs(180),
+        destination_error: unreachable,
     })
 }
 
@@ -74,11 +79,12 @@ fn converge(object: &mut Value, project: Option<&ProjectRules>) -> usize {
 }
 
 #[test]
-fn allowed_application_becomes_synced_and_healthy_in_one_write() {
+fn allowed_manual_application_is_out_of_sync_and_healthy_until_synced() {
     let mut object = app(&[]);
     assert_eq!(converge(&mut object, Some(&project())), 1);
     let status = &object["status"];
-    assert_eq!(status["sync"]["status"], "Synced");
+    // Never synced: nothing of it is deployed yet.
+    assert_eq!(status["sync"]["status"], "OutOfSync");
     assert_eq!(status["sync"]["revision"], fake_revision(REPO, "apps/web", "main").as_str());
     assert_eq!(status["sync"]["comparedTo"]["source"]["path"], "apps/web");
     assert_eq!(status["health"]["status"], "Healthy");
@@ -102,10 +108,10 @@ fn missing_or_refusing_project_gives_invalid_spec_error() {
         "Application referencing project tenant which does not exist"
     );
 
-    // The project appears: the condition goes, the app syncs.
+    // The project appears: the condition goes, the app is compared.
     assert_eq!(converge(&mut object, Some(&project())), 1);
     assert!(object["status"].get("conditions").is_none());
-    assert_eq!(object["status"]["sync"]["status"], "Synced");
+    assert_eq!(object["status"]["sync"]["status"], "OutOfSync");
 
     let mut object = app(&[]);
     object["spec"]["source"]["repoURL"] = json!("https://git.example.invalid/other/app");
@@ -238,4 +244,35 @@ fn merge_diff_round_trips() {
     json_patch::merge(&mut applied, &patch);
     assert_eq!(applied, desired);
     assert_eq!(merge_diff(&desired, &desired), None);
+}
+
+#[test]
+fn unreachable_destination_is_a_comparison_error_until_it_answers() {
+    let mut object = app(&[]);
+    let cause = "Failed to load live state: dial tcp 127.0.0.1:1: connection refused";
+    for _ in 0..10 {
+        match plan_reaching(&object, Some(&project()), now(), Some(cause)).patch {
+            Some(patch) => json_patch::merge(&mut object, &patch),
+            None => break,
+        }
+    }
+    assert!(plan_reaching(&object, Some(&project()), now(), Some(cause)).patch.is_none(), "a fixed point");
+    assert_eq!(object["status"]["sync"]["status"], "Unknown");
+    assert_eq!(object["status"]["health"]["status"], "Unknown");
+    assert_eq!(object["status"]["conditions"][0]["type"], COMPARISON_ERROR);
+    assert_eq!(object["status"]["conditions"][0]["message"], cause);
+    // A sync requested meanwhile fails, as Argo CD's would.
+    object["operation"] = json!({"sync": {}});
+    for _ in 0..10 {
+        match plan_reaching(&object, Some(&project()), now(), Some(cause)).patch {
+            Some(patch) => json_patch::merge(&mut object, &patch),
+            None => break,
+        }
+    }
+    assert_eq!(object["status"]["operationState"]["phase"], "Failed");
+    // It answers again: the condition goes.
+    converge(&mut object, Some(&project()));
+    assert!(object["status"].get("conditions").is_none(), "{object:#}");
+    assert_eq!(object["status"]["health"]["status"], "Healthy");
+    assert_eq!(object["status"]["sync"]["status"], "OutOfSync");
 }

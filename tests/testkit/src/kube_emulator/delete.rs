@@ -21,6 +21,8 @@ use super::write::commit;
 pub struct DeleteOptions {
     pub precondition_uid: Option<String>,
     pub precondition_rv: Option<String>,
+    /// `propagationPolicy: Orphan` or `orphanDependents: true` (see `gc`).
+    pub orphan: bool,
 }
 
 impl DeleteOptions {
@@ -35,6 +37,8 @@ impl DeleteOptions {
         Ok(DeleteOptions {
             precondition_uid: s("/preconditions/uid"),
             precondition_rv: s("/preconditions/resourceVersion"),
+            orphan: s("/propagationPolicy").as_deref() == Some("Orphan")
+                || value.get("orphanDependents") == Some(&Value::Bool(true)),
         })
     }
 }
@@ -100,6 +104,7 @@ pub fn remove_now(state: &mut State, info: &ResourceInfo, namespace: &str, name:
     {
         remove_now(state, &crd_info, "", &custom.crd_name);
     }
+    super::gc::collect(state, meta::uid(&removed));
     Some(removed)
 }
 
@@ -132,6 +137,22 @@ pub fn delete(
     options: &DeleteOptions,
     now: &str,
 ) -> Result<Deleted, ApiError> {
+    let existing = check(state, info, namespace, name, options)?;
+    if options.orphan {
+        super::gc::orphan(state, meta::uid(&existing));
+    }
+    Ok(delete_one(state, info, namespace, &existing, now))
+}
+
+/// The object a DELETE may remove: it exists, may be deleted, and matches the
+/// preconditions.
+pub fn check(
+    state: &State,
+    info: &ResourceInfo,
+    namespace: &str,
+    name: &str,
+    options: &DeleteOptions,
+) -> Result<Arc<Value>, ApiError> {
     let existing = state.get(&info.storage_key(), namespace, name).ok_or_else(|| ApiError::not_found(info, name))?;
     if is_namespace(info) && matches!(name, "default" | "kube-system" | "kube-public") {
         return Err(ApiError::forbidden(
@@ -156,7 +177,7 @@ pub fn delete(
             ),
         ));
     }
-    Ok(delete_one(state, info, namespace, &existing, now))
+    Ok(existing)
 }
 
 fn delete_one(state: &mut State, info: &ResourceInfo, namespace: &str, existing: &Arc<Value>, now: &str) -> Deleted {

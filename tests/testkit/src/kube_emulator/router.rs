@@ -24,15 +24,18 @@ use super::auth::TokenBook;
 use super::builtin;
 use super::delete::{self, DeleteOptions, Deleted};
 use super::discovery;
+use super::dry_run;
 use super::errors::{ApiError, Cause, success_status};
 use super::meta;
 use super::openapi;
 use super::patch::PatchType;
+use super::protobuf;
 use super::read::{self, ListPage};
 use super::resources::ResourceInfo;
 use super::review;
 use super::selector::{FieldSelector, Filter, LabelSelector};
 use super::store::State;
+use super::table;
 use super::watch::{self as watch_stream, WatchSpec};
 use super::webhook_client;
 use super::write::{self, Prepared, Target, Writer, present};
@@ -67,6 +70,8 @@ struct Admission {
     prepared: Prepared,
     calls: Vec<Call>,
     code: StatusCode,
+    /// `dryRun=All`: answered, not stored.
+    dry_run: bool,
 }
 
 /// How often a write is prepared again when its object changed while webhooks looked
@@ -146,12 +151,16 @@ pub async fn handle(
             route(&shared, &mut state, &parts.method, &parts.uri, &parts.headers, &body)
         };
         let Ok(Outcome::Admit(admission)) = outcome else { break outcome };
-        let Admission { prepared, calls, code } = *admission;
+        let Admission { prepared, calls, code, dry_run } = *admission;
         if let Err(refusal) = webhook_client::run(&calls).await {
             break Err(refusal);
         }
         let info = prepared.target.info.clone();
         let name = prepared.name.clone();
+        if dry_run {
+            let answer = write::finish_dry(&lock(&shared.state), prepared);
+            break answer.map(|object| json_outcome(code, &present(&info, &Arc::new(object))));
+        }
         let stored = write::finish(&mut lock(&shared.state), prepared);
         match stored {
             Ok(Some(object)) => break Ok(json_outcome(code, &present(&info, &object))),
@@ -186,12 +195,23 @@ fn route(
     let path = uri.path();
     let query = parse_query(uri.query());
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    // kubectl's protobuf bodies, read as the JSON they stand for (see `protobuf`).
+    let mut content_type = header("content-type").unwrap_or("");
+    let converted;
+    let body = if protobuf::is_protobuf(content_type) && !body.is_empty() {
+        converted = Bytes::from(protobuf::to_json(body)?);
+        content_type = "application/json";
+        &converted
+    } else {
+        body
+    };
     let request = Request {
         method,
         query: &query,
         body,
-        content_type: header("content-type").unwrap_or(""),
+        content_type,
         user_agent: header("user-agent").unwrap_or(""),
+        accept: header("accept").unwrap_or(""),
     };
     match segments.as_slice() {
         ["api", "v1", rest @ ..] if !rest.is_empty() => resource(shared, state, &who, "", "v1", rest, &request),
@@ -234,9 +254,9 @@ fn non_resource(shared: &Shared, state: &State, segments: &[&str], accept: &str)
         },
         ["openapi", "v2"] => {
             if accept.contains("protobuf") && !accept.contains("json") && !accept.contains("*/*") {
-                return Ok(Outcome::Binary(StatusCode::OK, openapi::v2_protobuf()));
+                return Ok(Outcome::Binary(StatusCode::OK, openapi::v2_protobuf(state)));
             }
-            json_outcome(StatusCode::OK, &openapi::v2())
+            json_outcome(StatusCode::OK, &openapi::v2(state))
         }
         _ => not_found,
     })
@@ -248,6 +268,7 @@ struct Request<'a> {
     body: &'a Bytes,
     content_type: &'a str,
     user_agent: &'a str,
+    accept: &'a str,
 }
 
 impl Request<'_> {
@@ -284,11 +305,16 @@ fn admit(
     prepared: Prepared,
     code: StatusCode,
 ) -> Result<Outcome, ApiError> {
+    let dry_run = dry_run::requested(request.param("dryRun"))?;
     let calls = admission::plan_write(state, &prepared, who, request.param("fieldManager"));
     if !calls.is_empty() {
-        return Ok(Outcome::Admit(Box::new(Admission { prepared, calls, code })));
+        return Ok(Outcome::Admit(Box::new(Admission { prepared, calls, code, dry_run })));
     }
     let info = prepared.target.info.clone();
+    if dry_run {
+        let object = write::finish_dry(state, prepared)?;
+        return Ok(json_outcome(code, &present(&info, &Arc::new(object))));
+    }
     let stored =
         write::finish(state, prepared)?.ok_or_else(|| ApiError::internal("the object changed under the store lock"))?;
     Ok(json_outcome(code, &present(&info, &stored)))
@@ -372,11 +398,34 @@ fn resource(
         subresource: subresource.filter(|s| matches!(*s, "status" | "finalize")).map(str::to_owned),
     };
     match verb {
-        "get" => Ok(json_outcome(StatusCode::OK, &*read::get(state, &info, store_ns, &target.name)?)),
+        "get" => {
+            let object = read::get(state, &info, store_ns, &target.name)?;
+            if table::wanted(request.accept) {
+                let list_meta = json!({"resourceVersion": meta::resource_version(&object)});
+                let include = request.param("includeObject");
+                let table = table::render(state, &info, &[object], list_meta, request.accept, include)?;
+                return Ok(json_outcome(StatusCode::OK, &table));
+            }
+            Ok(json_outcome(StatusCode::OK, &object))
+        }
         "list" => {
             let limit = request.param("limit").and_then(|l| l.parse().ok());
             let page: ListPage =
                 read::list(state, &info, list_ns, &request.filter(&info)?, limit, request.param("continue"))?;
+            if table::wanted(request.accept) {
+                let objects: Vec<Arc<Value>> =
+                    page.items.iter().filter_map(|item| serde_json::from_slice(item).ok()).map(Arc::new).collect();
+                let mut list_meta = json!({"resourceVersion": page.resource_version.to_string()});
+                if let Some(token) = &page.continue_token {
+                    list_meta["continue"] = json!(token);
+                }
+                if let Some(remaining) = page.remaining.filter(|r| *r > 0) {
+                    list_meta["remainingItemCount"] = json!(remaining);
+                }
+                let include = request.param("includeObject");
+                let table = table::render(state, &info, &objects, list_meta, request.accept, include)?;
+                return Ok(json_outcome(StatusCode::OK, &table));
+            }
             Ok(Outcome::Json(StatusCode::OK, read::render_list(&info, &page)))
         }
         "watch" => {
@@ -444,6 +493,14 @@ fn resource(
         "delete" => {
             let options = DeleteOptions::from_body(request.body)?;
             let now = meta::now_rfc3339();
+            if dry_run::requested_in_delete(request.param("dryRun"), request.body)? {
+                let (object, held) = dry_run::delete(state, &info, store_ns, &target.name, &options, &now)?;
+                return Ok(if held || info.returns_deleted_object {
+                    json_outcome(StatusCode::OK, &present(&info, &object))
+                } else {
+                    json_outcome(StatusCode::OK, &success_status(&info, &target.name, meta::uid(&object)))
+                });
+            }
             match delete::delete(state, &info, store_ns, &target.name, &options, &now)? {
                 Deleted::Pending(object) => Ok(json_outcome(StatusCode::OK, &present(&info, &object))),
                 Deleted::Gone(object) if info.returns_deleted_object => {

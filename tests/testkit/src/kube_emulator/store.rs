@@ -149,6 +149,9 @@ pub struct State {
     rv: u64,
     tables: HashMap<String, Table>,
     pub registry: Registry,
+    /// Objects with `ownerReferences` (storage key, namespace, name), so garbage
+    /// collection looks at these only.
+    owned: std::collections::BTreeSet<(String, String, String)>,
 }
 
 impl Default for State {
@@ -159,7 +162,7 @@ impl Default for State {
 
 impl State {
     pub fn new() -> State {
-        State { rv: 0, tables: HashMap::new(), registry: Registry::new() }
+        State { rv: 0, tables: HashMap::new(), registry: Registry::new(), owned: Default::default() }
     }
 
     /// The resourceVersion of the last commit.
@@ -191,6 +194,12 @@ impl State {
         let rv = self.rv;
         meta::metadata_mut(&mut object).insert("resourceVersion".into(), Value::String(rv.to_string()));
         let key = (namespace.to_owned(), meta::name(&object).to_owned());
+        let owned = (storage_key.to_owned(), key.0.clone(), key.1.clone());
+        if object.pointer("/metadata/ownerReferences").and_then(Value::as_array).is_some_and(|o| !o.is_empty()) {
+            self.owned.insert(owned);
+        } else {
+            self.owned.remove(&owned);
+        }
         let json = to_json(&object);
         let object = Arc::new(object);
         let table = self.table(storage_key);
@@ -207,6 +216,7 @@ impl State {
         let table = self.tables.get_mut(storage_key)?;
         let existing = table.objects.remove(&key)?;
         table.json.remove(&key);
+        self.owned.remove(&(storage_key.to_owned(), key.0.clone(), key.1.clone()));
         self.rv += 1;
         let rv = self.rv;
         let mut object = (*existing).clone();
@@ -221,6 +231,17 @@ impl State {
             old: Some(existing),
         });
         Some(object)
+    }
+
+    /// The objects that name owners: (storage key, namespace, name, object).
+    pub fn owned_objects(&self) -> Vec<(String, String, String, Arc<Value>)> {
+        self.owned
+            .iter()
+            .filter_map(|(key, namespace, name)| {
+                let object = self.get(key, namespace, name)?;
+                Some((key.clone(), namespace.clone(), name.clone(), object))
+            })
+            .collect()
     }
 
     /// Names of all objects of a table in one namespace (or all namespaces).

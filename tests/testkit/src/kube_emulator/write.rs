@@ -98,6 +98,20 @@ pub fn finish(state: &mut State, prepared: Prepared) -> Result<Option<Arc<Value>
     Ok(Some(commit(state, info, &target.namespace, new, &now)))
 }
 
+/// What [`finish`] would store, without storing it (`dryRun=All`): the same
+/// AlreadyExists and closed-namespace checks, nothing written, no event.
+pub fn finish_dry(state: &State, prepared: Prepared) -> Result<Value, ApiError> {
+    let Prepared { target, name, old, object, upsert, now: _ } = prepared;
+    let current = state.get(&target.info.storage_key(), &target.namespace, &name);
+    if old.is_none() {
+        if current.is_some() && !upsert {
+            return Err(ApiError::already_exists(&target.info, &name));
+        }
+        check_namespace_open(state, &target, &name)?;
+    }
+    Ok(object)
+}
+
 /// kube-apiserver's RBAC escalation prevention for writes of roles and bindings.
 fn check_escalation(
     state: &State,

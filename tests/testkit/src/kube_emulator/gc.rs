@@ -1,0 +1,85 @@
+//! Garbage collection by `ownerReferences`, as kube-controller-manager's garbage
+//! collector does it in the background: once an object is gone, every object
+//! that named it as an owner (by uid) and has no other owner left is deleted
+//! (finalizers respected; its own dependents follow when it goes). A DELETE with
+//! `propagationPolicy: Orphan` (or `orphanDependents: true`) removes the owner's
+//! references from its dependents instead. `Foreground` is treated as
+//! `Background` (the owner does not wait for its dependents).
+//!
+//! The real collector acts a moment later, from its informers; here the
+//! dependents go within the write that removed the owner.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::delete::{self, DeleteOptions};
+use super::meta;
+use super::resources::ResourceInfo;
+use super::store::State;
+
+/// The uids an object names as owners.
+fn owner_uids(object: &Value) -> Vec<&str> {
+    object
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .map(|owners| owners.iter().filter_map(|o| o.get("uid").and_then(Value::as_str)).collect())
+        .unwrap_or_default()
+}
+
+/// Every object naming `owner_uid` as an owner: (resource, namespace, name, object).
+fn dependents_of(state: &State, owner_uid: &str) -> Vec<(Arc<ResourceInfo>, String, String, Arc<Value>)> {
+    if owner_uid.is_empty() {
+        return Vec::new();
+    }
+    state
+        .owned_objects()
+        .into_iter()
+        .filter(|(_, _, _, object)| owner_uids(object).contains(&owner_uid))
+        .filter_map(|(key, namespace, name, object)| {
+            Some((state.registry.by_storage_key(&key)?, namespace, name, object))
+        })
+        .collect()
+}
+
+/// Whether an object with this uid exists.
+fn exists(state: &State, uid: &str) -> bool {
+    state.registry.storage_entries().iter().any(|info| {
+        state.table_ref(&info.storage_key()).is_some_and(|table| table.objects.values().any(|o| meta::uid(o) == uid))
+    })
+}
+
+/// After the object with `owner_uid` is gone: deletes its dependents that have no
+/// other owner left.
+pub fn collect(state: &mut State, owner_uid: &str) {
+    let dependents = dependents_of(state, owner_uid);
+    if dependents.is_empty() {
+        return;
+    }
+    let now = meta::now_rfc3339();
+    for (info, namespace, name, object) in dependents {
+        let other_owner_lives = owner_uids(&object).iter().any(|uid| *uid != owner_uid && exists(state, uid));
+        if other_owner_lives || meta::is_deleting(&object) {
+            continue;
+        }
+        // Gone meanwhile (a cascade) or held by finalizers: both fine.
+        let _ = delete::delete(state, &info, &namespace, &name, &DeleteOptions::default(), &now);
+    }
+}
+
+/// `propagationPolicy: Orphan`: the dependents of `owner_uid` lose their reference to it.
+pub fn orphan(state: &mut State, owner_uid: &str) {
+    let now = meta::now_rfc3339();
+    for (info, namespace, _, object) in dependents_of(state, owner_uid) {
+        let mut copy = (*object).clone();
+        if let Some(owners) = copy.pointer_mut("/metadata/ownerReferences").and_then(Value::as_array_mut) {
+            owners.retain(|o| o.get("uid").and_then(Value::as_str) != Some(owner_uid));
+            if owners.is_empty()
+                && let Some(metadata) = copy.get_mut("metadata").and_then(Value::as_object_mut)
+            {
+                metadata.remove("ownerReferences");
+            }
+        }
+        super::write::commit(state, &info, &namespace, copy, &now);
+    }
+}
