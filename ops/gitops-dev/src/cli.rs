@@ -36,6 +36,15 @@ pub struct UpArgs {
     /// (created if missing).
     #[arg(long, env = "GITOPS_DEV_DIR", default_value = ".gitops-dev")]
     pub dir: std::path::PathBuf,
+    /// Engine instances, each with its Argo CD stand-in and agent: `argocd-1`
+    /// (namespace `argocd`), then `argocd-2`, … (namespaces of the same names).
+    #[arg(long, env = "GITOPS_DEV_INSTANCES", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=8))]
+    pub instances: u16,
+    /// The Argo CD version the stand-ins of every instance but the first play (the
+    /// first plays the stand-in's default), so a rollout can be tried.
+    #[arg(long, env = "GITOPS_DEV_NEW_VERSION", default_value = "v3.0.1")]
+    pub new_version: String,
 }
 
 #[derive(Debug, Args)]

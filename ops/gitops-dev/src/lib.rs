@@ -60,7 +60,7 @@ pub async fn run(command: Command) -> Result<String, DevToolError> {
             }
         },
         Command::Up(args) => {
-            up::up(&args.dir, |info| {
+            up::up(&args.dir, usize::from(args.instances), &args.new_version, |info| {
                 use std::io::Write as _;
                 // The stack keeps running (and stops on SIGTERM) whoever reads this.
                 let _ = writeln!(

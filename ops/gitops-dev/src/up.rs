@@ -114,6 +114,9 @@ pub struct StackShape {
     /// [`DEV_INSTANCE`] over [`DEV_ARGOCD_NAMESPACE`], the next `argocd-2` over
     /// namespace `argocd-2`, and so on (see [`instance_names`]).
     pub instances: usize,
+    /// The Argo CD version each instance's stand-in plays, by instance index; an
+    /// instance without one plays the stand-in options' version.
+    pub versions: Vec<String>,
     /// Register the (first) writer's admission webhook; without it, deployments into
     /// a tenant's own namespace are accepted unverified.
     pub webhook: bool,
@@ -144,6 +147,7 @@ impl Default for StackShape {
             writers: 1,
             agents: 1,
             instances: 1,
+            versions: Vec::new(),
             webhook: true,
             agent_lease: None,
             writer_env: Vec::new(),
@@ -163,9 +167,20 @@ pub struct DevInfo {
 }
 
 /// Runs the local service until Ctrl-C or SIGTERM; calls `on_ready` once a
-/// GitOpsDeployment can be applied.
-pub async fn up(dir: &Path, on_ready: impl FnOnce(&DevInfo)) -> Result<(), DevError> {
-    let mut stack = DevStack::start(dir, StandinOptions::default()).await?;
+/// GitOpsDeployment can be applied. `instances` engine instances: the first plays
+/// the stand-in's default Argo CD version, the others `new_version`, so a rollout
+/// can be tried.
+pub async fn up(
+    dir: &Path,
+    instances: usize,
+    new_version: &str,
+    on_ready: impl FnOnce(&DevInfo),
+) -> Result<(), DevError> {
+    let options = StandinOptions::default();
+    let mut versions = vec![options.version.clone()];
+    versions.resize(instances.max(1), new_version.to_owned());
+    let shape = StackShape { instances: instances.max(1), versions, ..StackShape::default() };
+    let mut stack = DevStack::start_shaped(dir, options, &shape).await?;
     on_ready(&stack.info);
     let outcome = serve(&mut stack.children).await;
     stack.stop().await;
@@ -288,7 +303,11 @@ impl DevStack {
         for index in 0..shape.instances.max(1) {
             let (_, namespace) = instance_names(index);
             create_namespace(&kube, &namespace).await?;
-            standins.push(Standin::start(&kube, &namespace, standin_options.clone()));
+            let mut options = standin_options.clone();
+            if let Some(version) = shape.versions.get(index) {
+                options.version.clone_from(version);
+            }
+            standins.push(Standin::start(&kube, &namespace, options));
         }
         tracing::info!(
             url = emulator.url(),

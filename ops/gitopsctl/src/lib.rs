@@ -8,6 +8,7 @@ pub mod error;
 pub mod instance;
 pub mod migrate;
 pub mod queue;
+pub mod rollout;
 pub mod secrets;
 mod table;
 pub mod tenant;
@@ -18,7 +19,7 @@ use tokio_postgres::Client;
 
 pub use error::CtlError;
 
-use cli::{Command, DbArgs, InstanceCommand, QueueCommand, SecretsCommand, TenantCommand};
+use cli::{Command, DbArgs, InstanceCommand, QueueCommand, RolloutCommand, SecretsCommand, TenantCommand};
 
 /// The `application_name` gitopsctl's connections carry.
 const APPLICATION_NAME: &str = "gitopsctl";
@@ -94,6 +95,36 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
                          adopts it (gitopsctl tenant show {namespace})\n"
                     ))
                 }
+            }
+        }
+        Command::Rollout(args) => {
+            let url = database_url(&args.db)?;
+            match args.command {
+                RolloutCommand::Start { to, cohort, from, bake, max_regressions, wave_size } => {
+                    let cohort = rollout::cohort(cohort)?;
+                    let request = gitops_shared::db::rollout::RolloutRequest {
+                        target: to,
+                        cohort,
+                        from,
+                        bake,
+                        max_regressions,
+                        wave_size,
+                    };
+                    let started = rollout::start(url, request.clone()).await?;
+                    Ok(rollout::render_started(&request, &started))
+                }
+                RolloutCommand::Promote { id, wave_size } => {
+                    rollout::promote(url, id, wave_size).await?;
+                    Ok(format!(
+                        "rollout {id} promotes: once its canary passed, the source instances' other tenants move in \
+                         waves (gitopsctl rollout status {id})\n"
+                    ))
+                }
+                RolloutCommand::Abort { id, reason } => {
+                    rollout::abort(url, id, &reason).await?;
+                    Ok(format!("rollout {id} aborted: its tenants move back (gitopsctl rollout status {id})\n"))
+                }
+                RolloutCommand::Status { id } => rollout::status(url, id).await,
             }
         }
         Command::Secrets(args) => match args.command {

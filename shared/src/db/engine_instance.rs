@@ -29,6 +29,8 @@ pub struct EngineInstance {
     pub epoch: i64,
     /// Fenced (lost past the grace) and not yet cleaned up by a returning agent.
     pub fenced: bool,
+    /// The Argo CD version its agents last read from it (None: not reported).
+    pub argocd_version: Option<String>,
 }
 
 const ADD: &str = "
@@ -38,14 +40,14 @@ RETURNING id";
 const LIST: &str = "
 SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at, i.tenants::bigint AS tenants, i.cordoned,
        i.progress_at, engine_instance_health(i.heartbeat_at, i.progress_at) AS health, i.epoch,
-       i.fenced_at IS NOT NULL AS fenced
+       i.fenced_at IS NOT NULL AS fenced, i.argocd_version
   FROM engine_instance i
  ORDER BY i.name";
 
 const BY_NAME: &str = "
 SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at, i.tenants::bigint AS tenants, i.cordoned,
        i.progress_at, engine_instance_health(i.heartbeat_at, i.progress_at) AS health, i.epoch,
-       i.fenced_at IS NOT NULL AS fenced
+       i.fenced_at IS NOT NULL AS fenced, i.argocd_version
   FROM engine_instance i
  WHERE i.name = $1";
 
@@ -64,6 +66,9 @@ const HEARTBEAT: &str = "UPDATE engine_instance SET heartbeat_at = now() WHERE i
 
 const PROGRESS: &str = "UPDATE engine_instance SET progress_at = now() WHERE id = $1";
 
+const VERSION: &str = "
+UPDATE engine_instance SET argocd_version = $2, version_reported_at = now() WHERE id = $1";
+
 const ADOPTION_SETTINGS: &str = "
 UPDATE engine_instance SET tracking_method = $2, instance_label_key = $3, installation_id = $4
  WHERE id = $1
@@ -79,7 +84,7 @@ SELECT s.name AS source, t.name AS target,
 
 /// Every statement of this module (a test prepares them against the schema).
 pub const STATEMENTS: &[&str] =
-    &[ADD, LIST, BY_NAME, CORDON, REMOVE, NAMESPACES, HEARTBEAT, PROGRESS, ADOPTION_SETTINGS, ADOPTION_PAIR];
+    &[ADD, LIST, BY_NAME, CORDON, REMOVE, NAMESPACES, HEARTBEAT, PROGRESS, VERSION, ADOPTION_SETTINGS, ADOPTION_PAIR];
 
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
@@ -177,6 +182,7 @@ impl TryFrom<&tokio_postgres::Row> for EngineInstance {
             health: row.try_get("health")?,
             epoch: row.try_get("epoch")?,
             fenced: row.try_get("fenced")?,
+            argocd_version: row.try_get("argocd_version")?,
         })
     }
 }
@@ -230,6 +236,16 @@ pub async fn engine_instance_progress(client: &Client, id: EngineInstanceId) -> 
 /// Records that an agent of this instance is alive.
 pub async fn engine_instance_heartbeat(client: &Client, id: EngineInstanceId) -> Result<(), DbError> {
     client.execute(HEARTBEAT, &[&id.0]).await.map_err(DbError::query("heartbeat an engine instance"))?;
+    Ok(())
+}
+
+/// Records the Argo CD version an agent read from instance `id` (None: unreadable).
+pub async fn engine_instance_version(
+    client: &Client,
+    id: EngineInstanceId,
+    version: Option<&str>,
+) -> Result<(), DbError> {
+    client.execute(VERSION, &[&id, &version]).await.map_err(DbError::query("record an instance's version"))?;
     Ok(())
 }
 

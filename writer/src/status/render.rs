@@ -136,6 +136,8 @@ fn kstatus(
                 "degraded" => " because its Argo CD instance stopped making progress",
                 "rebalance" => " to balance the load of the service's instances",
                 "drain" => " because an operator is emptying its Argo CD instance",
+                "rollout" => " running a new Argo CD version, as part of a canary rollout",
+                "rollback" => " back to its previous Argo CD instance: a canary rollout is rolled back",
                 _ => "",
             };
             let message =
