@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use gitops_agent::engine::argocd::application_resource;
+use gitops_shared::db::engine_instance::engine_instance_cordon;
 use gitops_shared::db::rollout::{Cohort, RolloutRequest, rollout_list, rollout_promote, rollout_start};
 use gitops_shared::db::tenant_move::tenant_placements;
 use gitops_testkit::argocd::StandinOptions;
@@ -132,6 +133,8 @@ async fn writer_rollout_to_a_new_version_is_promoted_to_every_tenant() {
     let env = env("rlok").await;
     let options = StandinOptions { version: "v3.0.1".to_owned(), ..env.standin.clone() };
     let (second, _standin) = env.another_instance_with("argocd-2", "rlok", Duration::from_millis(300), options).await;
+    // Every tenant starts on the first instance.
+    engine_instance_cordon(&env.client, "argocd-2", true).await.expect("cordon");
     let tenants = tenants(&env, "rlok", 2).await;
     let _writer = env.writer_for("writer-a", tenants.namespaces.clone(), |c| {
         c.fleet_watch_interval = Duration::from_millis(300);
@@ -141,6 +144,7 @@ async fn writer_rollout_to_a_new_version_is_promoted_to_every_tenant() {
         create(&env, namespace, "api", &format!("apps/{i}/api")).await;
     }
     eventually("every deployment Ready on the first instance", || all_ready(&env, &tenants.namespaces)).await;
+    engine_instance_cordon(&env.client, "argocd-2", false).await.expect("uncordon");
 
     // Each instance reports the version it runs; `instance list` shows it.
     let client = gitops_shared::db::connect(&env.db.url(), "rollout-test").await.expect("connect");
@@ -170,7 +174,9 @@ async fn writer_rollout_to_a_new_version_is_promoted_to_every_tenant() {
         wave_size: Some(1),
     };
     let started = rollout_start(&mut db, request).await.expect("start the rollout");
-    assert_eq!(started.cohort, [tenants.namespaces[0].clone()], "the oldest tenant is the canary");
+    assert_eq!(started.cohort.len(), 1, "{:?}", started.cohort);
+    let canary = started.cohort[0].clone();
+    let (i, _) = tenants.namespaces.iter().enumerate().find(|(_, ns)| **ns == canary).expect("a tenant of the test");
     // The target takes no other new tenants meanwhile; a second rollout to it is refused.
     let again = RolloutRequest {
         target: "argocd-2".into(),
@@ -184,20 +190,23 @@ async fn writer_rollout_to_a_new_version_is_promoted_to_every_tenant() {
     assert!(refused.to_string().contains("in progress"), "{refused}");
 
     // A tenant changes a deployment while its namespace moves: the change lands.
-    let patch = json!({"spec": {"source": {"path": "apps/0/web-during-rollout"}}});
-    deployments(&env, &tenants.namespaces[0])
-        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("change");
+    let patch = json!({"spec": {"source": {"path": format!("apps/{i}/web-during-rollout")}}});
+    deployments(&env, &canary).patch("web", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("change");
     eventually("the canary passed its bake", || async {
         (rollout_state(&client, started.id).await?.0 == "waiting").then_some(())
     })
     .await;
     let placed = placements(&client).await.expect("placements");
-    assert_eq!(placed[&tenants.namespaces[0]], "argocd-2");
-    assert_eq!(placed[&tenants.namespaces[1]], INSTANCE, "only the canary moved");
-    let app = target.get(&apps[0]).await.expect("the canary's Application on the target");
-    assert_eq!(app.data.pointer("/spec/source/path").and_then(|p| p.as_str()), Some("apps/0/web-during-rollout"));
+    for namespace in &tenants.namespaces {
+        let expected = if *namespace == canary { "argocd-2" } else { INSTANCE };
+        assert_eq!(placed[namespace], expected, "only the canary moved");
+    }
+    let path = format!("apps/{i}/web-during-rollout");
+    eventually("the change made during the move on the target", || async {
+        let app = target.get_opt(&apps[2 * i]).await.ok()??;
+        (app.data.pointer("/spec/source/path")?.as_str()? == path).then_some(())
+    })
+    .await;
 
     rollout_promote(&client, started.id, None).await.expect("promote");
     eventually("the rollout completed", || async {
@@ -232,6 +241,8 @@ async fn writer_rollout_to_a_degrading_instance_rolls_back_by_itself() {
     let options =
         StandinOptions { version: "v3.0.0".to_owned(), health: Some("Degraded".to_owned()), ..env.standin.clone() };
     let (second, _standin) = env.another_instance_with("argocd-2", "rlbad", Duration::from_millis(300), options).await;
+    // Every tenant starts on the first instance.
+    engine_instance_cordon(&env.client, "argocd-2", true).await.expect("cordon");
     let tenants = tenants(&env, "rlbad", 2).await;
     let _writer = env.writer_for("writer-a", tenants.namespaces.clone(), |c| {
         c.fleet_watch_interval = Duration::from_millis(300);
@@ -241,6 +252,7 @@ async fn writer_rollout_to_a_degrading_instance_rolls_back_by_itself() {
         create(&env, namespace, "api", &format!("apps/{i}/api")).await;
     }
     eventually("every deployment Ready on the first instance", || all_ready(&env, &tenants.namespaces)).await;
+    engine_instance_cordon(&env.client, "argocd-2", false).await.expect("uncordon");
     let apps = application_names(&env, &tenants.namespaces).await;
     let source: Api<DynamicObject> = Api::namespaced_with(env.kube.clone(), env.argocd.name(), &application_resource());
     let target: Api<DynamicObject> = Api::namespaced_with(env.kube.clone(), second.name(), &application_resource());
@@ -260,13 +272,6 @@ async fn writer_rollout_to_a_degrading_instance_rolls_back_by_itself() {
     };
     let started = rollout_start(&mut db, request).await.expect("start the rollout");
     let client = gitops_shared::db::connect(&env.db.url(), "rollout-test").await.expect("connect");
-    // The tenants read why they move.
-    eventually("a cohort deployment says it moves for a rollout", || async {
-        let object = deployments(&env, &cohort[0]).get_opt("web").await.ok()??;
-        let ready = object.status?.conditions.into_iter().find(|c| c.type_ == "Ready")?;
-        (ready.reason.as_deref() == Some("Moving") && ready.message.as_deref()?.contains("rollout")).then_some(())
-    })
-    .await;
     let (state, reason) = eventually("the rollout rolled back", || async {
         let (state, reason) = rollout_state(&client, started.id).await?;
         (state == "rolled_back").then_some((state, reason))

@@ -568,6 +568,14 @@ mod tests {
         assert!(ready.contains("because its Argo CD instance was lost"), "the tenant reads why: {ready}");
         assert_eq!(of(&conditions, RECONCILING), ("True", REASON_MOVING));
         assert_eq!(of(&readiness(&row(), AUTOMATED, &[]), READY), ("True", "Ready"), "and Ready again after");
+        for (reason, says) in
+            [("rollout", "as part of a canary rollout"), ("rollback", "a canary rollout is rolled back")]
+        {
+            moving.moving = Some(reason.into());
+            let conditions = readiness(&moving, AUTOMATED, &[]);
+            let message = conditions.iter().find(|c| c.type_ == READY).and_then(|c| c.message.clone());
+            assert!(message.unwrap_or_default().contains(says), "a {reason} says so");
+        }
     }
 
     #[test]
