@@ -112,6 +112,43 @@ pub enum InstanceCommand {
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
         max_moves: u32,
     },
+    /// Create an Argo CD instance on the host cluster (KUBECONFIG): its namespace, a
+    /// Role and RoleBinding for the agents there, and an `ArgoCD` resource of the
+    /// Argo CD Operator; wait until the operator reports it Available, and register it.
+    Provision {
+        /// Instance name (a DNS label).
+        name: String,
+        /// Its namespace (default: the name).
+        #[arg(long)]
+        namespace: Option<String>,
+        /// The Argo CD version (default: the operator's).
+        #[arg(long)]
+        version: Option<String>,
+        /// How many tenants may be placed on it.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i32).range(1..))]
+        capacity: i32,
+        /// The agents' ServiceAccounts (NAMESPACE/NAME; repeat or comma-separate),
+        /// bound to the agents' Role in the new namespace.
+        #[arg(
+            long,
+            env = "GITOPS_AGENT_SERVICE_ACCOUNTS",
+            value_delimiter = ',',
+            default_value = "argocd/gitops-agent"
+        )]
+        agent_service_account: Vec<String>,
+        /// How long to wait for the operator.
+        #[arg(long, default_value = "5m", value_parser = config::parse_duration)]
+        wait: std::time::Duration,
+    },
+    /// Drain an instance made by `provision`, wait until its tenants moved, remove
+    /// its registration and operation history, and delete its ArgoCD and namespace.
+    Decommission {
+        /// Instance name.
+        name: String,
+        /// How long to wait for its tenants to move.
+        #[arg(long, default_value = "10m", value_parser = config::parse_duration)]
+        wait: std::time::Duration,
+    },
     /// Remove an engine instance that has no tenants and no operations left.
     Remove {
         /// Instance name.

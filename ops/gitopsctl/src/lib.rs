@@ -7,6 +7,7 @@ pub mod cli;
 pub mod error;
 pub mod instance;
 pub mod migrate;
+pub mod provision;
 pub mod queue;
 pub mod rollout;
 pub mod secrets;
@@ -56,6 +57,28 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
                     } else {
                         moved.iter().map(|(ns, from, to)| format!("moving {ns:?} from {from:?} to {to:?}\n")).collect()
                     })
+                }
+                InstanceCommand::Provision { name, namespace, version, capacity, agent_service_account, wait } => {
+                    let request = provision::ProvisionRequest {
+                        name: name.clone(),
+                        namespace,
+                        version,
+                        capacity,
+                        agents: agent_service_account,
+                        wait,
+                    };
+                    let id = provision::provision(url, provision::host_cluster().await?, &request).await?;
+                    Ok(format!(
+                        "engine instance {name:?} provisioned and registered (id {id}); run its agents with \
+                         --instance {name}\n"
+                    ))
+                }
+                InstanceCommand::Decommission { name, wait } => {
+                    let purged = provision::decommission(url, provision::host_cluster().await?, &name, wait).await?;
+                    Ok(format!(
+                        "engine instance {name:?} decommissioned: its tenants moved, its registration and {purged} \
+                         operations of its history removed, its ArgoCD and namespace deleted\n"
+                    ))
                 }
                 InstanceCommand::Remove { name } => {
                     instance::remove(url, &name).await?;

@@ -60,6 +60,21 @@ DELETE FROM engine_instance i
    AND NOT EXISTS (SELECT 1 FROM operation o WHERE o.engine_instance_id = i.id)
 RETURNING id";
 
+// Decommissioning: the instance's operation history goes with it (nothing else
+// refers to it); refused while a tenant or an operation in flight is left.
+const PURGE_HISTORY: &str = "
+DELETE FROM operation o
+ WHERE o.engine_instance_id = $1 AND o.state IN ('completed', 'superseded', 'failed')
+   AND NOT EXISTS (SELECT 1 FROM tenant t WHERE t.engine_instance_id = $1 OR t.moving_from = $1)
+   AND NOT EXISTS (SELECT 1 FROM operation w WHERE w.engine_instance_id = $1 AND w.state IN ('waiting', 'claimed'))";
+
+const REMOVE_BY_ID: &str = "
+DELETE FROM engine_instance i
+ WHERE i.id = $1
+   AND NOT EXISTS (SELECT 1 FROM tenant t WHERE t.engine_instance_id = i.id OR t.moving_from = i.id)
+   AND NOT EXISTS (SELECT 1 FROM operation o WHERE o.engine_instance_id = i.id)
+RETURNING name";
+
 const NAMESPACES: &str = "SELECT DISTINCT argocd_namespace FROM engine_instance";
 
 const HEARTBEAT: &str = "UPDATE engine_instance SET heartbeat_at = now() WHERE id = $1";
@@ -83,8 +98,21 @@ SELECT s.name AS source, t.name AS target,
  WHERE s.id = $1 AND t.id = $2";
 
 /// Every statement of this module (a test prepares them against the schema).
-pub const STATEMENTS: &[&str] =
-    &[ADD, LIST, BY_NAME, CORDON, REMOVE, NAMESPACES, HEARTBEAT, PROGRESS, VERSION, ADOPTION_SETTINGS, ADOPTION_PAIR];
+pub const STATEMENTS: &[&str] = &[
+    ADD,
+    LIST,
+    BY_NAME,
+    CORDON,
+    REMOVE,
+    PURGE_HISTORY,
+    REMOVE_BY_ID,
+    NAMESPACES,
+    HEARTBEAT,
+    PROGRESS,
+    VERSION,
+    ADOPTION_SETTINGS,
+    ADOPTION_PAIR,
+];
 
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
@@ -225,6 +253,24 @@ pub async fn engine_instance_remove(client: &Client, name: &str) -> Result<(), D
     }
     let instance = engine_instance_by_name(client, name).await?;
     Err(DbError::InstanceInUse { name: name.to_owned(), tenants: instance.tenants })
+}
+
+/// Removes instance `id` for good with its operation history (completed,
+/// superseded and failed operations); returns how many operations went. Refused
+/// (`InstanceInUse`, nothing changed) while a tenant is on it or moving from it, or
+/// an operation of it waits or is claimed.
+pub async fn engine_instance_decommission(client: &mut Client, id: EngineInstanceId) -> Result<u64, DbError> {
+    crate::db::in_txn_retrying(client, move |txn| {
+        Box::pin(async move {
+            let action = "decommission an engine instance";
+            let purged = txn.execute(PURGE_HISTORY, &[&id]).await.map_err(DbError::query(action))?;
+            match txn.query_opt(REMOVE_BY_ID, &[&id]).await.map_err(DbError::query(action))? {
+                Some(_) => Ok(purged),
+                None => Err(DbError::InstanceInUse { name: format!("#{}", id.0), tenants: 0 }),
+            }
+        })
+    })
+    .await
 }
 
 /// Records that an agent saw the instance's Argo CD make progress.

@@ -32,6 +32,7 @@ mod writer_connection;
 mod writer_credentials;
 mod writer_e2e;
 mod writer_fleet_move;
+mod writer_provision;
 mod writer_purge;
 mod writer_ready;
 mod writer_resync;

@@ -4,6 +4,7 @@
 //! of the source there in waves while the tenants keep changing their deployments;
 //! a rollout to an instance whose Argo CD degrades what it adopts rolls back by
 //! itself, saying why, with no Application ever held by both instances at once.
+//! A rollout goes on when the writer driving it stops and another takes over.
 //! Also, racing real connections: one rollout acts on a tenant at a time, and the
 //! rest of the fleet leaves a rollout's tenants and target alone.
 
@@ -100,15 +101,18 @@ async fn application_names(env: &Env, namespaces: &[String]) -> Vec<String> {
     out
 }
 
+/// Names recorded by a watch, shared with its task.
+type Recorded = Arc<Mutex<Vec<String>>>;
+
 /// Watches `target`: records every tenant Application that shows up there while
 /// `source` still holds it.
 fn watch_overlaps(
     target: Api<DynamicObject>,
     source: Api<DynamicObject>,
     apps: Vec<String>,
-) -> (Arc<Mutex<Vec<String>>>, Arc<Mutex<Vec<String>>>, tokio::task::JoinHandle<()>) {
-    let overlaps: Arc<Mutex<Vec<String>>> = Arc::default();
-    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+) -> (Recorded, Recorded, tokio::task::JoinHandle<()>) {
+    let overlaps: Recorded = Arc::default();
+    let seen: Recorded = Arc::default();
     let task = tokio::spawn({
         let (overlaps, seen) = (overlaps.clone(), seen.clone());
         async move {
@@ -136,7 +140,7 @@ async fn writer_rollout_to_a_new_version_is_promoted_to_every_tenant() {
     // Every tenant starts on the first instance.
     engine_instance_cordon(&env.client, "argocd-2", true).await.expect("cordon");
     let tenants = tenants(&env, "rlok", 2).await;
-    let _writer = env.writer_for("writer-a", tenants.namespaces.clone(), |c| {
+    let writer = env.writer_for("writer-a", tenants.namespaces.clone(), |c| {
         c.fleet_watch_interval = Duration::from_millis(300);
     });
     for (i, namespace) in tenants.namespaces.iter().enumerate() {
@@ -209,6 +213,11 @@ async fn writer_rollout_to_a_new_version_is_promoted_to_every_tenant() {
     .await;
 
     rollout_promote(&client, started.id, None).await.expect("promote");
+    // The rollout's state is in the database: it goes on under another writer.
+    env.stop_writer(writer, "writer-a").await;
+    let _writer = env.writer_for("writer-b", tenants.namespaces.clone(), |c| {
+        c.fleet_watch_interval = Duration::from_millis(300);
+    });
     eventually("the rollout completed", || async {
         (rollout_state(&client, started.id).await?.0 == "completed").then_some(())
     })

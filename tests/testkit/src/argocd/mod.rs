@@ -54,6 +54,7 @@ mod knobs;
 pub mod live;
 mod loop_guard;
 mod operation;
+pub mod operator;
 mod project;
 mod revision;
 mod status;
