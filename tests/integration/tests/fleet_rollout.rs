@@ -3,8 +3,8 @@
 //! rollout's target), two to the same target leave exactly one; and the rest of
 //! the fleet leaves them alone: operators' moves of a cohort tenant or onto a
 //! rollout's target are refused, placement skips the target, balancing does not
-//! move a cohort tenant. An abort with nothing moved yet ends as soon as the
-//! moves in flight are back.
+//! move a cohort tenant. An abort waits for the moves in flight, and a rollout
+//! rolling back can be neither aborted again nor promoted.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,7 +13,9 @@ use std::time::Duration;
 use gitops_shared::db::engine_instance::{engine_instance_add, engine_instance_heartbeat};
 use gitops_shared::db::fleet_balance::{BalanceSettings, balance_step};
 use gitops_shared::db::placement::placement_choose_in_txn;
-use gitops_shared::db::rollout::{Cohort, RolloutRequest, rollout_start};
+use gitops_shared::db::rollout::{
+    Cohort, RolloutRequest, rollout_abort, rollout_list, rollout_promote, rollout_start, rollout_step,
+};
 use gitops_shared::db::tenant::tenant_upsert_locked_in_txn;
 use gitops_shared::db::tenant_move::tenant_move;
 use gitops_shared::db::{DbError, in_txn_retrying};
@@ -131,4 +133,23 @@ async fn rollouts_racing_for_tenants_never_share_one() {
     .expect("balance");
     assert!(step.moves.iter().all(|m| !cohorts.contains_key(m.to.as_str())), "{:?}", step.moves);
     assert!(step.moves.iter().all(|m| !all.contains(&&m.namespace)), "{:?}", step.moves);
+
+    // An abort while the cohort still moves: rolling back, which waits for the moves
+    // in flight; a second abort or a promotion is refused with the rollout's state.
+    let id = rollout_list(&client, None).await.expect("list").into_iter().find(|r| r.target == *target).expect("it").id;
+    rollout_abort(&client, id, "test").await.expect("abort");
+    let step = rollout_step(&mut client).await.expect("a step");
+    assert!(step.active.contains(&(id, "rolling_back".to_owned())), "{step:?}");
+    let again = rollout_abort(&client, id, "test").await.expect_err("aborted already");
+    assert!(again.to_string().contains("is rolling_back"), "{again}");
+    let promote = rollout_promote(&client, id, None).await.expect_err("not promotable");
+    assert!(promote.to_string().contains("is rolling_back"), "{promote}");
+    let missing = rollout_abort(&client, 9999, "test").await.expect_err("no such rollout");
+    assert!(missing.to_string().contains("not found"), "{missing}");
+    let still: i64 = client
+        .query_one("SELECT count(*) FROM rollout_tenant WHERE rollout_id = $1 AND active", &[&id])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(still, i64::try_from(cohorts[*target].len()).expect("count"), "its tenants stay its own");
 }
