@@ -87,6 +87,15 @@ pub async fn provision(
         return Err(CtlError::Refused(format!("engine instance {:?} is registered already", request.name)));
     }
     let namespace = request.namespace.clone().unwrap_or_else(|| request.name.clone());
+    // Checked before anything is made on the cluster.
+    for (what, value) in [("instance name", &request.name), ("namespace", &namespace)] {
+        if !engine_instance::is_dns_label(value) {
+            return Err(CtlError::Refused(format!("{what} {value:?} is not a DNS label (a-z, 0-9, '-', at most 63)")));
+        }
+    }
+    if request.capacity <= 0 {
+        return Err(CtlError::Refused("capacity must be positive".into()));
+    }
     let mut subjects = Vec::new();
     for agent in &request.agents {
         let Some((ns, name)) = agent.split_once('/').filter(|(ns, name)| !ns.is_empty() && !name.is_empty()) else {

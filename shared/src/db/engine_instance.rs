@@ -114,7 +114,8 @@ pub const STATEMENTS: &[&str] = &[
     ADOPTION_PAIR,
 ];
 
-fn is_dns_label(s: &str) -> bool {
+/// Whether `s` is a DNS label (a-z, 0-9, `-`, at most 63, no `-` at either end).
+pub fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')

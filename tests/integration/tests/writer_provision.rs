@@ -60,6 +60,10 @@ async fn writer_instance_provision_place_decommission() {
             .all(|s| s.namespace.as_deref() != Some(env.argocd.name()))),
         "no cluster-wide binding for the agents"
     );
+    // Bad input is refused before anything is made.
+    let bad = ProvisionRequest { name: "Bad_Name".into(), namespace: None, ..request.clone() };
+    let refused = provision(&env.db.url(), env.kube.clone(), &bad).await.expect_err("not a DNS label");
+    assert!(refused.to_string().contains("not a DNS label"), "{refused}");
     // Provisioning the same name again is refused; nothing changes.
     let again = provision(&env.db.url(), env.kube.clone(), &request).await.expect_err("registered already");
     assert!(again.to_string().contains("registered already"), "{again}");
