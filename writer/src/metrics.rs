@@ -639,4 +639,18 @@ mod tests {
         let out = metrics.render();
         assert_eq!((value(&out, "gitops_writer_tenants"), value(&out, "gitops_writer_deployments")), ("0", "0"));
     }
+
+    #[test]
+    fn rollouts_are_counted_by_state_and_read_zero_when_none_is_active() {
+        let metrics = WriterMetrics::default();
+        metrics.set_rollouts(["baking".to_owned(), "moving".to_owned(), "baking".to_owned()]);
+        metrics.rollout_rollbacks.fetch_add(1, Ordering::Relaxed);
+        let out = metrics.render();
+        assert_eq!(value(&out, "gitops_writer_rollouts{state=\"baking\"}"), "2");
+        assert_eq!(value(&out, "gitops_writer_rollouts{state=\"moving\"}"), "1");
+        assert_eq!(value(&out, "gitops_writer_rollouts{state=\"waiting\"}"), "0");
+        assert_eq!(value(&out, "gitops_writer_rollout_rollbacks_total"), "1");
+        metrics.set_rollouts(Vec::new());
+        assert_eq!(value(&metrics.render(), "gitops_writer_rollouts{state=\"baking\"}"), "0");
+    }
 }
