@@ -371,6 +371,8 @@ CREATE TABLE public.engine_instance (
     tracking_method text,
     instance_label_key text,
     installation_id text,
+    argocd_version text,
+    version_reported_at timestamp with time zone,
     CONSTRAINT engine_instance_argocd_namespace_check CHECK ((argocd_namespace ~ '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'::text)),
     CONSTRAINT engine_instance_capacity_check CHECK ((capacity > 0)),
     CONSTRAINT engine_instance_name_check CHECK ((name ~ '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'::text))
@@ -522,6 +524,80 @@ CREATE TABLE public.resource_state (
     changed_xid xid8 DEFAULT pg_current_xact_id() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT resource_state_check CHECK ((num_nonnulls(managed_environment_id, repository_credential_id) = 1))
+);
+
+--
+-- Name: rollout; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.rollout (
+    id bigint NOT NULL,
+    target_instance_id bigint NOT NULL,
+    target_version text,
+    state text DEFAULT 'moving'::text NOT NULL,
+    wave integer DEFAULT 0 NOT NULL,
+    promoting boolean DEFAULT false NOT NULL,
+    wave_size integer NOT NULL,
+    bake_ms bigint NOT NULL,
+    max_regressions integer,
+    bake_until timestamp with time zone,
+    outcome text,
+    reason text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    CONSTRAINT rollout_bake_ms_check CHECK ((bake_ms >= 0)),
+    CONSTRAINT rollout_max_regressions_check CHECK ((max_regressions >= 0)),
+    CONSTRAINT rollout_outcome_check CHECK ((outcome = ANY (ARRAY['rolled_back'::text, 'aborted'::text]))),
+    CONSTRAINT rollout_rolling_back_has_outcome CHECK (((state = 'rolling_back'::text) <= (outcome IS NOT NULL))),
+    CONSTRAINT rollout_state_check CHECK ((state = ANY (ARRAY['moving'::text, 'baking'::text, 'waiting'::text, 'rolling_back'::text, 'completed'::text, 'rolled_back'::text, 'aborted'::text]))),
+    CONSTRAINT rollout_wave_size_check CHECK ((wave_size > 0))
+);
+
+--
+-- Name: rollout_baseline; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.rollout_baseline (
+    rollout_id bigint NOT NULL,
+    application_id bigint NOT NULL,
+    tenant_id bigint NOT NULL,
+    wave integer NOT NULL,
+    generation bigint NOT NULL,
+    health_status text,
+    sync_status text,
+    comparison_error boolean NOT NULL,
+    sync_failed boolean NOT NULL,
+    verdict text,
+    detail text,
+    CONSTRAINT rollout_baseline_verdict_check CHECK ((verdict = ANY (ARRAY['ok'::text, 'regressed'::text, 'excluded'::text])))
+);
+
+--
+-- Name: rollout_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.rollout ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.rollout_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: rollout_tenant; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.rollout_tenant (
+    rollout_id bigint NOT NULL,
+    tenant_id bigint NOT NULL,
+    wave integer NOT NULL,
+    source_instance_id bigint NOT NULL,
+    state text DEFAULT 'moving'::text NOT NULL,
+    active boolean DEFAULT true NOT NULL,
+    CONSTRAINT rollout_tenant_state_check CHECK ((state = ANY (ARRAY['moving'::text, 'moved'::text, 'returning'::text, 'returned'::text])))
 );
 
 --
@@ -736,6 +812,27 @@ ALTER TABLE ONLY public.resource_state
     ADD CONSTRAINT resource_state_repository_credential_id_key UNIQUE (repository_credential_id);
 
 --
+-- Name: rollout_baseline rollout_baseline_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.rollout_baseline
+    ADD CONSTRAINT rollout_baseline_pkey PRIMARY KEY (rollout_id, application_id);
+
+--
+-- Name: rollout rollout_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.rollout
+    ADD CONSTRAINT rollout_pkey PRIMARY KEY (id);
+
+--
+-- Name: rollout_tenant rollout_tenant_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.rollout_tenant
+    ADD CONSTRAINT rollout_tenant_pkey PRIMARY KEY (rollout_id, tenant_id);
+
+--
 -- Name: signal signal_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -884,6 +981,18 @@ CREATE INDEX repository_credential_tenant_idx ON public.repository_credential US
 --
 
 CREATE INDEX resource_state_changed_xid_idx ON public.resource_state USING btree (changed_xid);
+
+--
+-- Name: rollout_active_target; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE UNIQUE INDEX rollout_active_target ON public.rollout USING btree (target_instance_id) WHERE (state = ANY (ARRAY['moving'::text, 'baking'::text, 'waiting'::text, 'rolling_back'::text]));
+
+--
+-- Name: rollout_tenant_one_rollout; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE UNIQUE INDEX rollout_tenant_one_rollout ON public.rollout_tenant USING btree (tenant_id) WHERE active;
 
 --
 -- Name: sync_operation_application_idx; Type: INDEX; Schema: public; Owner: -
@@ -1058,6 +1167,48 @@ ALTER TABLE ONLY public.resource_state
 
 ALTER TABLE ONLY public.resource_state
     ADD CONSTRAINT resource_state_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenant(id);
+
+--
+-- Name: rollout_baseline rollout_baseline_application_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.rollout_baseline
+    ADD CONSTRAINT rollout_baseline_application_id_fkey FOREIGN KEY (application_id) REFERENCES public.application(id) ON DELETE CASCADE;
+
+--
+-- Name: rollout_baseline rollout_baseline_rollout_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.rollout_baseline
+    ADD CONSTRAINT rollout_baseline_rollout_id_fkey FOREIGN KEY (rollout_id) REFERENCES public.rollout(id) ON DELETE CASCADE;
+
+--
+-- Name: rollout rollout_target_instance_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.rollout
+    ADD CONSTRAINT rollout_target_instance_id_fkey FOREIGN KEY (target_instance_id) REFERENCES public.engine_instance(id) ON DELETE CASCADE;
+
+--
+-- Name: rollout_tenant rollout_tenant_rollout_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.rollout_tenant
+    ADD CONSTRAINT rollout_tenant_rollout_id_fkey FOREIGN KEY (rollout_id) REFERENCES public.rollout(id) ON DELETE CASCADE;
+
+--
+-- Name: rollout_tenant rollout_tenant_source_instance_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.rollout_tenant
+    ADD CONSTRAINT rollout_tenant_source_instance_id_fkey FOREIGN KEY (source_instance_id) REFERENCES public.engine_instance(id) ON DELETE CASCADE;
+
+--
+-- Name: rollout_tenant rollout_tenant_tenant_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.rollout_tenant
+    ADD CONSTRAINT rollout_tenant_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenant(id) ON DELETE CASCADE;
 
 --
 -- Name: sync_operation sync_operation_application_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -

@@ -325,6 +325,8 @@ async fn heartbeat_loop(beats: Heartbeats, cancel: CancellationToken) {
     let (mut reachable, mut progressing) = (Debounce::new(RECOVERY_PROBES), Debounce::new(RECOVERY_PROBES));
     // The adoption settings last recorded.
     let mut reported: Option<AdoptionSettings> = None;
+    // The version last recorded (outer None: not yet).
+    let mut reported_version: Option<Option<String>> = None;
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -360,6 +362,7 @@ async fn heartbeat_loop(beats: Heartbeats, cancel: CancellationToken) {
             tracing::warn!(%error, "heartbeat failed");
         }
         report_adoption_settings(&pool, engine.as_ref(), &instance, &mut reported).await;
+        report_version(&pool, engine.as_ref(), &instance, &mut reported_version).await;
         if let Err(error) = crate::fence::clean_up_if_fenced(&pool, engine.as_ref(), &epoch, &metrics).await {
             tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "fenced: clean-up failed; retrying");
         }
@@ -422,6 +425,37 @@ async fn report_adoption_settings(
             *reported = Some(settings);
         }
         Err(error) => tracing::warn!(%error, "could not record Argo CD's tracking settings"),
+    }
+}
+
+/// Records the Argo CD version the instance runs, when it changed (or at start).
+async fn report_version(
+    pool: &DbPool,
+    engine: &dyn Engine,
+    instance: &EngineInstance,
+    reported: &mut Option<Option<String>>,
+) {
+    let version = match engine.version().await {
+        Ok(version) => version,
+        Err(error) => {
+            tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "could not read Argo CD's version");
+            return;
+        }
+    };
+    if reported.as_ref() == Some(&version) {
+        return;
+    }
+    let recorded = async {
+        let client = pooled(pool).await?;
+        gitops_shared::db::engine_instance::engine_instance_version(&client, instance.id, version.as_deref()).await
+    }
+    .await;
+    match recorded {
+        Ok(()) => {
+            tracing::info!(argocd.version = version.as_deref().unwrap_or("unknown"), "Argo CD's version recorded");
+            *reported = Some(version);
+        }
+        Err(error) => tracing::warn!(%error, "could not record Argo CD's version"),
     }
 }
 

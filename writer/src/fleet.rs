@@ -7,7 +7,8 @@
 //! gains are told of instances that are unhealthy already. It also takes failover
 //! steps (`gitops_shared::db::failover`): an instance lost for longer than the grace
 //! is fenced and its tenants placed on healthy instances, a bounded batch per step;
-//! an advisory lock lets one writer at a time act.
+//! an advisory lock lets one writer at a time act. Balancing and rollouts
+//! (`crate::rollout`) take their steps here too.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -99,6 +100,9 @@ pub async fn run_fleet_watch(
             && let Err(error) = rebalance(&pool, balance, &metrics).await
         {
             tracing::warn!(%error, "could not take a balancing step");
+        }
+        if let Err(error) = crate::rollout::advance_rollouts(&pool, &metrics).await {
+            tracing::warn!(%error, "could not advance the rollouts");
         }
         tokio::select! {
             () = cancel.cancelled() => return,

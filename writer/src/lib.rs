@@ -11,6 +11,7 @@ pub mod fleet;
 pub mod http;
 pub mod metrics;
 pub mod purge;
+pub mod rollout;
 pub mod run;
 pub mod shard;
 pub mod status;

@@ -109,6 +109,12 @@ pub struct WriterMetrics {
     /// Tenant moves this writer started to balance the fleet, by reason
     /// (`degraded`, `rebalance`).
     pub fleet_moves: [AtomicU64; 2],
+    /// Active rollouts by state, as the last rollout step left them.
+    pub rollouts: Mutex<BTreeMap<String, u64>>,
+    /// Rollout waves (the canary is wave 0) that passed their bake.
+    pub rollout_waves_passed: AtomicU64,
+    /// Rollouts this writer started rolling back (regressions or an abort).
+    pub rollout_rollbacks: AtomicU64,
     /// Rounds of home-token renewal that failed (each is retried a round later).
     pub home_token_renewal_failures: AtomicU64,
     /// Listings the home-identity watch made again after losing its place.
@@ -139,6 +145,9 @@ impl Default for WriterMetrics {
             instance_health: Mutex::default(),
             failover_moves: AtomicU64::new(0),
             fleet_moves: std::array::from_fn(|_| AtomicU64::new(0)),
+            rollouts: Mutex::default(),
+            rollout_waves_passed: AtomicU64::new(0),
+            rollout_rollbacks: AtomicU64::new(0),
             home_token_renewal_failures: AtomicU64::new(0),
             home_identity_relists: AtomicU64::new(0),
             status_caught_up: Mutex::new(std::time::Instant::now()),
@@ -286,6 +295,15 @@ impl WriterMetrics {
         }
     }
 
+    /// Records the active rollouts' states (after a rollout step).
+    pub fn set_rollouts(&self, states: impl IntoIterator<Item = String>) {
+        let mut counts = BTreeMap::new();
+        for state in states {
+            *counts.entry(state).or_default() += 1;
+        }
+        *lock(&self.rollouts) = counts;
+    }
+
     /// Records each engine instance's health (name → `healthy`, `degraded`, `lost`).
     pub fn set_instance_health(&self, health: BTreeMap<String, String>) {
         *lock(&self.instance_health) = health;
@@ -396,6 +414,32 @@ impl WriterMetrics {
                 count.load(Ordering::Relaxed)
             );
         }
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_rollouts Active rollouts by state (moving, baking, waiting, rolling_back)."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_rollouts gauge");
+        for state in ["moving", "baking", "waiting", "rolling_back"] {
+            let count = lock(&self.rollouts).get(state).copied().unwrap_or(0);
+            let _ = writeln!(out, "gitops_writer_rollouts{{state=\"{state}\"}} {count}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_rollout_waves_passed_total Rollout waves (the canary included) that passed their bake."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_rollout_waves_passed_total counter");
+        let _ = writeln!(
+            out,
+            "gitops_writer_rollout_waves_passed_total {}",
+            self.rollout_waves_passed.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_rollout_rollbacks_total Rollouts rolled back, for regressions or an abort."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_rollout_rollbacks_total counter");
+        let _ =
+            writeln!(out, "gitops_writer_rollout_rollbacks_total {}", self.rollout_rollbacks.load(Ordering::Relaxed));
         let _ = writeln!(
             out,
             "# HELP gitops_writer_home_token_renewal_failures_total Rounds of home-token renewal that failed (retried a round later)."
@@ -604,5 +648,19 @@ mod tests {
         drop(inventory);
         let out = metrics.render();
         assert_eq!((value(&out, "gitops_writer_tenants"), value(&out, "gitops_writer_deployments")), ("0", "0"));
+    }
+
+    #[test]
+    fn rollouts_are_counted_by_state_and_read_zero_when_none_is_active() {
+        let metrics = WriterMetrics::default();
+        metrics.set_rollouts(["baking".to_owned(), "moving".to_owned(), "baking".to_owned()]);
+        metrics.rollout_rollbacks.fetch_add(1, Ordering::Relaxed);
+        let out = metrics.render();
+        assert_eq!(value(&out, "gitops_writer_rollouts{state=\"baking\"}"), "2");
+        assert_eq!(value(&out, "gitops_writer_rollouts{state=\"moving\"}"), "1");
+        assert_eq!(value(&out, "gitops_writer_rollouts{state=\"waiting\"}"), "0");
+        assert_eq!(value(&out, "gitops_writer_rollout_rollbacks_total"), "1");
+        metrics.set_rollouts(Vec::new());
+        assert_eq!(value(&metrics.render(), "gitops_writer_rollouts{state=\"baking\"}"), "0");
     }
 }

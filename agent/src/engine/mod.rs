@@ -296,6 +296,11 @@ pub trait Engine: Send + Sync + fmt::Debug + 'static {
     fn adoption_settings(&self) -> BoxFuture<'_, Result<Option<AdoptionSettings>, EngineError>> {
         Box::pin(async { Ok(None) })
     }
+    /// The engine's version as the instance publishes it (Argo CD: the image tag of
+    /// its application controller's StatefulSet); None when it cannot tell.
+    fn version(&self) -> BoxFuture<'_, Result<Option<String>, EngineError>> {
+        Box::pin(async { Ok(None) })
+    }
     /// The status of the service's applications, as a stream that never ends on its
     /// own: errors are reported as items (always transient) and the stream retries
     /// with backoff; after a restart it begins with `StatusEvent::Restarted`.

@@ -164,6 +164,10 @@ impl Engine for SelfFencing {
         self.inner.adoption_settings()
     }
 
+    fn version(&self) -> BoxFuture<'_, Result<Option<String>, EngineError>> {
+        self.inner.version()
+    }
+
     fn status_events(&self) -> BoxStream<'_, Result<StatusEvent, EngineError>> {
         self.inner.status_events()
     }

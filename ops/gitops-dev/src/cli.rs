@@ -55,16 +55,31 @@ pub struct UpArgs {
     /// The namespace of Argo CD's Applications (the engine instance's namespace).
     #[arg(long, env = "GITOPS_DEV_ARGOCD_NAMESPACE", default_value = crate::up::DEV_ARGOCD_NAMESPACE)]
     pub argocd_namespace: String,
+    /// Engine instances, each with its Argo CD stand-in and agent: `argocd-1`
+    /// (namespace `argocd`), then `argocd-2`, … (namespaces of the same names).
+    #[arg(long, env = "GITOPS_DEV_INSTANCES", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=8))]
+    pub instances: u16,
+    /// The Argo CD version the stand-ins of every instance but the first play (the
+    /// first plays the stand-in's default), so a rollout can be tried.
+    #[arg(long, env = "GITOPS_DEV_NEW_VERSION", default_value = "v3.0.1")]
+    pub new_version: String,
 }
 
 impl UpArgs {
     /// The stack `up` runs.
     pub fn shape(&self) -> crate::up::StackShape {
-        let UpArgs { dir: _, verbose: _, kubeconfig, no_standin, argocd_namespace } = self;
+        let UpArgs { dir: _, verbose: _, kubeconfig, no_standin, argocd_namespace, instances, new_version } = self;
+        let instances = usize::from(*instances).max(1);
+        // The first instance plays the stand-in's default version, the others the new one.
+        let mut versions = vec![gitops_testkit::argocd::StandinOptions::default().version];
+        versions.resize(instances, new_version.clone());
         crate::up::StackShape {
             kubeconfig: kubeconfig.clone(),
             standin: !no_standin,
             argocd_namespace: Some(argocd_namespace.clone()),
+            instances,
+            versions,
             ..Default::default()
         }
     }

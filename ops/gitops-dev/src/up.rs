@@ -114,6 +114,9 @@ pub struct StackShape {
     /// [`DEV_INSTANCE`] over [`DEV_ARGOCD_NAMESPACE`], the next `argocd-2` over
     /// namespace `argocd-2`, and so on (see [`instance_names`]).
     pub instances: usize,
+    /// The Argo CD version each instance's stand-in plays, by instance index; an
+    /// instance without one plays the stand-in options' version.
+    pub versions: Vec<String>,
     /// Register the (first) writer's admission webhook; without it, deployments into
     /// a tenant's own namespace are accepted unverified.
     pub webhook: bool,
@@ -152,6 +155,7 @@ impl Default for StackShape {
             writers: 1,
             agents: 1,
             instances: 1,
+            versions: Vec::new(),
             webhook: true,
             agent_lease: None,
             writer_env: Vec::new(),
@@ -250,7 +254,8 @@ fn redact_password(url: &str) -> String {
 }
 
 /// Runs the local service until Ctrl-C or SIGTERM; calls `on_ready` once a
-/// GitOpsDeployment can be applied.
+/// GitOpsDeployment can be applied. `shape.instances` engine instances, each with
+/// the Argo CD version `shape.versions` gives it (so a rollout can be tried).
 pub async fn up(dir: &Path, shape: &StackShape, on_ready: impl FnOnce(&DevInfo)) -> Result<(), DevError> {
     let mut stack = DevStack::start_shaped(dir, StandinOptions::default(), shape).await?;
     on_ready(&stack.info);
@@ -391,7 +396,11 @@ impl DevStack {
             let (_, namespace) = shape.instance(index);
             create_namespace(&kube, &namespace).await?;
             if shape.standin {
-                standins.push(Standin::start(&kube, &namespace, standin_options.clone()));
+                let mut options = standin_options.clone();
+                if let Some(version) = shape.versions.get(index) {
+                    options.version.clone_from(version);
+                }
+                standins.push(Standin::start(&kube, &namespace, options));
                 standin_namespaces.push(namespace);
             }
         }

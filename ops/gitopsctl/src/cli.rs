@@ -33,6 +33,8 @@ pub enum Command {
     Queue(QueueArgs),
     /// What the service does for tenants, for review.
     Tenant(TenantArgs),
+    /// Canary rollouts of a new Argo CD version onto an instance.
+    Rollout(RolloutArgs),
     /// Rotate the encryption of stored secrets.
     Secrets(SecretsArgs),
     /// Write the tenant CustomResourceDefinitions, generated from the writer's
@@ -78,7 +80,8 @@ pub enum InstanceCommand {
               value_parser = clap::value_parser!(i32).range(1..))]
         capacity: i32,
     },
-    /// List engine instances: namespace, capacity, tenants, health (healthy,
+    /// List engine instances: namespace, capacity, tenants, the Argo CD version its
+    /// agents read from it, health (healthy,
     /// degraded: Argo CD stuck, lost: no agent reaches it), whether new tenants may go
     /// there, age of the last heartbeat.
     List,
@@ -108,6 +111,43 @@ pub enum InstanceCommand {
         /// Moves in progress at most (those already running count).
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
         max_moves: u32,
+    },
+    /// Create an Argo CD instance on the host cluster (KUBECONFIG): its namespace, a
+    /// Role and RoleBinding for the agents there, and an `ArgoCD` resource of the
+    /// Argo CD Operator; wait until the operator reports it Available, and register it.
+    Provision {
+        /// Instance name (a DNS label).
+        name: String,
+        /// Its namespace (default: the name).
+        #[arg(long)]
+        namespace: Option<String>,
+        /// The Argo CD version (default: the operator's).
+        #[arg(long)]
+        version: Option<String>,
+        /// How many tenants may be placed on it.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i32).range(1..))]
+        capacity: i32,
+        /// The agents' ServiceAccounts (NAMESPACE/NAME; repeat or comma-separate),
+        /// bound to the agents' Role in the new namespace.
+        #[arg(
+            long,
+            env = "GITOPS_AGENT_SERVICE_ACCOUNTS",
+            value_delimiter = ',',
+            default_value = "argocd/gitops-agent"
+        )]
+        agent_service_account: Vec<String>,
+        /// How long to wait for the operator.
+        #[arg(long, default_value = "5m", value_parser = config::parse_duration)]
+        wait: std::time::Duration,
+    },
+    /// Drain an instance made by `provision`, wait until its tenants moved, remove
+    /// its registration and operation history, and delete its ArgoCD and namespace.
+    Decommission {
+        /// Instance name.
+        name: String,
+        /// How long to wait for its tenants to move.
+        #[arg(long, default_value = "10m", value_parser = config::parse_duration)]
+        wait: std::time::Duration,
     },
     /// Remove an engine instance that has no tenants and no operations left.
     Remove {
@@ -149,6 +189,78 @@ pub enum TenantCommand {
         /// The instance to move it to (not cordoned, with room).
         #[arg(long)]
         to: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct RolloutArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    #[command(subcommand)]
+    pub command: RolloutCommand,
+}
+
+/// Which tenants a rollout starts with (exactly one).
+#[derive(Debug, Clone, Args)]
+#[group(required = true, multiple = false)]
+pub struct CohortArgs {
+    /// This many tenants, the oldest first.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub tenants: Option<u32>,
+    /// This percentage of the tenants that may move (rounded up, at least one).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub percent: Option<u32>,
+    /// Exactly these tenants (their namespaces, comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub namespaces: Option<Vec<String>>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RolloutCommand {
+    /// Move a canary cohort onto an instance (running the new Argo CD version) and
+    /// watch its deployments for the bake time; rolls back by itself when their
+    /// health or sync gets worse than before the move.
+    Start {
+        /// The instance to roll out to (it takes no other new tenants meanwhile).
+        #[arg(long)]
+        to: String,
+        #[command(flatten)]
+        cohort: CohortArgs,
+        /// Only tenants of this instance (default: of every other instance).
+        #[arg(long)]
+        from: Option<String>,
+        /// How long each wave's deployments are watched after they moved.
+        #[arg(long, env = "GITOPS_ROLLOUT_BAKE", default_value = "10m", value_parser = config::parse_duration)]
+        bake: std::time::Duration,
+        /// Regressions tolerated per wave; one more rolls back (default: 10% of the
+        /// wave's deployments, at least 1).
+        #[arg(long, env = "GITOPS_ROLLOUT_MAX_REGRESSIONS")]
+        max_regressions: Option<u32>,
+        /// Tenants per promotion wave (default: the canary's size).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        wave_size: Option<u32>,
+    },
+    /// Move the source instances' remaining tenants too, in waves, each baked and
+    /// checked like the canary (after the canary passed).
+    Promote {
+        /// The rollout's id.
+        id: i64,
+        /// Tenants per wave (default: as set at start).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        wave_size: Option<u32>,
+    },
+    /// Move every tenant the rollout moved back to where it came from.
+    Abort {
+        /// The rollout's id.
+        id: i64,
+        /// Why (shown by `rollout status`).
+        #[arg(long, default_value = "no reason given")]
+        reason: String,
+    },
+    /// Every rollout, or one with its waves, their results and its tenants.
+    Status {
+        /// The rollout's id.
+        id: Option<i64>,
     },
 }
 
@@ -232,6 +344,25 @@ mod tests {
         let Command::Queue(args) = cli.command else { panic!("not a queue command") };
         assert_eq!(args.db.database_url.as_ref().map(|u| u.expose()), Some("postgres://h/db"));
         assert!(matches!(args.command, Some(QueueCommand::Retry { id: Some(12), all_failed: false })));
+    }
+
+    #[test]
+    fn a_rollout_starts_with_exactly_one_cohort() {
+        let start = |extra: &[&str]| {
+            let mut args = vec!["gitopsctl", "rollout", "start", "--to", "argocd-2"];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args)
+        };
+        assert!(start(&[]).is_err());
+        assert!(start(&["--tenants", "2", "--percent", "10"]).is_err());
+        assert!(start(&["--percent", "101"]).is_err());
+        let cli = start(&["--namespaces", "a,b", "--bake", "5s"]).expect("parses");
+        let Command::Rollout(RolloutArgs { command: RolloutCommand::Start { cohort, bake, .. }, .. }) = cli.command
+        else {
+            panic!("not a rollout start")
+        };
+        assert_eq!(cohort.namespaces, Some(vec!["a".to_owned(), "b".to_owned()]));
+        assert_eq!(bake, std::time::Duration::from_secs(5));
     }
 
     #[test]

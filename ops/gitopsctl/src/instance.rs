@@ -1,6 +1,6 @@
 //! `gitopsctl instance`: operators register the engine (Argo CD) instances that
 //! agents serve and tenants are placed on, list them with their load, health and
-//! the age of their agents' last heartbeat, cordon and drain them, and remove
+//! the Argo CD version they run and the age of their agents' last heartbeat, cordon and drain them, and remove
 //! empty ones.
 
 use gitops_shared::db::engine_instance::{self, EngineInstance};
@@ -108,13 +108,14 @@ pub fn render_list(instances: &[EngineInstance]) -> String {
                 i.argocd_namespace.clone(),
                 i.capacity.to_string(),
                 i.tenants.to_string(),
+                i.argocd_version.clone().unwrap_or_else(|| "unknown".to_owned()),
                 i.health.clone(),
                 placement(i).to_owned(),
                 i.heartbeat_at.map_or_else(|| "never".to_owned(), table::age_since),
             ]
         })
         .collect();
-    table::render(&["NAME", "NAMESPACE", "CAPACITY", "TENANTS", "HEALTH", "PLACEMENT", "HEARTBEAT"], &rows)
+    table::render(&["NAME", "NAMESPACE", "CAPACITY", "TENANTS", "VERSION", "HEALTH", "PLACEMENT", "HEARTBEAT"], &rows)
 }
 
 /// Whether new tenants may be placed on the instance.
@@ -146,12 +147,15 @@ mod tests {
             epoch: 0,
             fenced: false,
             health: "lost".into(),
+            argocd_version: None,
         };
         assert_eq!(
             render_list(std::slice::from_ref(&instance)),
-            "NAME    NAMESPACE  CAPACITY  TENANTS  HEALTH  PLACEMENT  HEARTBEAT\n\
-             prod-1  argocd     1000      3        lost    open       never\n"
+            "NAME    NAMESPACE  CAPACITY  TENANTS  VERSION  HEALTH  PLACEMENT  HEARTBEAT\n\
+             prod-1  argocd     1000      3        unknown  lost    open       never\n"
         );
+        let versioned = EngineInstance { argocd_version: Some("v2.14.2".into()), ..instance.clone() };
+        assert!(render_list(&[versioned]).contains("  v2.14.2  "));
         let full = EngineInstance { capacity: 3, ..instance.clone() };
         assert!(render_list(&[full]).contains("full"));
         let cordoned = EngineInstance { cordoned: true, ..instance };

@@ -7,7 +7,9 @@ pub mod cli;
 pub mod error;
 pub mod instance;
 pub mod migrate;
+pub mod provision;
 pub mod queue;
+pub mod rollout;
 pub mod secrets;
 mod table;
 pub mod tenant;
@@ -18,7 +20,7 @@ use tokio_postgres::Client;
 
 pub use error::CtlError;
 
-use cli::{Command, DbArgs, InstanceCommand, QueueCommand, SecretsCommand, TenantCommand};
+use cli::{Command, DbArgs, InstanceCommand, QueueCommand, RolloutCommand, SecretsCommand, TenantCommand};
 
 /// The `application_name` gitopsctl's connections carry.
 const APPLICATION_NAME: &str = "gitopsctl";
@@ -55,6 +57,28 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
                     } else {
                         moved.iter().map(|(ns, from, to)| format!("moving {ns:?} from {from:?} to {to:?}\n")).collect()
                     })
+                }
+                InstanceCommand::Provision { name, namespace, version, capacity, agent_service_account, wait } => {
+                    let request = provision::ProvisionRequest {
+                        name: name.clone(),
+                        namespace,
+                        version,
+                        capacity,
+                        agents: agent_service_account,
+                        wait,
+                    };
+                    let id = provision::provision(url, provision::host_cluster().await?, &request).await?;
+                    Ok(format!(
+                        "engine instance {name:?} provisioned and registered (id {id}); run its agents with \
+                         --instance {name}\n"
+                    ))
+                }
+                InstanceCommand::Decommission { name, wait } => {
+                    let purged = provision::decommission(url, provision::host_cluster().await?, &name, wait).await?;
+                    Ok(format!(
+                        "engine instance {name:?} decommissioned: its tenants moved, its registration and {purged} \
+                         operations of its history removed, its ArgoCD and namespace deleted\n"
+                    ))
                 }
                 InstanceCommand::Remove { name } => {
                     instance::remove(url, &name).await?;
@@ -94,6 +118,36 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
                          adopts it (gitopsctl tenant show {namespace})\n"
                     ))
                 }
+            }
+        }
+        Command::Rollout(args) => {
+            let url = database_url(&args.db)?;
+            match args.command {
+                RolloutCommand::Start { to, cohort, from, bake, max_regressions, wave_size } => {
+                    let cohort = rollout::cohort(cohort)?;
+                    let request = gitops_shared::db::rollout::RolloutRequest {
+                        target: to,
+                        cohort,
+                        from,
+                        bake,
+                        max_regressions,
+                        wave_size,
+                    };
+                    let started = rollout::start(url, request.clone()).await?;
+                    Ok(rollout::render_started(&request, &started))
+                }
+                RolloutCommand::Promote { id, wave_size } => {
+                    rollout::promote(url, id, wave_size).await?;
+                    Ok(format!(
+                        "rollout {id} promotes: once its canary passed, the source instances' other tenants move in \
+                         waves (gitopsctl rollout status {id})\n"
+                    ))
+                }
+                RolloutCommand::Abort { id, reason } => {
+                    rollout::abort(url, id, &reason).await?;
+                    Ok(format!("rollout {id} aborted: its tenants move back (gitopsctl rollout status {id})\n"))
+                }
+                RolloutCommand::Status { id } => rollout::status(url, id).await,
             }
         }
         Command::Secrets(args) => match args.command {

@@ -29,6 +29,8 @@ pub struct EngineInstance {
     pub epoch: i64,
     /// Fenced (lost past the grace) and not yet cleaned up by a returning agent.
     pub fenced: bool,
+    /// The Argo CD version its agents last read from it (None: not reported).
+    pub argocd_version: Option<String>,
 }
 
 const ADD: &str = "
@@ -38,14 +40,14 @@ RETURNING id";
 const LIST: &str = "
 SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at, i.tenants::bigint AS tenants, i.cordoned,
        i.progress_at, engine_instance_health(i.heartbeat_at, i.progress_at) AS health, i.epoch,
-       i.fenced_at IS NOT NULL AS fenced
+       i.fenced_at IS NOT NULL AS fenced, i.argocd_version
   FROM engine_instance i
  ORDER BY i.name";
 
 const BY_NAME: &str = "
 SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at, i.tenants::bigint AS tenants, i.cordoned,
        i.progress_at, engine_instance_health(i.heartbeat_at, i.progress_at) AS health, i.epoch,
-       i.fenced_at IS NOT NULL AS fenced
+       i.fenced_at IS NOT NULL AS fenced, i.argocd_version
   FROM engine_instance i
  WHERE i.name = $1";
 
@@ -58,11 +60,29 @@ DELETE FROM engine_instance i
    AND NOT EXISTS (SELECT 1 FROM operation o WHERE o.engine_instance_id = i.id)
 RETURNING id";
 
+// Decommissioning: the instance's operation history goes with it (nothing else
+// refers to it); refused while a tenant or an operation in flight is left.
+const PURGE_HISTORY: &str = "
+DELETE FROM operation o
+ WHERE o.engine_instance_id = $1 AND o.state IN ('completed', 'superseded', 'failed')
+   AND NOT EXISTS (SELECT 1 FROM tenant t WHERE t.engine_instance_id = $1 OR t.moving_from = $1)
+   AND NOT EXISTS (SELECT 1 FROM operation w WHERE w.engine_instance_id = $1 AND w.state IN ('waiting', 'claimed'))";
+
+const REMOVE_BY_ID: &str = "
+DELETE FROM engine_instance i
+ WHERE i.id = $1
+   AND NOT EXISTS (SELECT 1 FROM tenant t WHERE t.engine_instance_id = i.id OR t.moving_from = i.id)
+   AND NOT EXISTS (SELECT 1 FROM operation o WHERE o.engine_instance_id = i.id)
+RETURNING name";
+
 const NAMESPACES: &str = "SELECT DISTINCT argocd_namespace FROM engine_instance";
 
 const HEARTBEAT: &str = "UPDATE engine_instance SET heartbeat_at = now() WHERE id = $1";
 
 const PROGRESS: &str = "UPDATE engine_instance SET progress_at = now() WHERE id = $1";
+
+const VERSION: &str = "
+UPDATE engine_instance SET argocd_version = $2, version_reported_at = now() WHERE id = $1";
 
 const ADOPTION_SETTINGS: &str = "
 UPDATE engine_instance SET tracking_method = $2, instance_label_key = $3, installation_id = $4
@@ -78,10 +98,24 @@ SELECT s.name AS source, t.name AS target,
  WHERE s.id = $1 AND t.id = $2";
 
 /// Every statement of this module (a test prepares them against the schema).
-pub const STATEMENTS: &[&str] =
-    &[ADD, LIST, BY_NAME, CORDON, REMOVE, NAMESPACES, HEARTBEAT, PROGRESS, ADOPTION_SETTINGS, ADOPTION_PAIR];
+pub const STATEMENTS: &[&str] = &[
+    ADD,
+    LIST,
+    BY_NAME,
+    CORDON,
+    REMOVE,
+    PURGE_HISTORY,
+    REMOVE_BY_ID,
+    NAMESPACES,
+    HEARTBEAT,
+    PROGRESS,
+    VERSION,
+    ADOPTION_SETTINGS,
+    ADOPTION_PAIR,
+];
 
-fn is_dns_label(s: &str) -> bool {
+/// Whether `s` is a DNS label (a-z, 0-9, `-`, at most 63, no `-` at either end).
+pub fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
@@ -177,6 +211,7 @@ impl TryFrom<&tokio_postgres::Row> for EngineInstance {
             health: row.try_get("health")?,
             epoch: row.try_get("epoch")?,
             fenced: row.try_get("fenced")?,
+            argocd_version: row.try_get("argocd_version")?,
         })
     }
 }
@@ -221,6 +256,24 @@ pub async fn engine_instance_remove(client: &Client, name: &str) -> Result<(), D
     Err(DbError::InstanceInUse { name: name.to_owned(), tenants: instance.tenants })
 }
 
+/// Removes instance `id` for good with its operation history (completed,
+/// superseded and failed operations); returns how many operations went. Refused
+/// (`InstanceInUse`, nothing changed) while a tenant is on it or moving from it, or
+/// an operation of it waits or is claimed.
+pub async fn engine_instance_decommission(client: &mut Client, id: EngineInstanceId) -> Result<u64, DbError> {
+    crate::db::in_txn_retrying(client, move |txn| {
+        Box::pin(async move {
+            let action = "decommission an engine instance";
+            let purged = txn.execute(PURGE_HISTORY, &[&id]).await.map_err(DbError::query(action))?;
+            match txn.query_opt(REMOVE_BY_ID, &[&id]).await.map_err(DbError::query(action))? {
+                Some(_) => Ok(purged),
+                None => Err(DbError::InstanceInUse { name: format!("#{}", id.0), tenants: 0 }),
+            }
+        })
+    })
+    .await
+}
+
 /// Records that an agent saw the instance's Argo CD make progress.
 pub async fn engine_instance_progress(client: &Client, id: EngineInstanceId) -> Result<(), DbError> {
     client.execute(PROGRESS, &[&id.0]).await.map_err(DbError::query("record an engine instance's progress"))?;
@@ -230,6 +283,16 @@ pub async fn engine_instance_progress(client: &Client, id: EngineInstanceId) -> 
 /// Records that an agent of this instance is alive.
 pub async fn engine_instance_heartbeat(client: &Client, id: EngineInstanceId) -> Result<(), DbError> {
     client.execute(HEARTBEAT, &[&id.0]).await.map_err(DbError::query("heartbeat an engine instance"))?;
+    Ok(())
+}
+
+/// Records the Argo CD version an agent read from instance `id` (None: unreadable).
+pub async fn engine_instance_version(
+    client: &Client,
+    id: EngineInstanceId,
+    version: Option<&str>,
+) -> Result<(), DbError> {
+    client.execute(VERSION, &[&id, &version]).await.map_err(DbError::query("record an instance's version"))?;
     Ok(())
 }
 

@@ -30,7 +30,10 @@ const LOCK: &str = "SELECT pg_try_advisory_xact_lock($1) AS locked";
 // ($1 ms; NULL: no draining) past the degraded window.
 const INSTANCES: &str = "
 SELECT e.name, e.capacity::bigint AS capacity, e.tenants::bigint AS tenants, e.cordoned,
-       e.fenced_at IS NOT NULL AS fenced, engine_instance_health(e.heartbeat_at, e.progress_at) AS health,
+       e.fenced_at IS NOT NULL AS fenced,
+       EXISTS (SELECT 1 FROM rollout r WHERE r.target_instance_id = e.id
+                 AND r.state IN ('moving', 'baking', 'waiting', 'rolling_back')) AS rollout_target,
+       engine_instance_health(e.heartbeat_at, e.progress_at) AS health,
        $1::bigint IS NOT NULL AND engine_instance_health(e.heartbeat_at, e.progress_at) = 'degraded'
          AND e.progress_at < now() - COALESCE(NULLIF(current_setting('gitops.instance_degraded_after', true), ''),
                                               '90 seconds')::interval
@@ -48,6 +51,7 @@ const CORDON: &str = "UPDATE engine_instance SET cordoned = true WHERE name = $1
 const MOVABLE: &str = "
 SELECT t.namespace_name FROM tenant t JOIN engine_instance e ON e.id = t.engine_instance_id
  WHERE e.name = $1 AND t.move_state IS NULL AND t.row_state = 'active'
+   AND NOT EXISTS (SELECT 1 FROM rollout_tenant rt WHERE rt.tenant_id = t.id AND rt.active)
  ORDER BY t.id LIMIT 1";
 
 /// Every statement of this module (a test prepares them against the schema).
@@ -171,7 +175,8 @@ async fn balance_in_txn(txn: &Transaction<'_>, settings: BalanceSettings) -> Res
             name,
             tenants: column(row, "tenants", action)?,
             capacity: column(row, "capacity", action)?,
-            open: health == "healthy" && !cordoned && !fenced,
+            // A rollout's target takes no tenants but the rollout's.
+            open: health == "healthy" && !cordoned && !fenced && !column::<bool>(row, "rollout_target", action)?,
         });
     }
     let running = txn.query_one(RUNNING, &[]).await.map_err(DbError::query(action))?;

@@ -22,6 +22,7 @@ pub mod placement;
 pub mod purge;
 pub mod resource_state;
 pub mod resync;
+pub mod rollout;
 pub mod status_feed;
 pub mod sync_operation;
 pub mod tenant;
@@ -53,6 +54,7 @@ pub const STATEMENTS: &[(&str, &[&str])] = &[
     ("purge", purge::STATEMENTS),
     ("resource_state", resource_state::STATEMENTS),
     ("resync", resync::STATEMENTS),
+    ("rollout", rollout::STATEMENTS),
     ("status_feed", status_feed::STATEMENTS),
     ("sync_operation", sync_operation::STATEMENTS),
     ("tenant", tenant::STATEMENTS),

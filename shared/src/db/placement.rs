@@ -23,6 +23,8 @@ SELECT e.id
  WHERE e.heartbeat_at > now() - $1::bigint * interval '1 millisecond'
    AND engine_instance_health(e.heartbeat_at, e.progress_at) = 'healthy'
    AND NOT e.cordoned AND e.tenants < e.capacity
+   AND NOT EXISTS (SELECT 1 FROM rollout r WHERE r.target_instance_id = e.id
+                     AND r.state IN ('moving', 'baking', 'waiting', 'rolling_back'))
  ORDER BY e.tenants::float8 / e.capacity, e.id
  LIMIT 1";
 

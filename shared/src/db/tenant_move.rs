@@ -69,7 +69,14 @@ const LOCK: &str = "
 SELECT t.id, t.engine_instance_id, t.move_state, t.row_state::text AS row_state
   FROM tenant t WHERE t.namespace_name = $1 AND t.row_state <> 'deleted' FOR UPDATE";
 
-const TARGET: &str = "SELECT id, cordoned, tenants, capacity FROM engine_instance WHERE name = $1";
+const TARGET: &str = "
+SELECT e.id, e.cordoned, e.tenants, e.capacity,
+       EXISTS (SELECT 1 FROM rollout r WHERE r.target_instance_id = e.id
+                 AND r.state IN ('moving', 'baking', 'waiting', 'rolling_back')) AS rollout_target
+  FROM engine_instance e WHERE e.name = $1";
+
+// The active rollout acting on the tenant, if any (only its own moves may move it).
+const IN_ROLLOUT: &str = "SELECT rollout_id FROM rollout_tenant WHERE tenant_id = $1 AND active";
 
 const START: &str = "
 UPDATE tenant SET moving_from = engine_instance_id, engine_instance_id = $2, move_state = 'releasing',
@@ -141,6 +148,7 @@ pub const STATEMENTS: &[&str] = &[
     BY_ID,
     LOCK,
     TARGET,
+    IN_ROLLOUT,
     START,
     RETARGET,
     TOUCH_STATE,
@@ -217,6 +225,12 @@ pub async fn tenant_move_in_txn(txn: &Transaction<'_>, namespace: &str, to: &str
     if row_state != "active" {
         return invalid(format!("the tenant of {namespace:?} is being deleted"));
     }
+    if let Some(row) = txn.query_opt(IN_ROLLOUT, &[&id]).await.map_err(DbError::query(action))?
+        && reason != crate::db::rollout::ROLLBACK_REASON
+    {
+        let rollout: i64 = column(&row, "rollout_id", action)?;
+        return invalid(format!("the tenant of {namespace:?} is in rollout {rollout}; abort it first"));
+    }
     if let Some(state) = state {
         return invalid(format!("the tenant of {namespace:?} is already moving ({state})"));
     }
@@ -226,6 +240,9 @@ pub async fn tenant_move_in_txn(txn: &Transaction<'_>, namespace: &str, to: &str
     let Some(target) = txn.query_opt(TARGET, &[&to]).await.map_err(DbError::query(action))? else {
         return invalid(format!("no engine instance {to:?}"));
     };
+    if column::<bool>(&target, "rollout_target", action)? && reason != crate::db::rollout::MOVE_REASON {
+        return invalid(format!("engine instance {to:?} is the target of a rollout and takes no other tenants"));
+    }
     let target_id: EngineInstanceId = column(&target, "id", action)?;
     if target_id == from {
         return invalid(format!("the tenant of {namespace:?} is on {to:?} already"));

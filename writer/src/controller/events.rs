@@ -1,7 +1,7 @@
 //! Which changes of a tenant resource's conditions become Kubernetes Events: the
 //! watcher compares what the conditions told the tenant before and after each
 //! update (ours and the status loop's alike) and publishes the transitions —
-//! accepted, refused, ready, unavailable, stalled — and the deletion. Objects seen
+//! accepted, refused, ready, unavailable, stalled, moving — and the deletion. Objects seen
 //! for the first time (a start, a relist) publish nothing: nothing changed.
 
 use std::sync::Arc;
@@ -60,6 +60,10 @@ fn transitions(before: &Shown, after: &Shown) -> Vec<Transition> {
             }
             ("False", "Stalled" | "ArgoCDUnavailable") => {
                 out.push(Transition { warning: true, reason: reason.clone(), action: "Apply", note: message.clone() });
+            }
+            // Why it moves (a rollout, its rollback, a drain, a failover): the message says.
+            ("False", "Moving") => {
+                out.push(Transition { warning: false, reason: reason.clone(), action: "Move", note: message.clone() });
             }
             _ => {}
         }
@@ -130,5 +134,7 @@ mod tests {
         assert_eq!(reasons(&ready, &unavailable), [("ArgoCDUnavailable".to_owned(), true)]);
         let progressing = [next[0].clone(), condition("Ready", "False", "Progressing", 2)];
         assert!(reasons(&ready, &progressing).is_empty(), "progress is not an event");
+        let moving = [next[0].clone(), condition("Ready", "False", "Moving", 2)];
+        assert_eq!(reasons(&ready, &moving), [("Moving".to_owned(), false)], "a move is");
     }
 }

@@ -136,6 +136,8 @@ fn kstatus(
                 "degraded" => " because its Argo CD instance stopped making progress",
                 "rebalance" => " to balance the load of the service's instances",
                 "drain" => " because an operator is emptying its Argo CD instance",
+                "rollout" => " running a new Argo CD version, as part of a canary rollout",
+                "rollback" => " back to its previous Argo CD instance: a canary rollout is rolled back",
                 _ => "",
             };
             let message =
@@ -566,6 +568,14 @@ mod tests {
         assert!(ready.contains("because its Argo CD instance was lost"), "the tenant reads why: {ready}");
         assert_eq!(of(&conditions, RECONCILING), ("True", REASON_MOVING));
         assert_eq!(of(&readiness(&row(), AUTOMATED, &[]), READY), ("True", "Ready"), "and Ready again after");
+        for (reason, says) in
+            [("rollout", "as part of a canary rollout"), ("rollback", "a canary rollout is rolled back")]
+        {
+            moving.moving = Some(reason.into());
+            let conditions = readiness(&moving, AUTOMATED, &[]);
+            let message = conditions.iter().find(|c| c.type_ == READY).and_then(|c| c.message.clone());
+            assert!(message.unwrap_or_default().contains(says), "a {reason} says so");
+        }
     }
 
     #[test]

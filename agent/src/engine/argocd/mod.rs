@@ -43,6 +43,19 @@ pub fn app_project_resource() -> ApiResource {
 /// Argo CD's settings ConfigMap.
 const ARGOCD_CM: &str = "argocd-cm";
 
+/// The StatefulSet of Argo CD's application controller, whose image tag is the
+/// instance's version (the name every Argo CD install and the operator give it).
+pub const APPLICATION_CONTROLLER: &str = "argocd-application-controller";
+
+/// The version in an image reference: its tag (`quay.io/argoproj/argocd:v2.14.2`
+/// → `v2.14.2`), without a digest; None for an untagged image.
+pub fn image_version(image: &str) -> Option<String> {
+    let image = image.split('@').next().unwrap_or(image);
+    let last = image.rsplit('/').next().unwrap_or(image);
+    let (_, tag) = last.split_once(':')?;
+    (!tag.is_empty()).then(|| tag.to_owned())
+}
+
 /// One Argo CD instance, reached through `client`, reading `namespace`.
 #[derive(Clone)]
 pub struct ArgoCdEngine {
@@ -370,6 +383,23 @@ impl Engine for ArgoCdEngine {
         })
     }
 
+    fn version(&self) -> BoxFuture<'_, Result<Option<String>, EngineError>> {
+        Box::pin(async move {
+            let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> =
+                Api::namespaced(self.client.clone(), &self.namespace);
+            let set = match sets.get_opt(APPLICATION_CONTROLLER).await {
+                Ok(found) => found,
+                // Not allowed to read it: the version is unknown, not a fault.
+                Err(kube::Error::Api(status)) if status.code == 403 => return Ok(None),
+                Err(error) => return Err(classify(format!("read StatefulSet {APPLICATION_CONTROLLER}"), error)),
+            };
+            let containers = set.and_then(|s| s.spec).and_then(|s| s.template.spec).map(|s| s.containers);
+            let containers = containers.unwrap_or_default();
+            let container = containers.iter().find(|c| c.name == APPLICATION_CONTROLLER).or_else(|| containers.first());
+            Ok(container.and_then(|c| c.image.as_deref()).and_then(image_version))
+        })
+    }
+
     fn list_owned(&self) -> BoxFuture<'_, Result<Vec<OwnedObject>, EngineError>> {
         Box::pin(async move {
             let mut out = Vec::new();
@@ -398,6 +428,15 @@ impl Engine for ArgoCdEngine {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_version_is_the_image_tag() {
+        use super::image_version;
+        assert_eq!(image_version("quay.io/argoproj/argocd:v2.14.2").as_deref(), Some("v2.14.2"));
+        assert_eq!(image_version("registry:5000/argocd:v3.0.1@sha256:abc").as_deref(), Some("v3.0.1"));
+        assert_eq!(image_version("registry:5000/argocd"), None);
+        assert_eq!(image_version("argocd:"), None);
+    }
+
     use super::*;
 
     fn api(code: u16) -> kube::Error {

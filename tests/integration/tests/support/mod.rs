@@ -223,7 +223,8 @@ pub fn agent_rbac_rules() -> serde_json::Value {
     serde_json::json!([
         {"apiGroups": ["argoproj.io"], "resources": ["applications", "appprojects"], "verbs": ["*"]},
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["*"]},
-        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["argocd-cm"], "verbs": ["get"]}
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["argocd-cm"], "verbs": ["get"]},
+        {"apiGroups": ["apps"], "resources": ["statefulsets"], "resourceNames": ["argocd-application-controller"], "verbs": ["get"]}
     ])
 }
 

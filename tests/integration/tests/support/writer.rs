@@ -123,12 +123,23 @@ impl Env {
         purpose: &str,
         probe_every: Duration,
     ) -> (TestNamespace, CancellationToken) {
+        self.another_instance_with(name, purpose, probe_every, self.standin.clone()).await
+    }
+
+    /// [`Env::another_instance`] whose stand-in runs with `options` (another
+    /// version, an instance-wide knob).
+    pub(crate) async fn another_instance_with(
+        &self,
+        name: &str,
+        purpose: &str,
+        probe_every: Duration,
+        options: StandinOptions,
+    ) -> (TestNamespace, CancellationToken) {
         let cluster = TestCluster::get().await;
         let namespace = cluster.namespace(&format!("{purpose}-{name}")).await;
         let standin = self.cancel.child_token();
         tokio::spawn({
-            let (kube, ns, cancel, options) =
-                (self.kube.clone(), namespace.name().to_owned(), standin.clone(), self.standin.clone());
+            let (kube, ns, cancel) = (self.kube.clone(), namespace.name().to_owned(), standin.clone());
             async move { argocd::run(kube, &ns, options, cancel).await }
         });
         engine_instance_add(&self.client, name, namespace.name(), 1000).await.expect("add instance");

@@ -104,6 +104,29 @@ struct Context {
 }
 
 /// Runs the controller until `cancel` fires; in-flight reconciles finish first.
+/// Publishes `version` as Argo CD does: the image tag of the application
+/// controller's StatefulSet (nothing runs it; only its spec is read).
+async fn publish_version(client: &Client, namespace: &str, version: &str) -> Result<(), kube::Error> {
+    let name = "argocd-application-controller";
+    let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = Api::namespaced(client.clone(), namespace);
+    let labels = serde_json::json!({"app.kubernetes.io/name": name});
+    let set = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": 0,
+            "serviceName": name,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": name, "image": format!("quay.io/argoproj/argocd:{version}")}]},
+            },
+        },
+    });
+    sets.patch(name, &kube::api::PatchParams::apply("argocd-standin").force(), &kube::api::Patch::Apply(set)).await?;
+    Ok(())
+}
+
 pub(super) async fn run_controller(
     client: Client,
     namespace: &str,
@@ -121,7 +144,10 @@ pub(super) async fn run_controller(
             source,
         })?;
     }
-    info!(argocd.ns = namespace, "Argo CD stand-in started");
+    if let Err(error) = publish_version(&client, namespace, &options.version).await {
+        warn!(argocd.ns = namespace, %error, "could not publish the stand-in's version");
+    }
+    info!(argocd.ns = namespace, version = %options.version, "Argo CD stand-in started");
 
     let controller = Controller::new_with(apps.clone(), watcher::Config::default(), app_resource.clone());
     let store = controller.store();
@@ -199,7 +225,10 @@ async fn reconcile(app: Arc<DynamicObject>, context: Arc<Context>) -> Result<Act
 
 async fn reconcile_object(app: &DynamicObject, context: &Context) -> Result<Action, ReconcileError> {
     let name = app.name_any();
-    let annotations = app.annotations().clone();
+    let mut annotations = app.annotations().clone();
+    if let Some(health) = &context.options.health {
+        annotations.entry(super::knobs::HEALTH.to_owned()).or_insert_with(|| health.clone());
+    }
     let object =
         serde_json::to_value(app).map_err(|source| ReconcileError::Serialize { name: name.clone(), source })?;
     let now = Timestamp::now();

@@ -117,13 +117,13 @@ pub fn app_project_crd() -> CustomResourceDefinition {
     from_json(crd)
 }
 
-fn from_json(value: Value) -> CustomResourceDefinition {
+pub(super) fn from_json(value: Value) -> CustomResourceDefinition {
     // The literals above are fixed at compile time; a failure is a bug in this file
     // and the unit tests below catch it.
     serde_json::from_value(value).expect("a CustomResourceDefinition literal")
 }
 
-fn labels(name: &str) -> Value {
+pub(super) fn labels(name: &str) -> Value {
     json!({
         "app.kubernetes.io/name": name,
         "app.kubernetes.io/part-of": "argocd",
@@ -131,7 +131,7 @@ fn labels(name: &str) -> Value {
     })
 }
 
-fn string() -> Value {
+pub(super) fn string() -> Value {
     json!({"type": "string"})
 }
 
@@ -151,7 +151,7 @@ fn strings() -> Value {
     json!({"type": "array", "items": string()})
 }
 
-fn preserved() -> Value {
+pub(super) fn preserved() -> Value {
     json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})
 }
 

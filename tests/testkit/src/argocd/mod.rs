@@ -62,6 +62,7 @@ mod knobs;
 pub mod live;
 mod loop_guard;
 mod operation;
+pub mod operator;
 mod project;
 mod revision;
 mod status;
@@ -102,11 +103,28 @@ pub struct StandinOptions {
     /// Application in its destination namespace, pruned only under the resources
     /// finalizer. Off by default (it costs a write per Application).
     pub live_resources: bool,
+    /// The Argo CD version the stand-in plays, published as Argo CD's is: the image
+    /// tag of the `argocd-application-controller` StatefulSet in its namespace.
+    pub version: String,
+    /// A knob for the whole instance: every Application reports this health (as the
+    /// `standin.gitops.test/health` annotation would, which wins), so an instance
+    /// whose Argo CD breaks what it adopts can be played (annotations do not survive
+    /// a move to another instance; this does not move with them).
+    pub health: Option<String>,
 }
+
+/// The version a stand-in plays unless told otherwise.
+pub const DEFAULT_VERSION: &str = "v2.14.2";
 
 impl Default for StandinOptions {
     fn default() -> Self {
-        StandinOptions { resync: Duration::from_secs(180), concurrency: 8, live_resources: false }
+        StandinOptions {
+            resync: Duration::from_secs(180),
+            concurrency: 8,
+            live_resources: false,
+            version: DEFAULT_VERSION.to_owned(),
+            health: None,
+        }
     }
 }
 

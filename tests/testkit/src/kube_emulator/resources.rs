@@ -125,6 +125,7 @@ pub const CRD_GROUP: &str = "apiextensions.k8s.io";
 pub const ADMISSION_GROUP: &str = "admissionregistration.k8s.io";
 pub const AUTHORIZATION_GROUP: &str = "authorization.k8s.io";
 pub const EVENTS_GROUP: &str = "events.k8s.io";
+pub const APPS_GROUP: &str = "apps";
 
 /// The built-in resources, in the order kube-apiserver lists them.
 pub fn builtins() -> Vec<ResourceInfo> {
@@ -173,6 +174,12 @@ pub fn builtins() -> Vec<ResourceInfo> {
         NameRule::Subdomain,
     );
     webhooks.categories = vec!["api-extensions".to_owned()];
+    // Served for what reads a StatefulSet's spec (an Argo CD's version); nothing
+    // runs its pods.
+    let mut statefulsets = builtin(APPS_GROUP, "statefulsets", "StatefulSet", true, &["sts"], NameRule::Subdomain);
+    statefulsets.status_subresource = true;
+    statefulsets.uses_generation = true;
+    statefulsets.categories = vec!["all".to_owned()];
     vec![
         configmaps,
         builtin("", "events", "Event", true, &["ev"], NameRule::Subdomain),
@@ -189,6 +196,7 @@ pub fn builtins() -> Vec<ResourceInfo> {
         webhooks,
         crds,
         builtin(EVENTS_GROUP, "events", "Event", true, &["ev"], NameRule::Subdomain),
+        statefulsets,
     ]
 }
 

@@ -1,0 +1,155 @@
+//! Rollouts raced with real connections: rollouts started at once never share a
+//! tenant (each tenant is in at most one active rollout and moves to that
+//! rollout's target), two to the same target leave exactly one; and the rest of
+//! the fleet leaves them alone: operators' moves of a cohort tenant or onto a
+//! rollout's target are refused, placement skips the target, balancing does not
+//! move a cohort tenant. An abort waits for the moves in flight, and a rollout
+//! rolling back can be neither aborted again nor promoted.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gitops_shared::db::engine_instance::{engine_instance_add, engine_instance_heartbeat};
+use gitops_shared::db::fleet_balance::{BalanceSettings, balance_step};
+use gitops_shared::db::placement::placement_choose_in_txn;
+use gitops_shared::db::rollout::{
+    Cohort, RolloutRequest, rollout_abort, rollout_list, rollout_promote, rollout_start, rollout_step,
+};
+use gitops_shared::db::tenant::tenant_upsert_locked_in_txn;
+use gitops_shared::db::tenant_move::tenant_move;
+use gitops_shared::db::{DbError, in_txn_retrying};
+use gitops_testkit::TestDb;
+use tokio::sync::Barrier;
+use uuid::Uuid;
+
+fn request(target: &str, tenants: u32) -> RolloutRequest {
+    RolloutRequest {
+        target: target.to_owned(),
+        cohort: Cohort::Tenants(tenants),
+        from: None,
+        bake: Duration::from_secs(60),
+        max_regressions: None,
+        wave_size: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rollouts_racing_for_tenants_never_share_one() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let source = engine_instance_add(&client, "source", "argo-source", 100).await.expect("add");
+    for (name, ns) in [("blue", "argo-blue"), ("green", "argo-green"), ("spare", "argo-spare")] {
+        let id = engine_instance_add(&client, name, ns, 100).await.expect("add");
+        engine_instance_heartbeat(&client, id).await.expect("heartbeat");
+    }
+    engine_instance_heartbeat(&client, source).await.expect("heartbeat");
+    for i in 0..12 {
+        in_txn_retrying(&mut client, |txn| {
+            Box::pin(async move {
+                tenant_upsert_locked_in_txn(txn, Uuid::new_v4(), &format!("team-{i:02}"), Some(source)).await
+            })
+        })
+        .await
+        .expect("tenant");
+    }
+
+    // Four racers: two to each target, each asking for 8 of the 12 tenants.
+    let barrier = Arc::new(Barrier::new(4));
+    let racers: Vec<_> = ["blue", "green", "blue", "green"]
+        .into_iter()
+        .map(|target| {
+            let (url, barrier) = (db.url(), barrier.clone());
+            tokio::spawn(async move {
+                let mut client = gitops_shared::db::connect(&url, "rollout-race").await.expect("connect");
+                barrier.wait().await;
+                (target, rollout_start(&mut client, request(target, 8)).await)
+            })
+        })
+        .collect();
+    let mut cohorts: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    let mut refused = Vec::new();
+    for racer in racers {
+        match racer.await.expect("a racer") {
+            (target, Ok(started)) => {
+                assert!(cohorts.insert(target, started.cohort).is_none(), "two rollouts to {target} started");
+            }
+            (_, Err(DbError::InvalidMove { message })) => refused.push(message),
+            (_, Err(error)) => panic!("a racer failed: {error:?}"),
+        }
+    }
+    assert!(!cohorts.is_empty(), "a rollout started");
+    assert_eq!(cohorts.len() + refused.len(), 4);
+    assert!(refused.len() >= 2, "at most one rollout per target: {refused:?}");
+    // No tenant in two cohorts, 12 tenants at most, and each one moving to its rollout's target.
+    let mut all: Vec<&String> = cohorts.values().flatten().collect();
+    let total = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), total, "a tenant in two cohorts: {cohorts:?}");
+    let rows = client
+        .query(
+            "SELECT t.namespace_name, e.name, count(rt.rollout_id) FILTER (WHERE rt.active) AS rollouts
+               FROM tenant t JOIN engine_instance e ON e.id = t.engine_instance_id
+               LEFT JOIN rollout_tenant rt ON rt.tenant_id = t.id
+              GROUP BY 1, 2",
+            &[],
+        )
+        .await
+        .expect("placements");
+    for row in &rows {
+        let (namespace, instance, rollouts): (String, String, i64) = (row.get(0), row.get(1), row.get(2));
+        assert!(rollouts <= 1, "{namespace} in {rollouts} rollouts");
+        let target = cohorts.iter().find(|(_, cohort)| cohort.contains(&namespace)).map(|(target, _)| *target);
+        assert_eq!(instance, target.unwrap_or("source"), "{namespace} is where its rollout (if any) sends it");
+        assert_eq!(rollouts, i64::from(target.is_some()));
+    }
+
+    // The rest of the fleet leaves them alone.
+    let (target, cohort) = cohorts.iter().next().expect("a cohort");
+    let member = cohort[0].clone();
+    let error = tenant_move(&mut client, &member, "spare", "operator").await.expect_err("a cohort tenant stays");
+    assert!(error.to_string().contains("in rollout"), "{error}");
+    let free: Vec<String> = rows.iter().map(|row| row.get::<_, String>(0)).filter(|ns| !all.contains(&ns)).collect();
+    if let Some(free) = free.first() {
+        let error = tenant_move(&mut client, free, target, "operator").await.expect_err("the target takes no others");
+        assert!(error.to_string().contains("target of a rollout"), "{error}");
+    }
+    let chosen = in_txn_retrying(&mut client, |txn| {
+        Box::pin(async move { placement_choose_in_txn(txn, Duration::from_secs(60)).await })
+    })
+    .await
+    .expect("choose")
+    .expect("an instance");
+    let name: String =
+        client.query_one("SELECT name FROM engine_instance WHERE id = $1", &[&chosen.0]).await.expect("name").get(0);
+    assert!(!cohorts.contains_key(name.as_str()), "placement chose a rollout's target {name}");
+    // Balancing never takes a rollout's target (nor moves its tenants).
+    let step = balance_step(
+        &mut client,
+        BalanceSettings { degraded_grace: None, rebalance_threshold: Some(0.0), max_concurrent_moves: 100 },
+    )
+    .await
+    .expect("balance");
+    assert!(step.moves.iter().all(|m| !cohorts.contains_key(m.to.as_str())), "{:?}", step.moves);
+    assert!(step.moves.iter().all(|m| !all.contains(&&m.namespace)), "{:?}", step.moves);
+
+    // An abort while the cohort still moves: rolling back, which waits for the moves
+    // in flight; a second abort or a promotion is refused with the rollout's state.
+    let id = rollout_list(&client, None).await.expect("list").into_iter().find(|r| r.target == *target).expect("it").id;
+    rollout_abort(&client, id, "test").await.expect("abort");
+    let step = rollout_step(&mut client).await.expect("a step");
+    assert!(step.active.contains(&(id, "rolling_back".to_owned())), "{step:?}");
+    let again = rollout_abort(&client, id, "test").await.expect_err("aborted already");
+    assert!(again.to_string().contains("is rolling_back"), "{again}");
+    let promote = rollout_promote(&client, id, None).await.expect_err("not promotable");
+    assert!(promote.to_string().contains("is rolling_back"), "{promote}");
+    let missing = rollout_abort(&client, 9999, "test").await.expect_err("no such rollout");
+    assert!(missing.to_string().contains("not found"), "{missing}");
+    let still: i64 = client
+        .query_one("SELECT count(*) FROM rollout_tenant WHERE rollout_id = $1 AND active", &[&id])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(still, i64::try_from(cohorts[*target].len()).expect("count"), "its tenants stay its own");
+}
