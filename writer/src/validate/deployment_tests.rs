@@ -40,7 +40,11 @@ fn a_minimal_deployment_gets_defaults() {
 fn a_full_deployment_is_kept_as_given() {
     let mut s = spec();
     s.source.target_revision = Some("release-1.2".into());
-    s.destination = DeploymentDestination { environment: Some("staging".into()), namespace: Some("web".into()) };
+    s.destination = DeploymentDestination {
+        environment: Some("staging".into()),
+        namespace: Some("web".into()),
+        ..Default::default()
+    };
     s.type_ = "manual".into();
     s.sync_policy = Some(SyncPolicy { sync_options: vec!["CreateNamespace=true".into()] });
     let valid = deployment(&s).expect("valid");
@@ -112,7 +116,11 @@ fn destinations() {
     assert_eq!(ns("x\0"), INVALID_CHARACTERS);
     // Empty strings mean "not set".
     let mut s = spec();
-    s.destination = DeploymentDestination { environment: Some(String::new()), namespace: Some(String::new()) };
+    s.destination = DeploymentDestination {
+        environment: Some(String::new()),
+        namespace: Some(String::new()),
+        ..Default::default()
+    };
     let valid = deployment(&s).expect("valid");
     assert_eq!((valid.environment, valid.destination_namespace), (None, None));
 }
