@@ -333,7 +333,7 @@ async fn writer_credentials_repository_credential_rotates() {
     env.secrets(&tenant).create(&PostParams::default(), &wrong).await.expect("create Secret");
     for (name, repository, secret, want) in [
         ("wrong-type", "https://git.example.invalid/org/a.git", "docker", "SecretWrongType"),
-        ("bad-url", "git://git.example.invalid/org/a.git", "git", "InvalidRepositoryURL"),
+        ("bad-url", "https://u:p@git.example.invalid/org/a.git", "git", "InvalidRepositoryURL"),
         ("missing", "https://git.example.invalid/org/b.git", "nope", REASON_SECRET_NOT_FOUND),
     ] {
         let object: GitOpsDeploymentRepositoryCredential = serde_json::from_value(json!({

@@ -47,7 +47,8 @@ pub mod pattern {
     /// A DNS-1123 subdomain (a resource or Secret name).
     pub const DNS_SUBDOMAIN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
     /// `https://`, `ssh://`, `git://` or scp-like `[user@]host:path`, no spaces.
-    pub const REPOSITORY_URL: &str = r"^(https://|ssh://|git://|[^\s/:-][^\s/:]*:[^\s:-])\S*$";
+    /// (An scp-like path may start with one `/`, never `//`: that is another scheme.)
+    pub const REPOSITORY_URL: &str = r"^(https://|ssh://|git://|[^\s/:-][^\s/:]*:([^\s:/-]|/([^/\s]|$)))\S*$";
     /// `https://` or `ssh://`, no spaces.
     pub const CREDENTIAL_URL: &str = r"^(https|ssh)://\S+$";
     /// `https://` and a host, no spaces.

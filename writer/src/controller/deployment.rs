@@ -65,13 +65,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
     let namespace_uid = ctl.namespace_uid(namespace).await?;
     let environment_id = match &valid.environment {
         None => {
-            if let Some(destination) = valid.destination_namespace.as_deref().filter(|d| *d != namespace) {
-                let invalid = Invalid {
-                    reason: validate::reason::INVALID_DESTINATION_NAMESPACE,
-                    message: format!(
-                        "spec.destination.namespace: without an environment a deployment goes into its own namespace {namespace:?}, not {destination:?}"
-                    ),
-                };
+            if let Err(invalid) = validate::home_destination(&valid, namespace) {
                 return invalid_condition(&api, &object, &invalid).await;
             }
             if !ctl.ctx.allow_unverified_home && !approved(ctl, uid, generation.unwrap_or(0)).await? {
