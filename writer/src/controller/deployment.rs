@@ -5,7 +5,8 @@
 //! credentials scoped to it: see `home`). An invalid spec gets a
 //! condition and writes nothing. Deletion tombstones the row and enqueues; the
 //! finalizer goes at once, or once the agent confirmed the prune when the tenant
-//! asked to wait.
+//! asked to wait (the wait-for-pruning annotation, or the original service's
+//! `resources-finalizer.managed-gitops.redhat.com`, released with ours).
 
 use std::sync::Arc;
 
@@ -23,7 +24,7 @@ use gitops_shared::db::tombstone::TombstoneOf;
 
 use super::credential::tombstone_and_enqueue;
 use super::home::{Home, home_environment};
-use super::object::{Live, Opened, REASON_ACCEPTED, open, remove_finalizer};
+use super::object::{Live, Opened, REASON_ACCEPTED, RESOURCES_FINALIZER, open, remove_finalizer};
 use super::tenant::Placed;
 use super::{Controllers, Next, ReconcileError, Settled, refuse, set_condition};
 use crate::api::GitOpsDeployment;
@@ -199,6 +200,7 @@ async fn invalid_condition(
 
 fn wait_for_pruning(object: &GitOpsDeployment) -> bool {
     object.metadata.annotations.as_ref().and_then(|a| a.get(WAIT_FOR_PRUNING)).is_some_and(|v| v == "true")
+        || object.metadata.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == RESOURCES_FINALIZER))
 }
 
 async fn delete(
