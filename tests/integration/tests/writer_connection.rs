@@ -106,9 +106,10 @@ impl Env {
         Api::namespaced(self.kube.clone(), self.tenant.name())
     }
 
-    /// A kubeconfig for the server with `token`, with or without its CA.
-    fn kubeconfig(&self, token: &str, with_ca: bool) -> String {
-        let mut cluster = json!({"server": self.server.url});
+    /// A kubeconfig for `server` (the environment's apiURL) with `token`, with or
+    /// without the test server's CA.
+    fn kubeconfig(&self, server: &str, token: &str, with_ca: bool) -> String {
+        let mut cluster = json!({"server": server});
         if let Some(ca) = self.server.ca_data.as_ref().filter(|_| with_ca) {
             cluster["certificate-authority-data"] = json!(ca);
         }
@@ -127,7 +128,7 @@ impl Env {
 
     /// A Secret with a kubeconfig using `token`, then an environment at `api_url`.
     async fn create(&self, name: &str, api_url: &str, token: &str) {
-        self.create_with(name, api_url, self.kubeconfig(token, true)).await;
+        self.create_with(name, api_url, self.kubeconfig(api_url, token, true)).await;
     }
 
     async fn create_with(&self, name: &str, api_url: &str, kubeconfig: String) {
@@ -221,7 +222,7 @@ async fn writer_connection_allowed_server_answers_and_failures_have_their_reason
     env.create("closed", &format!("https://127.0.0.1:{closed}"), &token).await;
     if !env.server.insecure {
         // Without the CA, the server's certificate is not trusted.
-        env.create_with("no-ca", &url, env.kubeconfig(&token, false)).await;
+        env.create_with("no-ca", &url, env.kubeconfig(&url, &token, false)).await;
     }
     env.create("unlisted", "https://cluster.example.invalid:6443", &token).await;
     env.create("unlisted-local", &unlisted_url, &token).await;

@@ -427,3 +427,45 @@ async fn writer_credentials_ready_follows_the_agent_through_an_argocd_outage() {
     environment_ready(("True", "Ready")).await;
     credential_ready(("True", "Ready")).await;
 }
+
+/// A kubeconfig with a context per cluster, the current one naming another
+/// cluster: the environment stores the token of the context for its apiURL; a
+/// kubeconfig with no context for it is refused.
+#[tokio::test]
+async fn writer_credentials_kubeconfig_context_is_the_one_for_the_api_url() {
+    let env = env("wc-context").await;
+    let tenant = env.tenant.name().to_owned();
+    let two = "current-context: other
+clusters:
+- name: other
+  cluster: {server: 'https://other.example.invalid:6443'}
+- name: mine
+  cluster: {server: 'https://CLUSTER.example.invalid:6443/'}
+contexts:
+- name: other
+  context: {cluster: other, user: other-admin}
+- name: mine
+  context: {cluster: mine, user: mine-admin}
+users:
+- name: other-admin
+  user: {token: not-this-token}
+- name: mine-admin
+  user: {token: the-matching-token}
+";
+    env.put_secret(&tenant, "two-contexts", json!({"kubeconfig": two})).await;
+    let created = env.create_environment(&tenant, "prod", "two-contexts").await;
+    assert_eq!(env.environment_condition("prod").await, ("False".to_owned(), REASON_ACCEPTED.to_owned()));
+    let cluster_secret = names::cluster_secret_name(uid_of(&created.metadata));
+    let data = env.argocd_secret(&cluster_secret, |d| d.contains_key("config")).await;
+    assert!(data["config"].contains("the-matching-token"), "the token of the context for apiURL");
+    assert!(!data["config"].contains("not-this-token"), "never the current context's");
+
+    let elsewhere = two.replace("https://CLUSTER.example.invalid:6443/", "https://elsewhere.example.invalid");
+    env.put_secret(&tenant, "no-match", json!({"kubeconfig": elsewhere})).await;
+    env.create_environment(&tenant, "nomatch", "no-match").await;
+    assert_eq!(
+        env.environment_condition("nomatch").await,
+        ("True".to_owned(), gitops_writer::validate::reason::UNABLE_TO_LOCATE_CONTEXT.to_owned())
+    );
+    assert_eq!(env.environment_rows("nomatch").await, 0, "nothing stored");
+}

@@ -37,7 +37,7 @@ pub use deployment::{
     target_revision,
 };
 pub use environment::{ValidEnvironment, environment, environment_secret};
-pub use kubeconfig::{KUBECONFIG_KEY, ValidKubeconfig, kubeconfig};
+pub use kubeconfig::{KUBECONFIG_KEY, ValidKubeconfig, kubeconfig, normalised_server};
 pub use name::{dns_label, dns_subdomain};
 pub use repository_credential::{ValidRepositoryCredential, repository_credential, repository_secret};
 pub use sync_run::{ValidSyncRun, sync_run};
@@ -89,6 +89,8 @@ pub mod reason {
     pub const KUBECONFIG_IMPERSONATION_NOT_ALLOWED: &str = "KubeconfigImpersonationNotAllowed";
     pub const KUBECONFIG_NO_CREDENTIALS: &str = "KubeconfigNoCredentials";
     pub const KUBECONFIG_MALFORMED: &str = "KubeconfigMalformed";
+    /// As the original service: no (or more than one) kubeconfig context for `apiURL`.
+    pub const UNABLE_TO_LOCATE_CONTEXT: &str = "UnableToLocateContext";
 }
 
 /// Length limits in bytes; the table in this module's documentation lists them.
@@ -196,7 +198,7 @@ mod tests {
             well_formed(sync_options("f", std::slice::from_ref(&input)));
             well_formed(dns_label("f", &input, reason::INVALID_NAMESPACES));
             well_formed(dns_subdomain("f", &input, reason::INVALID_NAMESPACES));
-            well_formed(kubeconfig(&input));
+            well_formed(kubeconfig(&input, "https://api.example.invalid"));
             well_formed(text("f", &input, 16));
         }
         assert!(accepted > 0, "some generated repository URLs are valid");

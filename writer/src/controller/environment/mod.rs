@@ -66,7 +66,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         Ok(secret) => secret,
         Err(invalid) => return refused(&api, &object, &invalid).await,
     };
-    let kubeconfig = match validate::environment_secret(&secret) {
+    let kubeconfig = match validate::environment_secret(&secret, &valid.api_url) {
         Ok(kubeconfig) => kubeconfig,
         Err(invalid) => return refused(&api, &object, &invalid).await,
     };
