@@ -2,7 +2,8 @@
 //! refuse what a schema can say (required fields, allowed values, forms, lengths),
 //! naming the field; the writer's admission webhook refuses the rest with the
 //! reason its controllers would write (fields the service sets, `..` in a path, a
-//! namespace without an environment, a sync run of an automated deployment), lets
+//! namespace without an environment, a sync run of an automated deployment, an
+//! apiURL at a metadata address), lets
 //! deletes and metadata-only changes through, and — failing closed — refuses
 //! applies while no writer answers, deletes still proceeding.
 
@@ -253,6 +254,13 @@ async fn writer_admission_webhook_refuses_what_a_schema_cannot_and_fails_closed(
             ENVIRONMENT,
             json!({"apiURL": "https://admin@api.example.invalid", "credentialsSecret": "s"}),
             reason::INVALID_API_URL,
+            "spec.apiURL",
+        ),
+        (
+            "metadata-url",
+            ENVIRONMENT,
+            json!({"apiURL": "https://169.254.169.254", "credentialsSecret": "s"}),
+            reason::API_URL_NOT_ALLOWED,
             "spec.apiURL",
         ),
         (

@@ -60,7 +60,12 @@ async fn env(purpose: &str, policy: impl FnOnce(&Server) -> ConnectionPolicy) ->
     let base = crate::support::writer::env(purpose).await;
     let server = server(base.tenant.name()).await;
     let policy = policy(&server);
-    base.writer_for("writer-a", vec![base.tenant.name().to_owned()], |config| config.connection_check = Some(policy));
+    // The test servers are on loopback, which tenants may not aim the engine at
+    // unless the operator allows it (`writer_credentials_private_api_urls_are_refused`).
+    base.writer_for("writer-a", vec![base.tenant.name().to_owned()], |config| {
+        config.connection_check = Some(policy);
+        config.api_url_allow_private = true;
+    });
     Env { base, server }
 }
 

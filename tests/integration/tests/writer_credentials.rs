@@ -94,10 +94,20 @@ impl Env {
         name: &str,
         secret: &str,
     ) -> GitOpsDeploymentManagedEnvironment {
+        self.create_environment_at(namespace, name, secret, "https://cluster.example.invalid:6443").await
+    }
+
+    async fn create_environment_at(
+        &self,
+        namespace: &str,
+        name: &str,
+        secret: &str,
+        api_url: &str,
+    ) -> GitOpsDeploymentManagedEnvironment {
         let object: GitOpsDeploymentManagedEnvironment = serde_json::from_value(json!({
             "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeploymentManagedEnvironment",
             "metadata": {"name": name},
-            "spec": {"apiURL": "https://cluster.example.invalid:6443", "credentialsSecret": secret},
+            "spec": {"apiURL": api_url, "credentialsSecret": secret},
         }))
         .expect("environment");
         self.environments(namespace).create(&PostParams::default(), &object).await.expect("create environment")
@@ -468,4 +478,35 @@ users:
         ("True".to_owned(), gitops_writer::validate::reason::UNABLE_TO_LOCATE_CONTEXT.to_owned())
     );
     assert_eq!(env.environment_rows("nomatch").await, 0, "nothing stored");
+}
+
+/// Without `--api-url-allow-private`, environments may not aim the engine at
+/// loopback, link-local or metadata addresses, in any spelling; nothing is stored
+/// for them and nothing is contacted.
+#[tokio::test]
+async fn writer_credentials_private_api_urls_are_refused() {
+    let env = env("wc-private").await;
+    let tenant = env.tenant.name().to_owned();
+    let cases = [
+        ("loopback", "https://127.0.0.1:6443"),
+        ("short", "https://127.1"),
+        ("decimal", "https://2130706433"),
+        ("mapped", "https://[::ffff:127.0.0.1]:6443"),
+        ("metadata", "https://169.254.169.254"),
+        ("localhost", "https://localhost:6443"),
+    ];
+    for (name, url) in cases {
+        let config =
+            format!("clusters: [{{name: c, cluster: {{server: '{url}'}}}}]\nusers: [{{name: u, user: {{token: t}}}}]");
+        env.put_secret(&tenant, &format!("{name}-kubeconfig"), json!({"kubeconfig": config})).await;
+        env.create_environment_at(&tenant, name, &format!("{name}-kubeconfig"), url).await;
+    }
+    for (name, url) in cases {
+        assert_eq!(
+            env.environment_condition(name).await,
+            ("True".to_owned(), gitops_writer::validate::reason::API_URL_NOT_ALLOWED.to_owned()),
+            "{url}"
+        );
+        assert_eq!(env.environment_rows(name).await, 0, "{url}: nothing stored");
+    }
 }

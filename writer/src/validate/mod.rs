@@ -26,6 +26,7 @@ mod deployment;
 mod environment;
 mod kubeconfig;
 mod name;
+mod private_address;
 mod repository_credential;
 mod secret;
 mod sync_run;
@@ -39,6 +40,7 @@ pub use deployment::{
 pub use environment::{ValidEnvironment, environment, environment_secret};
 pub use kubeconfig::{KUBECONFIG_KEY, ValidKubeconfig, kubeconfig, normalised_server};
 pub use name::{dns_label, dns_subdomain};
+pub use private_address::public_api_url;
 pub use repository_credential::{ValidRepositoryCredential, repository_credential, repository_secret};
 pub use sync_run::{ValidSyncRun, sync_run};
 pub use text::text;
@@ -77,6 +79,7 @@ pub mod reason {
     pub const INVALID_DEPLOYMENT_NAME: &str = "InvalidDeploymentName";
     pub const INVALID_REVISION_ID: &str = "InvalidRevisionID";
     pub const INVALID_API_URL: &str = "InvalidAPIURL";
+    pub const API_URL_NOT_ALLOWED: &str = "APIURLNotAllowed";
     pub const INVALID_SECRET_NAME: &str = "InvalidSecretName";
     pub const INVALID_NAMESPACES: &str = "InvalidNamespaces";
     pub const SECRET_WRONG_TYPE: &str = "SecretWrongType";

@@ -71,7 +71,7 @@ impl Reviewer {
             Ok(()) => {}
             Err(message) => return deny(allow, message),
         }
-        if let Err(invalid) = spec_check::check(request, namespace) {
+        if let Err(invalid) = spec_check::check(request, namespace, self.ctx.api_url_allow_private) {
             return refuse_invalid(allow, &invalid);
         }
         if request.operation == Operation::Create

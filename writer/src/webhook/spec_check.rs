@@ -23,8 +23,8 @@ fn read<T: DeserializeOwned>(request: &AdmissionRequest<DynamicObject>) -> Resul
 }
 
 /// Checks a created or changed tenant resource in `namespace`; kinds other than
-/// the four pass.
-pub fn check(request: &AdmissionRequest<DynamicObject>, namespace: &str) -> Result<(), Invalid> {
+/// the four pass. `allow_private`: `--api-url-allow-private`.
+pub fn check(request: &AdmissionRequest<DynamicObject>, namespace: &str, allow_private: bool) -> Result<(), Invalid> {
     match request.kind.kind.as_str() {
         "GitOpsDeployment" => {
             let object: GitOpsDeployment = read(request)?;
@@ -33,7 +33,8 @@ pub fn check(request: &AdmissionRequest<DynamicObject>, namespace: &str) -> Resu
         }
         "GitOpsDeploymentSyncRun" => validate::sync_run(&read::<GitOpsDeploymentSyncRun>(request)?.spec).map(drop),
         "GitOpsDeploymentManagedEnvironment" => {
-            validate::environment(&read::<GitOpsDeploymentManagedEnvironment>(request)?.spec).map(drop)
+            let valid = validate::environment(&read::<GitOpsDeploymentManagedEnvironment>(request)?.spec)?;
+            if allow_private { Ok(()) } else { validate::public_api_url("spec.apiURL", &valid.api_url) }
         }
         "GitOpsDeploymentRepositoryCredential" => {
             validate::repository_credential(&read::<GitOpsDeploymentRepositoryCredential>(request)?.spec).map(drop)

@@ -61,6 +61,11 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         Ok(valid) => valid,
         Err(invalid) => return refused(&api, &object, &invalid).await,
     };
+    if !ctl.ctx.api_url_allow_private
+        && let Err(invalid) = validate::public_api_url("spec.apiURL", &valid.api_url)
+    {
+        return refused(&api, &object, &invalid).await;
+    }
     ctl.refer(key, &valid.credentials_secret);
     let secret = match secret_read(ctl, namespace, &valid.credentials_secret).await? {
         Ok(secret) => secret,
