@@ -309,3 +309,56 @@ async fn writer_admission_webhook_refuses_what_a_schema_cannot_and_fails_closed(
     assert!(deleting.metadata.deletion_timestamp.is_some(), "marked for deletion");
     admission::unregister(&env.kube, &marker).await;
 }
+
+/// `gitopsctl crds check` lists the stored objects the writer's rules refuse (all
+/// that a stricter schema could refuse), in every namespace; deleting one while
+/// the served schema still admits it releases its finalizer, as the upgrade
+/// procedure asks.
+#[tokio::test]
+async fn writer_admission_kube_crds_check_lists_what_the_rules_refuse() {
+    let env = env("wa-crdcheck").await;
+    let ns = env.tenant.name().to_owned();
+    let _writer = env.writer("writer-a");
+    create(&env.kube, &ns, DEPLOYMENT, "fine", spec(REPO, "apps/fine")).await.expect("valid");
+    create(&env.kube, &ns, DEPLOYMENT, "dotdot", spec(REPO, "a/../b")).await.expect("admitted by the schema");
+    let given = json!({"source": {"repoURL": REPO, "path": "p"}, "type": "manual", "project": "default"});
+    create(&env.kube, &ns, DEPLOYMENT, "given", given).await.expect("admitted by the schema");
+    let metadata = json!({"apiURL": "https://169.254.169.254", "credentialsSecret": "s"});
+    create(&env.kube, &ns, ENVIRONMENT, "metadata", metadata).await.expect("admitted by the schema");
+    assert_eq!(env.condition("dotdot").await.1, reason::INVALID_PATH, "the writer has its finalizer on it");
+
+    let mine = |refused: Vec<gitopsctl::crds::Refused>| {
+        let mut found: Vec<(String, &str)> =
+            refused.into_iter().filter(|r| r.namespace == ns).map(|r| (r.name, r.reason)).collect();
+        found.sort();
+        found
+    };
+    let refused = gitopsctl::crds::check(env.kube.clone(), false).await.expect("check");
+    assert_eq!(
+        mine(refused),
+        [
+            ("dotdot".to_owned(), reason::INVALID_PATH),
+            ("given".to_owned(), reason::FIELD_SET_BY_SERVICE),
+            ("metadata".to_owned(), reason::API_URL_NOT_ALLOWED),
+        ]
+    );
+    let allowed = gitopsctl::crds::check(env.kube.clone(), true).await.expect("check");
+    assert!(!mine(allowed).iter().any(|(name, _)| name == "metadata"), "--api-url-allow-private");
+    // The command line: a refusal (exit 1) whose table names them.
+    let command = gitopsctl::cli::Command::Crds(gitopsctl::cli::CrdsArgs {
+        out: std::path::PathBuf::from("unused"),
+        command: Some(gitopsctl::cli::CrdsCommand::Check {
+            kubeconfig: Some(env.kubeconfig.clone()),
+            api_url_allow_private: false,
+        }),
+    });
+    let message = gitopsctl::run(command).await.expect_err("refused objects").to_string();
+    assert!(message.contains("dotdot") && message.contains("InvalidPath") && message.contains(&ns), "{message}");
+
+    // Deleted while the served schema admits it: the writer releases its finalizer.
+    let deployments = api(&env.kube, &ns, DEPLOYMENT.0, DEPLOYMENT.1);
+    deployments.delete("dotdot", &DeleteParams::default()).await.expect("delete");
+    eventually("'dotdot' gone", || async { deployments.get_opt("dotdot").await.ok()?.is_none().then_some(()) }).await;
+    let after = gitopsctl::crds::check(env.kube.clone(), false).await.expect("check");
+    assert!(!mine(after).iter().any(|(name, _)| name == "dotdot"));
+}
