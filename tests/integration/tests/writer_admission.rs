@@ -362,3 +362,43 @@ async fn writer_admission_kube_crds_check_lists_what_the_rules_refuse() {
     let after = gitopsctl::crds::check(env.kube.clone(), false).await.expect("check");
     assert!(!mine(after).iter().any(|(name, _)| name == "dotdot"));
 }
+
+/// A typo'd field (`destinaton`) is pruned by the API server before admission, so
+/// neither the schema nor the webhook sees it; kubectl refuses it against the
+/// served OpenAPI. Real tier only until the emulator serves OpenAPI for CRDs;
+/// skipped, saying so, without kubectl.
+#[tokio::test]
+async fn writer_admission_kube_kubectl_refuses_a_typo_and_explains_every_field() {
+    let cluster = gitops_testkit::cluster::TestCluster::get().await;
+    if !cluster.is_real() {
+        eprintln!("skipped: the emulator does not serve OpenAPI for CRDs yet");
+        return;
+    }
+    if std::process::Command::new("kubectl").arg("version").arg("--client").output().is_err() {
+        eprintln!("skipped: no kubectl installed");
+        return;
+    }
+    let env = env("wa-typo").await;
+    let dir = std::env::temp_dir().join(format!("gitops-typo-{}", short_id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let manifest = dir.join("typo.yaml");
+    let yaml = format!(
+        "apiVersion: managed-gitops.redhat.com/v1alpha1\nkind: GitOpsDeployment\nmetadata: {{name: typo, namespace: {}}}\n\
+         spec:\n  source: {{repoURL: '{REPO}', path: apps/a}}\n  destinaton: {{namespace: x}}\n  type: automated\n",
+        env.tenant.name()
+    );
+    std::fs::write(&manifest, yaml).expect("write the manifest");
+    let kubectl = |args: &[&str]| {
+        let mut command = std::process::Command::new("kubectl");
+        command.arg("--kubeconfig").arg(&env.kubeconfig).arg("--cache-dir").arg(dir.join("cache")).args(args);
+        command.output().expect("run kubectl")
+    };
+    let refused = kubectl(&["apply", "-f", manifest.to_str().expect("a path")]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.contains("unknown field \"destinaton\""), "{stderr}");
+    // `kubectl explain` shows the descriptions, down to the fields the service sets.
+    let explained = kubectl(&["explain", "gitopsdeployment.spec.destination.server"]);
+    let stdout = String::from_utf8_lossy(&explained.stdout);
+    assert!(stdout.contains("Set by the service"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
