@@ -51,10 +51,13 @@ async fn create(
     api(kube, namespace, plural, kind).create(&PostParams::default(), &object).await
 }
 
-const DEPLOYMENT: (&str, &str) = ("gitopsdeployments", "GitOpsDeployment");
-const SYNC_RUN: (&str, &str) = ("gitopsdeploymentsyncruns", "GitOpsDeploymentSyncRun");
-const ENVIRONMENT: (&str, &str) = ("gitopsdeploymentmanagedenvironments", "GitOpsDeploymentManagedEnvironment");
-const CREDENTIAL: (&str, &str) = ("gitopsdeploymentrepositorycredentials", "GitOpsDeploymentRepositoryCredential");
+/// A tenant kind as (plural, kind).
+type Kind = (&'static str, &'static str);
+
+const DEPLOYMENT: Kind = ("gitopsdeployments", "GitOpsDeployment");
+const SYNC_RUN: Kind = ("gitopsdeploymentsyncruns", "GitOpsDeploymentSyncRun");
+const ENVIRONMENT: Kind = ("gitopsdeploymentmanagedenvironments", "GitOpsDeploymentManagedEnvironment");
+const CREDENTIAL: Kind = ("gitopsdeploymentrepositorycredentials", "GitOpsDeploymentRepositoryCredential");
 
 /// The refusal's (code, message); panics when the object was accepted.
 fn refusal(result: Result<DynamicObject, kube::Error>, case: &str) -> (u16, String) {
@@ -70,7 +73,7 @@ async fn writer_admission_schemas_refuse_mistakes_naming_the_field() {
     let env = env("wa-schema").await;
     let ns = env.tenant.name();
     let automated = |path: &str| json!({"source": {"repoURL": REPO, "path": path}, "type": "automated"});
-    let cases: Vec<(&str, (&str, &str), Value, &str)> = vec![
+    let cases: Vec<(&str, Kind, Value, &str)> = vec![
         ("type", DEPLOYMENT, json!({"source": {"repoURL": REPO, "path": "p"}, "type": "Automatic"}), "spec.type"),
         ("no-type", DEPLOYMENT, json!({"source": {"repoURL": REPO, "path": "p"}}), "spec.type"),
         ("no-path", DEPLOYMENT, json!({"source": {"repoURL": REPO}, "type": "manual"}), "spec.source.path"),
@@ -198,7 +201,8 @@ async fn writer_admission_webhook_refuses_what_a_schema_cannot_and_fails_closed(
     .await;
 
     create(&env.kube, &ns, DEPLOYMENT, "auto", spec(REPO, "apps/auto")).await.expect("a valid deployment");
-    let cases: Vec<(&str, (&str, &str), Value, &str, &str)> = vec![
+    // (name, kind, spec, reason, field)
+    let cases: Vec<(&str, Kind, Value, &str, &str)> = vec![
         (
             "project",
             DEPLOYMENT,

@@ -41,7 +41,7 @@ pub fn public_api_url(field: &str, url: &str) -> Result<(), Invalid> {
         };
     }
     let host = host.trim_end_matches('.');
-    if NAMES.iter().any(|name| host == *name) || host.ends_with(".localhost") {
+    if NAMES.contains(&host) || host.ends_with(".localhost") {
         return Err(refused(field, "a loopback or cloud metadata host name"));
     }
     if let Ok(v4) = host.parse::<Ipv4Addr>() {
