@@ -26,7 +26,8 @@ use crate::support::eventually;
 
 const BAD_TOKEN: &str = "n0t-a-valid-t0ken-s3cret";
 
-/// The test tier's API server as a tenant would name it, and a token it accepts.
+/// The test tier's API server as a tenant would name it, and a token it accepts
+/// (which may list ConfigMaps in the tenant namespace).
 struct Server {
     url: String,
     /// `host:port` as written in the URL.
@@ -96,7 +97,9 @@ async fn server(namespace: &str) -> Server {
     });
     let authority =
         url.strip_prefix("https://").expect("an https server").split('/').next().unwrap_or_default().to_owned();
-    let token = cluster.namespace_identity(namespace, "connection-check", json!([])).await.token;
+    // Enough for the check's namespaced list, in the environments' one namespace.
+    let rules = json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}]);
+    let token = cluster.namespace_identity(namespace, "connection-check", rules).await.token;
     Server { url, authority, ca_data, insecure: named.insecure_skip_tls_verify.unwrap_or(false), token }
 }
 
@@ -150,7 +153,8 @@ impl Env {
         let object: GitOpsDeploymentManagedEnvironment = serde_json::from_value(json!({
             "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeploymentManagedEnvironment",
             "metadata": {"name": name},
-            "spec": {"apiURL": api_url, "credentialsSecret": format!("{name}-kubeconfig")},
+            "spec": {"apiURL": api_url, "credentialsSecret": format!("{name}-kubeconfig"),
+                     "namespaces": [self.tenant.name()]},
         }))
         .expect("environment");
         self.environments().create(&PostParams::default(), &object).await.expect("create environment");
@@ -224,6 +228,10 @@ async fn writer_connection_allowed_server_answers_and_failures_have_their_reason
     let token = env.server.token.clone();
     env.create("ok", &url, &token).await;
     env.create("bad-token", &url, BAD_TOKEN).await;
+    // A token the API server accepts, but that may list nothing: /version answers
+    // anyone, the namespaced list is what proves the credentials.
+    let nobody = TestCluster::get().await.namespace_identity(env.tenant.name(), "nobody", json!([])).await;
+    env.create("no-rights", &url, &nobody.token).await;
     env.create("closed", &format!("https://127.0.0.1:{closed}"), &token).await;
     if !env.server.insecure {
         // Without the CA, the server's certificate is not trusted.
@@ -235,6 +243,9 @@ async fn writer_connection_allowed_server_answers_and_failures_have_their_reason
     env.expect("ok", "True", REASON_SUCCEEDED).await;
     let refused = env.expect("bad-token", "False", REASON_UNAUTHORIZED).await;
     assert!(refused.contains("401"), "{refused}");
+    let forbidden = env.expect("no-rights", "False", REASON_UNAUTHORIZED).await;
+    assert!(forbidden.contains("403") && forbidden.contains("ConfigMaps"), "{forbidden}");
+    assert!(!forbidden.contains(&nobody.token), "no token in {forbidden}");
     let closed = env.expect("closed", "False", REASON_CONNECTION_FAILED).await;
     assert!(closed.contains("refused the connection"), "{closed}");
     if !env.server.insecure {
