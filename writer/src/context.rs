@@ -28,6 +28,9 @@ pub struct WriterContext {
     pub queue: WorkQueue,
     /// Where environment connection checks may go; `None`: checks are off.
     pub connection_check: Option<ConnectionPolicy>,
+    /// Whether environments may aim the engine at loopback, link-local or cloud
+    /// metadata addresses (`--api-url-allow-private`).
+    pub api_url_allow_private: bool,
     /// Which namespaces are tenants.
     pub served: Arc<ServedNamespaces>,
     /// Whether the home role and namespace exist (and the role's rules).

@@ -128,14 +128,31 @@ pub struct RunArgs {
     /// condition. Off by default: the writer then contacts no tenant API server.
     #[arg(long, env = "GITOPS_WRITER_CONNECTION_CHECK")]
     pub connection_check: bool,
-    /// Destinations connection checks may contact (comma-separated): `host`,
-    /// `*.domain`, `10.0.0.0/8`, `[fd00::/8]`, `*`, each optionally with `:port`.
-    /// Matched on the URL's host as written, without DNS. Empty: nothing is contacted.
-    #[arg(long, env = "GITOPS_WRITER_CONNECTION_CHECK_ALLOW", value_delimiter = ',')]
+    /// Destinations the writer itself may contact for tenants (connection checks)
+    /// (comma-separated): `host`, `*.domain`, `10.0.0.0/8`, `[fd00::/8]`, `*`, each
+    /// optionally with `:port`. Matched on the URL's host as written, without DNS.
+    /// Empty: nothing is contacted. `--connection-check-allow` is the older name.
+    #[arg(
+        long = "egress-allow",
+        visible_alias = "connection-check-allow",
+        env = "GITOPS_WRITER_CONNECTION_CHECK_ALLOW",
+        value_delimiter = ','
+    )]
     pub connection_check_allow: Vec<controller::connection::Destination>,
-    /// Destinations connection checks never contact, even when allowed (same syntax).
-    #[arg(long, env = "GITOPS_WRITER_CONNECTION_CHECK_DENY", value_delimiter = ',')]
+    /// Destinations the writer never contacts, even when allowed (same syntax).
+    /// `--connection-check-deny` is the older name.
+    #[arg(
+        long = "egress-deny",
+        visible_alias = "connection-check-deny",
+        env = "GITOPS_WRITER_CONNECTION_CHECK_DENY",
+        value_delimiter = ','
+    )]
     pub connection_check_deny: Vec<controller::connection::Destination>,
+    /// Let tenants aim the GitOps engine at loopback, link-local and cloud metadata
+    /// addresses in an environment's apiURL (single-tenant or test installations
+    /// only). Separate from the egress lists, which say whom the writer contacts.
+    #[arg(long, env = "GITOPS_WRITER_API_URL_ALLOW_PRIVATE")]
+    pub api_url_allow_private: bool,
     #[command(flatten)]
     pub tenancy: TenancyArgs,
     #[command(flatten)]
@@ -334,6 +351,7 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
         connection_check,
         connection_check_allow,
         connection_check_deny,
+        api_url_allow_private,
         tenancy,
         webhook,
     } = args;
@@ -385,6 +403,7 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
         current_or_deprecated(purge_after, "GITOPS_WRITER_PURGE_AFTER_SECONDS", parse_duration, DEFAULT_PURGE_AFTER)?;
     config.connection_check = connection_check
         .then(|| controller::connection::ConnectionPolicy::new(connection_check_allow, connection_check_deny));
+    config.api_url_allow_private = api_url_allow_private;
     let TenancyArgs {
         tenant_namespace_selector,
         tenant_namespaces,

@@ -62,6 +62,9 @@ pub struct WriterConfig {
     pub balance: Option<gitops_shared::db::fleet_balance::BalanceSettings>,
     /// Where environment connection checks may go; `None` (the default): checks are off.
     pub connection_check: Option<ConnectionPolicy>,
+    /// Accept environments whose apiURL is a loopback, link-local or cloud metadata
+    /// address (off: refused with `APIURLNotAllowed`).
+    pub api_url_allow_private: bool,
     /// Which namespaces are tenants.
     pub tenancy: TenancySettings,
     /// The admission webhook; `None`: not served (home deployments then find no
@@ -96,6 +99,7 @@ impl WriterConfig {
             failover: Some(crate::fleet::FailoverSettings::default()),
             balance: None,
             connection_check: None,
+            api_url_allow_private: false,
             tenancy: TenancySettings::default(),
             webhook: None,
             allow_unverified_home: false,
@@ -139,6 +143,7 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
         home,
         queue: crate::work_queue::WorkQueue::new(),
         connection_check: config.connection_check.clone(),
+        api_url_allow_private: config.api_url_allow_private,
         served: served.clone(),
         home_status: home_status.clone(),
         allow_unverified_home: config.allow_unverified_home,

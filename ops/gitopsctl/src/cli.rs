@@ -38,15 +38,36 @@ pub enum Command {
     /// Rotate the encryption of stored secrets.
     Secrets(SecretsArgs),
     /// Write the tenant CustomResourceDefinitions, generated from the writer's
-    /// Rust types, as YAML files (one per CRD).
+    /// Rust types, as YAML files (one per CRD); `crds check` lists stored objects
+    /// that stricter CRDs would strand.
     Crds(CrdsArgs),
 }
 
 #[derive(Debug, Clone, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct CrdsArgs {
     /// Directory to write into (created if missing); existing files are replaced.
     #[arg(long, env = "GITOPS_CRDS_DIR", default_value = "ops/crds")]
     pub out: std::path::PathBuf,
+    #[command(subcommand)]
+    pub command: Option<CrdsCommand>,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum CrdsCommand {
+    /// List the stored tenant resources (all namespaces) that the writer's rules
+    /// refuse — every one a stricter schema could refuse. Run before applying new
+    /// CRDs: Kubernetes 1.20 refuses any update of such an object once the stricter
+    /// schema is served, even removing its finalizer. Exits with 1 when any is found.
+    Check {
+        /// The cluster with the tenant resources (default: as kube infers it).
+        #[arg(long, env = "GITOPS_KUBECONFIG")]
+        kubeconfig: Option<std::path::PathBuf>,
+        /// Apply the writer's `--api-url-allow-private` (environments at loopback,
+        /// link-local or metadata addresses are then not listed).
+        #[arg(long, env = "GITOPS_WRITER_API_URL_ALLOW_PRIVATE")]
+        api_url_allow_private: bool,
+    },
 }
 
 /// Where the database is. Optional for clap (so it may be given before or after a

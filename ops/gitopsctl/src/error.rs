@@ -23,6 +23,10 @@ pub enum CtlError {
     GenerateKey { source: CryptoError },
     #[error("could not write the CustomResourceDefinitions")]
     Crds { source: gitops_writer::api::CrdRenderError },
+    #[error("could not {action} the {kind} objects")]
+    Kube { action: &'static str, kind: &'static str, source: kube::Error },
+    #[error("could not configure the Kubernetes client")]
+    KubeConfig { source: Box<dyn std::error::Error + Send + Sync> },
     /// What was asked cannot be done as things stand; the message says why.
     #[error("{0}")]
     Refused(String),

@@ -4,6 +4,7 @@
 //! dispatches a parsed command line and returns the text for stdout.
 
 pub mod cli;
+pub mod crds;
 pub mod error;
 pub mod instance;
 pub mod migrate;
@@ -20,7 +21,7 @@ use tokio_postgres::Client;
 
 pub use error::CtlError;
 
-use cli::{Command, DbArgs, InstanceCommand, QueueCommand, RolloutCommand, SecretsCommand, TenantCommand};
+use cli::{Command, CrdsCommand, DbArgs, InstanceCommand, QueueCommand, RolloutCommand, SecretsCommand, TenantCommand};
 
 /// The `application_name` gitopsctl's connections carry.
 const APPLICATION_NAME: &str = "gitopsctl";
@@ -158,11 +159,35 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
             }
             SecretsCommand::GenerateKey { id } => Ok(format!("{}\n", secrets::generate_key(&id)?)),
         },
-        Command::Crds(args) => {
-            let written = gitops_writer::api::write_crd_files(&args.out).map_err(|source| CtlError::Crds { source })?;
-            Ok(written.iter().map(|path| format!("wrote {}\n", path.display())).collect())
-        }
+        Command::Crds(args) => match args.command {
+            None => {
+                let written =
+                    gitops_writer::api::write_crd_files(&args.out).map_err(|source| CtlError::Crds { source })?;
+                Ok(written.iter().map(|path| format!("wrote {}\n", path.display())).collect())
+            }
+            Some(CrdsCommand::Check { kubeconfig, api_url_allow_private }) => {
+                let kube = kube_client(kubeconfig.as_deref()).await?;
+                let refused = crds::check(kube, api_url_allow_private).await?;
+                let text = crds::render_refused(&refused);
+                if refused.is_empty() { Ok(text) } else { Err(CtlError::Refused(text.trim_end().to_owned())) }
+            }
+        },
     }
+}
+
+/// A client for `path`, or as kube infers it (KUBECONFIG, in-cluster).
+async fn kube_client(path: Option<&std::path::Path>) -> Result<kube::Client, CtlError> {
+    let config = match path {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|source| CtlError::KubeConfig { source: Box::new(source) })?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|source| CtlError::KubeConfig { source: Box::new(source) })?
+        }
+        None => kube::Config::infer().await.map_err(|source| CtlError::KubeConfig { source: Box::new(source) })?,
+    };
+    kube::Client::try_from(config).map_err(|source| CtlError::KubeConfig { source: Box::new(source) })
 }
 
 fn database_url(args: &DbArgs) -> Result<&str, CtlError> {

@@ -269,7 +269,11 @@ async fn agent_application_create_update_delete() {
     let app = env.get(&env.apps(), &name).await.expect("Application");
     assert_eq!(
         app["spec"]["syncPolicy"],
-        json!({"automated": {"prune": true, "selfHeal": true}, "syncOptions": ["CreateNamespace=true"]})
+        json!({
+            "automated": {"prune": true, "selfHeal": true, "allowEmpty": true},
+            "retry": {"limit": -1, "backoff": {"duration": "5s", "factor": 2, "maxDuration": "3m"}},
+            "syncOptions": ["PrunePropagationPolicy=background", "CreateNamespace=true"],
+        })
     );
 
     // Delete: tombstone → Application gone → row confirmed.

@@ -26,6 +26,7 @@ mod queue_race;
 mod shard_takeover;
 mod signal_race;
 mod statements;
+mod writer_admission;
 mod writer_agent_chaos;
 mod writer_api;
 mod writer_boundary;

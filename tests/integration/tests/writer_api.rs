@@ -44,24 +44,24 @@ fn writer_api_checked_in_crd_yaml_matches_the_rust_types() {
 }
 
 #[tokio::test]
-async fn writer_api_kube_accepts_the_crds_and_leaves_semantics_to_the_writer() {
+async fn writer_api_kube_accepts_the_crds_and_keeps_metacharacters_as_text() {
     let cluster = TestCluster::get().await;
     cluster.install_crds(gitops_writer::api::crds()).await.expect("install the tenant CRDs");
     let namespace = cluster.namespace("writer-api").await;
     let client = cluster.admin().await;
     let ns = namespace.name();
 
-    // Semantically invalid, type-correct input is stored as it is: the writer, not
-    // the schema, decides (and reports a condition).
+    // Shell and SQL metacharacters are plain text where a field allows them (what
+    // the schemas refuse: `writer_admission`).
     let mut deployment = GitOpsDeployment::new(
         "web",
         GitOpsDeploymentSpec {
             source: DeploymentSource {
-                repo_url: "http://not-allowed.example.invalid/x".into(),
+                repo_url: "https://git.example.invalid/x".into(),
                 path: "apps/it's; rm -rf $(x)".into(),
                 target_revision: None,
             },
-            type_: "sometimes".into(),
+            type_: "manual".into(),
             ..Default::default()
         },
     );
@@ -69,7 +69,7 @@ async fn writer_api_kube_accepts_the_crds_and_leaves_semantics_to_the_writer() {
     let deployments: Api<GitOpsDeployment> = Api::namespaced(client.clone(), ns);
     let created = deployments.create(&PostParams::default(), &deployment).await.expect("create a GitOpsDeployment");
     assert_eq!(created.spec.source.path, "apps/it's; rm -rf $(x)");
-    assert_eq!(created.spec.type_, "sometimes");
+    assert_eq!(created.spec.type_, "manual");
 
     let status = GitOpsDeploymentStatus {
         conditions: vec![Condition {

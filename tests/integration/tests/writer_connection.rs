@@ -26,7 +26,8 @@ use crate::support::eventually;
 
 const BAD_TOKEN: &str = "n0t-a-valid-t0ken-s3cret";
 
-/// The test tier's API server as a tenant would name it, and a token it accepts.
+/// The test tier's API server as a tenant would name it, and a token it accepts
+/// (which may list ConfigMaps in the tenant namespace).
 struct Server {
     url: String,
     /// `host:port` as written in the URL.
@@ -60,7 +61,12 @@ async fn env(purpose: &str, policy: impl FnOnce(&Server) -> ConnectionPolicy) ->
     let base = crate::support::writer::env(purpose).await;
     let server = server(base.tenant.name()).await;
     let policy = policy(&server);
-    base.writer_for("writer-a", vec![base.tenant.name().to_owned()], |config| config.connection_check = Some(policy));
+    // The test servers are on loopback, which tenants may not aim the engine at
+    // unless the operator allows it (`writer_credentials_private_api_urls_are_refused`).
+    base.writer_for("writer-a", vec![base.tenant.name().to_owned()], |config| {
+        config.connection_check = Some(policy);
+        config.api_url_allow_private = true;
+    });
     Env { base, server }
 }
 
@@ -91,7 +97,9 @@ async fn server(namespace: &str) -> Server {
     });
     let authority =
         url.strip_prefix("https://").expect("an https server").split('/').next().unwrap_or_default().to_owned();
-    let token = cluster.namespace_identity(namespace, "connection-check", json!([])).await.token;
+    // Enough for the check's namespaced list, in the environments' one namespace.
+    let rules = json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}]);
+    let token = cluster.namespace_identity(namespace, "connection-check", rules).await.token;
     Server { url, authority, ca_data, insecure: named.insecure_skip_tls_verify.unwrap_or(false), token }
 }
 
@@ -106,9 +114,10 @@ impl Env {
         Api::namespaced(self.kube.clone(), self.tenant.name())
     }
 
-    /// A kubeconfig for the server with `token`, with or without its CA.
-    fn kubeconfig(&self, token: &str, with_ca: bool) -> String {
-        let mut cluster = json!({"server": self.server.url});
+    /// A kubeconfig for `server` (the environment's apiURL) with `token`, with or
+    /// without the test server's CA.
+    fn kubeconfig(&self, server: &str, token: &str, with_ca: bool) -> String {
+        let mut cluster = json!({"server": server});
         if let Some(ca) = self.server.ca_data.as_ref().filter(|_| with_ca) {
             cluster["certificate-authority-data"] = json!(ca);
         }
@@ -127,7 +136,7 @@ impl Env {
 
     /// A Secret with a kubeconfig using `token`, then an environment at `api_url`.
     async fn create(&self, name: &str, api_url: &str, token: &str) {
-        self.create_with(name, api_url, self.kubeconfig(token, true)).await;
+        self.create_with(name, api_url, self.kubeconfig(api_url, token, true)).await;
     }
 
     async fn create_with(&self, name: &str, api_url: &str, kubeconfig: String) {
@@ -144,7 +153,8 @@ impl Env {
         let object: GitOpsDeploymentManagedEnvironment = serde_json::from_value(json!({
             "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeploymentManagedEnvironment",
             "metadata": {"name": name},
-            "spec": {"apiURL": api_url, "credentialsSecret": format!("{name}-kubeconfig")},
+            "spec": {"apiURL": api_url, "credentialsSecret": format!("{name}-kubeconfig"),
+                     "namespaces": [self.tenant.name()]},
         }))
         .expect("environment");
         self.environments().create(&PostParams::default(), &object).await.expect("create environment");
@@ -218,10 +228,14 @@ async fn writer_connection_allowed_server_answers_and_failures_have_their_reason
     let token = env.server.token.clone();
     env.create("ok", &url, &token).await;
     env.create("bad-token", &url, BAD_TOKEN).await;
+    // A token the API server accepts, but that may list nothing: /version answers
+    // anyone, the namespaced list is what proves the credentials.
+    let nobody = TestCluster::get().await.namespace_identity(env.tenant.name(), "nobody", json!([])).await;
+    env.create("no-rights", &url, &nobody.token).await;
     env.create("closed", &format!("https://127.0.0.1:{closed}"), &token).await;
     if !env.server.insecure {
         // Without the CA, the server's certificate is not trusted.
-        env.create_with("no-ca", &url, env.kubeconfig(&token, false)).await;
+        env.create_with("no-ca", &url, env.kubeconfig(&url, &token, false)).await;
     }
     env.create("unlisted", "https://cluster.example.invalid:6443", &token).await;
     env.create("unlisted-local", &unlisted_url, &token).await;
@@ -229,6 +243,9 @@ async fn writer_connection_allowed_server_answers_and_failures_have_their_reason
     env.expect("ok", "True", REASON_SUCCEEDED).await;
     let refused = env.expect("bad-token", "False", REASON_UNAUTHORIZED).await;
     assert!(refused.contains("401"), "{refused}");
+    let forbidden = env.expect("no-rights", "False", REASON_UNAUTHORIZED).await;
+    assert!(forbidden.contains("403") && forbidden.contains("ConfigMaps"), "{forbidden}");
+    assert!(!forbidden.contains(&nobody.token), "no token in {forbidden}");
     let closed = env.expect("closed", "False", REASON_CONNECTION_FAILED).await;
     assert!(closed.contains("refused the connection"), "{closed}");
     if !env.server.insecure {

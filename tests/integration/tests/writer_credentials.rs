@@ -94,10 +94,20 @@ impl Env {
         name: &str,
         secret: &str,
     ) -> GitOpsDeploymentManagedEnvironment {
+        self.create_environment_at(namespace, name, secret, "https://cluster.example.invalid:6443").await
+    }
+
+    async fn create_environment_at(
+        &self,
+        namespace: &str,
+        name: &str,
+        secret: &str,
+        api_url: &str,
+    ) -> GitOpsDeploymentManagedEnvironment {
         let object: GitOpsDeploymentManagedEnvironment = serde_json::from_value(json!({
             "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeploymentManagedEnvironment",
             "metadata": {"name": name},
-            "spec": {"apiURL": "https://cluster.example.invalid:6443", "credentialsSecret": secret},
+            "spec": {"apiURL": api_url, "credentialsSecret": secret},
         }))
         .expect("environment");
         self.environments(namespace).create(&PostParams::default(), &object).await.expect("create environment")
@@ -333,7 +343,7 @@ async fn writer_credentials_repository_credential_rotates() {
     env.secrets(&tenant).create(&PostParams::default(), &wrong).await.expect("create Secret");
     for (name, repository, secret, want) in [
         ("wrong-type", "https://git.example.invalid/org/a.git", "docker", "SecretWrongType"),
-        ("bad-url", "git://git.example.invalid/org/a.git", "git", "InvalidRepositoryURL"),
+        ("bad-url", "https://u:p@git.example.invalid/org/a.git", "git", "InvalidRepositoryURL"),
         ("missing", "https://git.example.invalid/org/b.git", "nope", REASON_SECRET_NOT_FOUND),
     ] {
         let object: GitOpsDeploymentRepositoryCredential = serde_json::from_value(json!({
@@ -426,4 +436,77 @@ async fn writer_credentials_ready_follows_the_agent_through_an_argocd_outage() {
     crate::support::restore_agent_access(&env.kube, env.argocd.name(), binding).await;
     environment_ready(("True", "Ready")).await;
     credential_ready(("True", "Ready")).await;
+}
+
+/// A kubeconfig with a context per cluster, the current one naming another
+/// cluster: the environment stores the token of the context for its apiURL; a
+/// kubeconfig with no context for it is refused.
+#[tokio::test]
+async fn writer_credentials_kubeconfig_context_is_the_one_for_the_api_url() {
+    let env = env("wc-context").await;
+    let tenant = env.tenant.name().to_owned();
+    let two = "current-context: other
+clusters:
+- name: other
+  cluster: {server: 'https://other.example.invalid:6443'}
+- name: mine
+  cluster: {server: 'https://CLUSTER.example.invalid:6443/'}
+contexts:
+- name: other
+  context: {cluster: other, user: other-admin}
+- name: mine
+  context: {cluster: mine, user: mine-admin}
+users:
+- name: other-admin
+  user: {token: not-this-token}
+- name: mine-admin
+  user: {token: the-matching-token}
+";
+    env.put_secret(&tenant, "two-contexts", json!({"kubeconfig": two})).await;
+    let created = env.create_environment(&tenant, "prod", "two-contexts").await;
+    assert_eq!(env.environment_condition("prod").await, ("False".to_owned(), REASON_ACCEPTED.to_owned()));
+    let cluster_secret = names::cluster_secret_name(uid_of(&created.metadata));
+    let data = env.argocd_secret(&cluster_secret, |d| d.contains_key("config")).await;
+    assert!(data["config"].contains("the-matching-token"), "the token of the context for apiURL");
+    assert!(!data["config"].contains("not-this-token"), "never the current context's");
+
+    let elsewhere = two.replace("https://CLUSTER.example.invalid:6443/", "https://elsewhere.example.invalid");
+    env.put_secret(&tenant, "no-match", json!({"kubeconfig": elsewhere})).await;
+    env.create_environment(&tenant, "nomatch", "no-match").await;
+    assert_eq!(
+        env.environment_condition("nomatch").await,
+        ("True".to_owned(), gitops_writer::validate::reason::UNABLE_TO_LOCATE_CONTEXT.to_owned())
+    );
+    assert_eq!(env.environment_rows("nomatch").await, 0, "nothing stored");
+}
+
+/// Without `--api-url-allow-private`, environments may not aim the engine at
+/// loopback, link-local or metadata addresses, in any spelling; nothing is stored
+/// for them and nothing is contacted.
+#[tokio::test]
+async fn writer_credentials_private_api_urls_are_refused() {
+    let env = env("wc-private").await;
+    let tenant = env.tenant.name().to_owned();
+    let cases = [
+        ("loopback", "https://127.0.0.1:6443"),
+        ("short", "https://127.1"),
+        ("decimal", "https://2130706433"),
+        ("mapped", "https://[::ffff:127.0.0.1]:6443"),
+        ("metadata", "https://169.254.169.254"),
+        ("localhost", "https://localhost:6443"),
+    ];
+    for (name, url) in cases {
+        let config =
+            format!("clusters: [{{name: c, cluster: {{server: '{url}'}}}}]\nusers: [{{name: u, user: {{token: t}}}}]");
+        env.put_secret(&tenant, &format!("{name}-kubeconfig"), json!({"kubeconfig": config})).await;
+        env.create_environment_at(&tenant, name, &format!("{name}-kubeconfig"), url).await;
+    }
+    for (name, url) in cases {
+        assert_eq!(
+            env.environment_condition(name).await,
+            ("True".to_owned(), gitops_writer::validate::reason::API_URL_NOT_ALLOWED.to_owned()),
+            "{url}"
+        );
+        assert_eq!(env.environment_rows(name).await, 0, "{url}: nothing stored");
+    }
 }

@@ -16,7 +16,7 @@ use gitops_shared::model::{EngineInstanceId, TenantId};
 use gitops_shared::signal::Signal;
 use gitops_testkit::TestDb;
 use gitops_testkit::cluster::{TestCluster, TestNamespace};
-use gitops_writer::api::{GitOpsDeployment, GitOpsDeploymentSpec, GitOpsDeploymentStatus};
+use gitops_writer::api::{DeploymentSource, GitOpsDeployment, GitOpsDeploymentSpec, GitOpsDeploymentStatus};
 use gitops_writer::context::WriterContext;
 use gitops_writer::status::{InFlightSyncs, run_status_loop, scan_shards};
 use kube::api::{Api, PostParams};
@@ -81,6 +81,7 @@ impl Env {
             writer_id: WRITER.to_owned(),
             metrics: Arc::default(),
             connection_check: None,
+            api_url_allow_private: false,
             home: Default::default(),
             queue: Default::default(),
             served: gitops_writer::tenancy::ServedNamespaces::new(Default::default()),
@@ -120,7 +121,12 @@ impl Env {
     /// A GitOpsDeployment object and its application row (keyed by `row_uid`, the
     /// object's own UID unless given).
     async fn deployment(&mut self, tenant: TenantId, name: &str, row_uid: Option<Uuid>) -> i64 {
-        let spec = GitOpsDeploymentSpec { type_: "automated".into(), ..GitOpsDeploymentSpec::default() };
+        let source = DeploymentSource {
+            repo_url: "https://git.example.invalid/org/repo.git".into(),
+            path: "apps/web".into(),
+            target_revision: None,
+        };
+        let spec = GitOpsDeploymentSpec { source, type_: "automated".into(), ..GitOpsDeploymentSpec::default() };
         let object = self
             .deployments()
             .create(&PostParams::default(), &GitOpsDeployment::new(name, spec))

@@ -5,13 +5,15 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::Condition;
+use super::{Condition, pattern, require};
+use crate::validate::limits;
 
 /// The condition type that reports whether the writer could use the environment's
 /// credentials (and, when connection checks are enabled, reach `apiURL`).
 pub const CONNECTION_INITIALIZATION_SUCCEEDED: &str = "ConnectionInitializationSucceeded";
 
-// Checked by `crate::validate::environment`, not by the schema.
+// The schema refuses what it can express; `crate::validate::environment` holds
+// every rule (the webhook and the controller run it).
 /// The cluster and the Secret with its credentials.
 #[derive(CustomResource, Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[kube(
@@ -31,28 +33,40 @@ pub const CONNECTION_INITIALIZATION_SUCCEEDED: &str = "ConnectionInitializationS
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = environment_required)]
 pub struct GitOpsDeploymentManagedEnvironmentSpec {
+    /// The cluster's API server: `https://host[:port][/path]`, no user, query or fragment.
     #[serde(rename = "apiURL", default)]
+    #[schemars(length(min = 1, max = limits::URL), pattern(pattern::API_URL))]
     pub api_url: String,
     /// Name of a Secret in the same namespace whose `kubeconfig` key holds the credentials.
     #[serde(default)]
+    #[schemars(length(min = 1, max = limits::DNS_SUBDOMAIN), pattern(pattern::DNS_SUBDOMAIN))]
     pub credentials_secret: String,
     /// Skip verifying the cluster's TLS certificate.
     #[serde(rename = "allowInsecureSkipTLSVerify", default, skip_serializing_if = "Option::is_none")]
     pub allow_insecure_skip_tls_verify: Option<bool>,
     /// Namespaces the engine may deploy to; empty: all that the credentials reach.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = limits::NAMESPACES), inner(length(max = limits::DNS_LABEL), pattern(pattern::DNS_LABEL)))]
     pub namespaces: Option<Vec<String>>,
     /// Whether cluster-scoped resources may be deployed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_resources: Option<bool>,
 }
 
+fn environment_required(schema: &mut schemars::Schema) {
+    require(schema, &["apiURL", "credentialsSecret"]);
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// What the writer found.
 #[serde(rename_all = "camelCase")]
 pub struct GitOpsDeploymentManagedEnvironmentStatus {
+    /// `Ready` (and the kind's own conditions), each with its reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The generation of the spec this status speaks of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }

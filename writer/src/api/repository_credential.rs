@@ -5,9 +5,11 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::Condition;
+use super::{Condition, pattern, require};
+use crate::validate::limits;
 
-// Checked by `crate::validate::repository_credential`, not by the schema.
+// The schema refuses what it can express; `crate::validate::repository_credential`
+// holds every rule (the webhook and the controller run it).
 /// The repository and the Secret with its credentials.
 #[derive(CustomResource, Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[kube(
@@ -26,20 +28,30 @@ use super::Condition;
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = credential_required)]
 pub struct GitOpsDeploymentRepositoryCredentialSpec {
     /// `https://` or `ssh://` URL of the repository.
     #[serde(default)]
+    #[schemars(length(min = 1, max = limits::URL), pattern(pattern::CREDENTIAL_URL))]
     pub repository: String,
     /// Name of a Secret in the same namespace with `username` and `password`, or `sshPrivateKey`.
     #[serde(default)]
+    #[schemars(length(min = 1, max = limits::DNS_SUBDOMAIN), pattern(pattern::DNS_SUBDOMAIN))]
     pub secret: String,
 }
 
+fn credential_required(schema: &mut schemars::Schema) {
+    require(schema, &["repository", "secret"]);
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+/// What the writer found.
 #[serde(rename_all = "camelCase")]
 pub struct GitOpsDeploymentRepositoryCredentialStatus {
+    /// `Ready` (and the kind's own conditions), each with its reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The generation of the spec this status speaks of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }

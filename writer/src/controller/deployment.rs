@@ -5,7 +5,8 @@
 //! credentials scoped to it: see `home`). An invalid spec gets a
 //! condition and writes nothing. Deletion tombstones the row and enqueues; the
 //! finalizer goes at once, or once the agent confirmed the prune when the tenant
-//! asked to wait.
+//! asked to wait (the wait-for-pruning annotation, or the original service's
+//! `resources-finalizer.managed-gitops.redhat.com`, released with ours).
 
 use std::sync::Arc;
 
@@ -23,7 +24,7 @@ use gitops_shared::db::tombstone::TombstoneOf;
 
 use super::credential::tombstone_and_enqueue;
 use super::home::{Home, home_environment};
-use super::object::{Live, Opened, REASON_ACCEPTED, open, remove_finalizer};
+use super::object::{Live, Opened, REASON_ACCEPTED, RESOURCES_FINALIZER, open, remove_finalizer};
 use super::tenant::Placed;
 use super::{Controllers, Next, ReconcileError, Settled, refuse, set_condition};
 use crate::api::GitOpsDeployment;
@@ -65,13 +66,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
     let namespace_uid = ctl.namespace_uid(namespace).await?;
     let environment_id = match &valid.environment {
         None => {
-            if let Some(destination) = valid.destination_namespace.as_deref().filter(|d| *d != namespace) {
-                let invalid = Invalid {
-                    reason: validate::reason::INVALID_DESTINATION_NAMESPACE,
-                    message: format!(
-                        "spec.destination.namespace: without an environment a deployment goes into its own namespace {namespace:?}, not {destination:?}"
-                    ),
-                };
+            if let Err(invalid) = validate::home_destination(&valid, namespace) {
                 return invalid_condition(&api, &object, &invalid).await;
             }
             if !ctl.ctx.allow_unverified_home && !approved(ctl, uid, generation.unwrap_or(0)).await? {
@@ -205,6 +200,7 @@ async fn invalid_condition(
 
 fn wait_for_pruning(object: &GitOpsDeployment) -> bool {
     object.metadata.annotations.as_ref().and_then(|a| a.get(WAIT_FOR_PRUNING)).is_some_and(|v| v == "true")
+        || object.metadata.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == RESOURCES_FINALIZER))
 }
 
 async fn delete(

@@ -53,7 +53,7 @@ pub use home::{
     DEFAULT_HOME_CLUSTER_ROLE, DEFAULT_HOME_NAMESPACE, HOME_IDENTITY, HomeSettings, HomeStatus, TENANT_NAMESPACE_LABEL,
     check_loop, check_once, home_account_name, home_binding,
 };
-pub use object::{CONDITION, FINALIZER, REASON_ACCEPTED};
+pub use object::{CONDITION, FINALIZER, REASON_ACCEPTED, RESOURCES_FINALIZER};
 pub use sync_run::{REASON_DEPLOYMENT_AUTOMATED, REASON_DEPLOYMENT_NOT_FOUND};
 
 pub(crate) use condition::HasConditions;

@@ -16,6 +16,10 @@ use uuid::Uuid;
 
 /// The writer's finalizer on every resource it manages.
 pub const FINALIZER: &str = "managed-gitops.redhat.com/writer";
+/// The original service's opt-in finalizer. On a GitOpsDeployment it means what
+/// the wait-for-pruning annotation means (the deployment goes once Argo CD pruned);
+/// the writer releases it with its own on any kind, so no object hangs on it.
+pub const RESOURCES_FINALIZER: &str = "resources-finalizer.managed-gitops.redhat.com";
 /// The condition type the writer sets: `True` with the reason when the resource is
 /// not (yet) in effect, `False` once its intent is stored.
 pub const CONDITION: &str = "ErrorOccurred";
@@ -81,7 +85,12 @@ where
     };
     let uid = super::uid(object.meta())?;
     if object.meta().deletion_timestamp.is_some() {
-        return Ok(Opened::Live(if has_finalizer(&object) { Live::Deleting(object, uid) } else { Live::Gone }));
+        let held = object
+            .meta()
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|f| f == FINALIZER || f == RESOURCES_FINALIZER));
+        return Ok(Opened::Live(if held { Live::Deleting(object, uid) } else { Live::Gone }));
     }
     if let Err(not_served) = ctl.serves_read(namespace).await? {
         return refuse(api, &object, not_served.reason(), &not_served.message(namespace)).await.map(Opened::Ended);
@@ -90,20 +99,29 @@ where
     Ok(Opened::Live(Live::Present(object, uid)))
 }
 
+/// Removes the writer's finalizer and the original service's opt-in one
+/// ([`RESOURCES_FINALIZER`]) in one JSON patch, each guarded by a test so a list
+/// changed meanwhile is not harmed; neither present, or the object gone, is success.
 pub async fn remove_finalizer<K>(api: &Api<K>, object: &K) -> Result<(), ReconcileError>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
 {
     let name = object.meta().name.clone().unwrap_or_default();
-    let Some(index) = object.meta().finalizers.as_ref().and_then(|f| f.iter().position(|f| f == FINALIZER)) else {
+    let list = object.meta().finalizers.as_deref().unwrap_or_default();
+    // From the highest index down, so each removal leaves the next index valid.
+    let mut ops = Vec::new();
+    for (index, finalizer) in list.iter().enumerate().rev() {
+        if finalizer == FINALIZER || finalizer == RESOURCES_FINALIZER {
+            let path = format!("/metadata/finalizers/{index}");
+            ops.push(json!({"op": "test", "path": path, "value": finalizer}));
+            ops.push(json!({"op": "remove", "path": path}));
+        }
+    }
+    if ops.is_empty() {
         return Ok(());
-    };
-    let path = format!("/metadata/finalizers/{index}");
-    let patch: json_patch::Patch = serde_json::from_value(json!([
-        {"op": "test", "path": path, "value": FINALIZER},
-        {"op": "remove", "path": path},
-    ]))
-    .map_err(|source| ReconcileError::Patch { what: "build a finalizer patch", source })?;
+    }
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
+        .map_err(|source| ReconcileError::Patch { what: "build a finalizer patch", source })?;
     match api.patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),

@@ -14,7 +14,7 @@ use gitops_shared::model::SyncOperationState;
 use serde_json::Value;
 
 use crate::api::{
-    Condition, DeploymentDestination, DeploymentHealth, DeploymentSource, DeploymentSync, GitOpsDeploymentStatus,
+    Condition, DeploymentHealth, DeploymentSync, GitOpsDeploymentStatus, ReconciledDestination, ReconciledSource,
     ReconciledState,
 };
 
@@ -337,10 +337,10 @@ pub fn sync_in_flight(state: SyncOperationState) -> bool {
 }
 
 fn reconciled_state(compared: &Value, row: &StatusFeedRow) -> ReconciledState {
-    let source: DeploymentSource =
+    let source: ReconciledSource =
         compared.get("source").and_then(|s| serde_json::from_value(s.clone()).ok()).unwrap_or_default();
     let namespace = compared.pointer("/destination/namespace").and_then(Value::as_str).map(str::to_owned);
-    ReconciledState { source, destination: DeploymentDestination { environment: row.environment.clone(), namespace } }
+    ReconciledState { source, destination: ReconciledDestination { environment: row.environment.clone(), namespace } }
 }
 
 /// The engine's conditions (`{type, message, lastTransitionTime}`) as ours.

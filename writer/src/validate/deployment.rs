@@ -30,6 +30,7 @@ pub struct ValidDeployment {
 
 /// Checks a GitOpsDeployment spec; the first broken rule is the answer, in field order.
 pub fn deployment(spec: &GitOpsDeploymentSpec) -> Result<ValidDeployment, Invalid> {
+    set_by_service(spec)?;
     let repo_url = repository_url("spec.source.repoURL", &spec.source.repo_url)?;
     let path = path("spec.source.path", &spec.source.path)?;
     let target_revision = target_revision("spec.source.targetRevision", spec.source.target_revision.as_deref())?;
@@ -51,6 +52,31 @@ pub fn deployment(spec: &GitOpsDeploymentSpec) -> Result<ValidDeployment, Invali
         sync_type,
         create_namespace,
     })
+}
+
+/// Fields of the original service's API that this service sets itself: declared in
+/// the schema so they are not pruned, refused here naming the field.
+fn set_by_service(spec: &GitOpsDeploymentSpec) -> Result<(), Invalid> {
+    let fields = [
+        ("spec.project", spec.project.as_deref(), "the service chooses the Argo CD project of each tenant"),
+        (
+            "spec.destination.server",
+            spec.destination.server.as_deref(),
+            "name a GitOpsDeploymentManagedEnvironment in spec.destination.environment instead",
+        ),
+        (
+            "spec.destination.name",
+            spec.destination.name.as_deref(),
+            "name a GitOpsDeploymentManagedEnvironment in spec.destination.environment instead",
+        ),
+    ];
+    match fields.into_iter().find(|(_, value, _)| non_empty(*value).is_some()) {
+        Some((field, _, instead)) => Err(Invalid::new(
+            reason::FIELD_SET_BY_SERVICE,
+            format!("{field} is set by the GitOps service and may not be given; {instead}"),
+        )),
+        None => Ok(()),
+    }
 }
 
 fn non_empty(value: Option<&str>) -> Option<&str> {
@@ -133,6 +159,20 @@ pub fn sync_options(field: &str, options: &[String]) -> Result<bool, Invalid> {
         create = Some(value);
     }
     Ok(create.unwrap_or(false))
+}
+
+/// Without an environment a deployment goes into its own namespace: a different
+/// `destination.namespace` is refused.
+pub fn home_destination(valid: &ValidDeployment, namespace: &str) -> Result<(), Invalid> {
+    match valid.destination_namespace.as_deref().filter(|d| valid.environment.is_none() && *d != namespace) {
+        Some(destination) => Err(Invalid::new(
+            reason::INVALID_DESTINATION_NAMESPACE,
+            format!(
+                "spec.destination.namespace: without an environment a deployment goes into its own namespace {namespace:?}, not {destination:?}"
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// A managed environment found by the controller's lookup.

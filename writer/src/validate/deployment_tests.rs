@@ -14,6 +14,7 @@ fn spec() -> GitOpsDeploymentSpec {
         destination: DeploymentDestination::default(),
         type_: "automated".into(),
         sync_policy: None,
+        project: None,
     }
 }
 
@@ -40,7 +41,11 @@ fn a_minimal_deployment_gets_defaults() {
 fn a_full_deployment_is_kept_as_given() {
     let mut s = spec();
     s.source.target_revision = Some("release-1.2".into());
-    s.destination = DeploymentDestination { environment: Some("staging".into()), namespace: Some("web".into()) };
+    s.destination = DeploymentDestination {
+        environment: Some("staging".into()),
+        namespace: Some("web".into()),
+        ..Default::default()
+    };
     s.type_ = "manual".into();
     s.sync_policy = Some(SyncPolicy { sync_options: vec!["CreateNamespace=true".into()] });
     let valid = deployment(&s).expect("valid");
@@ -112,7 +117,11 @@ fn destinations() {
     assert_eq!(ns("x\0"), INVALID_CHARACTERS);
     // Empty strings mean "not set".
     let mut s = spec();
-    s.destination = DeploymentDestination { environment: Some(String::new()), namespace: Some(String::new()) };
+    s.destination = DeploymentDestination {
+        environment: Some(String::new()),
+        namespace: Some(String::new()),
+        ..Default::default()
+    };
     let valid = deployment(&s).expect("valid");
     assert_eq!((valid.environment, valid.destination_namespace), (None, None));
 }
@@ -152,4 +161,20 @@ fn environment_lookup_results() {
     let id = gitops_shared::model::ManagedEnvironmentId(4);
     assert_eq!(environment_resolved("staging", Some(EnvironmentRef { id })), Ok(id));
     assert_eq!(environment_resolved("staging", None).unwrap_err().reason, ENVIRONMENT_NOT_FOUND);
+}
+
+#[test]
+fn fields_the_service_sets_are_refused_naming_the_field() {
+    let project = refused(|s| s.project = Some("default".into()));
+    assert_eq!(project.reason, FIELD_SET_BY_SERVICE);
+    assert!(project.message.starts_with("spec.project "), "{}", project.message);
+    let server = refused(|s| s.destination.server = Some("https://cluster.example.invalid".into()));
+    assert!(server.message.starts_with("spec.destination.server "), "{}", server.message);
+    let name = refused(|s| s.destination.name = Some("in-cluster".into()));
+    assert!(name.message.starts_with("spec.destination.name "), "{}", name.message);
+    // Empty counts as absent, as for every optional field.
+    let mut empty = spec();
+    empty.project = Some(String::new());
+    empty.destination.server = Some(String::new());
+    assert!(deployment(&empty).is_ok());
 }

@@ -51,14 +51,14 @@ pub fn environment(spec: &GitOpsDeploymentManagedEnvironmentSpec) -> Result<Vali
     })
 }
 
-/// The credentials in the environment's Secret: its `kubeconfig` key, checked by
-/// [`kubeconfig`].
-pub fn environment_secret(secret: &Secret) -> Result<ValidKubeconfig, Invalid> {
+/// The credentials in the environment's Secret for the cluster at `api_url`: its
+/// `kubeconfig` key, checked by [`kubeconfig`].
+pub fn environment_secret(secret: &Secret, api_url: &str) -> Result<ValidKubeconfig, Invalid> {
     require_type(secret, ENVIRONMENT_SECRET_TYPES)?;
     let text = secret_text(secret, KUBECONFIG_KEY, limits::KUBECONFIG)?.ok_or_else(|| {
         Invalid::new(reason::SECRET_MISSING_CREDENTIALS, format!("the Secret has no {KUBECONFIG_KEY:?} key"))
     })?;
-    kubeconfig(&text)
+    kubeconfig(&text, api_url)
 }
 
 impl ValidEnvironment {
@@ -112,13 +112,15 @@ mod tests {
         Secret { type_: type_.map(str::to_owned), data: Some(data), ..Default::default() }
     }
 
+    const API: &str = "https://cluster.example.invalid";
+
     #[test]
     fn a_valid_environment() {
         let valid = environment(&spec()).expect("valid");
         assert_eq!(valid.namespaces, ["a", "b"]);
         assert!(valid.cluster_resources);
         assert!(!valid.allow_insecure_skip_tls_verify);
-        let kube = environment_secret(&secret(None, &[("kubeconfig", b"users: [{name: u, user: {token: t}}]")]))
+        let kube = environment_secret(&secret(None, &[("kubeconfig", b"users: [{name: u, user: {token: t}}]")]), API)
             .expect("valid secret");
         let intent = valid.into_intent(Uuid::nil(), "prod".into(), 2, Some("17".into()), kube);
         assert_eq!(intent.credentials.bearer_token.as_deref(), Some("t"));
@@ -147,21 +149,23 @@ mod tests {
     fn secret_refusals() {
         let token = b"users: [{name: u, user: {token: t}}]".as_slice();
         assert!(
-            environment_secret(&secret(
-                Some("managed-gitops.redhat.com/managed-environment"),
-                &[("kubeconfig", token)]
-            ))
+            environment_secret(
+                &secret(Some("managed-gitops.redhat.com/managed-environment"), &[("kubeconfig", token)]),
+                API
+            )
             .is_ok()
         );
         let wrong =
-            environment_secret(&secret(Some("kubernetes.io/tls"), &[("kubeconfig", token)])).expect_err("refused");
+            environment_secret(&secret(Some("kubernetes.io/tls"), &[("kubeconfig", token)]), API).expect_err("refused");
         assert_eq!(wrong.reason, SECRET_WRONG_TYPE);
-        let missing = environment_secret(&secret(None, &[("config", token)])).expect_err("refused");
+        let missing = environment_secret(&secret(None, &[("config", token)]), API).expect_err("refused");
         assert_eq!(missing.reason, SECRET_MISSING_CREDENTIALS);
-        let binary = environment_secret(&secret(None, &[("kubeconfig", &[0xff, 0xfe])])).expect_err("refused");
+        let binary = environment_secret(&secret(None, &[("kubeconfig", &[0xff, 0xfe])]), API).expect_err("refused");
         assert_eq!(binary.reason, INVALID_CHARACTERS);
-        let exec =
-            environment_secret(&secret(None, &[("kubeconfig", b"users: [{name: u, user: {exec: {command: sh}}}]")]));
+        let exec = environment_secret(
+            &secret(None, &[("kubeconfig", b"users: [{name: u, user: {exec: {command: sh}}}]")]),
+            API,
+        );
         assert_eq!(exec.expect_err("refused").reason, KUBECONFIG_EXEC_PLUGIN_NOT_ALLOWED);
     }
 }

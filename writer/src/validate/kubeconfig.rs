@@ -5,6 +5,13 @@
 //! accepted; every other way to authenticate or connect is refused with its own
 //! reason, in every user and cluster of the file (not only the current one).
 //!
+//! The credentials used are those of the context whose cluster's `server` is the
+//! environment's `apiURL` (compared after normalising scheme and host case, the
+//! default port and a trailing slash) — never simply the current context, which may
+//! name another cluster. No such context, or several, is refused
+//! (`UnableToLocateContext`). A kubeconfig without contexts is read as one context
+//! of its only user and its only cluster (whose server must match too).
+//!
 //! The YAML parser's own error text is never shown: it can quote the input.
 
 use base64::Engine;
@@ -33,8 +40,6 @@ struct Kubeconfig {
     users: Option<Vec<Named<User>>>,
     #[serde(default)]
     contexts: Option<Vec<Named<Context>>>,
-    #[serde(rename = "current-context", default)]
-    current_context: Option<String>,
 }
 
 /// `{name, cluster|user|context}`: the entry's body under any of those keys.
@@ -49,6 +54,7 @@ struct Named<T> {
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 struct Cluster {
+    server: Option<String>,
     certificate_authority_data: Option<String>,
     certificate_authority: Option<String>,
     insecure_skip_tls_verify: Option<bool>,
@@ -91,8 +97,8 @@ fn malformed(what: &str) -> Invalid {
     Invalid::new(reason::KUBECONFIG_MALFORMED, format!("the kubeconfig {what}"))
 }
 
-/// Parses and checks a kubeconfig (YAML or JSON).
-pub fn kubeconfig(input: &str) -> Result<ValidKubeconfig, Invalid> {
+/// Parses and checks a kubeconfig (YAML or JSON) for the cluster at `api_url`.
+pub fn kubeconfig(input: &str, api_url: &str) -> Result<ValidKubeconfig, Invalid> {
     if input.len() > limits::KUBECONFIG {
         return Err(Invalid::new(
             reason::FIELD_TOO_LONG,
@@ -109,13 +115,8 @@ pub fn kubeconfig(input: &str) -> Result<ValidKubeconfig, Invalid> {
     let contexts = config.contexts.unwrap_or_default();
     refuse_features(&clusters, &users)?;
 
-    let (cluster_name, user_name) = select(&contexts, config.current_context.as_deref(), &clusters, &users)?;
+    let (cluster, user_name) = select(&contexts, &clusters, &users, api_url)?;
     let user = find(&users, user_name.as_deref(), "user")?;
-    let cluster = match cluster_name {
-        Some(name) => find(&clusters, Some(name.as_str()), "cluster")?,
-        None if clusters.len() <= 1 => clusters.first().and_then(|c| c.body.as_ref()),
-        None => return Err(malformed("has several clusters and no context choosing one")),
-    };
     let user = user
         .ok_or_else(|| Invalid::new(reason::KUBECONFIG_NO_CREDENTIALS, "the kubeconfig's user has no credentials"))?;
     credentials(user, cluster.unwrap_or(&Cluster::default()))
@@ -171,31 +172,77 @@ fn refuse_features(clusters: &[Named<Cluster>], users: &[Named<User>]) -> Result
     Ok(())
 }
 
-/// The (cluster, user) names the kubeconfig selects: its current context, or its
-/// only context; without contexts, its only user (and only cluster).
-fn select(
-    contexts: &[Named<Context>],
-    current: Option<&str>,
-    clusters: &[Named<Cluster>],
-    users: &[Named<User>],
-) -> Result<(Option<String>, Option<String>), Invalid> {
-    let context = match current.filter(|c| !c.is_empty()) {
-        Some(name) => Some(
-            contexts
-                .iter()
-                .find(|c| c.name.as_deref() == Some(name))
-                .ok_or_else(|| malformed("names a current-context that it does not define"))?,
-        ),
-        None if contexts.len() == 1 => contexts.first(),
-        None if contexts.is_empty() && users.len() == 1 && clusters.len() <= 1 => None,
-        None => return Err(malformed("has no current-context choosing among its contexts")),
+/// `scheme://host[:port][/path]` compared as a client would dial it: scheme and
+/// host without case, the scheme's default port made explicit, no trailing `/`.
+/// `None` when it is not such a URL.
+pub fn normalised_server(url: &str) -> Option<(String, String, u16, String)> {
+    let (scheme, rest) = url.trim().split_once("://")?;
+    let scheme = scheme.to_ascii_lowercase();
+    let end = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    let (host, port) = match authority.rsplit_once(':').filter(|(host, port)| {
+        !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && (!host.starts_with('[') || host.ends_with(']'))
+    }) {
+        Some((host, port)) => (host, Some(port.parse::<u16>().ok()?)),
+        None => (authority, None),
     };
-    match context {
-        Some(context) => {
-            let body = context.body.as_ref().ok_or_else(|| malformed("has a context without a body"))?;
-            Ok((body.cluster.clone().filter(|c| !c.is_empty()), Some(body.user.clone().unwrap_or_default())))
+    if host.is_empty() {
+        return None;
+    }
+    let default_port = match scheme.as_str() {
+        "https" => 443,
+        "http" => 80,
+        _ => return None,
+    };
+    Some((scheme, host.to_ascii_lowercase(), port.unwrap_or(default_port), path.trim_end_matches('/').to_owned()))
+}
+
+fn unable_to_locate(message: String) -> Invalid {
+    Invalid::new(reason::UNABLE_TO_LOCATE_CONTEXT, message)
+}
+
+/// The cluster and the user's name of the one context whose cluster's server is
+/// `api_url`; without contexts, the only cluster (its server matching) and user.
+fn select<'a>(
+    contexts: &'a [Named<Context>],
+    clusters: &'a [Named<Cluster>],
+    users: &[Named<User>],
+    api_url: &str,
+) -> Result<(Option<&'a Cluster>, Option<String>), Invalid> {
+    let wanted = normalised_server(api_url);
+    let matches =
+        |cluster: &Cluster| wanted.is_some() && cluster.server.as_deref().and_then(normalised_server) == wanted;
+    if contexts.is_empty() {
+        if users.len() > 1 || clusters.len() > 1 {
+            return Err(malformed("has several users or clusters and no context choosing among them"));
         }
-        None => Ok((None, None)),
+        let cluster = clusters.first().and_then(|c| c.body.as_ref());
+        if let Some(cluster) = cluster
+            && !matches(cluster)
+        {
+            return Err(unable_to_locate("the kubeconfig's cluster has a server other than spec.apiURL".to_owned()));
+        }
+        return Ok((cluster, None));
+    }
+    let mut found = Vec::new();
+    for context in contexts {
+        let body = context.body.as_ref().ok_or_else(|| malformed("has a context without a body"))?;
+        let Some(cluster_name) = body.cluster.as_deref().filter(|c| !c.is_empty()) else { continue };
+        let cluster = find(clusters, Some(cluster_name), "cluster")?;
+        if let Some(cluster) = cluster.filter(|c| matches(c)) {
+            found.push((context.name.as_deref().unwrap_or_default(), cluster, body.user.clone().unwrap_or_default()));
+        }
+    }
+    match found.as_slice() {
+        [(_, cluster, user)] => Ok((Some(*cluster), Some(user.clone()))),
+        [] => Err(unable_to_locate("the kubeconfig has no context whose cluster's server is spec.apiURL".to_owned())),
+        several => {
+            let names: Vec<String> = several.iter().take(5).map(|(name, _, _)| format!("{name:?}")).collect();
+            Err(unable_to_locate(format!(
+                "the kubeconfig has several contexts whose cluster's server is spec.apiURL ({}); keep one",
+                names.join(", ")
+            )))
+        }
     }
 }
 

@@ -26,6 +26,7 @@ mod deployment;
 mod environment;
 mod kubeconfig;
 mod name;
+mod private_address;
 mod repository_credential;
 mod secret;
 mod sync_run;
@@ -33,11 +34,13 @@ mod text;
 mod url;
 
 pub use deployment::{
-    EnvironmentRef, ValidDeployment, deployment, environment_resolved, path, sync_options, sync_type, target_revision,
+    EnvironmentRef, ValidDeployment, deployment, environment_resolved, home_destination, path, sync_options, sync_type,
+    target_revision,
 };
 pub use environment::{ValidEnvironment, environment, environment_secret};
-pub use kubeconfig::{KUBECONFIG_KEY, ValidKubeconfig, kubeconfig};
+pub use kubeconfig::{KUBECONFIG_KEY, ValidKubeconfig, kubeconfig, normalised_server};
 pub use name::{dns_label, dns_subdomain};
+pub use private_address::public_api_url;
 pub use repository_credential::{ValidRepositoryCredential, repository_credential, repository_secret};
 pub use sync_run::{ValidSyncRun, sync_run};
 pub use text::text;
@@ -61,6 +64,8 @@ impl Invalid {
 /// The condition reasons this module produces.
 pub mod reason {
     pub const FIELD_REQUIRED: &str = "FieldRequired";
+    pub const FIELD_SET_BY_SERVICE: &str = "FieldSetByService";
+    pub const INVALID_SPEC: &str = "InvalidSpec";
     pub const FIELD_TOO_LONG: &str = "FieldTooLong";
     pub const INVALID_CHARACTERS: &str = "InvalidCharacters";
     pub const INVALID_REPOSITORY_URL: &str = "InvalidRepositoryURL";
@@ -74,6 +79,7 @@ pub mod reason {
     pub const INVALID_DEPLOYMENT_NAME: &str = "InvalidDeploymentName";
     pub const INVALID_REVISION_ID: &str = "InvalidRevisionID";
     pub const INVALID_API_URL: &str = "InvalidAPIURL";
+    pub const API_URL_NOT_ALLOWED: &str = "APIURLNotAllowed";
     pub const INVALID_SECRET_NAME: &str = "InvalidSecretName";
     pub const INVALID_NAMESPACES: &str = "InvalidNamespaces";
     pub const SECRET_WRONG_TYPE: &str = "SecretWrongType";
@@ -86,6 +92,8 @@ pub mod reason {
     pub const KUBECONFIG_IMPERSONATION_NOT_ALLOWED: &str = "KubeconfigImpersonationNotAllowed";
     pub const KUBECONFIG_NO_CREDENTIALS: &str = "KubeconfigNoCredentials";
     pub const KUBECONFIG_MALFORMED: &str = "KubeconfigMalformed";
+    /// As the original service: no (or more than one) kubeconfig context for `apiURL`.
+    pub const UNABLE_TO_LOCATE_CONTEXT: &str = "UnableToLocateContext";
 }
 
 /// Length limits in bytes; the table in this module's documentation lists them.
@@ -193,9 +201,55 @@ mod tests {
             well_formed(sync_options("f", std::slice::from_ref(&input)));
             well_formed(dns_label("f", &input, reason::INVALID_NAMESPACES));
             well_formed(dns_subdomain("f", &input, reason::INVALID_NAMESPACES));
-            well_formed(kubeconfig(&input));
+            well_formed(kubeconfig(&input, "https://api.example.invalid"));
             well_formed(text("f", &input, 16));
         }
         assert!(accepted > 0, "some generated repository URLs are valid");
+    }
+
+    /// The schemas' patterns refuse nothing these rules accept (they only refuse
+    /// earlier): every accepted generated or sample value matches its pattern.
+    #[test]
+    fn the_schema_patterns_are_never_stricter_than_the_rules() {
+        use crate::api::pattern;
+        type Rule = Box<dyn Fn(&str) -> bool>;
+        let re = |p: &str| regex::Regex::new(p).expect("pattern compiles");
+        let checks: Vec<(regex::Regex, Rule)> = vec![
+            (re(pattern::REPOSITORY_URL), Box::new(|v| repository_url("f", v).is_ok())),
+            (re(pattern::CREDENTIAL_URL), Box::new(|v| credential_repository_url("f", v).is_ok())),
+            (re(pattern::API_URL), Box::new(|v| api_url("f", v).is_ok())),
+            (re(pattern::PATH), Box::new(|v| path("f", v).is_ok())),
+            (re(pattern::REVISION_OR_EMPTY), Box::new(|v| target_revision("f", Some(v)).is_ok())),
+            (re(pattern::DNS_LABEL), Box::new(|v| dns_label("f", v, reason::INVALID_NAMESPACES).is_ok())),
+            (re(pattern::DNS_SUBDOMAIN), Box::new(|v| dns_subdomain("f", v, reason::INVALID_NAMESPACES).is_ok())),
+        ];
+        let samples = [
+            "https://git.example.invalid/team/repo.git",
+            "ssh://git@git.example.invalid:2222/team/repo.git",
+            "git://git.example.invalid/team/repo.git",
+            "git@git.example.invalid:team/repo.git",
+            "git.example.invalid:/team/repo.git",
+            "https://[2001:db8::1]/team/repo",
+            "https://api.example.invalid:6443",
+            "https://api.example.invalid/prefix",
+            "apps/web",
+            ".",
+            "apps/it's; $(x)",
+            "main",
+            "v1.2.3",
+            "0123456789abcdef0123456789abcdef01234567",
+            "web",
+            "web.v2",
+        ];
+        let mut accepted = 0;
+        for input in inputs().chain(samples.iter().map(|s| (*s).to_owned())) {
+            for (pattern, rule) in &checks {
+                if rule(&input) {
+                    accepted += 1;
+                    assert!(pattern.is_match(&input), "{input:?} is accepted but refused by {pattern}");
+                }
+            }
+        }
+        assert!(accepted > samples.len(), "the samples and some generated values are accepted");
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod escalation;
 pub mod review;
+pub mod spec_check;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

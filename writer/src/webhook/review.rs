@@ -7,6 +7,10 @@
 //! generation): the writer stores home intent only when it finds that approval.
 //! Deletes, `/status` and metadata-only changes are always allowed, so a finalizer
 //! can always be released.
+//!
+//! Before any of that, every created or changed spec gets the writer's own rules
+//! (`crate::validate`, through `spec_check`), so what a schema cannot express is
+//! refused at apply time with the reason and message the controller would write.
 
 use std::sync::Arc;
 
@@ -20,6 +24,7 @@ use gitops_shared::db::pooled;
 
 use crate::context::WriterContext;
 use crate::webhook::escalation::Escalation;
+use crate::webhook::spec_check;
 
 /// The webhook's state.
 pub struct Reviewer {
@@ -65,6 +70,15 @@ impl Reviewer {
         match self.served(namespace).await {
             Ok(()) => {}
             Err(message) => return deny(allow, message),
+        }
+        if let Err(invalid) = spec_check::check(request, namespace, self.ctx.api_url_allow_private) {
+            return refuse_invalid(allow, &invalid);
+        }
+        if request.operation == Operation::Create
+            && request.kind.kind == "GitOpsDeploymentSyncRun"
+            && let Some(refusal) = self.sync_run_of_automated(namespace, spec(request.object.as_ref())).await
+        {
+            return refuse_invalid(allow, &refusal);
         }
         let (kind, must_check) = match request.kind.kind.as_str() {
             "GitOpsDeployment" => (ApprovedKind::Deployment, goes_home(spec(request.object.as_ref()))),
@@ -142,6 +156,20 @@ impl Reviewer {
         self.ctx.served.serves(namespace, &labels).map_err(|not| not.message(namespace))
     }
 
+    /// A refusal when a new SyncRun names a GitOpsDeployment that exists and is
+    /// automated (the controller refuses it too, should that change later).
+    async fn sync_run_of_automated(&self, namespace: &str, spec: Option<&Value>) -> Option<crate::validate::Invalid> {
+        let name = spec.and_then(|s| s.get("gitopsDeploymentName")).and_then(Value::as_str)?;
+        let api: Api<crate::api::GitOpsDeployment> = Api::namespaced(self.ctx.kube.clone(), namespace);
+        let deployment = api.get_opt(name).await.ok()??;
+        (deployment.spec.type_ == "automated").then(|| {
+            crate::validate::Invalid::new(
+                crate::controller::REASON_DEPLOYMENT_AUTOMATED,
+                format!("GitOpsDeployment {name:?} is automated; sync runs are only for manual deployments"),
+            )
+        })
+    }
+
     /// Whether a SyncRun names a deployment into its own namespace — or one that
     /// does not exist yet (it might be one when it comes).
     async fn sync_run_goes_home(&self, namespace: &str, spec: Option<&Value>) -> bool {
@@ -152,6 +180,14 @@ impl Reviewer {
             Ok(None) | Err(_) => true,
         }
     }
+}
+
+/// A spec the rules refuse: 422 Invalid, `reason: message` as the condition would say.
+fn refuse_invalid(response: AdmissionResponse, invalid: &crate::validate::Invalid) -> AdmissionResponse {
+    let mut response = response.deny(format!("{}: {}", invalid.reason, invalid.message));
+    response.result.code = 422;
+    response.result.reason = "Invalid".to_owned();
+    response
 }
 
 fn deny(response: AdmissionResponse, message: String) -> AdmissionResponse {

@@ -35,14 +35,29 @@ pub const CORRELATION_INFO: &str = "correlation-id";
 /// Who requests syncs, as `operation.initiatedBy.username`.
 pub const INITIATED_BY: &str = "gitops-agent";
 
+/// How an automated Application's failed syncs are retried, as the original
+/// service asked Argo CD: without limit, 5 s doubling up to 3 minutes.
+pub fn automated_retry() -> Value {
+    json!({"limit": -1, "backoff": {"duration": "5s", "factor": 2, "maxDuration": "3m"}})
+}
+
 /// The Application, as applied (the finalizer is part of it from creation on).
+/// Automated ones get the original service's sync policy: prune, self-heal, an
+/// empty source allowed (`allowEmpty`: a tenant may empty its directory), children
+/// pruned in the background and [`automated_retry`].
 pub fn application(spec: &ApplicationSpec, namespace: &str) -> Value {
     let mut sync_policy = Map::new();
+    let mut options = Vec::new();
     if spec.automated {
-        sync_policy.insert("automated".into(), json!({"prune": true, "selfHeal": true}));
+        sync_policy.insert("automated".into(), json!({"prune": true, "selfHeal": true, "allowEmpty": true}));
+        sync_policy.insert("retry".into(), automated_retry());
+        options.push("PrunePropagationPolicy=background");
     }
     if spec.create_namespace {
-        sync_policy.insert("syncOptions".into(), json!(["CreateNamespace=true"]));
+        options.push("CreateNamespace=true");
+    }
+    if !options.is_empty() {
+        sync_policy.insert("syncOptions".into(), json!(options));
     }
     json!({
         "apiVersion": "argoproj.io/v1alpha1",
@@ -167,8 +182,14 @@ pub fn repository_secret(spec: &RepositorySpec, namespace: &str) -> Secret {
 }
 
 /// The `.operation` of a sync request, with the correlation id in `info`.
+/// Argo CD's annotation asking for a refresh (compare with Git again) first.
+pub const REFRESH_ANNOTATION: &str = "argocd.argoproj.io/refresh";
+
+/// The merge patch that requests a sync of `revision`: a normal refresh first, as
+/// the original service did, so the sync compares with what Git holds now.
 pub fn sync_operation(revision: &str, correlation_id: &str) -> Value {
     json!({
+        "metadata": {"annotations": {REFRESH_ANNOTATION: "normal"}},
         "operation": {
             "sync": {"revision": revision},
             "info": [{"name": CORRELATION_INFO, "value": correlation_id}],
@@ -248,8 +269,16 @@ mod tests {
         assert_eq!(manual["spec"]["syncPolicy"], json!({}));
         assert_eq!(manual["metadata"]["finalizers"], json!([RESOURCES_FINALIZER]));
         let automated = application(&app(true, true), "argocd");
-        assert_eq!(automated["spec"]["syncPolicy"]["automated"], json!({"prune": true, "selfHeal": true}));
-        assert_eq!(automated["spec"]["syncPolicy"]["syncOptions"], json!(["CreateNamespace=true"]));
+        assert_eq!(
+            automated["spec"]["syncPolicy"],
+            json!({
+                "automated": {"prune": true, "selfHeal": true, "allowEmpty": true},
+                "retry": {"limit": -1, "backoff": {"duration": "5s", "factor": 2, "maxDuration": "3m"}},
+                "syncOptions": ["PrunePropagationPolicy=background", "CreateNamespace=true"],
+            })
+        );
+        let manual_in_new_namespace = application(&app(false, true), "argocd");
+        assert_eq!(manual_in_new_namespace["spec"]["syncPolicy"], json!({"syncOptions": ["CreateNamespace=true"]}));
     }
 
     #[test]
@@ -295,6 +324,7 @@ mod tests {
     #[test]
     fn operation_state_is_read_with_its_correlation_id() {
         let mut app = sync_operation("v2", "abc");
+        assert_eq!(app["metadata"]["annotations"][REFRESH_ANNOTATION], "normal", "a sync run refreshes first");
         app["status"] = json!({"operationState": {
             "phase": "Succeeded", "message": "ok", "finishedAt": "2024-01-01T00:00:00Z",
             "operation": app["operation"].clone(), "syncResult": {"revision": "deadbeef"},

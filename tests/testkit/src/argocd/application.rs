@@ -40,6 +40,8 @@ pub struct AppSpec {
     pub automated: bool,
     /// `spec.syncPolicy.automated.prune`.
     pub automated_prune: bool,
+    /// `spec.syncPolicy.retry` as written (an automated sync's retry strategy).
+    pub retry: Option<Value>,
     /// `spec.source` as written, echoed into `comparedTo`, `syncResult` and history.
     pub source_json: Value,
     /// `spec.destination` as written, echoed into `comparedTo`.
@@ -82,6 +84,7 @@ impl AppSpec {
             },
             automated,
             automated_prune,
+            retry: spec.pointer("/syncPolicy/retry").filter(|retry| retry.is_object()).cloned(),
             source_json: object_or_empty("/source"),
             destination_json: object_or_empty("/destination"),
         }

@@ -88,6 +88,16 @@ pub(crate) async fn exercise(client: Client, namespace: &str) {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address");
     let closed_server = format!("https://{closed}");
     create(&apps, app("cluster-down", &[], json!({"spec": {"destination": {"server": closed_server}}}))).await;
+    let retry = json!({"limit": 2, "backoff": {"duration": "1s", "factor": 2, "maxDuration": "2s"}});
+    create(
+        &apps,
+        app(
+            "retrying",
+            &[(SYNC_KNOB, "fail"), (SYNC_MESSAGE_KNOB, "boom")],
+            json!({"spec": {"syncPolicy": {"automated": {"prune": true}, "retry": retry}}}),
+        ),
+    )
+    .await;
     create(
         &apps,
         app("deleted", &[], json!({"metadata": {"finalizers": [RESOURCES_FINALIZER, "example.invalid/keep"]}})),
@@ -140,6 +150,17 @@ pub(crate) async fn exercise(client: Client, namespace: &str) {
         wait_for(&apps, "bad-repo", "OutOfSync after the project allowed it", |app| sync_status(app) == "OutOfSync")
             .await;
     assert!(allowed["status"].get("conditions").is_none());
+
+    // An automated sync that fails is retried as the Application asks (twice, after
+    // 1 s and 2 s), then fails for good with Argo CD's SyncError.
+    let retried =
+        wait_for(&apps, "retrying", "a retry waiting", |app| app["status"]["operationState"]["retryCount"] == 1).await;
+    assert_eq!(op_phase(&retried), "Running");
+    assert_eq!(retried["status"]["operationState"]["operation"]["retry"]["limit"], 2);
+    let given_up = wait_for(&apps, "retrying", "failed for good", |app| op_phase(app) == "Failed").await;
+    assert_eq!(given_up["status"]["operationState"]["retryCount"], 2);
+    assert_eq!(given_up["status"]["operationState"]["message"], "boom");
+    assert!(condition(&given_up, SYNC_ERROR).is_some_and(|m| m.ends_with("boom")), "{given_up:#}");
 
     // A requested sync: Succeeded at the requested revision, info echoed, operation cleared.
     let synced = wait_for(&apps, "sync", "a succeeded sync", |app| {

@@ -29,8 +29,11 @@
 //!   run)`) with `.operation` cleared in the same write. A client setting
 //!   `status.operationState.phase: Terminating` gets `Failed`, "Operation
 //!   terminated". Automated Applications (`spec.syncPolicy.automated`) get an
-//!   operation initiated by the controller (`initiatedBy.automated: true`) once per
-//!   target revision, and stay `OutOfSync` until it succeeded.
+//!   operation initiated by the controller (`initiatedBy.automated: true`, with the
+//!   Application's `spec.syncPolicy.retry`) once per target revision, and stay
+//!   `OutOfSync` until it succeeded. A failed attempt of an operation with a retry
+//!   strategy stays `Running` (`retryCount`, a message saying when) and is tried
+//!   again after its backoff, until its limit; without one a failure is final.
 //! - **Refresh.** `argocd.argoproj.io/refresh` is removed and `reconciledAt`
 //!   updated; `reconciledAt` is also refreshed every `resync` (Argo CD: 180 s).
 //! - **Deletion.** With `deletionTimestamp`, `resources-finalizer.argocd.argoproj.io`
@@ -64,6 +67,7 @@ mod loop_guard;
 mod operation;
 pub mod operator;
 mod project;
+mod retry;
 mod revision;
 mod status;
 

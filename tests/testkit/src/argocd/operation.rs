@@ -2,13 +2,19 @@
 //! reconcile: a requested `.operation` (or an automated sync) starts as
 //! `status.operationState` phase `Running`; the next step ends it `Succeeded` or
 //! `Failed` and clears `.operation` in the same write; a client that sets the phase
-//! to `Terminating` gets `Failed` with "Operation terminated". Pure, so every
-//! transition is unit-tested; the controller turns a step into a merge patch.
+//! to `Terminating` gets `Failed` with "Operation terminated". A failed attempt of
+//! an operation with a retry strategy is tried again after its backoff (`retry`).
+//! Pure, so every transition is unit-tested; the controller turns a step into a
+//! merge patch.
 
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
 use super::application::{AppSpec, str_at};
 use super::knobs::{Knobs, SYNC, SyncKnob};
+use super::retry::{Strategy, due_in};
 use super::revision::fake_revision;
 
 pub const RUNNING: &str = "Running";
@@ -50,6 +56,8 @@ pub struct OperationStep {
     pub clear_requested: bool,
     /// The operation just succeeded: record a history entry.
     pub succeeded: bool,
+    /// A failed attempt waits for its retry: look again after this long.
+    pub retry_after: Option<Duration>,
 }
 
 /// The next step of the operation of one Application.
@@ -80,8 +88,15 @@ fn run(input: &OperationInput<'_>, state: Option<&Value>) -> OperationStep {
     if !input.spec_errors.is_empty() {
         return finish(input, state, FAILED, input.spec_errors.join("; "));
     }
+    let strategy = Strategy::of(operation);
+    let now = input.now.parse::<Timestamp>().ok();
+    if let (Some(strategy), Some(state), Some(now)) = (&strategy, state, now)
+        && let Some(wait) = due_in(state, strategy, now).filter(|wait| !wait.is_zero())
+    {
+        return OperationStep { retry_after: Some(wait), ..OperationStep::default() };
+    }
     if let Some(message) = input.comparison_error {
-        return finish(input, state, FAILED, format!("ComparisonError: {message}"));
+        return fail(input, state, strategy.as_ref(), format!("ComparisonError: {message}"));
     }
     match input.knobs.sync {
         SyncKnob::Hold => OperationStep::default(),
@@ -91,10 +106,32 @@ fn run(input: &OperationInput<'_>, state: Option<&Value>) -> OperationStep {
                     "one or more objects failed to apply, reason: stand-in failure requested by annotation {SYNC}=fail"
                 )
             });
-            finish(input, state, FAILED, message)
+            fail(input, state, strategy.as_ref(), message)
         }
         SyncKnob::Succeed => finish(input, state, SUCCEEDED, SUCCEEDED_MESSAGE.to_owned()),
     }
+}
+
+/// A failed attempt: retried after its backoff while the strategy allows,
+/// otherwise the operation ends `Failed`.
+fn fail(
+    input: &OperationInput<'_>,
+    state: Option<&Value>,
+    strategy: Option<&Strategy>,
+    message: String,
+) -> OperationStep {
+    let count = state.and_then(|s| s.get("retryCount")).and_then(Value::as_u64).unwrap_or(0);
+    let Some(strategy) = strategy.filter(|strategy| strategy.allows(count)) else {
+        return finish(input, state, FAILED, message);
+    };
+    let attempt = count + 1;
+    let wait = strategy.backoff(attempt);
+    let mut next = state.and_then(Value::as_object).cloned().unwrap_or_default();
+    next.insert("phase".to_owned(), json!(RUNNING));
+    next.insert("retryCount".to_owned(), json!(attempt));
+    next.insert("finishedAt".to_owned(), json!(input.now));
+    next.insert("message".to_owned(), json!(format!("{message}. Retrying attempt #{attempt} in {}s.", wait.as_secs())));
+    OperationStep { state: Some(Value::Object(next)), retry_after: Some(wait), ..OperationStep::default() }
 }
 
 /// Completes the operation in `state` with `phase` and `message`.
@@ -117,6 +154,7 @@ fn finish(input: &OperationInput<'_>, state: Option<&Value>, phase: &str, messag
         state: Some(Value::Object(next)),
         clear_requested: input.requested.is_some(),
         succeeded: phase == SUCCEEDED,
+        retry_after: None,
     }
 }
 
@@ -129,7 +167,7 @@ fn start(input: &OperationInput<'_>, operation: Value) -> OperationStep {
     state.insert("message".to_owned(), json!(RUNNING_MESSAGE));
     state.insert("startedAt".to_owned(), json!(input.now));
     state.insert("syncResult".to_owned(), json!({"revision": revision, "source": input.spec.source_json}));
-    OperationStep { state: Some(Value::Object(state)), clear_requested: false, succeeded: false }
+    OperationStep { state: Some(Value::Object(state)), ..OperationStep::default() }
 }
 
 /// The commit a sync operation deploys: `operation.sync.revision`, or the
@@ -149,8 +187,10 @@ pub fn target_revision(spec: &AppSpec) -> String {
 
 /// Argo CD's automated sync: an automated, valid Application whose last attempt
 /// was not at the target revision of the current source gets an operation
-/// initiated by the controller. A failed attempt is not retried at the same
-/// revision (Argo CD reports a `SyncError` condition instead).
+/// initiated by the controller, with the Application's retry strategy
+/// (`spec.syncPolicy.retry`, none when absent). An operation that failed for good
+/// is not started again at the same revision (Argo CD reports a `SyncError`
+/// condition instead).
 fn automated_sync(input: &OperationInput<'_>, state: Option<&Value>) -> Option<Value> {
     let spec = input.spec;
     if !spec.automated || !input.spec_errors.is_empty() || input.comparison_error.is_some() {
@@ -163,11 +203,14 @@ fn automated_sync(input: &OperationInput<'_>, state: Option<&Value>) -> Option<V
             return None;
         }
     }
-    Some(json!({
+    let mut operation = json!({
         "sync": {"revision": target, "prune": spec.automated_prune},
         "initiatedBy": {"automated": true},
-        "retry": {"limit": 5},
-    }))
+    });
+    if let Some(retry) = &spec.retry {
+        operation["retry"] = retry.clone();
+    }
+    Some(operation)
 }
 
 #[cfg(test)]
@@ -296,5 +339,48 @@ mod tests {
         assert!(step(&input(&moved, &knobs, None, Some(&done))).state.is_some());
         // Not for manual applications.
         assert_eq!(step(&input(&super::tests::spec(false), &knobs, None, None)), OperationStep::default());
+    }
+
+    #[test]
+    fn a_failed_attempt_is_retried_as_the_application_asks_then_fails_for_good() {
+        let mut spec = spec(true);
+        spec.retry = Some(json!({"limit": 2, "backoff": {"duration": "5s", "factor": 2, "maxDuration": "3m"}}));
+        let fail = Knobs { sync: SyncKnob::Fail, sync_message: Some("boom".into()), ..Knobs::default() };
+        let at =
+            |now: &'static str, state: &Value| step(&OperationInput { now, ..input(&spec, &fail, None, Some(state)) });
+        let started = step(&input(&spec, &fail, None, None)).state.unwrap();
+        assert_eq!(started["operation"]["retry"]["limit"], 2, "the Application's strategy, nothing made up");
+        let first = at("2030-01-01T00:00:00Z", &started);
+        assert_eq!(first.retry_after, Some(Duration::from_secs(5)));
+        let waiting = first.state.unwrap();
+        assert_eq!((waiting["phase"].as_str(), waiting["retryCount"].as_u64()), (Some(RUNNING), Some(1)));
+        assert!(waiting["message"].as_str().unwrap().starts_with("boom. Retrying attempt #1"));
+        // Before its backoff is over nothing happens, only a later look.
+        let early = at("2030-01-01T00:00:03Z", &waiting);
+        assert_eq!((early.state, early.retry_after), (None, Some(Duration::from_secs(2))));
+        let second = at("2030-01-01T00:00:05Z", &waiting).state.unwrap();
+        assert_eq!(second["retryCount"], 2);
+        let last = at("2030-01-01T00:00:15Z", &second).state.unwrap();
+        assert_eq!((last["phase"].as_str(), last["message"].as_str()), (Some(FAILED), Some("boom")));
+        // Failed for good: not started again at the same revision.
+        assert_eq!(step(&input(&spec, &fail, None, Some(&last))), OperationStep::default());
+    }
+
+    #[test]
+    fn without_a_strategy_a_failure_is_final_and_a_retry_that_succeeds_ends_it() {
+        let spec = spec(true);
+        let fail = Knobs { sync: SyncKnob::Fail, ..Knobs::default() };
+        let started = step(&input(&spec, &fail, None, None)).state.unwrap();
+        assert!(started["operation"].get("retry").is_none(), "no strategy of the stand-in's own");
+        assert_eq!(step(&input(&spec, &fail, None, Some(&started))).state.unwrap()["phase"], FAILED);
+
+        let mut retried = spec.clone();
+        retried.retry = Some(json!({"limit": -1}));
+        let started = step(&input(&retried, &fail, None, None)).state.unwrap();
+        let waiting = step(&input(&retried, &fail, None, Some(&started))).state.unwrap();
+        let healed = Knobs::default();
+        let now = "2030-01-01T00:00:05Z";
+        let done = step(&OperationInput { now, ..input(&retried, &healed, None, Some(&waiting)) }).state.unwrap();
+        assert_eq!(done["phase"], SUCCEEDED);
     }
 }

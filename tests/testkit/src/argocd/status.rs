@@ -152,12 +152,18 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     if refresh {
         patch.insert("metadata".to_owned(), json!({"annotations": {REFRESH_ANNOTATION: null}}));
     }
-    let requeue_after = (!input.resync.is_zero()).then(|| {
+    let resync_after = (!input.resync.is_zero()).then(|| {
         let reconciled =
             desired.get("reconciledAt").and_then(Value::as_str).and_then(|at| at.parse::<Timestamp>().ok());
         let age = reconciled.map_or(0, |at| input.now.as_second().saturating_sub(at.as_second()).max(0));
         input.resync.saturating_sub(Duration::from_secs(age.unsigned_abs())).max(Duration::from_secs(1))
     });
+    // A waiting retry is due by the clock, not by an event.
+    let retry_after = step.retry_after.map(|wait| wait.max(Duration::from_secs(1)));
+    let requeue_after = match (resync_after, retry_after) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     Plan {
         patch: (!patch.is_empty()).then_some(Value::Object(patch)),
         requeue_after,

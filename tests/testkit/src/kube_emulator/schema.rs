@@ -5,8 +5,9 @@
 //! `properties`, `additionalProperties` (schema or bool), `items`, `required`,
 //! `enum`, `nullable`, `default`, `x-kubernetes-preserve-unknown-fields` (any
 //! level), `x-kubernetes-int-or-string`, `x-kubernetes-embedded-resource`,
-//! `minimum`/`maximum`, `minLength`/`maxLength`, `minItems`/`maxItems`. Not
-//! implemented: `pattern`, `format`, `oneOf`/`anyOf`/`allOf`/`not` (accepted and
+//! `minimum`/`maximum`, `minLength`/`maxLength`, `minItems`/`maxItems`, `pattern`
+//! (the `regex` crate, whose syntax agrees with Go's RE2 on what CRDs use). Not
+//! implemented: `format`, `oneOf`/`anyOf`/`allOf`/`not` (accepted and
 //! ignored), CEL rules (not in v1.20 either). `metadata` is never pruned at the
 //! root or in embedded resources; array item errors carry the array's path
 //! without an index, as v1.20 reports them.
@@ -37,6 +38,7 @@ pub struct Structural {
     pub max_length: Option<u64>,
     pub min_items: Option<u64>,
     pub max_items: Option<u64>,
+    pub pattern: Option<String>,
 }
 
 impl Structural {
@@ -74,6 +76,7 @@ impl Structural {
             max_length: schema.get("maxLength").and_then(Value::as_u64),
             min_items: schema.get("minItems").and_then(Value::as_u64),
             max_items: schema.get("maxItems").and_then(Value::as_u64),
+            pattern: schema.get("pattern").and_then(Value::as_str).map(str::to_owned),
         }
     }
 
@@ -221,6 +224,13 @@ impl Structural {
             if let Some(max) = self.max_length.filter(|max| len > *max) {
                 invalid(format!("{path} in body may not be longer than {max}"));
             }
+            // A pattern that does not compile refuses nothing (the real server
+            // refuses such a CRD when it is created).
+            if let Some(pattern) = &self.pattern
+                && regex::Regex::new(pattern).is_ok_and(|re| !re.is_match(s))
+            {
+                invalid(format!("{path} in body should match '{pattern}'"));
+            }
         }
         if let Some(items) = value.as_array() {
             let len = items.len() as u64;
@@ -343,5 +353,32 @@ mod tests {
         assert_eq!(causes[3].message, "Unsupported value: \"green\": supported values: \"red\", \"blue\"");
         let missing = schema.validate_root(&json!({"spec": {}}));
         assert_eq!(missing, vec![Cause::new("FieldValueRequired", "spec.size", "Required value")]);
+    }
+}
+
+#[cfg(test)]
+mod pattern_tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_string_that_does_not_match_its_pattern_is_refused_as_the_real_server_words_it() {
+        let schema = Structural::from_json(&json!({
+            "type": "object",
+            "properties": {"spec": {"type": "object", "properties": {
+                "name": {"type": "string", "pattern": "^[a-z]+$"},
+            }}},
+        }));
+        assert!(schema.validate_root(&json!({"spec": {"name": "abc"}})).is_empty());
+        let causes = schema.validate_root(&json!({"spec": {"name": "Abc"}}));
+        assert_eq!(
+            causes,
+            vec![Cause::new(
+                "FieldValueInvalid",
+                "spec.name",
+                "Invalid value: \"Abc\": spec.name in body should match '^[a-z]+$'"
+            )]
+        );
     }
 }

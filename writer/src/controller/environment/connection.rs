@@ -1,6 +1,7 @@
 //! The optional connection check of a GitOpsDeploymentManagedEnvironment: whether
 //! the writer may contact the environment's `apiURL` (the operator's policy), and if
-//! so, a `GET /version` there with the environment's credentials. The outcome is the
+//! so, a `GET /version` there and a list of ConfigMaps the environment's credentials
+//! must permit (in its first namespace, or `default`). The outcome is the
 //! `ConnectionInitializationSucceeded` condition; the writer otherwise never contacts
 //! a tenant's API server, and by default (checks off) it contacts none.
 //!
@@ -374,11 +375,7 @@ pub async fn connection_check(policy: Option<&ConnectionPolicy>, intent: &Manage
         Err(_) => {
             Outcome::failed(format!("the API server did not answer within {} seconds", CHECK_TIMEOUT.as_secs()), None)
         }
-        Ok(Ok(_)) => Outcome::new(
-            "True",
-            REASON_SUCCEEDED,
-            "the writer reached the API server and it accepted the credentials (GET /version)",
-        ),
+        Ok(Ok(_)) => namespaced_list(&client, intent).await,
         Ok(Err(kube::Error::Api(status))) if matches!(status.code, 401 | 403) => Outcome::new(
             "False",
             REASON_UNAUTHORIZED,
@@ -391,6 +388,38 @@ pub async fn connection_check(policy: Option<&ConnectionPolicy>, intent: &Manage
         Ok(Err(kube::Error::SerdeError(_))) => {
             Outcome::failed("the server at apiURL did not answer GET /version like a Kubernetes API server", None)
         }
+        Ok(Err(error)) => transport_failure(&error),
+    }
+}
+
+/// `/version` answers anyone; the credentials themselves are checked by a list
+/// they must permit: ConfigMaps (one) in the environment's first namespace, or in
+/// `default` when it lists none.
+async fn namespaced_list(client: &kube::Client, intent: &ManagedEnvironmentIntent) -> Outcome {
+    let namespace = intent.namespaces.first().map_or("default", String::as_str);
+    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(client.clone(), namespace);
+    let params = kube::api::ListParams::default().limit(1);
+    match tokio::time::timeout(CHECK_TIMEOUT, api.list_metadata(&params)).await {
+        Err(_) => {
+            Outcome::failed(format!("the API server did not answer within {} seconds", CHECK_TIMEOUT.as_secs()), None)
+        }
+        Ok(Ok(_)) => Outcome::new(
+            "True",
+            REASON_SUCCEEDED,
+            format!("the writer reached the API server and the credentials may list ConfigMaps in {namespace:?}"),
+        ),
+        Ok(Err(kube::Error::Api(status))) if matches!(status.code, 401 | 403) => Outcome::new(
+            "False",
+            REASON_UNAUTHORIZED,
+            format!(
+                "the API server refused the credentials a list of ConfigMaps in {namespace:?} (HTTP {})",
+                status.code
+            ),
+        ),
+        Ok(Err(kube::Error::Api(status))) => Outcome::failed(
+            format!("the API server answered a list of ConfigMaps in {namespace:?} with HTTP {}", status.code),
+            Some(format!("HTTP {}", status.code)),
+        ),
         Ok(Err(error)) => transport_failure(&error),
     }
 }

@@ -61,12 +61,17 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
         Ok(valid) => valid,
         Err(invalid) => return refused(&api, &object, &invalid).await,
     };
+    if !ctl.ctx.api_url_allow_private
+        && let Err(invalid) = validate::public_api_url("spec.apiURL", &valid.api_url)
+    {
+        return refused(&api, &object, &invalid).await;
+    }
     ctl.refer(key, &valid.credentials_secret);
     let secret = match secret_read(ctl, namespace, &valid.credentials_secret).await? {
         Ok(secret) => secret,
         Err(invalid) => return refused(&api, &object, &invalid).await,
     };
-    let kubeconfig = match validate::environment_secret(&secret) {
+    let kubeconfig = match validate::environment_secret(&secret, &valid.api_url) {
         Ok(kubeconfig) => kubeconfig,
         Err(invalid) => return refused(&api, &object, &invalid).await,
     };
