@@ -251,7 +251,13 @@ async fn kubectl_creates_built_in_kinds_and_prints_server_side_tables() {
     assert!(table.lines().any(|l| l.split_whitespace().eq([ns, "w1", "3", "True"])), "{table}");
 
     // OpenAPI v2 with the CRD's schema: explain, and client-side validation of a typo.
-    let explained = kubectl.ok(&["explain", &format!("widgets.{group}.spec")]).await;
+    // kube-apiserver publishes a new CRD's schema a moment after it is established.
+    let resource = format!("widgets.{group}.spec");
+    let explained = crate::support::eventually("the CRD's schema in the OpenAPI document", || async {
+        let output = kubectl.run(&["explain", &resource]).await;
+        output.status.success().then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+    })
+    .await;
     assert!(explained.contains("KIND:") && explained.contains("Widget"), "{explained}");
     assert!(explained.lines().any(|l| l.trim_start().starts_with("size")), "{explained}");
     let typo = widget.replace("  size: 3", "  sise: 3").replace("name: w1", "name: w2");
