@@ -14,6 +14,9 @@
 //! State lives in `rollout`, `rollout_tenant` and `rollout_baseline`; a writer's
 //! fleet watch calls [`rollout_step`], which advances every active rollout by one
 //! step under an advisory lock, so a rollout survives restarts of every process.
+//! The step holds its rollouts' rows until it commits, so an operator's abort or
+//! promotion waits for it and then applies to the state it left, never to one it
+//! is about to overwrite.
 //! One rollout acts on a tenant at a time: a partial unique index on
 //! `rollout_tenant (tenant_id) WHERE active`, and the move protocol refuses other
 //! moves of such a tenant (failover, which does not ask, wins: the rollout then
@@ -92,7 +95,8 @@ SELECT r.id, r.state, r.wave, r.promoting, r.wave_size, r.bake_ms, r.max_regress
        e.capacity::bigint AS capacity, e.tenants::bigint AS tenants
   FROM rollout r JOIN engine_instance e ON e.id = r.target_instance_id
  WHERE r.state IN ('moving', 'baking', 'waiting', 'rolling_back')
- ORDER BY r.id";
+ ORDER BY r.id
+   FOR UPDATE OF r";
 
 // The rollout's tenants still acted on, with where each is now.
 const MEMBERS: &str = "

@@ -4,7 +4,8 @@
 //! the fleet leaves them alone: operators' moves of a cohort tenant or onto a
 //! rollout's target are refused, placement skips the target, balancing does not
 //! move a cohort tenant. An abort waits for the moves in flight, and a rollout
-//! rolling back can be neither aborted again nor promoted.
+//! rolling back can be neither aborted again nor promoted. An abort made while a
+//! step is under way is not overwritten by the step.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -152,4 +153,75 @@ async fn rollouts_racing_for_tenants_never_share_one() {
         .expect("count")
         .get(0);
     assert_eq!(still, i64::try_from(cohorts[*target].len()).expect("count"), "its tenants stay its own");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_abort_during_a_step_is_not_overwritten_by_it() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let source = engine_instance_add(&client, "source", "argo-source", 100).await.expect("add");
+    let target = engine_instance_add(&client, "target", "argo-target", 100).await.expect("add");
+    for id in [source, target] {
+        engine_instance_heartbeat(&client, id).await.expect("heartbeat");
+    }
+    for i in 0..2 {
+        in_txn_retrying(&mut client, |txn| {
+            Box::pin(async move {
+                tenant_upsert_locked_in_txn(txn, Uuid::new_v4(), &format!("team-{i}"), Some(source)).await
+            })
+        })
+        .await
+        .expect("tenant");
+    }
+    let started = rollout_start(&mut client, request("target", 2)).await.expect("start");
+    assert_eq!(started.cohort.len(), 2);
+    let id = rollout_list(&client, None).await.expect("list")[0].id;
+    // The moves arrive (as the agents would finish them); the next step records the
+    // arrivals and starts the bake. It is held in the middle, after it read the
+    // rollout as moving: another session holds one of the rows it updates.
+    client
+        .execute("UPDATE tenant SET move_state = NULL, moving_from = NULL WHERE move_state IS NOT NULL", &[])
+        .await
+        .expect("moves done");
+    let mut holder = db.connect().await;
+    let hold = holder.transaction().await.expect("begin");
+    hold.query("SELECT 1 FROM rollout_tenant WHERE rollout_id = $1 FOR UPDATE", &[&id]).await.expect("hold");
+    let step = {
+        let url = db.url();
+        tokio::spawn(async move {
+            let mut client = gitops_shared::db::connect(&url, "rollout-step").await.expect("connect");
+            rollout_step(&mut client).await
+        })
+    };
+    let waiting = |application: &'static str| {
+        let client = &client;
+        async move {
+            let blocked: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                    &[&application],
+                )
+                .await
+                .expect("sessions")
+                .get(0);
+            (blocked > 0).then_some(())
+        }
+    };
+    crate::support::eventually("the step to wait for the held row", || waiting("rollout-step")).await;
+    let abort = {
+        let url = db.url();
+        tokio::spawn(async move {
+            let client = gitops_shared::db::connect(&url, "rollout-abort").await.expect("connect");
+            rollout_abort(&client, id, "mid-step").await
+        })
+    };
+    crate::support::eventually("the abort to wait for the step", || waiting("rollout-abort")).await;
+    hold.rollback().await.expect("release");
+    let stepped = step.await.expect("join").expect("the step");
+    assert!(stepped.active.contains(&(id, "baking".to_owned())), "the step finished as it began: {stepped:?}");
+    abort.await.expect("join").expect("the abort applies after the step");
+    let rollout = rollout_list(&client, Some(id)).await.expect("list").pop().expect("the rollout");
+    assert_eq!(rollout.state, "rolling_back", "the abort stands: {rollout:?}");
+    let step = rollout_step(&mut client).await.expect("a step");
+    assert!(step.active.contains(&(id, "rolling_back".to_owned())), "{step:?}");
 }
