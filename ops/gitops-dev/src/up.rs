@@ -241,15 +241,19 @@ impl DevInfo {
 
 /// `url` with any password replaced by `***` (the summary is printed).
 fn redact_password(url: &str) -> String {
-    match (url.find("://"), url.find('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
+    let Some(scheme) = url.find("://") else { return url.to_owned() };
+    let start = scheme + 3;
+    let authority_end = url[start..].find(['/', '?', '#']).map_or(url.len(), |end| start + end);
+    // The last `@` of the authority ends the user information (a password may hold `@`).
+    match url[start..authority_end].rfind('@') {
+        Some(at) => {
+            let userinfo = &url[start..start + at];
             match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                Some((user, _)) => format!("{}{user}:***{}", &url[..start], &url[start + at..]),
                 None => url.to_owned(),
             }
         }
-        _ => url.to_owned(),
+        None => url.to_owned(),
     }
 }
 
@@ -922,6 +926,8 @@ mod summary_tests {
         }
         assert!(!summary.contains("s3cret"));
         assert_eq!(redact_password("postgres://postgres@127.0.0.1:1/db"), "postgres://postgres@127.0.0.1:1/db");
+        assert_eq!(redact_password("postgres://u:p@ss@127.0.0.1:1/db"), "postgres://u:***@127.0.0.1:1/db");
+        assert_eq!(redact_password("postgres://u:pw@127.0.0.1:1/db?x=a@b"), "postgres://u:***@127.0.0.1:1/db?x=a@b");
     }
 }
 

@@ -61,8 +61,12 @@ fn check_v4(field: &str, ip: Ipv4Addr) -> Result<(), Invalid> {
         return Err(refused(field, "a loopback or unspecified address"));
     }
     // 169.254.0.0/16 holds the metadata services of most clouds; 100.100.100.200 is
-    // Alibaba Cloud's.
-    if ip.is_link_local() || (a == 169 && b == 254) || ip == Ipv4Addr::new(100, 100, 100, 200) {
+    // Alibaba Cloud's, 168.63.129.16 Azure's WireServer.
+    if ip.is_link_local()
+        || (a == 169 && b == 254)
+        || ip == Ipv4Addr::new(100, 100, 100, 200)
+        || ip == Ipv4Addr::new(168, 63, 129, 16)
+    {
         return Err(refused(field, "a link-local or cloud metadata address"));
     }
     Ok(())
@@ -79,6 +83,12 @@ fn check_v6(field: &str, ip: Ipv6Addr) -> Result<(), Invalid> {
     }
     if let Some(v4) = ip.to_ipv4() {
         return check_v4(field, v4);
+    }
+    // NAT64's well-known prefix 64:ff9b::/96 reaches the IPv4 address in its last 32 bits.
+    let segments = ip.segments();
+    if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        let [.., high, low] = segments;
+        return check_v4(field, Ipv4Addr::from((u32::from(high) << 16) | u32::from(low)));
     }
     Ok(())
 }
@@ -114,6 +124,9 @@ mod tests {
             "https://169.254.169.254/latest",
             "https://[fe80::1]",
             "https://[fd00:ec2::254]",
+            "https://[64:ff9b::a9fe:a9fe]",
+            "https://[64:ff9b::7f00:1]:6443",
+            "https://168.63.129.16",
             "https://100.100.100.200",
             "https://localhost:6443",
             "https://LOCALHOST.",
@@ -134,6 +147,7 @@ mod tests {
             "https://10.0.0.1:6443",
             "https://192.0.2.10",
             "https://[2001:db8::1]:6443",
+            "https://[64:ff9b::c000:20a]",
             "https://k8s-1.example.invalid/prefix",
         ] {
             assert_eq!(public_api_url("spec.apiURL", url), Ok(()), "{url}");
