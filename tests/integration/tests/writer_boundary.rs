@@ -431,7 +431,23 @@ async fn writer_boundary_webhook_lets_in_only_who_could_grant_the_home_role() {
     let refused = create_in(&editor, &tenant, "by-editor", spec(REPO, "apps/e")).await;
     assert!(forbidden_with(refused, "may not grant"));
     // A namespace admin may (it holds every permission of `admin`, though not `bind`).
+    // A dry run is checked the same way, and records no approval: nothing was stored.
+    let approvals = || async {
+        env.client.query_one("SELECT count(*) FROM admission_approval", &[]).await.expect("count").get::<_, i64>(0)
+    };
+    let before = approvals().await;
+    let dry = PostParams { dry_run: true, ..PostParams::default() };
+    let object: GitOpsDeployment = serde_json::from_value(json!({
+        "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeployment",
+        "metadata": {"name": "dry"}, "spec": spec(REPO, "apps/d"),
+    }))
+    .expect("GitOpsDeployment");
+    Api::<GitOpsDeployment>::namespaced(owner.clone(), &tenant).create(&dry, &object).await.expect("a dry run");
+    let refused = Api::<GitOpsDeployment>::namespaced(editor.clone(), &tenant).create(&dry, &object).await;
+    assert!(forbidden_with(refused, "may not grant"), "a dry run is refused like the real thing");
+    assert_eq!(approvals().await, before, "a dry run records no approval");
     create_in(&owner, &tenant, "by-owner", spec(REPO, "apps/o")).await.expect("the admin's deployment");
+    assert_eq!(approvals().await, before + 1, "the real create is approved");
     let manual = json!({"source": {"repoURL": REPO, "path": "apps/m"}, "destination": {}, "type": "manual"});
     create_in(&owner, &tenant, "manual", manual).await.expect("the admin's manual deployment");
     assert_eq!(env.condition("by-owner").await.1, REASON_ACCEPTED, "verified requesters are accepted");

@@ -86,7 +86,7 @@ pub fn configuration(
             }],
             "namespaceSelector": namespace_selector,
             "failurePolicy": "Fail",
-            "sideEffects": "None",
+            "sideEffects": "NoneOnDryRun",
             "admissionReviewVersions": ["v1"],
             "timeoutSeconds": 5
         }]

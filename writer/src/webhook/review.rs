@@ -113,13 +113,17 @@ impl Reviewer {
     }
 
     /// Records the approval of this object at this generation, then allows it; a
-    /// failure to record refuses (the writer would refuse it anyway).
+    /// failure to record refuses (the writer would refuse it anyway). A dry run
+    /// stores nothing, so nothing is recorded for it (`sideEffects: NoneOnDryRun`).
     async fn approve(
         &self,
         allow: AdmissionResponse,
         request: &AdmissionRequest<DynamicObject>,
         kind: ApprovedKind,
     ) -> AdmissionResponse {
+        if request.dry_run {
+            return allow;
+        }
         let meta = request.object.as_ref().map(|o| &o.metadata);
         let uid = meta.and_then(|m| m.uid.as_deref()).and_then(|u| uuid::Uuid::parse_str(u).ok());
         let generation = meta.and_then(|m| m.generation);

@@ -27,7 +27,13 @@ use super::write::{Prepared, present};
 const CONFIGURATIONS: &str = "admissionregistration.k8s.io/validatingwebhookconfigurations";
 
 /// The webhooks a prepared write goes to (none, cheaply, when no configuration exists).
-pub fn plan_write(state: &State, prepared: &Prepared, who: &Identity, field_manager: Option<&str>) -> Vec<Call> {
+pub fn plan_write(
+    state: &State,
+    prepared: &Prepared,
+    who: &Identity,
+    field_manager: Option<&str>,
+    dry_run: bool,
+) -> Vec<Call> {
     let configurations = state.values(CONFIGURATIONS, None);
     if configurations.is_empty() {
         return Vec::new();
@@ -47,6 +53,7 @@ pub fn plan_write(state: &State, prepared: &Prepared, who: &Identity, field_mana
         old: old.as_deref(),
         who,
         field_manager,
+        dry_run,
     };
     plan(&configurations, labels.as_ref(), &attrs)
 }
@@ -81,6 +88,9 @@ pub struct Attributes<'a> {
     pub who: &'a Identity,
     /// `fieldManager` given on the request, if any.
     pub field_manager: Option<&'a str>,
+    /// A dry run: webhooks are told (`request.dryRun`), as every webhook the
+    /// emulator accepts declares `sideEffects: None` or `NoneOnDryRun`.
+    pub dry_run: bool,
 }
 
 /// One webhook to call for a write.
@@ -245,7 +255,7 @@ pub fn review(attrs: &Attributes) -> Value {
         "userInfo": user,
         "object": attrs.object,
         "oldObject": attrs.old.cloned().unwrap_or(Value::Null),
-        "dryRun": false,
+        "dryRun": attrs.dry_run,
         "options": options,
     });
     if let Some(sub) = attrs.subresource.filter(|s| !s.is_empty()) {
@@ -339,6 +349,7 @@ mod tests {
             old: None,
             who,
             field_manager: None,
+            dry_run: false,
         }
     }
 

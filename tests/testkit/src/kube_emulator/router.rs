@@ -306,7 +306,7 @@ fn admit(
     code: StatusCode,
 ) -> Result<Outcome, ApiError> {
     let dry_run = dry_run::requested(request.param("dryRun"))?;
-    let calls = admission::plan_write(state, &prepared, who, request.param("fieldManager"));
+    let calls = admission::plan_write(state, &prepared, who, request.param("fieldManager"), dry_run);
     if !calls.is_empty() {
         return Ok(Outcome::Admit(Box::new(Admission { prepared, calls, code, dry_run })));
     }
