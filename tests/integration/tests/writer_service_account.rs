@@ -369,7 +369,7 @@ async fn writer_service_account_with_cluster_resources_gets_the_cluster_role() {
     // The account of an environment without namespaces lives in kube-system.
     let system: Namespace = serde_json::from_value(json!({"metadata": {"name": "kube-system"}})).expect("ns");
     let _ = Api::<Namespace>::all(env.target.admin.clone()).create(&PostParams::default(), &system).await;
-    let tenant_token = env.target.tenant_token(&[apps.clone()], true).await;
+    let tenant_token = env.target.tenant_token(std::slice::from_ref(&apps), true).await;
     let uid = env.create("cluster", &tenant_token, json!({"clusterResources": true})).await;
     env.reason("cluster", REASON_ACCEPTED).await;
     let (role, binding) =
@@ -423,7 +423,7 @@ async fn writer_service_account_with_cluster_resources_gets_the_cluster_role() {
 async fn writer_service_account_is_refused_where_the_egress_policy_denies_and_without_namespaces() {
     let mut env = env("wsa-denied", false, false).await;
     let apps = env.target.namespace("apps").await;
-    let tenant_token = env.target.tenant_token(&[apps.clone()], false).await;
+    let tenant_token = env.target.tenant_token(std::slice::from_ref(&apps), false).await;
     let uid = env.create("denied", &tenant_token, json!({"namespaces": [apps]})).await;
     let message = env.reason("denied", REASON_SERVICE_ACCOUNT_NOT_ALLOWED).await;
     assert!(message.contains("allow list"), "{message}");
