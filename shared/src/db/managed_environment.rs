@@ -52,9 +52,35 @@ SELECT t.namespace_name, t.namespace_uid FROM managed_environment e
  ORDER BY c.expires_at
  LIMIT 500";
 
+// A tenant's environment whose credentials are a token the writer requested (of a
+// ServiceAccount it installed): its generation and the token's expiry.
+const TOKEN_OF_RESOURCE: &str = "
+SELECT e.generation, e.namespaces, e.cluster_resources, c.expires_at FROM managed_environment e
+  JOIN cluster_credential c ON c.managed_environment_id = e.id
+ WHERE e.resource_uid = $1 AND e.row_state = 'active' AND NOT e.home";
+
+const TOKENS_NEAR_EXPIRY: &str = "
+SELECT t.namespace_name, e.resource_name FROM managed_environment e
+  JOIN tenant t ON t.id = e.tenant_id
+  JOIN cluster_credential c ON c.managed_environment_id = e.id
+ WHERE NOT e.home AND e.row_state = 'active' AND t.row_state = 'active'
+   AND t.writer_shard = ANY($1) AND c.expires_at < $2
+ ORDER BY c.expires_at
+ LIMIT 500";
+
 /// Every statement of this module (a test prepares them against the schema).
-pub const STATEMENTS: &[&str] =
-    &[BY_NAME, HOME, LIVE_OF_RESOURCE, MARK_HOME, SET_EXPIRY, HOME_NEAR_EXPIRY, HOME_REVOCATIONS, HOME_REVOKED];
+pub const STATEMENTS: &[&str] = &[
+    BY_NAME,
+    HOME,
+    LIVE_OF_RESOURCE,
+    MARK_HOME,
+    SET_EXPIRY,
+    HOME_NEAR_EXPIRY,
+    HOME_REVOCATIONS,
+    HOME_REVOKED,
+    TOKEN_OF_RESOURCE,
+    TOKENS_NEAR_EXPIRY,
+];
 
 fn id(row: &tokio_postgres::Row) -> Result<ManagedEnvironmentId, DbError> {
     row.try_get("id").map_err(DbError::query("read a managed environment"))
@@ -106,6 +132,64 @@ pub async fn managed_environment_set_home_in_txn(
     txn.execute(MARK_HOME, &[&environment]).await.map_err(DbError::query("mark a home environment"))?;
     txn.execute(SET_EXPIRY, &[&environment, &expires_at]).await.map_err(DbError::query("record a token's expiry"))?;
     Ok(())
+}
+
+/// Records when the stored credentials of a tenant's environment expire: a
+/// requested token's expiry, or None for credentials the tenant supplied.
+pub async fn managed_environment_set_expiry_in_txn(
+    txn: &Transaction<'_>,
+    environment: ManagedEnvironmentId,
+    expires_at: Option<SystemTime>,
+) -> Result<(), DbError> {
+    txn.execute(SET_EXPIRY, &[&environment, &expires_at]).await.map_err(DbError::query("record a token's expiry"))?;
+    Ok(())
+}
+
+/// What is stored of a tenant's environment whose credentials may be a token the
+/// writer requested.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredToken {
+    pub generation: i64,
+    pub namespaces: Vec<String>,
+    pub cluster_resources: bool,
+    /// When the stored token expires; None: the tenant's own credentials are stored.
+    pub expires_at: Option<SystemTime>,
+}
+
+/// The stored state of a tenant's environment (resource `resource_uid`); None when
+/// nothing is stored.
+pub async fn managed_environment_token(client: &Client, resource_uid: Uuid) -> Result<Option<StoredToken>, DbError> {
+    let row = client
+        .query_opt(TOKEN_OF_RESOURCE, &[&resource_uid])
+        .await
+        .map_err(DbError::query("read an environment's token expiry"))?;
+    row.map(|row| {
+        Ok(StoredToken {
+            generation: row.try_get("generation")?,
+            namespaces: row.try_get("namespaces")?,
+            cluster_resources: row.try_get("cluster_resources")?,
+            expires_at: row.try_get("expires_at")?,
+        })
+    })
+    .transpose()
+    .map_err(DbError::query("read an environment's token expiry"))
+}
+
+/// (namespace name, environment name) of the tenants' own environments in
+/// `shards` whose stored token expires before `horizon`, soonest first (at most 500).
+pub async fn managed_environment_tokens_near_expiry(
+    client: &Client,
+    shards: &[i32],
+    horizon: SystemTime,
+) -> Result<Vec<(String, String)>, DbError> {
+    let rows = client
+        .query(TOKENS_NEAR_EXPIRY, &[&shards, &horizon])
+        .await
+        .map_err(DbError::query("find environment tokens near expiry"))?;
+    rows.iter()
+        .map(|row| Ok((row.try_get("namespace_name")?, row.try_get("resource_name")?)))
+        .collect::<Result<_, tokio_postgres::Error>>()
+        .map_err(DbError::query("read an environment token near expiry"))
 }
 
 /// (namespace name, namespace UID) of the tenants in `shards` whose home token

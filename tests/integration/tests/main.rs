@@ -39,5 +39,6 @@ mod writer_purge;
 mod writer_ready;
 mod writer_resync;
 mod writer_rollout;
+mod writer_service_account;
 mod writer_status;
 mod writer_tenancy;

@@ -110,6 +110,7 @@ async fn writer_api_kube_accepts_the_crds_and_keeps_metacharacters_as_text() {
             allow_insecure_skip_tls_verify: Some(true),
             namespaces: Some(vec!["web".into()]),
             cluster_resources: Some(false),
+            create_new_service_account: Some(true),
         },
     );
     environment.metadata.namespace = Some(ns.to_owned());

@@ -53,6 +53,14 @@ pub struct GitOpsDeploymentManagedEnvironmentSpec {
     /// Whether cluster-scoped resources may be deployed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_resources: Option<bool>,
+    /// Install, with the Secret's credentials, a ServiceAccount of the service's own on
+    /// the cluster (with a Role in each of `namespaces`, or a ClusterRole when
+    /// `clusterResources` is true) and deploy with its token, renewed before it
+    /// expires, instead of the Secret's credentials; removed when the environment is
+    /// deleted. `namespaces` is required unless `clusterResources` is true, and the
+    /// operator must allow the writer to contact `apiURL`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_new_service_account: Option<bool>,
 }
 
 fn environment_required(schema: &mut schemars::Schema) {

@@ -47,8 +47,8 @@ use uuid::Uuid;
 pub use deployment::{
     REASON_HOME_UNAVAILABLE, REASON_NO_ENGINE, REASON_QUOTA_EXCEEDED, REASON_REQUESTER_UNVERIFIED, WAIT_FOR_PRUNING,
 };
-pub use environment::connection;
 pub use environment::{CONNECTION_CONDITION, REASON_CONNECTION_CHECK_DISABLED, REASON_SECRET_NOT_FOUND};
+pub use environment::{connection, service_account};
 pub use home::{
     DEFAULT_HOME_CLUSTER_ROLE, DEFAULT_HOME_NAMESPACE, HOME_IDENTITY, HomeSettings, HomeStatus, TENANT_NAMESPACE_LABEL,
     check_loop, check_once, home_account_name, home_binding,
@@ -276,6 +276,7 @@ pub async fn run_controllers(
         tasks.spawn(home::watch_identity(ctl.clone(), scope.clone(), cancel.clone()));
     }
     tasks.spawn(home::renew_loop(ctl.clone(), cancel.clone()));
+    tasks.spawn(service_account::renew_loop(ctl.clone(), cancel.clone()));
     tasks.spawn(requeue_on_shard_change(ctl.clone(), shards, cancel.clone()));
     tasks.spawn(resync::resync_loop(ctl.clone(), cancel.clone()));
     for _ in 0..settings.workers.max(1) {

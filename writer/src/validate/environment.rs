@@ -22,6 +22,8 @@ pub struct ValidEnvironment {
     /// Sorted, without duplicates.
     pub namespaces: Vec<String>,
     pub cluster_resources: bool,
+    /// Deploy with a ServiceAccount the writer installs (see `createNewServiceAccount`).
+    pub create_new_service_account: bool,
 }
 
 pub fn environment(spec: &GitOpsDeploymentManagedEnvironmentSpec) -> Result<ValidEnvironment, Invalid> {
@@ -42,12 +44,22 @@ pub fn environment(spec: &GitOpsDeploymentManagedEnvironmentSpec) -> Result<Vali
         .collect::<Result<Vec<_>, _>>()?;
     namespaces.sort();
     namespaces.dedup();
+    let cluster_resources = spec.cluster_resources.unwrap_or(false);
+    let create_new_service_account = spec.create_new_service_account.unwrap_or(false);
+    if create_new_service_account && !cluster_resources && namespaces.is_empty() {
+        return Err(Invalid::new(
+            reason::FIELD_REQUIRED,
+            "spec.namespaces is required when spec.createNewServiceAccount is true, unless spec.clusterResources \
+             is true: the ServiceAccount gets a Role in each listed namespace",
+        ));
+    }
     Ok(ValidEnvironment {
         api_url,
         credentials_secret,
         allow_insecure_skip_tls_verify: spec.allow_insecure_skip_tls_verify.unwrap_or(false),
         namespaces,
-        cluster_resources: spec.cluster_resources.unwrap_or(false),
+        cluster_resources,
+        create_new_service_account,
     })
 }
 
@@ -103,6 +115,7 @@ mod tests {
             allow_insecure_skip_tls_verify: None,
             namespaces: Some(vec!["b".into(), "a".into(), "b".into()]),
             cluster_resources: Some(true),
+            create_new_service_account: None,
         }
     }
 
@@ -143,6 +156,24 @@ mod tests {
         assert_eq!(with(|s| s.credentials_secret = String::new()), FIELD_REQUIRED);
         assert_eq!(with(|s| s.namespaces = Some(vec!["ok".into(), "Not_OK".into()])), INVALID_NAMESPACES);
         assert_eq!(with(|s| s.namespaces = Some(vec!["n".into(); 257])), FIELD_TOO_LONG);
+    }
+
+    #[test]
+    fn a_new_service_account_needs_namespaces_unless_cluster_resources() {
+        let mut s = spec();
+        s.create_new_service_account = Some(true);
+        assert!(environment(&s).expect("cluster resources without namespaces").create_new_service_account);
+        s.namespaces = None;
+        assert!(environment(&s).is_ok(), "with clusterResources the namespaces may be absent");
+        s.cluster_resources = Some(false);
+        let refused = environment(&s).expect_err("refused");
+        assert_eq!(refused.reason, FIELD_REQUIRED);
+        assert!(refused.message.contains("spec.namespaces"), "{}", refused.message);
+        s.namespaces = Some(vec!["apps".into()]);
+        assert!(environment(&s).is_ok());
+        s.create_new_service_account = None;
+        s.namespaces = None;
+        assert!(environment(&s).is_ok(), "only a new ServiceAccount needs namespaces");
     }
 
     #[test]

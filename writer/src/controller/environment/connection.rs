@@ -425,7 +425,7 @@ async fn namespaced_list(client: &kube::Client, intent: &ManagedEnvironmentInten
 }
 
 /// A client for exactly the validated credentials; nothing else is read.
-fn client(intent: &ManagedEnvironmentIntent) -> Result<kube::Client, Outcome> {
+pub(crate) fn client(intent: &ManagedEnvironmentIntent) -> Result<kube::Client, Outcome> {
     let credentials = &intent.credentials;
     let uri = intent.api_url.parse().map_err(|_| Outcome::failed("apiURL cannot be used as a request URL", None))?;
     let mut config = kube::Config::new(uri);
