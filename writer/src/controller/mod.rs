@@ -19,6 +19,7 @@ mod cache;
 mod condition;
 mod credential;
 mod deployment;
+pub mod egress;
 mod environment;
 mod events;
 mod home;
