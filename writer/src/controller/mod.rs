@@ -26,6 +26,7 @@ mod home;
 mod namespace;
 mod object;
 mod repository_credential;
+pub mod repository_check;
 mod resync;
 mod sync_run;
 mod tenant;
@@ -100,6 +101,8 @@ pub enum Next {
     Settled(Settled),
     /// Look again after this long.
     Retry(Duration),
+    /// Finished well, and to be looked at again after this long (periodic checks).
+    Revisit(Duration),
 }
 
 pub enum Settled {
