@@ -6,8 +6,9 @@
 //! unknown host key or a closed port is `ConnectionFailed`; a destination the egress
 //! policy refuses (not listed, deny-listed, or a name that resolves to loopback
 //! without an address entry) is `ValidationDenied` and the server sees no connection.
-//! End to end through the writer: the conditions on the resource, a fixed Secret
-//! revalidated at once, and validation off by default. No condition carries a secret.
+//! End to end through the writer: the conditions on the resource, validation again
+//! without any change (periodic), a fixed Secret revalidated, and validation off by
+//! default. No condition carries a secret.
 //! Tests wait on conditions with deadlines, never on time.
 
 use std::path::PathBuf;
@@ -132,7 +133,11 @@ async fn writer_repository_check_refused_destinations_are_not_contacted() {
         (https.settings(&["*"], &[]), by_mapped, "loopback"),
         (https.settings(&["*", "127.0.0.0/8"], &[]), by_decimal, "not a plain host name"),
         (https.settings(&["*", "127.0.0.0/8"], &[]), by_hex, "not a plain host name"),
-        (https.settings(&[&format!("localhost:{port}"), "127.0.0.0/8", "[::1]"], &["127.0.0.1"]), by_name.clone(), "deny list"),
+        (
+            https.settings(&[&format!("localhost:{port}"), "127.0.0.0/8", "[::1]"], &["127.0.0.1"]),
+            by_name.clone(),
+            "deny list",
+        ),
     ] {
         let validation = validate(Some(&settings), &url, &basic(PASSWORD)).await;
         expect(&validation, ("Unknown", REASON_VALIDATION_DENIED), ("Unknown", REASON_VALIDATION_DENIED));
@@ -204,7 +209,11 @@ fn pair(a: &str, b: &str) -> (String, String) {
 async fn writer_repository_check_conditions_follow_the_secret() {
     let https = https().await;
     let env = crate::support::writer::env("wrepo-check").await;
-    let settings = https.settings(&[&https.authority()], &[]);
+    // Validated again every 300 ms here (10 minutes by default).
+    let settings = RepositoryCheckSettings {
+        revalidate_every: std::time::Duration::from_millis(300),
+        ..https.settings(&[&https.authority()], &[])
+    };
     env.writer_for("writer-a", vec![env.tenant.name().to_owned()], |config| {
         config.repository_check = Some(settings);
     });
@@ -223,7 +232,9 @@ async fn writer_repository_check_conditions_follow_the_secret() {
     put("right", PASSWORD).await;
     put("wrong", WRONG).await;
     let api: Api<GitOpsDeploymentRepositoryCredential> = Api::namespaced(env.kube.clone(), env.tenant.name());
-    for (name, path, secret) in [("good", "org/repo.git", "right"), ("bad-pass", "org/repo.git", "wrong"), ("gone", "org/nope.git", "right")] {
+    for (name, path, secret) in
+        [("good", "org/repo.git", "right"), ("bad-pass", "org/repo.git", "wrong"), ("gone", "org/nope.git", "right")]
+    {
         let object: GitOpsDeploymentRepositoryCredential = serde_json::from_value(json!({
             "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeploymentRepositoryCredential",
             "metadata": {"name": name}, "spec": {"repository": https.server.url(path), "secret": secret},
@@ -237,6 +248,9 @@ async fn writer_repository_check_conditions_follow_the_secret() {
     );
     assert_eq!(conditions_of(&api, "bad-pass").await[1], pair("False", REASON_INVALID_CREDENTIALS));
     assert_eq!(conditions_of(&api, "gone").await[0], pair("False", REASON_INVALID_URL));
+    // Nothing changes, yet the repository is contacted again (the periodic validation).
+    let seen = https.server.connections();
+    eventually("a periodic validation", || async { (https.server.connections() > seen + 3).then_some(()) }).await;
     // The tenant fixes the password: the change of the Secret validates again.
     put("wrong", PASSWORD).await;
     eventually("the fixed credentials validated", || async {

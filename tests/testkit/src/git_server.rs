@@ -199,7 +199,8 @@ async fn answer(request: Request<Incoming>, backend: Arc<Backend>) -> Result<Res
 async fn cgi(request: Request<Incoming>, backend: &Backend) -> Result<Response<Full<Bytes>>, String> {
     let (parts, body) = request.into_parts();
     let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
-    let header_text = |name: header::HeaderName| parts.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let header_text =
+        |name: header::HeaderName| parts.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let mut command = tokio::process::Command::new("git");
     command
         .arg("http-backend")
@@ -275,13 +276,12 @@ pub struct GitSshServer {
 impl GitSshServer {
     /// Starts sshd with its files in `dir` (keys, configuration, known hosts).
     pub async fn start(dir: &Path) -> Result<Self, GitServerError> {
-        let sshd = ["/usr/sbin/sshd", "/usr/local/sbin/sshd"]
-            .into_iter()
-            .find(|p| Path::new(p).exists())
-            .ok_or_else(|| GitServerError::Command {
+        let sshd = ["/usr/sbin/sshd", "/usr/local/sbin/sshd"].into_iter().find(|p| Path::new(p).exists()).ok_or_else(
+            || GitServerError::Command {
                 command: "sshd".into(),
                 stderr: "sshd is not installed (openssh-server)".into(),
-            })?;
+            },
+        )?;
         let key = |name: &str| -> Result<(String, String), GitServerError> {
             let path = dir.join(name);
             run("ssh-keygen", &["-q", "-t", "ed25519", "-N", "", "-C", name, "-f", &path.to_string_lossy()])?;

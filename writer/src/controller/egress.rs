@@ -145,7 +145,8 @@ mod tests {
     #[test]
     fn every_spelling_of_an_ipv4_address_is_that_address() {
         let loopback = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
-        for spelling in ["::ffff:127.0.0.1", "::ffff:7f00:1", "::127.0.0.1", "64:ff9b::7f00:1", "0:0:0:0:0:ffff:7f00:1"] {
+        for spelling in ["::ffff:127.0.0.1", "::ffff:7f00:1", "::127.0.0.1", "64:ff9b::7f00:1", "0:0:0:0:0:ffff:7f00:1"]
+        {
             let ip: IpAddr = spelling.parse().expect("an IPv6 address");
             assert_eq!(canonical(ip), loopback, "{spelling}");
             assert_eq!(special(ip), Some("loopback"), "{spelling}");
@@ -190,7 +191,8 @@ mod tests {
     #[tokio::test]
     async fn special_addresses_need_an_address_entry() {
         let open = policy(&["*"], &[]);
-        for host in ["127.0.0.1", "[::1]", "[::ffff:127.0.0.1]", "[::ffff:7f00:1]", "[64:ff9b::a9fe:a9fe]", "169.254.169.254"]
+        for host in
+            ["127.0.0.1", "[::1]", "[::ffff:127.0.0.1]", "[::ffff:7f00:1]", "[64:ff9b::a9fe:a9fe]", "169.254.169.254"]
         {
             assert_eq!(resolve(&open, host, 443).await, Err(Refusal::Denied(Denial::PrivateAddress)), "{host}");
         }

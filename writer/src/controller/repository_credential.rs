@@ -100,7 +100,7 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
             let message = "the credentials are stored and handed to the GitOps engine";
             set_conditions(&api, &object, false, REASON_ACCEPTED, message, conditions).await?;
             match settings {
-                Some(_) => Ok(Next::Revisit(repository_check::REVALIDATE_EVERY)),
+                Some(settings) => Ok(Next::Revisit(settings.revalidate_every)),
                 None => Ok(Next::Settled(Settled::Ok)),
             }
         }

@@ -62,7 +62,8 @@ struct Private(PathBuf);
 impl Private {
     fn create() -> Result<Private, GitError> {
         let path = std::env::temp_dir().join(format!("gitops-repository-check-{}", uuid::Uuid::new_v4().simple()));
-        if !path.to_string_lossy().bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'.' | b'_' | b'-')) {
+        if !path.to_string_lossy().bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'.' | b'_' | b'-'))
+        {
             return Err(GitError::TempPath(path));
         }
         std::fs::DirBuilder::new()
@@ -165,10 +166,8 @@ pub async fn ls_remote(
     }
     command.arg("ls-remote").arg("--heads").arg("--").arg(url.to_string());
     let child = command.spawn().map_err(|source| GitError::Spawn { program: settings.git.clone(), source })?;
-    let output = child
-        .wait_with_output()
-        .await
-        .map_err(|source| GitError::Spawn { program: settings.git.clone(), source })?;
+    let output =
+        child.wait_with_output().await.map_err(|source| GitError::Spawn { program: settings.git.clone(), source })?;
     let mut stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     if stderr.len() > MAX_STDERR {
         let mut end = MAX_STDERR;

@@ -68,6 +68,8 @@ pub struct RepositoryCheckSettings {
     pub git: PathBuf,
     /// The `ssh` program.
     pub ssh: PathBuf,
+    /// How often a stored credential is validated again ([`REVALIDATE_EVERY`]).
+    pub revalidate_every: Duration,
 }
 
 impl RepositoryCheckSettings {
@@ -78,6 +80,7 @@ impl RepositoryCheckSettings {
             ca_file: None,
             git: PathBuf::from("git"),
             ssh: PathBuf::from("ssh"),
+            revalidate_every: REVALIDATE_EVERY,
         }
     }
 }
@@ -201,9 +204,7 @@ fn denial_message(denial: Denial) -> &'static str {
             "the writer did not contact the repository: the writer's egress allow list is empty, so no repository \
              is contacted"
         }
-        Denial::NotAllowed => {
-            "the writer did not contact the repository: it is not on the writer's egress allow list"
-        }
+        Denial::NotAllowed => "the writer did not contact the repository: it is not on the writer's egress allow list",
         Denial::PrivateAddress => {
             "the writer did not contact the repository: its host is or resolves to a loopback, link-local, \
              metadata or private address that the writer's egress allow list does not name"
@@ -226,7 +227,11 @@ fn classify(url: &RepositoryUrl, answer: git::Answer) -> Validation {
     let said = |phrases: &[&str]| phrases.iter().any(|p| answer.stderr.contains(p));
     if said(&["Authentication failed", "could not read Username", "could not read Password", "Permission denied ("]) {
         return with_detail(Validation {
-            url: ("Unknown", REASON_INVALID_CREDENTIALS, "the repository could not be read with the credentials".into()),
+            url: (
+                "Unknown",
+                REASON_INVALID_CREDENTIALS,
+                "the repository could not be read with the credentials".into(),
+            ),
             credential: (
                 "False",
                 REASON_INVALID_CREDENTIALS,

@@ -165,7 +165,9 @@ fn split_port(text: &str) -> Option<(&str, Option<u16>)> {
         }
     };
     let port = match port {
-        Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => Some(p.parse::<u16>().ok().filter(|p| *p != 0)?),
+        Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
+            Some(p.parse::<u16>().ok().filter(|p| *p != 0)?)
+        }
         Some(_) => return None,
         None => None,
     };
