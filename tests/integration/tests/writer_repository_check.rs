@@ -115,6 +115,27 @@ async fn writer_repository_check_https_with_basic_auth() {
 }
 
 #[tokio::test]
+async fn writer_repository_check_a_stalled_server_is_given_up_on() {
+    // Accepts connections and never answers: the check must end by itself.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            open.push(stream);
+        }
+    });
+    let settings = RepositoryCheckSettings {
+        timeout: std::time::Duration::from_secs(1),
+        ..RepositoryCheckSettings::new(ConnectionPolicy::new(destinations(&[&format!("127.0.0.1:{port}")]), vec![]))
+    };
+    let stalled = validate(Some(&settings), &format!("https://127.0.0.1:{port}/r.git"), &basic(PASSWORD)).await;
+    expect(&stalled, ("Unknown", REASON_CONNECTION_FAILED), ("Unknown", REASON_CONNECTION_FAILED));
+    assert!(stalled.url.2.contains("did not answer within 1 seconds"), "{stalled:?}");
+    held.abort();
+}
+
+#[tokio::test]
 async fn writer_repository_check_refused_destinations_are_not_contacted() {
     let https = https().await;
     let port = https.server.port;

@@ -70,6 +70,8 @@ pub struct RepositoryCheckSettings {
     pub ssh: PathBuf,
     /// How often a stored credential is validated again ([`REVALIDATE_EVERY`]).
     pub revalidate_every: Duration,
+    /// How long one validation may take before git is killed ([`CHECK_TIMEOUT`]).
+    pub timeout: Duration,
 }
 
 impl RepositoryCheckSettings {
@@ -81,6 +83,7 @@ impl RepositoryCheckSettings {
             git: PathBuf::from("git"),
             ssh: PathBuf::from("ssh"),
             revalidate_every: REVALIDATE_EVERY,
+            timeout: CHECK_TIMEOUT,
         }
     }
 }
@@ -180,11 +183,11 @@ pub async fn validate(
         }
     };
     let run = git::ls_remote(settings, &url, &checked, credentials);
-    match tokio::time::timeout(CHECK_TIMEOUT, run).await {
+    match tokio::time::timeout(settings.timeout, run).await {
         Err(_) => Validation::both(
             "Unknown",
             REASON_CONNECTION_FAILED,
-            &format!("the repository did not answer within {} seconds", CHECK_TIMEOUT.as_secs()),
+            &format!("the repository did not answer within {} seconds", settings.timeout.as_secs_f64()),
         ),
         Ok(Err(error)) => Validation {
             detail: Some(gitops_shared::telemetry::error_chain(&error)),
