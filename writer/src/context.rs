@@ -28,6 +28,8 @@ pub struct WriterContext {
     pub queue: WorkQueue,
     /// Where environment connection checks may go; `None`: checks are off.
     pub connection_check: Option<ConnectionPolicy>,
+    /// Repository credential validation; `None`: off.
+    pub repository_check: Option<crate::controller::repository_check::RepositoryCheckSettings>,
     /// Whether environments may aim the engine at loopback, link-local or cloud
     /// metadata addresses (`--api-url-allow-private`).
     pub api_url_allow_private: bool,

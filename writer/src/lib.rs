@@ -148,6 +148,21 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     pub connection_check_deny: Vec<controller::connection::Destination>,
+    /// Validate each GitOpsDeploymentRepositoryCredential against its repository
+    /// (`git ls-remote` with the credentials, on every change and every 10 minutes),
+    /// reported in its ValidRepositoryURL and ValidRepositoryCredential conditions.
+    /// Only repositories the egress lists allow are contacted. Off by default: the
+    /// writer then contacts no repository. Needs `git` (and `ssh` for SSH URLs).
+    #[arg(long, env = "GITOPS_WRITER_REPOSITORY_CHECK")]
+    pub repository_check: bool,
+    /// OpenSSH known-hosts file the SSH host keys of repositories are verified against
+    /// (entries as `ssh-keyscan` writes them, `[host]:port` for ports other than 22).
+    /// Without it, SSH repositories are not contacted.
+    #[arg(long, env = "GITOPS_WRITER_REPOSITORY_KNOWN_HOSTS")]
+    pub repository_known_hosts: Option<std::path::PathBuf>,
+    /// PEM CA bundle trusted for HTTPS repositories instead of the system's.
+    #[arg(long, env = "GITOPS_WRITER_REPOSITORY_CA_FILE")]
+    pub repository_ca_file: Option<std::path::PathBuf>,
     /// Let tenants aim the GitOps engine at loopback, link-local and cloud metadata
     /// addresses in an environment's apiURL (single-tenant or test installations
     /// only). Separate from the egress lists, which say whom the writer contacts.
@@ -351,6 +366,9 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
         connection_check,
         connection_check_allow,
         connection_check_deny,
+        repository_check,
+        repository_known_hosts,
+        repository_ca_file,
         api_url_allow_private,
         tenancy,
         webhook,
@@ -401,8 +419,13 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
     }
     config.purge.after =
         current_or_deprecated(purge_after, "GITOPS_WRITER_PURGE_AFTER_SECONDS", parse_duration, DEFAULT_PURGE_AFTER)?;
-    config.connection_check = connection_check
-        .then(|| controller::connection::ConnectionPolicy::new(connection_check_allow, connection_check_deny));
+    let egress = controller::connection::ConnectionPolicy::new(connection_check_allow, connection_check_deny);
+    config.repository_check = repository_check.then(|| controller::repository_check::RepositoryCheckSettings {
+        known_hosts: repository_known_hosts,
+        ca_file: repository_ca_file,
+        ..controller::repository_check::RepositoryCheckSettings::new(egress.clone())
+    });
+    config.connection_check = connection_check.then_some(egress);
     config.api_url_allow_private = api_url_allow_private;
     let TenancyArgs {
         tenant_namespace_selector,
@@ -465,6 +488,25 @@ mod tests {
         assert_eq!(args.purge_after, Some(Duration::from_secs(90)));
         assert_eq!(run_args(&["--home-token-lifetime", "2h"]).home_token_lifetime, Some(Duration::from_secs(7200)));
         assert!(Cli::try_parse_from(["gitops-writer", "run", "--database-url", "x", "--purge-after", "soon"]).is_err());
+    }
+
+    #[test]
+    fn repository_validation_is_off_unless_asked_for() {
+        let off = run_args(&[]);
+        assert!(!off.repository_check && off.repository_known_hosts.is_none() && off.repository_ca_file.is_none());
+        let on = run_args(&[
+            "--repository-check",
+            "--repository-known-hosts",
+            "/etc/gitops/known_hosts",
+            "--repository-ca-file",
+            "/etc/gitops/ca.pem",
+            "--egress-allow",
+            "git.example.com",
+        ]);
+        assert!(on.repository_check);
+        assert_eq!(on.repository_known_hosts.as_deref(), Some(std::path::Path::new("/etc/gitops/known_hosts")));
+        assert_eq!(on.repository_ca_file.as_deref(), Some(std::path::Path::new("/etc/gitops/ca.pem")));
+        assert_eq!(on.connection_check_allow.len(), 1);
     }
 
     #[test]

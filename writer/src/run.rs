@@ -62,6 +62,8 @@ pub struct WriterConfig {
     pub balance: Option<gitops_shared::db::fleet_balance::BalanceSettings>,
     /// Where environment connection checks may go; `None` (the default): checks are off.
     pub connection_check: Option<ConnectionPolicy>,
+    /// Repository credential validation; `None` (the default): off.
+    pub repository_check: Option<crate::controller::repository_check::RepositoryCheckSettings>,
     /// Accept environments whose apiURL is a loopback, link-local or cloud metadata
     /// address (off: refused with `APIURLNotAllowed`).
     pub api_url_allow_private: bool,
@@ -99,6 +101,7 @@ impl WriterConfig {
             failover: Some(crate::fleet::FailoverSettings::default()),
             balance: None,
             connection_check: None,
+            repository_check: None,
             api_url_allow_private: false,
             tenancy: TenancySettings::default(),
             webhook: None,
@@ -143,6 +146,7 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
         home,
         queue: crate::work_queue::WorkQueue::new(),
         connection_check: config.connection_check.clone(),
+        repository_check: config.repository_check.clone(),
         api_url_allow_private: config.api_url_allow_private,
         served: served.clone(),
         home_status: home_status.clone(),

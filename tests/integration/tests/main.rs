@@ -37,6 +37,7 @@ mod writer_fleet_move;
 mod writer_provision;
 mod writer_purge;
 mod writer_ready;
+mod writer_repository_check;
 mod writer_resync;
 mod writer_rollout;
 mod writer_service_account;

@@ -290,3 +290,37 @@ async fn writer_connection_check_without_allow_list_contacts_nothing() {
     env.expect("local", "False", REASON_CONNECTION_CHECK_DENIED).await;
     assert_not_contacted(&listener);
 }
+
+#[tokio::test]
+async fn writer_connection_a_name_is_checked_by_the_addresses_it_resolves_to() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let env = env("wconn-named", |server| {
+        let server_port = server.authority.rsplit(':').next().unwrap_or_default().to_owned();
+        // Names only: `localhost` resolves to loopback, which no address entry names
+        // for the listener; the server's port also gets its loopback addresses.
+        ConnectionPolicy::new(
+            destinations(&[
+                format!("localhost:{port}"),
+                format!("localhost:{server_port}"),
+                format!("127.0.0.0/8:{server_port}"),
+                format!("[::1]:{server_port}"),
+            ]),
+            vec![],
+        )
+    })
+    .await;
+    let token = env.server.token.clone();
+    let server_port = env.server.authority.rsplit(':').next().unwrap_or_default().to_owned();
+    env.create("by-name", &format!("https://localhost:{port}"), &token).await;
+    let message = env.expect("by-name", "False", REASON_CONNECTION_CHECK_DENIED).await;
+    assert!(message.contains("loopback"), "{message}");
+    assert_not_contacted(&listener);
+    // Allowed by name and by address: the check connects to the checked address
+    // (with the name as the TLS server name) and succeeds.
+    if !env.server.insecure {
+        let url = format!("https://localhost:{server_port}");
+        env.create_with("named-server", &url, env.kubeconfig(&url, &token, true)).await;
+        env.expect("named-server", "True", REASON_SUCCEEDED).await;
+    }
+}

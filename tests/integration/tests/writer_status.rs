@@ -81,6 +81,7 @@ impl Env {
             writer_id: WRITER.to_owned(),
             metrics: Arc::default(),
             connection_check: None,
+            repository_check: None,
             api_url_allow_private: false,
             home: Default::default(),
             queue: Default::default(),

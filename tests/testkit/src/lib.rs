@@ -7,6 +7,7 @@
 pub mod admission;
 pub mod argocd;
 pub mod cluster;
+pub mod git_server;
 pub mod kube_emulator;
 mod postgres;
 pub mod proxy;

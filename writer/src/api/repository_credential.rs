@@ -48,7 +48,8 @@ fn credential_required(schema: &mut schemars::Schema) {
 /// What the writer found.
 #[serde(rename_all = "camelCase")]
 pub struct GitOpsDeploymentRepositoryCredentialStatus {
-    /// `Ready` (and the kind's own conditions), each with its reason.
+    /// `Ready`, `ErrorOccurred`, and `ValidRepositoryURL` and `ValidRepositoryCredential`
+    /// (what validating the credentials against the repository found), each with its reason.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The generation of the spec this status speaks of.

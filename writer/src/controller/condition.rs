@@ -40,17 +40,17 @@ pub(super) async fn set_condition<K>(
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + HasConditions,
 {
-    set_conditions(api, object, error, reason, message, None).await
+    set_conditions(api, object, error, reason, message, None::<Condition>).await
 }
 
-/// [`set_condition`], with one more condition of another type set in the same patch.
+/// [`set_condition`], with more conditions of other types set in the same patch.
 pub(super) async fn set_conditions<K>(
     api: &Api<K>,
     object: &K,
     error: bool,
     reason: &str,
     message: &str,
-    extra: Option<Condition>,
+    extra: impl IntoIterator<Item = Condition>,
 ) -> Result<(), ReconcileError>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + HasConditions,

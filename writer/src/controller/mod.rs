@@ -19,11 +19,13 @@ mod cache;
 mod condition;
 mod credential;
 mod deployment;
+pub mod egress;
 mod environment;
 mod events;
 mod home;
 mod namespace;
 mod object;
+pub mod repository_check;
 mod repository_credential;
 mod resync;
 mod sync_run;
@@ -99,6 +101,8 @@ pub enum Next {
     Settled(Settled),
     /// Look again after this long.
     Retry(Duration),
+    /// Finished well, and to be looked at again after this long (periodic checks).
+    Revisit(Duration),
 }
 
 pub enum Settled {

@@ -3,8 +3,10 @@
 //! credentials and an operation in one transaction. An invalid spec writes nothing;
 //! a missing or invalid Secret stores the row without credentials (so the engine
 //! drops credentials the tenant withdrew) and sets the refusal's condition. A
-//! rotated Secret has a new `resourceVersion`, which re-seals. Deletion tombstones
-//! the row and enqueues; the finalizer goes at once.
+//! rotated Secret has a new `resourceVersion`, which re-seals. Stored credentials are
+//! then validated against the repository when the operator turned that on
+//! ([`super::repository_check`]; again every 10 minutes). Deletion tombstones the row
+//! and enqueues; the finalizer goes at once.
 
 use std::sync::Arc;
 
@@ -19,7 +21,7 @@ use gitops_shared::db::tombstone::TombstoneOf;
 use super::credential::{secret_read, tombstone_and_enqueue};
 use super::object::{Live, Opened, REASON_ACCEPTED, open, remove_finalizer};
 use super::tenant::{Placed, credential_error};
-use super::{Controllers, Next, ReconcileError, Settled, refuse, set_condition};
+use super::{Controllers, Next, ReconcileError, Settled, refuse, repository_check, set_condition, set_conditions};
 use crate::api::GitOpsDeploymentRepositoryCredential;
 use crate::validate;
 use crate::work_queue::{Key, Kind};
@@ -81,12 +83,34 @@ pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &st
             set_condition(&api, &object, true, super::REASON_NO_ENGINE, why.message()).await?;
             Ok(Next::Retry(ctl.settings.retry_delay))
         }
-        (Placed::Stored(()), Ok(_)) => {
+        (Placed::Stored(()), Ok(credentials)) => {
+            let settings = ctl.ctx.repository_check.as_ref();
+            let validation = repository_check::validate(settings, &object.spec.repository, &credentials).await;
+            if let Some(detail) = &validation.detail {
+                tracing::debug!(
+                    tenant.ns = %namespace,
+                    object = %name,
+                    reason = validation.credential.1,
+                    git.stderr = %detail,
+                    "repository validated"
+                );
+            }
+            let now = super::object::now_rfc3339();
+            let conditions = validation.conditions(object.metadata.generation, &now);
             let message = "the credentials are stored and handed to the GitOps engine";
-            set_condition(&api, &object, false, REASON_ACCEPTED, message).await?;
-            Ok(Next::Settled(Settled::Ok))
+            set_conditions(&api, &object, false, REASON_ACCEPTED, message, conditions).await?;
+            match settings {
+                Some(settings) => Ok(Next::Revisit(settings.revalidate_every)),
+                None => Ok(Next::Settled(Settled::Ok)),
+            }
         }
-        (Placed::Stored(()), Err(invalid)) => refuse(&api, &object, invalid.reason, &invalid.message).await,
+        (Placed::Stored(()), Err(invalid)) => {
+            // An earlier validation no longer speaks of these credentials.
+            let not_validated = repository_check::Validation::not_validated()
+                .conditions(object.metadata.generation, &super::object::now_rfc3339());
+            set_conditions(&api, &object, true, invalid.reason, &invalid.message, not_validated).await?;
+            Ok(Next::Settled(Settled::Invalid(invalid.reason)))
+        }
     }
 }
 

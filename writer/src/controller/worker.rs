@@ -43,6 +43,11 @@ pub(super) async fn worker(ctl: Arc<Controllers>, cancel: CancellationToken) {
                 metrics.reconciled(key.kind, Outcome::Ok);
                 metrics.validation_cleared(&object);
             }
+            Ok(Next::Revisit(delay)) => {
+                metrics.reconciled(key.kind, Outcome::Ok);
+                metrics.validation_cleared(&object);
+                ctl.ctx.queue.push_after(key.clone(), delay, &cancel);
+            }
             Ok(Next::Settled(Settled::Invalid(reason))) => {
                 metrics.reconciled(key.kind, Outcome::Invalid);
                 let generation = ctl.known().get(&key).and_then(|seen| seen.generation);

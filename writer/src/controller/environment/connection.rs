@@ -5,10 +5,14 @@
 //! `ConnectionInitializationSucceeded` condition; the writer otherwise never contacts
 //! a tenant's API server, and by default (checks off) it contacts none.
 //!
-//! The policy is decided on the URL's host *as written*, never on a DNS answer: a
-//! host name is compared with host-name patterns only, an IP literal with IP and CIDR
-//! patterns only, so a name that resolves to a denied address is not caught by an IP
-//! deny entry — list names in the allow list instead. Because an empty allow list
+//! The policy is decided twice. First on the URL's host *as written*: a host name is
+//! compared with host-name patterns, an IP literal with IP and CIDR patterns. Then,
+//! before anything is contacted, on every address the name resolves to
+//! ([`crate::controller::egress`]): an IP or CIDR deny entry refuses it, and a loopback,
+//! link-local, cloud-metadata, private or otherwise special address is contacted only
+//! when an IP or CIDR allow entry names it (`*` and host names never do). The
+//! connection then goes to the checked address, never through a second lookup.
+//! Because an empty allow list
 //! allows nothing, turning checks on contacts nothing until the operator names where
 //! the writer may go; the deny list wins over the allow list. Hosts that a resolver
 //! could read as an IP address although they are not written as one (`127.1`,
@@ -33,7 +37,8 @@
 //! Tenant-facing messages are fixed texts with at most a status code or the allowed
 //! fact; they never carry credentials or the server's response body. The check runs at
 //! each reconcile of a stored environment (an edit, a change of its Secret, a writer
-//! restart), not periodically.
+//! restart), not periodically. No proxy is used (the client is built without one and
+//! never reads the environment) and redirects are not followed.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -44,6 +49,8 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use gitops_shared::db::credential::ManagedEnvironmentIntent;
 use gitops_shared::telemetry::error_chain;
+
+use crate::controller::egress::{Checked, Refusal};
 
 /// The check succeeded: the API server answered `GET /version` with these credentials.
 pub const REASON_SUCCEEDED: &str = "Succeeded";
@@ -100,6 +107,9 @@ pub enum Denial {
     DenyListed,
     NoAllowList,
     NotAllowed,
+    /// The host is, or resolves to, a loopback, link-local, metadata, private or other
+    /// special address that no IP or CIDR allow entry names.
+    PrivateAddress,
 }
 
 impl Denial {
@@ -118,6 +128,10 @@ impl Denial {
             }
             Denial::NotAllowed => {
                 "the writer did not contact the API server: apiURL is not on the writer's connection-check allow list"
+            }
+            Denial::PrivateAddress => {
+                "the writer did not contact the API server: the host of apiURL is or resolves to a loopback, \
+                 link-local, metadata or private address that the writer's allow list does not name"
             }
         }
     }
@@ -287,32 +301,36 @@ fn target(url: &str) -> Option<Target> {
     }
     let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
         let (inside, after) = bracketed.split_once(']')?;
-        let v6: Ipv6Addr = inside.parse().ok()?;
-        let host = match v6.to_ipv4_mapped() {
-            Some(v4) => TargetHost::Ip(IpAddr::V4(v4)),
-            None => TargetHost::Ip(IpAddr::V6(v6)),
-        };
         let port = if after.is_empty() { None } else { Some(after.strip_prefix(':')?) };
-        (host, port)
+        (format!("[{inside}]"), port)
     } else {
-        let (host, port) = match authority.split_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (authority, None),
-        };
-        let host = host.to_ascii_lowercase();
-        let host = match host.parse::<Ipv4Addr>() {
-            Ok(v4) => TargetHost::Ip(IpAddr::V4(v4)),
-            Err(_) if plain_name(&host) => TargetHost::Name(host),
-            Err(_) => return None,
-        };
-        (host, port)
+        match authority.split_once(':') {
+            Some((host, port)) => (host.to_owned(), Some(port)),
+            None => (authority.to_owned(), None),
+        }
     };
     let port = match port {
         Some(port) if port.bytes().all(|b| b.is_ascii_digit()) => port.parse::<u16>().ok().filter(|p| *p != 0)?,
         Some(_) => return None,
         None => DEFAULT_PORT,
     };
-    Some(Target { host, port })
+    Some(Target { host: target_host(&host)?, port })
+}
+
+/// A host as written in a URL (an IPv6 literal in brackets): a plain name or an IP
+/// address in its one standard spelling; `None` for anything a resolver could read
+/// otherwise. An IPv4-mapped IPv6 literal counts as its IPv4 address.
+fn target_host(host: &str) -> Option<TargetHost> {
+    if let Some(inside) = host.strip_prefix('[') {
+        let v6: Ipv6Addr = inside.strip_suffix(']')?.parse().ok()?;
+        return Some(TargetHost::Ip(crate::controller::egress::canonical(IpAddr::V6(v6))));
+    }
+    let host = host.to_ascii_lowercase();
+    match host.parse::<Ipv4Addr>() {
+        Ok(v4) => Some(TargetHost::Ip(IpAddr::V4(v4))),
+        Err(_) if plain_name(&host) => Some(TargetHost::Name(host)),
+        Err(_) => None,
+    }
 }
 
 impl ConnectionPolicy {
@@ -320,16 +338,53 @@ impl ConnectionPolicy {
         ConnectionPolicy { allow, deny }
     }
 
-    /// Whether the writer may contact `url`; decided without any lookup.
+    /// Whether the writer may contact `url`; decided without any lookup (the
+    /// addresses are checked by [`crate::controller::egress::resolve`]).
     pub fn decide(&self, url: &str) -> Result<(), Denial> {
-        let target = target(url).ok_or(Denial::Ambiguous)?;
-        if self.deny.iter().any(|d| d.matches(&target)) {
+        self.decide_target(&target(url).ok_or(Denial::Ambiguous)?)
+    }
+
+    /// Whether the writer may contact `host` (as written in a URL, an IPv6 literal in
+    /// brackets) on `port`; decided without any lookup.
+    pub fn decide_host(&self, host: &str, port: u16) -> Result<(), Denial> {
+        let host = target_host(host).ok_or(Denial::Ambiguous)?;
+        if port == 0 {
+            return Err(Denial::Ambiguous);
+        }
+        let target = Target { host, port };
+        self.decide_target(&target)?;
+        if let TargetHost::Ip(ip) = target.host {
+            self.permits_address(ip, port)?;
+        }
+        Ok(())
+    }
+
+    /// Whether a resolved (or literal) address may be contacted on `port`: no IP or
+    /// CIDR deny entry names it, and a special address (see
+    /// [`crate::controller::egress::special`]) only when an IP or CIDR allow entry does.
+    pub fn permits_address(&self, ip: IpAddr, port: u16) -> Result<(), Denial> {
+        let ip = crate::controller::egress::canonical(ip);
+        let target = Target { host: TargetHost::Ip(ip), port };
+        let by_address = |d: &&Destination| matches!(d.host, HostPattern::Net(..));
+        if self.deny.iter().filter(by_address).any(|d| d.matches(&target)) {
+            return Err(Denial::DenyListed);
+        }
+        if crate::controller::egress::special(ip).is_some()
+            && !self.allow.iter().filter(by_address).any(|d| d.matches(&target))
+        {
+            return Err(Denial::PrivateAddress);
+        }
+        Ok(())
+    }
+
+    fn decide_target(&self, target: &Target) -> Result<(), Denial> {
+        if self.deny.iter().any(|d| d.matches(target)) {
             return Err(Denial::DenyListed);
         }
         if self.allow.is_empty() {
             return Err(Denial::NoAllowList);
         }
-        if self.allow.iter().any(|d| d.matches(&target)) { Ok(()) } else { Err(Denial::NotAllowed) }
+        if self.allow.iter().any(|d| d.matches(target)) { Ok(()) } else { Err(Denial::NotAllowed) }
     }
 }
 
@@ -364,10 +419,7 @@ pub async fn connection_check(policy: Option<&ConnectionPolicy>, intent: &Manage
             "the writer does not contact the API server; connection checks are disabled",
         );
     };
-    if let Err(denial) = policy.decide(&intent.api_url) {
-        return Outcome::new("False", REASON_CONNECTION_CHECK_DENIED, denial.message());
-    }
-    let client = match client(intent) {
+    let client = match checked_client(policy, intent).await {
         Ok(client) => client,
         Err(outcome) => return outcome,
     };
@@ -424,17 +476,52 @@ async fn namespaced_list(client: &kube::Client, intent: &ManagedEnvironmentInten
     }
 }
 
-/// A client for exactly the validated credentials; nothing else is read.
-pub(crate) fn client(intent: &ManagedEnvironmentIntent) -> Result<kube::Client, Outcome> {
+/// A client for `intent`'s API server once `policy` allows it: the host of apiURL
+/// is resolved once and every address checked ([`crate::controller::egress`]), and
+/// the client connects to the checked address. `Err` with the tenant's outcome when
+/// the policy refuses or the name does not resolve.
+pub(crate) async fn checked_client(
+    policy: &ConnectionPolicy,
+    intent: &ManagedEnvironmentIntent,
+) -> Result<kube::Client, Outcome> {
+    let Some(target) = target(&intent.api_url) else {
+        return Err(Outcome::new("False", REASON_CONNECTION_CHECK_DENIED, Denial::Ambiguous.message()));
+    };
+    let host = match &target.host {
+        TargetHost::Name(name) => name.clone(),
+        TargetHost::Ip(IpAddr::V4(v4)) => v4.to_string(),
+        TargetHost::Ip(IpAddr::V6(v6)) => format!("[{v6}]"),
+    };
+    let checked = match crate::controller::egress::resolve(policy, &host, target.port).await {
+        Ok(checked) => checked,
+        Err(Refusal::Denied(denial)) => {
+            return Err(Outcome::new("False", REASON_CONNECTION_CHECK_DENIED, denial.message()));
+        }
+        Err(Refusal::Unresolved) => {
+            return Err(Outcome::failed("the host name in apiURL could not be resolved", None));
+        }
+    };
+    client(intent, &checked)
+}
+
+/// A client for exactly the validated credentials; nothing else is read. It connects
+/// to the checked address (apiURL with its host replaced by the address; a host name
+/// stays the TLS server name), so nothing is resolved again.
+fn client(intent: &ManagedEnvironmentIntent, checked: &Checked) -> Result<kube::Client, Outcome> {
     let credentials = &intent.credentials;
-    let uri = intent.api_url.parse().map_err(|_| Outcome::failed("apiURL cannot be used as a request URL", None))?;
-    let mut config = kube::Config::new(uri);
+    let unusable = || Outcome::failed("apiURL cannot be used as a request URL", None);
+    let uri: http::Uri = intent.api_url.parse().map_err(|_| unusable())?;
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let pinned = format!("https://{}{path}", checked.address);
+    let mut config = kube::Config::new(pinned.parse().map_err(|_| unusable())?);
+    config.proxy_url = None;
     config.connect_timeout = Some(CHECK_TIMEOUT);
     config.read_timeout = Some(CHECK_TIMEOUT);
     config.write_timeout = Some(CHECK_TIMEOUT);
     config.default_retry = false;
     config.accept_invalid_certs = intent.allow_insecure_skip_tls_verify;
-    config.tls_server_name.clone_from(&credentials.tls_server_name);
+    config.tls_server_name =
+        credentials.tls_server_name.clone().or_else(|| checked.named.then(|| checked.host.clone()));
     if let Some(ca) = &credentials.certificate_authority_data {
         let certificates = pem_certificates(ca).ok_or_else(|| {
             Outcome::failed("the kubeconfig's certificate-authority-data holds no usable PEM certificate", None)

@@ -227,8 +227,13 @@ async fn service_account_token(
         );
         failure.message
     };
-    let result = match connection::client(intent) {
-        Err(outcome) => Err(outcome.message),
+    // `allowed` above refused a missing policy already.
+    let client = match ctl.ctx.connection_check.as_ref() {
+        Some(policy) => connection::checked_client(policy, intent).await.map_err(|outcome| outcome.message),
+        None => Err("the writer's egress policy allows no destination".to_owned()),
+    };
+    let result = match client {
+        Err(message) => Err(message),
         Ok(client) => match install_replacing(&client, &objects, leftovers.as_ref()).await {
             Err(failure) => Err(failed(failure)),
             Ok(()) if !due => return Ok(Issued::Current),
@@ -283,7 +288,8 @@ async fn remove_turned_off(
         tracing::warn!(environment = %intent.resource_name, "createNewServiceAccount was turned off where the writer may not contact apiURL; the installed objects stay on the cluster");
         return Ok(Ok(()));
     }
-    let client = match connection::client(intent) {
+    let Some(policy) = ctl.ctx.connection_check.as_ref() else { return Ok(Ok(())) };
+    let client = match connection::checked_client(policy, intent).await {
         Ok(client) => client,
         Err(outcome) => return Ok(Err(outcome.message)),
     };
@@ -397,7 +403,8 @@ async fn remove_service_account(
     };
     let objects = service_account::Installed::new(uid, &valid.namespaces, valid.cluster_resources);
     let intent = valid.into_intent(uid, String::new(), 0, None, kubeconfig);
-    let client = match connection::client(&intent) {
+    let Some(policy) = ctl.ctx.connection_check.as_ref() else { return Ok(Ok(())) };
+    let client = match connection::checked_client(policy, &intent).await {
         Ok(client) => client,
         Err(outcome) => return Ok(Err(outcome.message)),
     };
