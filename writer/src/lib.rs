@@ -10,6 +10,7 @@ pub mod events;
 pub mod fleet;
 pub mod http;
 pub mod metrics;
+pub mod provision;
 pub mod purge;
 pub mod rollout;
 pub mod run;

@@ -5,6 +5,7 @@
 mod support;
 
 mod agent_deploy;
+mod agent_multi;
 mod agent_destinations;
 mod agent_reconcile;
 mod agent_run;
