@@ -39,6 +39,7 @@ mod writer_provision;
 mod writer_purge;
 mod writer_ready;
 mod writer_resync;
+mod writer_scale_up;
 mod writer_rollout;
 mod writer_status;
 mod writer_tenancy;
