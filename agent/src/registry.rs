@@ -226,8 +226,10 @@ mod tests {
         assert_eq!(with_label("a_total 3", "instance=\"x\""), "a_total{instance=\"x\"} 3");
         assert_eq!(with_label("a{kind=\"k\"} 3", "instance=\"x\""), "a{instance=\"x\",kind=\"k\"} 3");
         let mut families = Families::default();
-        families.add("# HELP a A.\n# TYPE a counter\na 1\n# HELP b B.\n# TYPE b gauge\nb{k=\"v\"} 2\n", "instance=\"i1\"");
-        families.add("# HELP a A.\n# TYPE a counter\na 5\n# HELP b B.\n# TYPE b gauge\nb{k=\"v\"} 6\n", "instance=\"i2\"");
+        families
+            .add("# HELP a A.\n# TYPE a counter\na 1\n# HELP b B.\n# TYPE b gauge\nb{k=\"v\"} 2\n", "instance=\"i1\"");
+        families
+            .add("# HELP a A.\n# TYPE a counter\na 5\n# HELP b B.\n# TYPE b gauge\nb{k=\"v\"} 6\n", "instance=\"i2\"");
         assert_eq!(
             families.text(),
             "# HELP a A.\n# TYPE a counter\na{instance=\"i1\"} 1\na{instance=\"i2\"} 5\n\

@@ -293,4 +293,3 @@ async fn kube_client(path: Option<&PathBuf>) -> Result<kube::Client, AgentError>
     };
     kube::Client::try_from(config).map_err(|source| AgentError::KubeClient { source })
 }
-

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use gitops_shared::db::engine_instance::{EngineInstance, InstanceEpoch};
 use gitops_shared::db;
+use gitops_shared::db::engine_instance::{EngineInstance, InstanceEpoch};
 use gitops_shared::listen::Listener;
 use gitops_shared::queue::{ClaimedOperation, Consumer, ConsumerConfig, Handler, Outcome};
 use gitops_shared::signal::Signal;
@@ -81,8 +81,7 @@ pub(crate) async fn serve_instance(
     metrics.attach_listener(listener.clone());
     process.registry.serving(&instance.name, listener.clone());
 
-    let argocd: Arc<dyn Engine> =
-        Arc::new(ArgoCdEngine::new(process.kube.clone(), instance.argocd_namespace.clone()));
+    let argocd: Arc<dyn Engine> = Arc::new(ArgoCdEngine::new(process.kube.clone(), instance.argocd_namespace.clone()));
     let engine: Arc<dyn Engine> = Arc::new(SelfFencing::new(argocd, clock.clone(), config.self_fence_after));
     let mut tasks = JoinSet::new();
     // Status is written at this epoch; the heartbeat loop keeps it current.
@@ -193,4 +192,3 @@ impl<H: Handler> Handler for Instrumented<H> {
         outcome
     }
 }
-

@@ -226,8 +226,12 @@ pub struct ScaleUpArgs {
     pub scale_up_host_cluster: Option<String>,
     /// The agents' ServiceAccounts (NAMESPACE/NAME; comma-separated) bound to the
     /// agents' Role in a new instance's namespace.
-    #[arg(long, env = "GITOPS_WRITER_SCALE_UP_AGENT_SERVICE_ACCOUNTS", value_delimiter = ',',
-          default_value = "argocd/gitops-agent")]
+    #[arg(
+        long,
+        env = "GITOPS_WRITER_SCALE_UP_AGENT_SERVICE_ACCOUNTS",
+        value_delimiter = ',',
+        default_value = "argocd/gitops-agent"
+    )]
     pub scale_up_agent_service_account: Vec<String>,
     /// How long to wait for the operator to report a new instance Available.
     #[arg(long, env = "GITOPS_WRITER_SCALE_UP_WAIT", value_parser = parse_duration, default_value = "10m")]

@@ -108,7 +108,9 @@ pub async fn provision(
     // Checked before anything is made on the cluster.
     for (what, value) in [("instance name", &request.name), ("namespace", &namespace)] {
         if !engine_instance::is_dns_label(value) {
-            return Err(ProvisionError::Refused(format!("{what} {value:?} is not a DNS label (a-z, 0-9, '-', at most 63)")));
+            return Err(ProvisionError::Refused(format!(
+                "{what} {value:?} is not a DNS label (a-z, 0-9, '-', at most 63)"
+            )));
         }
     }
     if request.capacity <= 0 {
@@ -183,4 +185,3 @@ pub async fn provision(
         .await
         .map_err(|source| ProvisionError::Db { action: "register the engine instance", source })
 }
-

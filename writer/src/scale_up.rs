@@ -19,9 +19,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use gitops_shared::db::engine_instance::ProvisionedBy;
-use gitops_shared::db::instance_scale_up::{
-    fleet_free_capacity, scale_up_begin, scale_up_finish, scale_up_renew,
-};
+use gitops_shared::db::instance_scale_up::{fleet_free_capacity, scale_up_begin, scale_up_finish, scale_up_renew};
 use gitops_shared::db::{DbError, DbPool, pooled};
 use tokio::task::JoinHandle;
 

@@ -54,10 +54,9 @@ pub fn render_scale_ups(scale_ups: &[ScaleUp]) -> String {
     if let Some(last) = scale_ups.iter().find(|s| s.state != "provisioning") {
         let ended = last.finished_at.map_or_else(|| "?".to_owned(), table::age_since);
         match &last.error {
-            Some(error) => out.push_str(&format!(
-                "last scale-up: {:?} failed {ended} ago: {error}\n",
-                last.instance_name
-            )),
+            Some(error) => {
+                out.push_str(&format!("last scale-up: {:?} failed {ended} ago: {error}\n", last.instance_name))
+            }
             None => out.push_str(&format!("last scale-up: {:?} provisioned {ended} ago\n", last.instance_name)),
         }
     }

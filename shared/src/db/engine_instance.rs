@@ -192,7 +192,10 @@ pub async fn engine_instance_register(
         return Err(DbError::InvalidInstance { message: "capacity must be positive".to_owned() });
     }
     let provisioned_by = registration.provisioned_by.map(ProvisionedBy::as_str);
-    match client.query_one(ADD, &[&name, &argocd_namespace, &capacity, &registration.host_cluster, &provisioned_by]).await {
+    match client
+        .query_one(ADD, &[&name, &argocd_namespace, &capacity, &registration.host_cluster, &provisioned_by])
+        .await
+    {
         Ok(row) => crate::db::column(&row, "id", "register an engine instance"),
         Err(source) => {
             let error = DbError::Query { action: "register an engine instance", source };

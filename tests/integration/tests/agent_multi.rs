@@ -249,9 +249,8 @@ async fn agent_processes_of_one_instance_all_claim_and_one_sweeps() {
     }
     assert!(claimed(&m1) > 0 && claimed(&m2) > 0, "both claim: {} and {}", claimed(&m1), claimed(&m2));
 
-    let holder_sweeps = eventually("one process sweeps", || async {
-        (m1.sweeps().max(m2.sweeps()) >= 3).then_some(())
-    });
+    let holder_sweeps =
+        eventually("one process sweeps", || async { (m1.sweeps().max(m2.sweeps()) >= 3).then_some(()) });
     holder_sweeps.await;
     let (holder, other, holder_name, other_name) = if m1.sweeps() >= 3 {
         (first, second, "process-1", "process-2")

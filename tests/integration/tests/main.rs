@@ -5,8 +5,8 @@
 mod support;
 
 mod agent_deploy;
-mod agent_multi;
 mod agent_destinations;
+mod agent_multi;
 mod agent_reconcile;
 mod agent_run;
 mod crypto_store;
@@ -39,7 +39,7 @@ mod writer_provision;
 mod writer_purge;
 mod writer_ready;
 mod writer_resync;
-mod writer_scale_up;
 mod writer_rollout;
+mod writer_scale_up;
 mod writer_status;
 mod writer_tenancy;
