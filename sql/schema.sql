@@ -373,9 +373,24 @@ CREATE TABLE public.engine_instance (
     installation_id text,
     argocd_version text,
     version_reported_at timestamp with time zone,
+    host_cluster text,
+    provisioned_by text,
     CONSTRAINT engine_instance_argocd_namespace_check CHECK ((argocd_namespace ~ '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'::text)),
     CONSTRAINT engine_instance_capacity_check CHECK ((capacity > 0)),
-    CONSTRAINT engine_instance_name_check CHECK ((name ~ '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'::text))
+    CONSTRAINT engine_instance_host_cluster_check CHECK ((host_cluster ~ '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'::text)),
+    CONSTRAINT engine_instance_name_check CHECK ((name ~ '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'::text)),
+    CONSTRAINT engine_instance_provisioned_by_check CHECK ((provisioned_by = ANY (ARRAY['gitopsctl'::text, 'scale-up'::text])))
+);
+
+--
+-- Name: engine_instance_duty; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.engine_instance_duty (
+    engine_instance_id bigint NOT NULL,
+    holder text NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    acquired_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
 --
@@ -384,6 +399,36 @@ CREATE TABLE public.engine_instance (
 
 ALTER TABLE public.engine_instance ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME public.engine_instance_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: instance_scale_up; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.instance_scale_up (
+    id bigint NOT NULL,
+    instance_name text NOT NULL,
+    state text DEFAULT 'provisioning'::text NOT NULL,
+    holder text NOT NULL,
+    free_capacity bigint NOT NULL,
+    error text,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    finished_at timestamp with time zone,
+    CONSTRAINT instance_scale_up_state_check CHECK ((state = ANY (ARRAY['provisioning'::text, 'completed'::text, 'failed'::text])))
+);
+
+--
+-- Name: instance_scale_up_id_seq; Type: SEQUENCE; Schema: public; Owner: -
+--
+
+ALTER TABLE public.instance_scale_up ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.instance_scale_up_id_seq
     START WITH 1
     INCREMENT BY 1
     NO MINVALUE
@@ -742,6 +787,13 @@ ALTER TABLE ONLY public.cluster_credential
     ADD CONSTRAINT cluster_credential_pkey PRIMARY KEY (id);
 
 --
+-- Name: engine_instance_duty engine_instance_duty_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.engine_instance_duty
+    ADD CONSTRAINT engine_instance_duty_pkey PRIMARY KEY (engine_instance_id);
+
+--
 -- Name: engine_instance engine_instance_name_key; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -754,6 +806,13 @@ ALTER TABLE ONLY public.engine_instance
 
 ALTER TABLE ONLY public.engine_instance
     ADD CONSTRAINT engine_instance_pkey PRIMARY KEY (id);
+
+--
+-- Name: instance_scale_up instance_scale_up_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.instance_scale_up
+    ADD CONSTRAINT instance_scale_up_pkey PRIMARY KEY (id);
 
 --
 -- Name: managed_environment managed_environment_pkey; Type: CONSTRAINT; Schema: public; Owner: -
@@ -915,6 +974,18 @@ CREATE INDEX cluster_credential_expires_idx ON public.cluster_credential USING b
 --
 
 CREATE INDEX cluster_credential_tenant_idx ON public.cluster_credential USING btree (tenant_id);
+
+--
+-- Name: engine_instance_host_cluster; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX engine_instance_host_cluster ON public.engine_instance USING btree (host_cluster) WHERE (host_cluster IS NOT NULL);
+
+--
+-- Name: instance_scale_up_one_at_a_time; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE UNIQUE INDEX instance_scale_up_one_at_a_time ON public.instance_scale_up USING btree ((true)) WHERE (state = 'provisioning'::text);
 
 --
 -- Name: managed_environment_home_idx; Type: INDEX; Schema: public; Owner: -
@@ -1125,6 +1196,13 @@ ALTER TABLE ONLY public.cluster_credential
 
 ALTER TABLE ONLY public.cluster_credential
     ADD CONSTRAINT cluster_credential_tenant_id_fkey FOREIGN KEY (tenant_id) REFERENCES public.tenant(id);
+
+--
+-- Name: engine_instance_duty engine_instance_duty_engine_instance_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.engine_instance_duty
+    ADD CONSTRAINT engine_instance_duty_engine_instance_id_fkey FOREIGN KEY (engine_instance_id) REFERENCES public.engine_instance(id) ON DELETE CASCADE;
 
 --
 -- Name: managed_environment managed_environment_tenant_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -

@@ -1,16 +1,20 @@
-//! The agent: serves one engine (Argo CD) instance — claims its operations and
-//! reconciles Argo CD to the current rows, reports Application status back, sweeps
-//! for drift and serves its metrics. A library so tests drive the code the binary
+//! The agent: serves engine (Argo CD) instances — one process serves those named,
+//! or every instance of a host cluster — claims their operations and reconciles
+//! Argo CD to the current rows, reports Application status back, sweeps for drift
+//! and serves one metrics endpoint. A library so tests drive the code the binary
 //! runs (`run::run_agent`).
 
 pub mod destination;
 pub mod engine;
 pub mod fence;
+pub mod heartbeat;
 pub mod http;
 pub mod metrics;
 pub mod names;
 pub mod reconcile;
+pub mod registry;
 pub mod run;
+pub mod serve;
 pub mod status;
 pub mod sweep;
 
@@ -19,7 +23,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, CommandFactory, Parser, Subcommand};
+use clap::{ArgGroup, Args, CommandFactory, Parser, Subcommand};
 use gitops_shared::config::{self, DatabaseUrl, redact_database_url};
 use gitops_shared::crypto::{CryptoError, SecretBox};
 use gitops_shared::db::engine_instance::{EngineInstance, engine_instance_by_name};
@@ -28,9 +32,12 @@ use gitops_shared::tenancy::NamePattern;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
-pub use run::{AgentConfig, AgentHandle, run_agent};
+pub use run::{AgentConfig, AgentHandle, Served, run_agent};
 
-const APPLICATION_NAME: &str = "gitops-agent";
+pub(crate) const APPLICATION_NAME: &str = "gitops-agent";
+
+/// The host cluster whose instances `gitops-agent run --host-cluster` serves.
+pub const HOST_CLUSTER: &str = "GITOPS_AGENT_HOST_CLUSTER";
 
 pub use gitops_shared::config::ENGINE_INSTANCE;
 
@@ -39,7 +46,7 @@ pub use gitops_shared::config::ENGINE_INSTANCE;
 pub const POD_NAMESPACE: &str = "POD_NAMESPACE";
 
 #[derive(Debug, Parser)]
-#[command(name = "gitops-agent", version, about = "The GitOps service's agent for one Argo CD instance")]
+#[command(name = "gitops-agent", version, about = "The GitOps service's agent for Argo CD instances")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -51,11 +58,12 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve an engine instance registered with `gitopsctl instance add`.
+    /// Serve engine instances registered with `gitopsctl instance add` or `provision`.
     Run(RunArgs),
 }
 
 #[derive(Debug, Clone, Args)]
+#[command(group(ArgGroup::new("served").required(true).args(["instance", "host_cluster"])))]
 pub struct RunArgs {
     /// PostgreSQL URL or key/value connection string.
     #[arg(long, env = config::DATABASE_URL, hide_env_values = true)]
@@ -64,14 +72,33 @@ pub struct RunArgs {
     /// transaction-mode pooler (default: DATABASE_URL).
     #[arg(long, env = config::LISTEN_DATABASE_URL, hide_env_values = true)]
     pub listen_database_url: Option<DatabaseUrl>,
-    /// Name of the engine instance to serve.
-    #[arg(long, env = ENGINE_INSTANCE)]
-    pub instance: String,
+    /// Names of the engine instances to serve (repeat or separate with commas); each
+    /// must be registered when the agent starts.
+    #[arg(long, env = ENGINE_INSTANCE, value_delimiter = ',')]
+    pub instance: Vec<String>,
+    /// Serve every engine instance registered with this host cluster
+    /// (`gitopsctl instance add --host-cluster`, `instance provision
+    /// --host-cluster`), including those registered later; instead of --instance.
+    #[arg(long, env = HOST_CLUSTER, conflicts_with = "instance")]
+    pub host_cluster: Option<String>,
+    /// How often the served instances are looked up again: new instances of the
+    /// host cluster are picked up, deregistered ones dropped, failed ones retried.
+    #[arg(long, env = "GITOPS_AGENT_INSTANCES_REFRESH", default_value = "30s", value_parser = parse_duration)]
+    pub instances_refresh: Duration,
+    /// How long the process holding an instance's duties (its sweep, heartbeat and
+    /// health probe) keeps them without renewing; renewed every heartbeat interval
+    /// while its Argo CD answers, then another process serving the instance takes
+    /// them. Keep it at least two heartbeat intervals long, and below
+    /// `gitops.instance_lost_after` minus one interval (a killed holder's instance
+    /// gets no heartbeat until its lease ends).
+    #[arg(long, env = "GITOPS_AGENT_DUTY_LEASE", default_value = "30s", value_parser = parse_duration)]
+    pub duty_lease: Duration,
     /// Kubeconfig of the cluster where the Argo CD instance runs (default: as kube
     /// infers it: KUBECONFIG, ~/.kube/config, or in-cluster).
     #[arg(long, env = "GITOPS_AGENT_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
-    /// Address of /metrics, /healthz and /readyz.
+    /// Address of /metrics, /healthz and /readyz: one for the process, every
+    /// instance's series labelled `instance`.
     #[arg(long, env = "GITOPS_AGENT_METRICS_ADDRESS", default_value = "127.0.0.1:9464")]
     pub metrics_address: SocketAddr,
     /// Time between sweeps (one also runs at start), e.g. 300s, 5m.
@@ -139,6 +166,10 @@ pub enum AgentError {
     Schema { source: DbError },
     #[error("engine instance {name:?} is not registered; register it with `gitopsctl instance add` first")]
     UnknownInstance { name: String },
+    #[error("nothing to serve: name instances with --instance or a host cluster with --host-cluster")]
+    NothingToServe,
+    #[error("invalid --host-cluster")]
+    HostCluster { source: DbError },
     #[error("could not look up engine instance {name:?}")]
     LookUpInstance { name: String, source: DbError },
     #[error("refusing to start without encryption keys")]
@@ -190,6 +221,9 @@ pub async fn run(args: &RunArgs) -> Result<(), AgentError> {
         database_url,
         listen_database_url,
         instance,
+        host_cluster,
+        instances_refresh,
+        duty_lease,
         kubeconfig,
         metrics_address,
         sweep_interval,
@@ -207,7 +241,15 @@ pub async fn run(args: &RunArgs) -> Result<(), AgentError> {
         reserved_namespaces: _,
     } = args;
     let secrets = SecretBox::from_env().map_err(|source| AgentError::Keys { source })?;
-    let mut config = AgentConfig::new(database_url.clone(), instance.clone(), secrets);
+    let mut config = AgentConfig::new(database_url.clone(), String::new(), secrets);
+    config.serve = match host_cluster {
+        Some(host) => Served::HostCluster(host.trim().to_owned()),
+        None => Served::Instances(
+            instance.iter().map(|name| name.trim().to_owned()).filter(|name| !name.is_empty()).collect(),
+        ),
+    };
+    config.instances_refresh = *instances_refresh;
+    config.duty_lease = *duty_lease;
     config.listen_database_url = listen_database_url.clone();
     config.kubeconfig = kubeconfig.clone();
     config.metrics_address = *metrics_address;
@@ -365,5 +407,21 @@ mod tests {
             "soon",
         ]);
         assert!(bad.is_err(), "a retention that cannot be read is refused at start");
+    }
+
+    #[test]
+    fn an_agent_serves_named_instances_or_a_host_cluster() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["gitops-agent", "run", "--database-url", "postgres://localhost/x"];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv).map(|cli| {
+                let Command::Run(args) = cli.command;
+                (args.instance, args.host_cluster)
+            })
+        };
+        assert_eq!(parse(&["--instance", "a,b"]).expect("two names"), (vec!["a".into(), "b".into()], None));
+        assert_eq!(parse(&["--host-cluster", "east"]).expect("a host cluster"), (vec![], Some("east".into())));
+        assert!(parse(&[]).is_err(), "one of the two is required");
+        assert!(parse(&["--instance", "a", "--host-cluster", "east"]).is_err(), "not both");
     }
 }

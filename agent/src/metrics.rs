@@ -1,4 +1,5 @@
-//! The agent's metrics, kept in atomics and rendered by hand in the Prometheus text
+//! One instance's agent metrics (the process's endpoint labels them with the
+//! instance, see `crate::registry`), kept in atomics and rendered by hand in the Prometheus text
 //! format (a handful of counters and two histograms do not justify a metrics
 //! framework). Tests read the same counters directly to wait on events such as a
 //! finished sweep instead of on time.
@@ -67,6 +68,8 @@ pub struct Metrics {
     pub sweep_dry_run_skipped: AtomicU64,
     /// Set once the first sweep finished (for readiness and tests).
     pub sweep_done_once: AtomicBool,
+    /// Whether this process holds the instance's duty lease (sweep, heartbeat).
+    pub duty_held: AtomicBool,
     /// Destinations refused on the home cluster, by `RefusedKind` (in `ALL`'s order).
     destinations_refused: [AtomicU64; 3],
     consumer: std::sync::OnceLock<Arc<ConsumerStats>>,
@@ -117,6 +120,7 @@ impl Default for Metrics {
             objects_released: AtomicU64::new(0),
             sweep_dry_run_skipped: AtomicU64::new(0),
             sweep_done_once: AtomicBool::new(false),
+            duty_held: AtomicBool::new(false),
             destinations_refused: Default::default(),
             consumer: std::sync::OnceLock::new(),
             listen: std::sync::OnceLock::new(),
@@ -223,11 +227,11 @@ impl Metrics {
             "1 while Argo CD's application controller refreshes the service's probe Application.",
             i64::from(self.argocd_progressing.load(Ordering::Relaxed)),
         );
-        counter(
+        gauge(
             &mut out,
-            "gitops_agent_unclassified_errors_total",
-            "Argo CD errors no class was found for (retried as transient).",
-            crate::engine::argocd::UNCLASSIFIED_ERRORS.load(Ordering::Relaxed),
+            "gitops_agent_duty_held",
+            "1 while this process holds the instance's duty lease (its sweep, heartbeat and health probe).",
+            i64::from(self.duty_held.load(Ordering::Relaxed)),
         );
         let plain: [(&str, &str, &AtomicU64); 15] = [
             ("gitops_agent_heartbeats_total", "Instance heartbeats written.", &self.heartbeats),

@@ -197,6 +197,8 @@ pub struct Sweeper {
     pub instance: EngineInstanceId,
     pub config: SweepConfig,
     pub metrics: Arc<Metrics>,
+    /// Sweeps only while this process holds the instance's duty lease (None: always).
+    pub duty: Option<crate::heartbeat::Duty>,
 }
 
 /// Operations enqueued per transaction.
@@ -234,10 +236,15 @@ pub async fn enqueue_targets(
 }
 
 impl Sweeper {
-    /// Sweeps at once, then every `interval`, until `cancel` fires. A failed sweep is tried again after 1 s, doubling (with jitter) up to the interval.
+    /// Sweeps at once (once the duties are this process's), then every `interval`, until `cancel` fires. A failed sweep is tried again after 1 s, doubling (with jitter) up to the interval.
     pub async fn run(self, cancel: CancellationToken) {
         let mut failures: u32 = 0;
         loop {
+            if let Some(duty) = &self.duty
+                && !duty.wait_held(&cancel).await
+            {
+                return;
+            }
             let wait = match self.sweep_once().await {
                 Ok(plan) => {
                     failures = 0;

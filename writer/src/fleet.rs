@@ -7,8 +7,9 @@
 //! gains are told of instances that are unhealthy already. It also takes failover
 //! steps (`gitops_shared::db::failover`): an instance lost for longer than the grace
 //! is fenced and its tenants placed on healthy instances, a bounded batch per step;
-//! an advisory lock lets one writer at a time act. Balancing and rollouts
-//! (`crate::rollout`) take their steps here too.
+//! an advisory lock lets one writer at a time act. Balancing, rollouts
+//! (`crate::rollout`) and the automatic scale-up (`crate::scale_up`) take their
+//! steps here too.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -49,7 +50,6 @@ impl Default for FailoverSettings {
 }
 
 /// The fleet watch's settings.
-#[derive(Debug, Clone, Copy)]
 pub struct FleetWatch {
     pub every: Duration,
     pub failover: Option<FailoverSettings>,
@@ -57,6 +57,8 @@ pub struct FleetWatch {
     pub balance: Option<BalanceSettings>,
     /// As placement's: an instance whose agents reported within this is a candidate.
     pub healthy_within: Duration,
+    /// The automatic scale-up (None: off).
+    pub scale_up: Option<crate::scale_up::ScaleUp>,
 }
 
 /// Runs until `cancel` fires.
@@ -65,7 +67,7 @@ pub async fn run_fleet_watch(
     homes: HomeIdentities,
     mut shards: watch::Receiver<Vec<i32>>,
     metrics: Arc<WriterMetrics>,
-    settings: FleetWatch,
+    mut settings: FleetWatch,
     cancel: CancellationToken,
 ) {
     let mut known: BTreeMap<EngineInstanceId, String> = BTreeMap::new();
@@ -103,6 +105,11 @@ pub async fn run_fleet_watch(
         }
         if let Err(error) = crate::rollout::advance_rollouts(&pool, &metrics).await {
             tracing::warn!(%error, "could not advance the rollouts");
+        }
+        if let Some(scale_up) = settings.scale_up.as_mut()
+            && let Err(error) = scale_up.step(&pool, &metrics).await
+        {
+            tracing::warn!(%error, "could not take a scale-up step");
         }
         tokio::select! {
             () = cancel.cancelled() => return,

@@ -10,9 +10,11 @@ pub mod events;
 pub mod fleet;
 pub mod http;
 pub mod metrics;
+pub mod provision;
 pub mod purge;
 pub mod rollout;
 pub mod run;
+pub mod scale_up;
 pub mod shard;
 pub mod status;
 pub mod tenancy;
@@ -172,6 +174,8 @@ pub struct RunArgs {
     pub tenancy: TenancyArgs,
     #[command(flatten)]
     pub webhook: WebhookArgs,
+    #[command(flatten)]
+    pub scale_up: ScaleUpArgs,
 }
 
 /// Who is a tenant, and what the service does in a tenant's own namespace.
@@ -209,6 +213,69 @@ pub struct TenancyArgs {
     /// Only for clusters where everyone who may create GitOpsDeployments is trusted.
     #[arg(long, env = "GITOPS_WRITER_ALLOW_UNVERIFIED_HOME_DEPLOYMENTS")]
     pub allow_unverified_home_deployments: bool,
+}
+
+/// The automatic scale-up (off unless --scale-up-below is set): the writers
+/// provision the next engine instance when the open instances' free slots fall
+/// below the threshold, one at a time in the whole fleet.
+#[derive(Debug, Clone, Args)]
+pub struct ScaleUpArgs {
+    /// Provision an instance when the open instances' free tenant slots fall below
+    /// this many. Off when unset. Needs the Argo CD Operator and the writer's
+    /// rights of ops/deploy/components/scale-up.
+    #[arg(long, env = "GITOPS_WRITER_SCALE_UP_BELOW", value_parser = clap::value_parser!(i64).range(1..))]
+    pub scale_up_below: Option<i64>,
+    /// New instances are named (and their namespaces) `<prefix>-<n>`.
+    #[arg(long, env = "GITOPS_WRITER_SCALE_UP_PREFIX", default_value = "argocd-auto")]
+    pub scale_up_prefix: String,
+    /// Tenants a new instance takes.
+    #[arg(long, env = "GITOPS_WRITER_SCALE_UP_CAPACITY", default_value_t = 1000,
+          value_parser = clap::value_parser!(i32).range(1..))]
+    pub scale_up_capacity: i32,
+    /// The Argo CD version of new instances (default: the operator's).
+    #[arg(long, env = "GITOPS_WRITER_SCALE_UP_VERSION")]
+    pub scale_up_version: Option<String>,
+    /// The host cluster new instances are registered with: agents started with
+    /// `--host-cluster` of that name serve them.
+    #[arg(long, env = "GITOPS_WRITER_SCALE_UP_HOST_CLUSTER")]
+    pub scale_up_host_cluster: Option<String>,
+    /// The agents' ServiceAccounts (NAMESPACE/NAME; comma-separated) bound to the
+    /// agents' Role in a new instance's namespace.
+    #[arg(
+        long,
+        env = "GITOPS_WRITER_SCALE_UP_AGENT_SERVICE_ACCOUNTS",
+        value_delimiter = ',',
+        default_value = "argocd/gitops-agent"
+    )]
+    pub scale_up_agent_service_account: Vec<String>,
+    /// How long to wait for the operator to report a new instance Available.
+    #[arg(long, env = "GITOPS_WRITER_SCALE_UP_WAIT", value_parser = parse_duration, default_value = "10m")]
+    pub scale_up_wait: Duration,
+}
+
+impl ScaleUpArgs {
+    /// The settings, or None when the scale-up is off.
+    pub fn settings(self) -> Option<crate::scale_up::ScaleUpSettings> {
+        let ScaleUpArgs {
+            scale_up_below,
+            scale_up_prefix,
+            scale_up_capacity,
+            scale_up_version,
+            scale_up_host_cluster,
+            scale_up_agent_service_account,
+            scale_up_wait,
+        } = self;
+        Some(crate::scale_up::ScaleUpSettings {
+            below_free: scale_up_below?,
+            name_prefix: scale_up_prefix,
+            capacity: scale_up_capacity,
+            version: scale_up_version,
+            host_cluster: scale_up_host_cluster,
+            agents: scale_up_agent_service_account,
+            wait: scale_up_wait,
+            lease: crate::scale_up::DEFAULT_LEASE,
+        })
+    }
 }
 
 /// The validating admission webhook (served when a certificate is given).
@@ -372,6 +439,7 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
         api_url_allow_private,
         tenancy,
         webhook,
+        scale_up,
     } = args;
     let secrets = SecretBox::from_env().map_err(|source| WriterError::Keys { source })?;
     tracing::info!(active_key = secrets.active_key_id(), "encryption keys loaded");
@@ -397,6 +465,7 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
         rebalance_threshold,
         max_concurrent_moves: usize::try_from(max_concurrent_moves).unwrap_or(5),
     });
+    config.scale_up = scale_up.settings();
     config.home.api_url = home_api_url;
     let lifetime = current_or_deprecated(
         home_token_lifetime,

@@ -115,6 +115,12 @@ pub struct WriterMetrics {
     pub rollout_waves_passed: AtomicU64,
     /// Rollouts this writer started rolling back (regressions or an abort).
     pub rollout_rollbacks: AtomicU64,
+    /// Automatic scale-ups this writer ended: completed, failed.
+    pub scale_ups: [AtomicU64; 2],
+    /// Whether this writer is provisioning an instance for the scale-up now.
+    pub scale_up_in_progress: std::sync::atomic::AtomicBool,
+    /// Free slots of the open instances at the scale-up's last look (-1: not looked).
+    pub fleet_free_capacity: std::sync::atomic::AtomicI64,
     /// Rounds of home-token renewal that failed (each is retried a round later).
     pub home_token_renewal_failures: AtomicU64,
     /// Listings the home-identity watch made again after losing its place.
@@ -148,6 +154,9 @@ impl Default for WriterMetrics {
             rollouts: Mutex::default(),
             rollout_waves_passed: AtomicU64::new(0),
             rollout_rollbacks: AtomicU64::new(0),
+            scale_ups: std::array::from_fn(|_| AtomicU64::new(0)),
+            scale_up_in_progress: std::sync::atomic::AtomicBool::new(false),
+            fleet_free_capacity: std::sync::atomic::AtomicI64::new(-1),
             home_token_renewal_failures: AtomicU64::new(0),
             home_identity_relists: AtomicU64::new(0),
             status_caught_up: Mutex::new(std::time::Instant::now()),
@@ -440,6 +449,23 @@ impl WriterMetrics {
         let _ = writeln!(out, "# TYPE gitops_writer_rollout_rollbacks_total counter");
         let _ =
             writeln!(out, "gitops_writer_rollout_rollbacks_total {}", self.rollout_rollbacks.load(Ordering::Relaxed));
+        let name = "gitops_writer_scale_ups_total";
+        let _ = writeln!(out, "# HELP {name} Automatic scale-ups this writer ended, by outcome.");
+        let _ = writeln!(out, "# TYPE {name} counter");
+        for (outcome, count) in ["completed", "failed"].iter().zip(&self.scale_ups) {
+            let _ = writeln!(out, "{name}{{outcome=\"{outcome}\"}} {}", count.load(Ordering::Relaxed));
+        }
+        let name = "gitops_writer_scale_up_in_progress";
+        let _ = writeln!(out, "# HELP {name} 1 while this writer provisions an instance for the automatic scale-up.");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        let _ = writeln!(out, "{name} {}", i64::from(self.scale_up_in_progress.load(Ordering::Relaxed)));
+        let name = "gitops_writer_fleet_free_capacity";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Free tenant slots of the open instances at the scale-up's last look (-1: scale-up off)."
+        );
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        let _ = writeln!(out, "{name} {}", self.fleet_free_capacity.load(Ordering::Relaxed));
         let _ = writeln!(
             out,
             "# HELP gitops_writer_home_token_renewal_failures_total Rounds of home-token renewal that failed (retried a round later)."

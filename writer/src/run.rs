@@ -60,6 +60,8 @@ pub struct WriterConfig {
     pub failover: Option<crate::fleet::FailoverSettings>,
     /// Draining degraded instances and rebalancing (None: off).
     pub balance: Option<gitops_shared::db::fleet_balance::BalanceSettings>,
+    /// The automatic scale-up (None, the default: off).
+    pub scale_up: Option<crate::scale_up::ScaleUpSettings>,
     /// Where environment connection checks may go; `None` (the default): checks are off.
     pub connection_check: Option<ConnectionPolicy>,
     /// Repository credential validation; `None` (the default): off.
@@ -100,6 +102,7 @@ impl WriterConfig {
             fleet_watch_interval: crate::fleet::FLEET_WATCH_INTERVAL,
             failover: Some(crate::fleet::FailoverSettings::default()),
             balance: None,
+            scale_up: None,
             connection_check: None,
             repository_check: None,
             api_url_allow_private: false,
@@ -228,6 +231,12 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
             failover: config.failover,
             balance: config.balance,
             healthy_within: config.controllers.healthy_within,
+            scale_up: config.scale_up.clone().map(|settings| crate::scale_up::ScaleUp {
+                settings,
+                kube: ctx.kube.clone(),
+                holder: config.writer_id.clone(),
+                running: None,
+            }),
         },
         cancel.clone(),
     ));

@@ -100,6 +100,10 @@ pub enum InstanceCommand {
         #[arg(long, env = "GITOPS_INSTANCE_CAPACITY", default_value_t = 1000,
               value_parser = clap::value_parser!(i32).range(1..))]
         capacity: i32,
+        /// The cluster the instance's Argo CD runs on (a DNS label): agents started
+        /// with `--host-cluster` of that name serve it.
+        #[arg(long, env = "GITOPS_HOST_CLUSTER")]
+        host_cluster: Option<String>,
     },
     /// List engine instances: namespace, capacity, tenants, the Argo CD version its
     /// agents read from it, health (healthy,
@@ -160,6 +164,11 @@ pub enum InstanceCommand {
         /// How long to wait for the operator.
         #[arg(long, default_value = "5m", value_parser = config::parse_duration)]
         wait: std::time::Duration,
+        /// The name of this host cluster (a DNS label), recorded on the instance:
+        /// agents started with `--host-cluster` of that name serve it without a new
+        /// Deployment.
+        #[arg(long, env = "GITOPS_HOST_CLUSTER")]
+        host_cluster: Option<String>,
     },
     /// Drain an instance made by `provision`, wait until its tenants moved, remove
     /// its registration and operation history, and delete its ArgoCD and namespace.

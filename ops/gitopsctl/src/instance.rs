@@ -1,10 +1,12 @@
 //! `gitopsctl instance`: operators register the engine (Argo CD) instances that
 //! agents serve and tenants are placed on, list them with their load, health and
-//! the Argo CD version they run and the age of their agents' last heartbeat, cordon and drain them, and remove
-//! empty ones.
+//! the Argo CD version they run, their host cluster, who made them and the age of
+//! their agents' last heartbeat (and the automatic scale-up in progress), cordon
+//! and drain them, and remove empty ones.
 
 use gitops_shared::db::engine_instance::{self, EngineInstance};
 use gitops_shared::db::fleet_balance::{BalanceSettings, balance_step};
+use gitops_shared::db::instance_scale_up::{ScaleUp, scale_up_recent};
 use gitops_shared::model::EngineInstanceId;
 
 use crate::{CtlError, table};
@@ -15,9 +17,11 @@ pub async fn add(
     name: &str,
     argocd_namespace: &str,
     capacity: i32,
+    host_cluster: Option<&str>,
 ) -> Result<EngineInstanceId, CtlError> {
     let client = crate::connect(database_url).await?;
-    engine_instance::engine_instance_add(&client, name, argocd_namespace, capacity)
+    let registration = engine_instance::Registration { host_cluster, provisioned_by: None };
+    engine_instance::engine_instance_register(&client, name, argocd_namespace, capacity, registration)
         .await
         .map_err(CtlError::db("register the engine instance"))
 }
@@ -26,6 +30,37 @@ pub async fn add(
 pub async fn list(database_url: &str) -> Result<Vec<EngineInstance>, CtlError> {
     let client = crate::connect(database_url).await?;
     engine_instance::engine_instance_list(&client).await.map_err(CtlError::db("list engine instances"))
+}
+
+/// The latest automatic scale-ups, newest first.
+pub async fn scale_ups(database_url: &str) -> Result<Vec<ScaleUp>, CtlError> {
+    let client = crate::connect(database_url).await?;
+    scale_up_recent(&client, 5).await.map_err(CtlError::db("list the automatic scale-ups"))
+}
+
+/// What `instance list` prints under the table: the automatic scale-up in
+/// progress, and the last one that ended.
+pub fn render_scale_ups(scale_ups: &[ScaleUp]) -> String {
+    let mut out = String::new();
+    if let Some(running) = scale_ups.iter().find(|s| s.state == "provisioning") {
+        out.push_str(&format!(
+            "scale-up: provisioning {:?} (free capacity was {}), started {} ago by {}\n",
+            running.instance_name,
+            running.free_capacity,
+            table::age_since(running.started_at),
+            running.holder
+        ));
+    }
+    if let Some(last) = scale_ups.iter().find(|s| s.state != "provisioning") {
+        let ended = last.finished_at.map_or_else(|| "?".to_owned(), table::age_since);
+        match &last.error {
+            Some(error) => {
+                out.push_str(&format!("last scale-up: {:?} failed {ended} ago: {error}\n", last.instance_name))
+            }
+            None => out.push_str(&format!("last scale-up: {:?} provisioned {ended} ago\n", last.instance_name)),
+        }
+    }
+    out
 }
 
 /// Closes (`cordoned`) or opens an instance to new tenants.
@@ -109,13 +144,18 @@ pub fn render_list(instances: &[EngineInstance]) -> String {
                 i.capacity.to_string(),
                 i.tenants.to_string(),
                 i.argocd_version.clone().unwrap_or_else(|| "unknown".to_owned()),
+                i.host_cluster.clone().unwrap_or_else(|| "-".to_owned()),
+                i.provisioned_by.clone().unwrap_or_else(|| "-".to_owned()),
                 i.health.clone(),
                 placement(i).to_owned(),
                 i.heartbeat_at.map_or_else(|| "never".to_owned(), table::age_since),
             ]
         })
         .collect();
-    table::render(&["NAME", "NAMESPACE", "CAPACITY", "TENANTS", "VERSION", "HEALTH", "PLACEMENT", "HEARTBEAT"], &rows)
+    table::render(
+        &["NAME", "NAMESPACE", "CAPACITY", "TENANTS", "VERSION", "HOST", "MADE BY", "HEALTH", "PLACEMENT", "HEARTBEAT"],
+        &rows,
+    )
 }
 
 /// Whether new tenants may be placed on the instance.
@@ -148,12 +188,20 @@ mod tests {
             fenced: false,
             health: "lost".into(),
             argocd_version: None,
+            host_cluster: None,
+            provisioned_by: None,
         };
         assert_eq!(
             render_list(std::slice::from_ref(&instance)),
-            "NAME    NAMESPACE  CAPACITY  TENANTS  VERSION  HEALTH  PLACEMENT  HEARTBEAT\n\
-             prod-1  argocd     1000      3        unknown  lost    open       never\n"
+            "NAME    NAMESPACE  CAPACITY  TENANTS  VERSION  HOST  MADE BY  HEALTH  PLACEMENT  HEARTBEAT\n\
+             prod-1  argocd     1000      3        unknown  -     -        lost    open       never\n"
         );
+        let made = EngineInstance {
+            host_cluster: Some("east".into()),
+            provisioned_by: Some("scale-up".into()),
+            ..instance.clone()
+        };
+        assert!(render_list(&[made]).contains("  east  scale-up  "));
         let versioned = EngineInstance { argocd_version: Some("v2.14.2".into()), ..instance.clone() };
         assert!(render_list(&[versioned]).contains("  v2.14.2  "));
         let full = EngineInstance { capacity: 3, ..instance.clone() };
@@ -161,5 +209,24 @@ mod tests {
         let cordoned = EngineInstance { cordoned: true, ..instance };
         assert!(render_list(&[cordoned]).contains("cordoned"));
         assert_eq!(render_list(&[]), "no engine instances registered\n");
+    }
+
+    #[test]
+    fn lists_the_scale_up_in_progress_and_the_last_one() {
+        let now = std::time::SystemTime::now();
+        let attempt = |id, state: &str, error: Option<&str>| ScaleUp {
+            id,
+            instance_name: format!("auto-{id}"),
+            state: state.to_owned(),
+            holder: "writer-a".into(),
+            free_capacity: 3,
+            error: error.map(str::to_owned),
+            started_at: now,
+            finished_at: (state != "provisioning").then_some(now),
+        };
+        let text = render_scale_ups(&[attempt(2, "provisioning", None), attempt(1, "failed", Some("no operator"))]);
+        assert!(text.starts_with("scale-up: provisioning \"auto-2\" (free capacity was 3)"), "{text}");
+        assert!(text.contains("last scale-up: \"auto-1\" failed") && text.contains("no operator"), "{text}");
+        assert_eq!(render_scale_ups(&[]), "");
     }
 }

@@ -33,11 +33,15 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
         Command::Instance(args) => {
             let url = database_url(&args.db)?;
             match args.command {
-                InstanceCommand::Add { name, argocd_namespace, capacity } => {
-                    let id = instance::add(url, &name, &argocd_namespace, capacity).await?;
+                InstanceCommand::Add { name, argocd_namespace, capacity, host_cluster } => {
+                    let id = instance::add(url, &name, &argocd_namespace, capacity, host_cluster.as_deref()).await?;
                     Ok(format!("engine instance {name:?} registered (id {id})\n"))
                 }
-                InstanceCommand::List => Ok(instance::render_list(&instance::list(url).await?)),
+                InstanceCommand::List => {
+                    let mut text = instance::render_list(&instance::list(url).await?);
+                    text.push_str(&instance::render_scale_ups(&instance::scale_ups(url).await?));
+                    Ok(text)
+                }
                 InstanceCommand::Cordon { name } => {
                     instance::cordon(url, &name, true).await?;
                     Ok(format!("engine instance {name:?} cordoned: it takes no new tenants\n"))
@@ -59,7 +63,15 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
                         moved.iter().map(|(ns, from, to)| format!("moving {ns:?} from {from:?} to {to:?}\n")).collect()
                     })
                 }
-                InstanceCommand::Provision { name, namespace, version, capacity, agent_service_account, wait } => {
+                InstanceCommand::Provision {
+                    name,
+                    namespace,
+                    version,
+                    capacity,
+                    agent_service_account,
+                    wait,
+                    host_cluster,
+                } => {
                     let request = provision::ProvisionRequest {
                         name: name.clone(),
                         namespace,
@@ -67,12 +79,20 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
                         capacity,
                         agents: agent_service_account,
                         wait,
+                        host_cluster: host_cluster.clone(),
+                        provisioned_by: gitops_shared::db::engine_instance::ProvisionedBy::Gitopsctl,
                     };
                     let id = provision::provision(url, provision::host_cluster().await?, &request).await?;
-                    Ok(format!(
-                        "engine instance {name:?} provisioned and registered (id {id}); run its agents with \
-                         --instance {name}\n"
-                    ))
+                    Ok(match host_cluster {
+                        Some(host) => format!(
+                            "engine instance {name:?} provisioned and registered (id {id}) on host cluster {host:?}: \
+                             agents started with --host-cluster {host} serve it\n"
+                        ),
+                        None => format!(
+                            "engine instance {name:?} provisioned and registered (id {id}); run its agents with \
+                             --instance {name}\n"
+                        ),
+                    })
                 }
                 InstanceCommand::Decommission { name, wait } => {
                     let purged = provision::decommission(url, provision::host_cluster().await?, &name, wait).await?;

@@ -31,25 +31,59 @@ pub struct EngineInstance {
     pub fenced: bool,
     /// The Argo CD version its agents last read from it (None: not reported).
     pub argocd_version: Option<String>,
+    /// The cluster its Argo CD runs on: agents started with `--host-cluster` of
+    /// that name serve it (None: only agents naming it).
+    pub host_cluster: Option<String>,
+    /// `gitopsctl` or `scale-up` when the service made it (None: registered with
+    /// `instance add`).
+    pub provisioned_by: Option<String>,
+}
+
+/// Who made an instance the service provisioned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProvisionedBy {
+    /// An operator's `gitopsctl instance provision`.
+    Gitopsctl,
+    /// The writers' automatic scale-up.
+    ScaleUp,
+}
+
+impl ProvisionedBy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProvisionedBy::Gitopsctl => "gitopsctl",
+            ProvisionedBy::ScaleUp => "scale-up",
+        }
+    }
+}
+
+/// How an instance is registered beyond its name, namespace and capacity.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Registration<'a> {
+    pub host_cluster: Option<&'a str>,
+    pub provisioned_by: Option<ProvisionedBy>,
 }
 
 const ADD: &str = "
-INSERT INTO engine_instance (name, argocd_namespace, capacity) VALUES ($1, $2, $3)
+INSERT INTO engine_instance (name, argocd_namespace, capacity, host_cluster, provisioned_by)
+VALUES ($1, $2, $3, $4, $5)
 RETURNING id";
 
 const LIST: &str = "
 SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at, i.tenants::bigint AS tenants, i.cordoned,
        i.progress_at, engine_instance_health(i.heartbeat_at, i.progress_at) AS health, i.epoch,
-       i.fenced_at IS NOT NULL AS fenced, i.argocd_version
+       i.fenced_at IS NOT NULL AS fenced, i.argocd_version, i.host_cluster, i.provisioned_by
   FROM engine_instance i
  ORDER BY i.name";
 
 const BY_NAME: &str = "
 SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at, i.tenants::bigint AS tenants, i.cordoned,
        i.progress_at, engine_instance_health(i.heartbeat_at, i.progress_at) AS health, i.epoch,
-       i.fenced_at IS NOT NULL AS fenced, i.argocd_version
+       i.fenced_at IS NOT NULL AS fenced, i.argocd_version, i.host_cluster, i.provisioned_by
   FROM engine_instance i
  WHERE i.name = $1";
+
+const HOST_CLUSTER: &str = "UPDATE engine_instance SET host_cluster = $2 WHERE name = $1 RETURNING id";
 
 const CORDON: &str = "UPDATE engine_instance SET cordoned = $2 WHERE name = $1 RETURNING id";
 
@@ -103,6 +137,7 @@ pub const STATEMENTS: &[&str] = &[
     LIST,
     BY_NAME,
     CORDON,
+    HOST_CLUSTER,
     REMOVE,
     PURGE_HISTORY,
     REMOVE_BY_ID,
@@ -130,6 +165,21 @@ pub async fn engine_instance_add(
     argocd_namespace: &str,
     capacity: i32,
 ) -> Result<EngineInstanceId, DbError> {
+    engine_instance_register(client, name, argocd_namespace, capacity, Registration::default()).await
+}
+
+/// Registers an instance with its host cluster and maker. Names, namespaces and
+/// host clusters are DNS labels.
+pub async fn engine_instance_register(
+    client: &Client,
+    name: &str,
+    argocd_namespace: &str,
+    capacity: i32,
+    registration: Registration<'_>,
+) -> Result<EngineInstanceId, DbError> {
+    if let Some(host) = registration.host_cluster {
+        check_host_cluster(host)?;
+    }
     if !is_dns_label(name) {
         return Err(DbError::InvalidInstance {
             message: format!("instance name {name:?} is not a DNS label (a-z, 0-9, '-', at most 63)"),
@@ -141,7 +191,11 @@ pub async fn engine_instance_add(
     if capacity <= 0 {
         return Err(DbError::InvalidInstance { message: "capacity must be positive".to_owned() });
     }
-    match client.query_one(ADD, &[&name, &argocd_namespace, &capacity]).await {
+    let provisioned_by = registration.provisioned_by.map(ProvisionedBy::as_str);
+    match client
+        .query_one(ADD, &[&name, &argocd_namespace, &capacity, &registration.host_cluster, &provisioned_by])
+        .await
+    {
         Ok(row) => crate::db::column(&row, "id", "register an engine instance"),
         Err(source) => {
             let error = DbError::Query { action: "register an engine instance", source };
@@ -152,6 +206,30 @@ pub async fn engine_instance_add(
             }
         }
     }
+}
+
+/// Refuses a host cluster name that is not a DNS label.
+pub fn check_host_cluster(host: &str) -> Result<(), DbError> {
+    if is_dns_label(host) {
+        Ok(())
+    } else {
+        Err(DbError::InvalidInstance {
+            message: format!("host cluster {host:?} is not a DNS label (a-z, 0-9, '-', at most 63)"),
+        })
+    }
+}
+
+/// Sets (or clears) the host cluster of instance `name`: agents started with
+/// `--host-cluster` of that name pick it up, those of the old one drop it.
+pub async fn engine_instance_set_host_cluster(client: &Client, name: &str, host: Option<&str>) -> Result<(), DbError> {
+    if let Some(host) = host {
+        check_host_cluster(host)?;
+    }
+    let row = client
+        .query_opt(HOST_CLUSTER, &[&name, &host])
+        .await
+        .map_err(DbError::query("set an engine instance's host cluster"))?;
+    row.map(|_| ()).ok_or_else(|| DbError::NotFound { what: format!("engine instance {name:?}") })
 }
 
 /// The epoch an agent writes tenants' status at: its instance's, read at start and
@@ -212,6 +290,8 @@ impl TryFrom<&tokio_postgres::Row> for EngineInstance {
             epoch: row.try_get("epoch")?,
             fenced: row.try_get("fenced")?,
             argocd_version: row.try_get("argocd_version")?,
+            host_cluster: row.try_get("host_cluster")?,
+            provisioned_by: row.try_get("provisioned_by")?,
         })
     }
 }

@@ -14,7 +14,9 @@ pub mod engine_instance;
 mod error;
 pub mod failover;
 pub mod fleet_balance;
+pub mod instance_duty;
 pub mod instance_health;
+pub mod instance_scale_up;
 pub mod managed_environment;
 mod migrate;
 pub mod placed_rows;
@@ -47,7 +49,9 @@ pub const STATEMENTS: &[(&str, &[&str])] = &[
     ("failover", failover::STATEMENTS),
     ("failover (agent)", failover::AGENT_STATEMENTS),
     ("fleet_balance", fleet_balance::STATEMENTS),
+    ("instance_duty", instance_duty::STATEMENTS),
     ("instance_health", instance_health::STATEMENTS),
+    ("instance_scale_up", instance_scale_up::STATEMENTS),
     ("managed_environment", managed_environment::STATEMENTS),
     ("placed_rows", placed_rows::STATEMENTS),
     ("placement", placement::STATEMENTS),

@@ -452,7 +452,7 @@ async fn agent_sweep_does_not_bring_back_a_refused_application() {
     let agent = tokio::spawn(run_agent(config, cancel.clone()));
 
     env.wait_gone(&name, "the refused Application removed (its finalizer would hang)").await;
-    let metrics = handle.metrics.clone();
+    let metrics = handle.metrics("argocd-1");
     eventually("the refusal counted", || async {
         (metrics.destinations_refused(RefusedKind::Application) > 0).then_some(())
     })

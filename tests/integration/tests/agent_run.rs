@@ -65,7 +65,7 @@ struct Agent {
 
 impl Agent {
     fn sweeps(&self) -> u64 {
-        self.handle.metrics.sweeps()
+        self.handle.metrics(INSTANCE).sweeps()
     }
 
     /// Waits until `more` sweeps have finished after now (so at least one started
@@ -301,10 +301,10 @@ async fn agent_status_observed_while_the_database_is_away_is_recorded_when_it_re
     .await;
 
     proxy.cut();
-    let errors = agent.handle.metrics.status_errors.load(Ordering::Relaxed);
+    let errors = agent.handle.metrics(INSTANCE).status_errors.load(Ordering::Relaxed);
     env.annotate(&name, HEALTH_KNOB, Some("Degraded")).await;
     eventually("the status write failing", || async {
-        (agent.handle.metrics.status_errors.load(Ordering::Relaxed) > errors).then_some(())
+        (agent.handle.metrics(INSTANCE).status_errors.load(Ordering::Relaxed) > errors).then_some(())
     })
     .await;
     assert_ne!(env.state(id).await.expect("state").2.as_deref(), Some("Degraded"), "not written while away");
@@ -325,7 +325,7 @@ async fn agent_that_cannot_reach_argocd_is_not_ready_and_catches_up_when_it_can_
     // No sweep after the first: its enqueue would bring the backed-off change forward too.
     config.sweep.interval = Duration::from_secs(3600);
     let agent = env.start(config);
-    let metrics = agent.handle.metrics.clone();
+    let metrics = agent.handle.metrics(INSTANCE);
     let address = eventually("the HTTP address", || async { agent.handle.http_address() }).await;
     eventually("ready", || async { (get(address, "/readyz").await.0 == 200).then_some(()) }).await;
 
@@ -455,7 +455,7 @@ async fn agent_sweep_restores_drift_removes_orphans_and_leaves_foreign_objects()
     agent.wait_sweeps(2).await;
     assert!(env.object(&foreign).await.is_some(), "a foreign object is never touched");
     assert!(env.object(&name).await.is_some(), "the owned Application stays");
-    assert!(agent.handle.metrics.sweep_deletions_enqueued.load(Ordering::Relaxed) >= 1);
+    assert!(agent.handle.metrics(INSTANCE).sweep_deletions_enqueued.load(Ordering::Relaxed) >= 1);
     agent.stop().await;
 }
 
@@ -472,8 +472,8 @@ async fn agent_sweep_deletion_cap_and_dry_run_hold() {
     config.sweep.max_deletions = 1;
     let agent = env.start(config);
     agent.wait_sweeps(3).await;
-    assert!(agent.handle.metrics.sweep_deletions_refused.load(Ordering::Relaxed) >= 2);
-    assert_eq!(agent.handle.metrics.sweep_deletions_enqueued.load(Ordering::Relaxed), 0);
+    assert!(agent.handle.metrics(INSTANCE).sweep_deletions_refused.load(Ordering::Relaxed) >= 2);
+    assert_eq!(agent.handle.metrics(INSTANCE).sweep_deletions_enqueued.load(Ordering::Relaxed), 0);
     for orphan in &orphans {
         assert!(env.object(orphan).await.is_some(), "nothing beyond the cap is deleted");
     }
@@ -487,7 +487,7 @@ async fn agent_sweep_deletion_cap_and_dry_run_hold() {
     let agent = env.start(config);
     let (_, name) = env.application().await;
     agent.wait_sweeps(3).await;
-    assert!(agent.handle.metrics.sweep_dry_run_skipped.load(Ordering::Relaxed) >= 2);
+    assert!(agent.handle.metrics(INSTANCE).sweep_dry_run_skipped.load(Ordering::Relaxed) >= 2);
     let queued: i64 = env
         .client
         .query_one("SELECT count(*) FROM operation WHERE resource_id >= 9000", &[])
@@ -576,7 +576,8 @@ async fn agent_endpoints_answer_and_cancel_exits_cleanly() {
     let (status, metrics) = get(address, "/metrics").await;
     assert_eq!(status, 200);
     for name in [
-        "gitops_agent_operations_claimed_total{resource_type=\"application\"}",
+        "gitops_agent_operations_claimed_total{instance=\"argocd-1\",resource_type=\"application\"}",
+        "gitops_agent_instances_served 1",
         "gitops_agent_reconcile_duration_seconds_bucket",
         "gitops_agent_claim_lag_seconds_count",
         "gitops_agent_queue_depth",
@@ -592,7 +593,7 @@ async fn agent_endpoints_answer_and_cancel_exits_cleanly() {
 
     // An unknown instance is refused at start.
     let mut config = env.config();
-    config.instance = "nope".into();
+    config.serve = gitops_agent::Served::Instances(vec!["nope".into()]);
     let refused = run_agent(config, CancellationToken::new()).await;
     assert!(matches!(refused, Err(gitops_agent::AgentError::UnknownInstance { .. })), "{refused:?}");
 }

@@ -6,6 +6,7 @@ mod support;
 
 mod agent_deploy;
 mod agent_destinations;
+mod agent_multi;
 mod agent_reconcile;
 mod agent_run;
 mod crypto_store;
@@ -40,6 +41,7 @@ mod writer_ready;
 mod writer_repository_check;
 mod writer_resync;
 mod writer_rollout;
+mod writer_scale_up;
 mod writer_service_account;
 mod writer_status;
 mod writer_tenancy;

@@ -343,6 +343,7 @@ async fn writer_fleet_sweep_releases_what_a_moved_tenant_left_behind() {
         instance: first.id,
         config: SweepConfig { interval: Duration::from_secs(300), max_deletions: 50, dry_run: false },
         metrics: std::sync::Arc::default(),
+        duty: None,
     };
     let plan = sweeper.sweep_once().await.expect("sweep");
     assert!(plan.deletions.is_empty(), "a row placed elsewhere is never queued for deletion here: {plan:?}");

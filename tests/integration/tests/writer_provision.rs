@@ -5,12 +5,13 @@
 //! and a pinned tracking method, waits until it is Available and registers it; a
 //! tenant is placed there and its deployment becomes Ready on the requested
 //! version; `instance decommission` moves the tenant off, purges the instance's
-//! operation history, unregisters it and deletes its ArgoCD and namespace.
+//! operation history, unregisters it and deletes its ArgoCD and namespace. An agent
+//! serving the host cluster picks a provisioned instance up while it runs.
 
 use std::time::Duration;
 
-use gitops_agent::{AgentConfig, run_agent};
-use gitops_shared::db::engine_instance::{engine_instance_by_name, engine_instance_cordon};
+use gitops_agent::{AgentConfig, Served, run_agent};
+use gitops_shared::db::engine_instance::{ProvisionedBy, engine_instance_by_name, engine_instance_cordon};
 use gitops_shared::db::tenant_move::tenant_placements;
 use gitops_testkit::argocd::operator::{argocd_crd, argocd_resource, run_operator};
 use gitops_testkit::cluster::TestCluster;
@@ -38,6 +39,8 @@ async fn writer_instance_provision_place_decommission() {
         capacity: 10,
         agents: vec![format!("{}/gitops-agent", env.argocd.name())],
         wait: Duration::from_secs(60),
+        host_cluster: None,
+        provisioned_by: ProvisionedBy::Gitopsctl,
     };
     let id = provision(&env.db.url(), env.kube.clone(), &request).await.expect("provision");
     let instance = engine_instance_by_name(&env.client, "argocd-p").await.expect("registered");
@@ -135,4 +138,80 @@ async fn writer_instance_provision_place_decommission() {
     assert!(!matches!(gone, Ok(Some(ref o)) if o.metadata.deletion_timestamp.is_none()), "the ArgoCD is deleted");
     let namespace = Api::<Namespace>::all(env.kube.clone()).get_opt(target.name()).await.expect("read");
     assert!(namespace.is_none_or(|ns| ns.metadata.deletion_timestamp.is_some()), "its namespace is deleted");
+}
+
+/// An agent serving a host cluster picks up an instance provisioned there while it
+/// runs — no new agent — serves a tenant placed on it, and drops it once it is
+/// decommissioned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_host_cluster_agent_serves_a_provisioned_instance() {
+    let env = env("hostc").await;
+    let cluster = TestCluster::get().await;
+    cluster.install_crds(vec![argocd_crd()]).await.expect("install the ArgoCD CRD");
+    tokio::spawn(run_operator(env.kube.clone(), env.standin.clone(), env.cancel.child_token()));
+    let kubeconfig = std::env::temp_dir().join(format!("kubeconfig-{}-gitops-agent", env.argocd.name()));
+    let mut agent = AgentConfig::new(env.db.url(), String::new(), env.secrets.clone());
+    agent.serve = Served::HostCluster("east".into());
+    agent.instances_refresh = Duration::from_millis(300);
+    agent.kubeconfig = Some(kubeconfig);
+    agent.metrics_address = "127.0.0.1:0".parse().expect("address");
+    agent.poll_interval = Duration::from_secs(1);
+    agent.heartbeat_interval = Duration::from_millis(300);
+    let handle = agent.handle.clone();
+    let agent_cancel = env.cancel.child_token();
+    let task = tokio::spawn(run_agent(agent, agent_cancel.clone()));
+    eventually("the agent's endpoint", || async { handle.http_address() }).await;
+    assert!(handle.instances().is_empty(), "no instance of host cluster east yet");
+
+    let target = cluster.namespace("hostc-p").await;
+    let request = ProvisionRequest {
+        name: "argocd-h".into(),
+        namespace: Some(target.name().to_owned()),
+        version: Some("v3.0.2".into()),
+        capacity: 10,
+        agents: vec![format!("{}/gitops-agent", env.argocd.name())],
+        wait: Duration::from_secs(60),
+        host_cluster: Some("east".into()),
+        provisioned_by: ProvisionedBy::Gitopsctl,
+    };
+    let bad = ProvisionRequest { host_cluster: Some("East_1".into()), name: "argocd-x".into(), ..request.clone() };
+    let refused = provision(&env.db.url(), env.kube.clone(), &bad).await.expect_err("not a DNS label");
+    assert!(refused.to_string().contains("host cluster"), "{refused}");
+    provision(&env.db.url(), env.kube.clone(), &request).await.expect("provision");
+    let instance = engine_instance_by_name(&env.client, "argocd-h").await.expect("registered");
+    assert_eq!(instance.host_cluster.as_deref(), Some("east"));
+    assert_eq!(instance.provisioned_by.as_deref(), Some("gitopsctl"));
+    eventually("the running agent serves the new instance", || async {
+        (handle.instances() == ["argocd-h"]).then_some(())
+    })
+    .await;
+    eventually("its heartbeat and version", || async {
+        let instance = engine_instance_by_name(&env.client, "argocd-h").await.ok()?;
+        (instance.argocd_version.as_deref() == Some("v3.0.2") && instance.heartbeat_at.is_some()).then_some(())
+    })
+    .await;
+
+    engine_instance_cordon(&env.client, INSTANCE, true).await.expect("cordon");
+    let _writer = env.writer("writer-a");
+    env.create("web", spec(REPO, "apps/web")).await;
+    let ready = || async {
+        let object = env.deployments().get_opt("web").await.ok()??;
+        object
+            .status?
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True" && c.observed_generation == object.metadata.generation)
+            .then_some(())
+    };
+    eventually("Ready on the picked-up instance", ready).await;
+    let placed = tenant_placements(&env.client, Some(env.tenant.name()), None).await.expect("placements");
+    assert_eq!(placed[0].instance.as_deref(), Some("argocd-h"));
+
+    // Decommissioned: the agent drops it.
+    engine_instance_cordon(&env.client, INSTANCE, false).await.expect("uncordon");
+    decommission(&env.db.url(), env.kube.clone(), "argocd-h", Duration::from_secs(60)).await.expect("decommission");
+    eventually("the agent no longer serves it", || async { handle.instances().is_empty().then_some(()) }).await;
+    agent_cancel.cancel();
+    let stopped = tokio::time::timeout(crate::support::DEADLINE, task).await.expect("stops in time");
+    stopped.expect("agent task").expect("a clean exit");
 }

@@ -1,0 +1,135 @@
+//! The writers' automatic scale-up (`instance_scale_up`): when the fleet's free
+//! capacity falls below a threshold, a writer provisions the next instance. One
+//! attempt is `provisioning` at a time — the partial unique index refuses a second
+//! insert, so of two racing writers one begins and the other sees `None` — and the
+//! attempt's writer renews it while it works; an attempt whose writer stopped
+//! renewing is ended as failed by the next writer that looks.
+
+use std::time::{Duration, SystemTime};
+
+use tokio_postgres::Client;
+
+use crate::db::{DbError, column};
+
+/// Tenants the fleet can still take: the free slots of instances open to placement
+/// (not cordoned, not fenced); and how many such instances there are.
+const FREE_CAPACITY: &str = "
+SELECT COALESCE(sum(capacity - tenants), 0)::bigint AS free, count(*)::bigint AS open
+  FROM engine_instance
+ WHERE NOT cordoned AND fenced_at IS NULL";
+
+const ABANDON: &str = "
+UPDATE instance_scale_up
+   SET state = 'failed', finished_at = now(), error = 'abandoned: its writer stopped renewing it'
+ WHERE state = 'provisioning' AND expires_at < now()";
+
+const BEGIN: &str = "
+INSERT INTO instance_scale_up (instance_name, holder, free_capacity, expires_at)
+SELECT $1::text || '-' || (count(*) + 1)::text, $2::text, $3::bigint, now() + make_interval(secs => $4::float8)
+  FROM instance_scale_up
+RETURNING id, instance_name";
+
+const RENEW: &str = "
+UPDATE instance_scale_up SET expires_at = now() + make_interval(secs => $3::float8)
+ WHERE id = $1 AND holder = $2 AND state = 'provisioning'";
+
+const FINISH: &str = "
+UPDATE instance_scale_up SET state = $3, error = $4, finished_at = now()
+ WHERE id = $1 AND holder = $2 AND state = 'provisioning'";
+
+const RECENT: &str = "
+SELECT id, instance_name, state, holder, free_capacity, error, started_at, finished_at
+  FROM instance_scale_up ORDER BY id DESC LIMIT $1";
+
+/// Every statement of this module (a test prepares them against the schema).
+pub const STATEMENTS: &[&str] = &[FREE_CAPACITY, ABANDON, BEGIN, RENEW, FINISH, RECENT];
+
+/// The fleet's room for new tenants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FreeCapacity {
+    /// Free slots over the instances open to placement.
+    pub free: i64,
+    /// Instances open to placement.
+    pub open: i64,
+}
+
+/// One scale-up attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScaleUp {
+    pub id: i64,
+    pub instance_name: String,
+    /// `provisioning`, `completed` or `failed`.
+    pub state: String,
+    pub holder: String,
+    pub free_capacity: i64,
+    pub error: Option<String>,
+    pub started_at: SystemTime,
+    pub finished_at: Option<SystemTime>,
+}
+
+impl TryFrom<&tokio_postgres::Row> for ScaleUp {
+    type Error = tokio_postgres::Error;
+
+    fn try_from(row: &tokio_postgres::Row) -> Result<Self, Self::Error> {
+        Ok(ScaleUp {
+            id: row.try_get("id")?,
+            instance_name: row.try_get("instance_name")?,
+            state: row.try_get("state")?,
+            holder: row.try_get("holder")?,
+            free_capacity: row.try_get("free_capacity")?,
+            error: row.try_get("error")?,
+            started_at: row.try_get("started_at")?,
+            finished_at: row.try_get("finished_at")?,
+        })
+    }
+}
+
+/// The fleet's free capacity now.
+pub async fn fleet_free_capacity(client: &Client) -> Result<FreeCapacity, DbError> {
+    let action = "read the fleet's free capacity";
+    let row = client.query_one(FREE_CAPACITY, &[]).await.map_err(DbError::query(action))?;
+    Ok(FreeCapacity { free: column(&row, "free", action)?, open: column(&row, "open", action)? })
+}
+
+/// Begins an attempt for `holder`, named `<prefix>-<n>`; None when another attempt
+/// is provisioning (an abandoned one is ended first). Returns the attempt's id and
+/// the instance name to provision.
+pub async fn scale_up_begin(
+    client: &Client,
+    prefix: &str,
+    holder: &str,
+    free_capacity: i64,
+    lease: Duration,
+) -> Result<Option<(i64, String)>, DbError> {
+    let action = "begin a scale-up";
+    client.execute(ABANDON, &[]).await.map_err(DbError::query(action))?;
+    match client.query_one(BEGIN, &[&prefix, &holder, &free_capacity, &lease.as_secs_f64()]).await {
+        Ok(row) => Ok(Some((column(&row, "id", action)?, column(&row, "instance_name", action)?))),
+        Err(source) => {
+            let error = DbError::Query { action, source };
+            if error.is_unique_violation() { Ok(None) } else { Err(error) }
+        }
+    }
+}
+
+/// Extends attempt `id` of `holder`; false when it is no longer its to finish.
+pub async fn scale_up_renew(client: &Client, id: i64, holder: &str, lease: Duration) -> Result<bool, DbError> {
+    let renewed = client
+        .execute(RENEW, &[&id, &holder, &lease.as_secs_f64()])
+        .await
+        .map_err(DbError::query("renew a scale-up"))?;
+    Ok(renewed > 0)
+}
+
+/// Ends attempt `id` of `holder`: completed, or failed with `error`.
+pub async fn scale_up_finish(client: &Client, id: i64, holder: &str, error: Option<&str>) -> Result<(), DbError> {
+    let state = if error.is_some() { "failed" } else { "completed" };
+    client.execute(FINISH, &[&id, &holder, &state, &error]).await.map_err(DbError::query("finish a scale-up"))?;
+    Ok(())
+}
+
+/// The `limit` latest attempts, newest first.
+pub async fn scale_up_recent(client: &Client, limit: i64) -> Result<Vec<ScaleUp>, DbError> {
+    let rows = client.query(RECENT, &[&limit]).await.map_err(DbError::query("list scale-ups"))?;
+    rows.iter().map(|row| ScaleUp::try_from(row).map_err(DbError::query("read a scale-up"))).collect()
+}

@@ -1,0 +1,141 @@
+//! The automatic scale-up, on both tiers with the test kit's operator: two writers
+//! with it on see the fleet short of room, exactly one provisions the next instance
+//! (registered with the host cluster, so the running `--host-cluster` agent serves
+//! it), and a tenant lands there; metrics and `instance list` say so. Racing
+//! connections begin one attempt at a time, and an abandoned attempt is ended.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use gitops_agent::{AgentConfig, Served, run_agent};
+use gitops_shared::db::engine_instance::engine_instance_cordon;
+use gitops_shared::db::instance_scale_up::{scale_up_begin, scale_up_finish, scale_up_recent};
+use gitops_shared::db::tenant_move::tenant_placements;
+use gitops_testkit::TestDb;
+use gitops_testkit::argocd::operator::{argocd_crd, run_operator};
+use gitops_testkit::cluster::TestCluster;
+use gitops_writer::metrics::WriterMetrics;
+use gitops_writer::scale_up::ScaleUpSettings;
+
+use crate::support::eventually;
+use crate::support::writer::{INSTANCE, env, spec};
+
+const REPO: &str = "https://git.example.invalid/team/app.git";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_scale_up_provisions_one_instance_when_the_fleet_is_short() {
+    let env = env("scale").await;
+    let cluster = TestCluster::get().await;
+    cluster.install_crds(vec![argocd_crd()]).await.expect("install the ArgoCD CRD");
+    tokio::spawn(run_operator(env.kube.clone(), env.standin.clone(), env.cancel.child_token()));
+    // An agent of host cluster east, serving nothing yet.
+    let mut agent = AgentConfig::new(env.db.url(), String::new(), env.secrets.clone());
+    agent.serve = Served::HostCluster("east".into());
+    agent.instances_refresh = Duration::from_millis(300);
+    agent.kubeconfig = Some(std::env::temp_dir().join(format!("kubeconfig-{}-gitops-agent", env.argocd.name())));
+    agent.metrics_address = "127.0.0.1:0".parse().expect("address");
+    agent.poll_interval = Duration::from_secs(1);
+    agent.heartbeat_interval = Duration::from_millis(300);
+    let handle = agent.handle.clone();
+    tokio::spawn(run_agent(agent, env.cancel.child_token()));
+
+    // The only instance is closed: no free slot left.
+    engine_instance_cordon(&env.client, INSTANCE, true).await.expect("cordon");
+    let settings = ScaleUpSettings {
+        below_free: 5,
+        name_prefix: "argocd-auto".into(),
+        capacity: 10,
+        version: Some("v3.0.2".into()),
+        host_cluster: Some("east".into()),
+        agents: vec![format!("{}/gitops-agent", env.argocd.name())],
+        wait: Duration::from_secs(60),
+        lease: Duration::from_secs(5),
+    };
+    let metrics: Vec<Arc<WriterMetrics>> = (0..2).map(|_| Arc::default()).collect();
+    for (n, metrics) in metrics.iter().enumerate() {
+        let (settings, metrics) = (settings.clone(), metrics.clone());
+        env.writer_for(&format!("writer-{n}"), vec![env.tenant.name().to_owned()], move |c| {
+            c.scale_up = Some(settings);
+            c.metrics = metrics;
+            c.fleet_watch_interval = Duration::from_millis(200);
+        });
+    }
+    eventually("the running agent serves the instance the scale-up made", || async {
+        (handle.instances() == ["argocd-auto-1"]).then_some(())
+    })
+    .await;
+    let ended = eventually("the scale-up recorded as completed", || async {
+        let attempts = scale_up_recent(&env.client, 10).await.ok()?;
+        attempts.iter().all(|a| a.state == "completed").then_some(attempts)
+    })
+    .await;
+    assert_eq!(ended.len(), 1, "one attempt for the whole fleet: {ended:?}");
+    assert_eq!(ended[0].instance_name, "argocd-auto-1");
+    let made: Vec<(String, Option<String>)> = env
+        .client
+        .query("SELECT name, host_cluster FROM engine_instance WHERE provisioned_by = 'scale-up'", &[])
+        .await
+        .expect("instances")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(made, [("argocd-auto-1".to_owned(), Some("east".to_owned()))]);
+    let completed: u64 = metrics.iter().map(|m| m.scale_ups[0].load(Ordering::Relaxed)).sum();
+    let failed: u64 = metrics.iter().map(|m| m.scale_ups[1].load(Ordering::Relaxed)).sum();
+    assert_eq!((completed, failed), (1, 0), "one writer provisioned it");
+    assert!(metrics.iter().any(|m| m.render().contains("gitops_writer_scale_ups_total{outcome=\"completed\"} 1")));
+    let listed = gitopsctl::instance::render_scale_ups(&ended);
+    assert!(listed.contains("last scale-up: \"argocd-auto-1\" provisioned"), "{listed}");
+
+    // The fleet has room again: a tenant lands on the new instance.
+    env.create("web", spec(REPO, "apps/web")).await;
+    eventually("Ready on the scaled-up instance", || async {
+        let object = env.deployments().get_opt("web").await.ok()??;
+        object
+            .status?
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True" && c.observed_generation == object.metadata.generation)
+            .then_some(())
+    })
+    .await;
+    let placed = tenant_placements(&env.client, Some(env.tenant.name()), None).await.expect("placements");
+    assert_eq!(placed[0].instance.as_deref(), Some("argocd-auto-1"));
+    assert_eq!(scale_up_recent(&env.client, 10).await.expect("attempts").len(), 1, "no further scale-up");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_scale_up_attempts_race_one_at_a_time() {
+    let db = TestDb::migrated().await;
+    let racers = 8;
+    let barrier = Arc::new(tokio::sync::Barrier::new(racers));
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..racers {
+        let client = db.connect().await;
+        let barrier = barrier.clone();
+        tasks.spawn(async move {
+            barrier.wait().await;
+            scale_up_begin(&client, "auto", &format!("writer-{n}"), 0, Duration::from_secs(60)).await.expect("begin")
+        });
+    }
+    let mut begun = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        begun.extend(done.expect("racer"));
+    }
+    assert_eq!(begun.len(), 1, "one attempt begins: {begun:?}");
+    let client = db.connect().await;
+    // An attempt whose writer stopped renewing it is ended, and the next begins.
+    client.execute("UPDATE instance_scale_up SET expires_at = now() - interval '1 second'", &[]).await.expect("age");
+    let next = scale_up_begin(&client, "auto", "writer-x", 0, Duration::from_secs(60)).await.expect("begin");
+    let (id, name) = next.expect("the abandoned attempt no longer blocks");
+    assert_eq!(name, "auto-2");
+    let attempts = scale_up_recent(&client, 10).await.expect("attempts");
+    assert_eq!(attempts[1].state, "failed");
+    assert!(attempts[1].error.as_deref().is_some_and(|e| e.contains("abandoned")), "{attempts:?}");
+    // Only its writer ends it.
+    scale_up_finish(&client, id, "writer-y", None).await.expect("finish");
+    assert_eq!(scale_up_recent(&client, 1).await.expect("attempts")[0].state, "provisioning");
+    scale_up_finish(&client, id, "writer-x", None).await.expect("finish");
+    assert_eq!(scale_up_recent(&client, 1).await.expect("attempts")[0].state, "completed");
+}
