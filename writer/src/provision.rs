@@ -92,6 +92,14 @@ pub fn agent_role(namespace: &str) -> Result<Role, ProvisionError> {
     .map_err(|error| ProvisionError::Refused(format!("could not build the agents' Role: {error}")))
 }
 
+/// On a namespace `provision` made: the instance it was made for.
+pub const PROVISIONED_INSTANCE_LABEL: &str = "managed-gitops.redhat.com/provisioned-instance";
+
+/// The instance a namespace was provisioned for, by its label.
+pub fn provisioned_instance(namespace: &Namespace) -> Option<&str> {
+    namespace.metadata.labels.as_ref()?.get(PROVISIONED_INSTANCE_LABEL).map(String::as_str)
+}
+
 /// Creates and registers an instance (see the module); returns its id.
 pub async fn provision(
     client: &Client,
@@ -123,10 +131,24 @@ pub async fn provision(
         };
         subjects.push(serde_json::json!({"kind": "ServiceAccount", "name": name, "namespace": ns}));
     }
+    // The namespace is the instance's own: one that exists already (a tenant's, the
+    // service's, another instance's) is never taken over, unless an earlier run of
+    // this provision made it (its label names this instance).
     let namespaces: Api<Namespace> = Api::all(kube.clone());
+    let existing = namespaces.get_opt(&namespace).await.map_err(|e| kube_error("read the namespace", e))?;
+    if let Some(existing) = existing
+        && provisioned_instance(&existing) != Some(request.name.as_str())
+    {
+        return Err(ProvisionError::Refused(format!(
+            "namespace {namespace:?} exists and was not made for instance {:?}: provision makes a namespace of its own \
+             (choose another with --namespace)",
+            request.name
+        )));
+    }
     let object = serde_json::json!({
         "apiVersion": "v1", "kind": "Namespace",
-        "metadata": {"name": namespace, "labels": {"app.kubernetes.io/managed-by": "gitops-service"}},
+        "metadata": {"name": namespace, "labels": {
+            "app.kubernetes.io/managed-by": "gitops-service", PROVISIONED_INSTANCE_LABEL: request.name}},
     });
     namespaces
         .patch(&namespace, &apply_params(), &Patch::Apply(object))

@@ -11,6 +11,7 @@ use gitops_shared::db::engine_instance::{self, engine_instance_by_name};
 use gitops_shared::model::EngineInstanceId;
 pub use gitops_writer::provision::{
     AGENT_ROLE, ARGOCD_NAME, ProvisionError, ProvisionRequest, TRACKING_METHOD, agent_role, argocd_resource,
+    provisioned_instance,
 };
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, DynamicObject};
@@ -42,6 +43,22 @@ pub async fn provision(
 pub async fn decommission(database_url: &str, kube: kube::Client, name: &str, wait: Duration) -> Result<u64, CtlError> {
     let mut client = crate::connect(database_url).await?;
     let instance = engine_instance_by_name(&client, name).await.map_err(CtlError::db("look up the engine instance"))?;
+    // Only what provision made is deleted: an instance registered with `instance add`
+    // runs in a namespace the service does not own.
+    let namespaces: Api<Namespace> = Api::all(kube.clone());
+    let namespace = namespaces
+        .get_opt(&instance.argocd_namespace)
+        .await
+        .map_err(|e| kube_error("read the instance's namespace", e))?;
+    let owned = namespace.as_ref().is_none_or(|ns| provisioned_instance(ns) == Some(name));
+    if instance.provisioned_by.is_none() || !owned {
+        return Err(CtlError::Refused(format!(
+            "engine instance {name:?} was not provisioned by the service (namespace {:?} is not labelled {}={name}): \
+             decommission deletes only what provision made; drain it and remove its registration instead",
+            instance.argocd_namespace,
+            gitops_writer::provision::PROVISIONED_INSTANCE_LABEL
+        )));
+    }
     crate::instance::drain(database_url, name).await?;
     let deadline = Instant::now() + wait;
     let purged = loop {
@@ -71,7 +88,6 @@ pub async fn decommission(database_url: &str, kube: kube::Client, name: &str, wa
         Err(kube::Error::Api(status)) if status.code == 404 => {}
         Err(error) => return Err(kube_error("delete the ArgoCD resource", error)),
     }
-    let namespaces: Api<Namespace> = Api::all(kube);
     match namespaces.delete(&instance.argocd_namespace, &DeleteParams::default()).await {
         Ok(_) => {}
         Err(kube::Error::Api(status)) if status.code == 404 => {}

@@ -31,7 +31,24 @@ async fn writer_instance_provision_place_decommission() {
     let cluster = TestCluster::get().await;
     cluster.install_crds(vec![argocd_crd()]).await.expect("install the ArgoCD CRD");
     tokio::spawn(run_operator(env.kube.clone(), env.standin.clone(), env.cancel.child_token()));
-    let target = cluster.namespace("prov-p").await;
+    // Provision makes the namespace; one that exists is never taken over.
+    let target = cluster.reserved_namespace("prov-p");
+    let taken = ProvisionRequest {
+        name: "argocd-t".into(),
+        namespace: Some(env.tenant.name().to_owned()),
+        version: None,
+        capacity: 10,
+        agents: Vec::new(),
+        wait: Duration::from_secs(60),
+        host_cluster: None,
+        provisioned_by: ProvisionedBy::Gitopsctl,
+    };
+    let refused = provision(&env.db.url(), env.kube.clone(), &taken).await.expect_err("a tenant's namespace");
+    assert!(refused.to_string().contains("was not made for instance"), "{refused}");
+    let tenant_argocd: Api<DynamicObject> =
+        Api::namespaced_with(env.kube.clone(), env.tenant.name(), &argocd_resource());
+    assert!(tenant_argocd.get_opt("argocd").await.expect("read").is_none(), "nothing made in the tenant's namespace");
+    assert!(engine_instance_by_name(&env.client, "argocd-t").await.is_err(), "nothing registered");
     let request = ProvisionRequest {
         name: "argocd-p".into(),
         namespace: Some(target.name().to_owned()),
@@ -138,6 +155,16 @@ async fn writer_instance_provision_place_decommission() {
     assert!(!matches!(gone, Ok(Some(ref o)) if o.metadata.deletion_timestamp.is_none()), "the ArgoCD is deleted");
     let namespace = Api::<Namespace>::all(env.kube.clone()).get_opt(target.name()).await.expect("read");
     assert!(namespace.is_none_or(|ns| ns.metadata.deletion_timestamp.is_some()), "its namespace is deleted");
+    // An instance registered with `instance add` was not provisioned: decommission
+    // refuses before it drains or deletes anything.
+    let refused = decommission(&env.db.url(), env.kube.clone(), INSTANCE, Duration::from_secs(5))
+        .await
+        .expect_err("not provisioned");
+    assert!(refused.to_string().contains("was not provisioned by the service"), "{refused}");
+    let first = engine_instance_by_name(&env.client, INSTANCE).await.expect("still registered");
+    assert!(!first.cordoned, "not drained");
+    let kept = Api::<Namespace>::all(env.kube.clone()).get(env.argocd.name()).await.expect("its namespace");
+    assert!(kept.metadata.deletion_timestamp.is_none(), "its namespace stays");
 }
 
 /// An agent serving a host cluster picks up an instance provisioned there while it
@@ -163,7 +190,7 @@ async fn writer_host_cluster_agent_serves_a_provisioned_instance() {
     eventually("the agent's endpoint", || async { handle.http_address() }).await;
     assert!(handle.instances().is_empty(), "no instance of host cluster east yet");
 
-    let target = cluster.namespace("hostc-p").await;
+    let target = cluster.reserved_namespace("hostc-p");
     let request = ProvisionRequest {
         name: "argocd-h".into(),
         namespace: Some(target.name().to_owned()),

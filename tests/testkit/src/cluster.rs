@@ -238,6 +238,12 @@ impl TestCluster {
         TestNamespace { cluster: self, name }
     }
 
+    /// A namespace name of the test's own, `t-<random>-<purpose>`, not created (for
+    /// code under test that makes it), deleted (best effort) when dropped.
+    pub fn reserved_namespace(&'static self, purpose: &str) -> TestNamespace {
+        TestNamespace { cluster: self, name: namespace_name(purpose) }
+    }
+
     /// Installs `crds` (create, or update one installed by an earlier run), each once per
     /// run, and waits until each is Established. On a real cluster an `argoproj.io` CRD
     /// the tests did not install is left alone (an error) unless
