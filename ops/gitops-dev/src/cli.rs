@@ -43,11 +43,17 @@ pub struct UpArgs {
     #[arg(long, env = "GITOPS_DEV_VERBOSE")]
     pub verbose: bool,
     /// Run the writer, the agent (and the stand-in) against this existing cluster
-    /// (kind, k3d, a real one) instead of the emulator. Its API server cannot call a
-    /// webhook on this machine's loopback, so the admission webhook is not
-    /// registered and home deployments are accepted unverified.
-    #[arg(long, env = "GITOPS_DEV_KUBECONFIG")]
+    /// (kind, k3d; a cluster only you use) instead of the emulator. Its API server
+    /// cannot call a webhook on this machine's loopback, so the admission webhook is
+    /// not registered and home deployments are accepted unverified: anyone who may
+    /// create a GitOpsDeployment there deploys with the home identity's rights. Needs
+    /// --allow-unverified-home to say so.
+    #[arg(long, env = "GITOPS_DEV_KUBECONFIG", requires = "allow_unverified_home")]
     pub kubeconfig: Option<std::path::PathBuf>,
+    /// Accept that, with --kubeconfig, deployments into a tenant's own namespace are
+    /// not checked against who asked for them.
+    #[arg(long, env = "GITOPS_DEV_ALLOW_UNVERIFIED_HOME", requires = "kubeconfig")]
+    pub allow_unverified_home: bool,
     /// Do not run the Argo CD stand-in (nor install Argo CD's CRDs): the cluster
     /// runs a real Argo CD. Needs --kubeconfig.
     #[arg(long, env = "GITOPS_DEV_NO_STANDIN", requires = "kubeconfig")]
@@ -69,7 +75,16 @@ pub struct UpArgs {
 impl UpArgs {
     /// The stack `up` runs.
     pub fn shape(&self) -> crate::up::StackShape {
-        let UpArgs { dir: _, verbose: _, kubeconfig, no_standin, argocd_namespace, instances, new_version } = self;
+        let UpArgs {
+            dir: _,
+            verbose: _,
+            kubeconfig,
+            allow_unverified_home: _,
+            no_standin,
+            argocd_namespace,
+            instances,
+            new_version,
+        } = self;
         let instances = usize::from(*instances).max(1);
         // The first instance plays the stand-in's default version, the others the new one.
         let mut versions = vec![gitops_testkit::argocd::StandinOptions::default().version];
@@ -379,6 +394,17 @@ mod tests {
         let config = crate::bench::e2e::E2eBenchConfig::from(args);
         assert_eq!((config.tenants, config.deployments, config.noisy), (100, 500, Some(5000)));
         assert!(Cli::try_parse_from(["gitops-dev", "bench", "e2e", "--tenants", "0"]).is_err());
+    }
+
+    #[test]
+    fn an_existing_cluster_needs_unverified_home_deployments_accepted_by_name() {
+        let refused = Cli::try_parse_from(["gitops-dev", "up", "--kubeconfig", "kc"]).expect_err("needs the flag");
+        assert!(refused.to_string().contains("--allow-unverified-home"), "{refused}");
+        let cli =
+            Cli::try_parse_from(["gitops-dev", "up", "--kubeconfig", "kc", "--allow-unverified-home"]).expect("parses");
+        let Command::Up(args) = cli.command else { panic!("not up") };
+        assert_eq!(args.shape().kubeconfig.as_deref(), Some(std::path::Path::new("kc")));
+        assert!(Cli::try_parse_from(["gitops-dev", "up", "--allow-unverified-home"]).is_err(), "only with a cluster");
     }
 
     #[test]
