@@ -240,14 +240,19 @@ pub async fn tenant_move_in_txn(txn: &Transaction<'_>, namespace: &str, to: &str
     let Some(target) = txn.query_opt(TARGET, &[&to]).await.map_err(DbError::query(action))? else {
         return invalid(format!("no engine instance {to:?}"));
     };
-    if column::<bool>(&target, "rollout_target", action)? && reason != crate::db::rollout::MOVE_REASON {
+    // A rollback returns a tenant to the instance it came from, whether that was
+    // cordoned or became another rollout's target since (a rollback refused for those
+    // would never end). Capacity still holds (the database enforces it): a source
+    // filled up meanwhile keeps the rollback waiting until it has room.
+    let returning = reason == crate::db::rollout::ROLLBACK_REASON;
+    if column::<bool>(&target, "rollout_target", action)? && reason != crate::db::rollout::MOVE_REASON && !returning {
         return invalid(format!("engine instance {to:?} is the target of a rollout and takes no other tenants"));
     }
     let target_id: EngineInstanceId = column(&target, "id", action)?;
     if target_id == from {
         return invalid(format!("the tenant of {namespace:?} is on {to:?} already"));
     }
-    if column::<bool>(&target, "cordoned", action)? {
+    if column::<bool>(&target, "cordoned", action)? && !returning {
         return invalid(format!("engine instance {to:?} is cordoned"));
     }
     let (tenants, capacity): (i32, i32) = (column(&target, "tenants", action)?, column(&target, "capacity", action)?);

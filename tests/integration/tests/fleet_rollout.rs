@@ -5,7 +5,8 @@
 //! rollout's target are refused, placement skips the target, balancing does not
 //! move a cohort tenant. An abort waits for the moves in flight, and a rollout
 //! rolling back can be neither aborted again nor promoted. An abort made while a
-//! step is under way is not overwritten by the step.
+//! step is under way is not overwritten by the step. A rollback brings its tenants
+//! home even when their source was cordoned meanwhile.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -224,4 +225,53 @@ async fn an_abort_during_a_step_is_not_overwritten_by_it() {
     assert_eq!(rollout.state, "rolling_back", "the abort stands: {rollout:?}");
     let step = rollout_step(&mut client).await.expect("a step");
     assert!(step.active.contains(&(id, "rolling_back".to_owned())), "{step:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_returns_tenants_to_a_source_cordoned_since() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let source = engine_instance_add(&client, "source", "argo-source", 10).await.expect("add");
+    let target = engine_instance_add(&client, "target", "argo-target", 100).await.expect("add");
+    let spare = engine_instance_add(&client, "spare", "argo-spare", 100).await.expect("add");
+    for id in [source, target, spare] {
+        engine_instance_heartbeat(&client, id).await.expect("heartbeat");
+    }
+    for i in 0..2 {
+        in_txn_retrying(&mut client, |txn| {
+            Box::pin(async move {
+                tenant_upsert_locked_in_txn(txn, Uuid::new_v4(), &format!("team-{i}"), Some(source)).await
+            })
+        })
+        .await
+        .expect("tenant");
+    }
+    let started = rollout_start(&mut client, request("target", 1)).await.expect("start");
+    let moved = started.cohort[0].clone();
+    client
+        .execute("UPDATE tenant SET move_state = NULL, moving_from = NULL WHERE move_state IS NOT NULL", &[])
+        .await
+        .expect("move done");
+    // Meanwhile the source was cordoned: an ordinary move there is refused.
+    client.execute("UPDATE engine_instance SET cordoned = true WHERE id = $1", &[&source]).await.expect("cordon");
+    assert_eq!(started.cohort.len(), 1);
+    let other = ["team-0", "team-1"].into_iter().find(|ns| *ns != moved).expect("the other tenant");
+    tenant_move(&mut client, other, "spare", "operator").await.expect("an ordinary move elsewhere");
+    client.execute("UPDATE tenant SET move_state = NULL, moving_from = NULL WHERE move_state IS NOT NULL AND namespace_name = $1", &[&other]).await.expect("move done");
+    let back = tenant_move(&mut client, other, "source", "operator").await.expect_err("the source is cordoned");
+    assert!(back.to_string().contains("cordoned"), "{back}");
+    let id = rollout_list(&client, None).await.expect("list")[0].id;
+    rollout_abort(&client, id, "test").await.expect("abort");
+    rollout_step(&mut client).await.expect("a step");
+    let row = client
+        .query_one(
+            "SELECT e.name, t.move_state FROM tenant t JOIN engine_instance e ON e.id = t.engine_instance_id
+              WHERE t.namespace_name = $1",
+            &[&moved],
+        )
+        .await
+        .expect("the tenant");
+    let (instance, state): (String, Option<String>) = (row.get(0), row.get(1));
+    assert_eq!(instance, "source", "the rollback moves it home");
+    assert_eq!(state.as_deref(), Some("releasing"), "by the move protocol");
 }
