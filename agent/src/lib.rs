@@ -358,36 +358,21 @@ mod tests {
             config.reserved_namespaces.iter().map(NamePattern::as_str).collect::<Vec<_>>(),
             ["infra-*", "vault"]
         );
-        let bad = Cli::try_parse_from([
-            "gitops-agent",
-            "run",
-            "--database-url",
-            "x",
-            "--instance",
-            "i",
-            "--home-api-url",
-            "home",
-        ]);
-        assert!(bad.is_err(), "a home URL that cannot be read is refused at start");
-        let bad = Cli::try_parse_from([
-            "gitops-agent",
-            "run",
-            "--database-url",
-            "x",
-            "--instance",
-            "i",
-            "--reserved-namespaces",
-            "Infra",
-        ]);
-        assert!(bad.is_err());
+        assert!(run_with(&["--home-api-url", "home"]).is_err(), "a home URL that cannot be read is refused at start");
+        assert!(run_with(&["--reserved-namespaces", "Infra"]).is_err());
+    }
+
+    /// `gitops-agent run` with a database and an instance, and `extra` flags.
+    fn run_with(extra: &[&str]) -> Result<Cli, clap::Error> {
+        let mut argv = vec!["gitops-agent", "run", "--database-url", "postgres://localhost/x", "--instance", "i"];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv)
     }
 
     #[test]
     fn retention_of_finished_operations_is_a_setting() {
         let parse = |extra: &[&str]| {
-            let mut argv = vec!["gitops-agent", "run", "--database-url", "postgres://localhost/x", "--instance", "i"];
-            argv.extend_from_slice(extra);
-            let Command::Run(args) = Cli::try_parse_from(argv).expect("valid flags").command;
+            let Command::Run(args) = run_with(extra).expect("valid flags").command;
             (args.completed_retention, args.failed_retention)
         };
         let day = Duration::from_secs(24 * 3600);
@@ -396,17 +381,10 @@ mod tests {
             parse(&["--completed-retention", "5m", "--failed-retention", "2d"]),
             (Duration::from_secs(300), 2 * day)
         );
-        let bad = Cli::try_parse_from([
-            "gitops-agent",
-            "run",
-            "--database-url",
-            "x",
-            "--instance",
-            "i",
-            "--completed-retention",
-            "soon",
-        ]);
-        assert!(bad.is_err(), "a retention that cannot be read is refused at start");
+        assert!(
+            run_with(&["--completed-retention", "soon"]).is_err(),
+            "a retention that cannot be read is refused at start"
+        );
     }
 
     #[test]

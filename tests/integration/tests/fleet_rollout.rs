@@ -21,6 +21,7 @@ use gitops_shared::db::rollout::{
 use gitops_shared::db::tenant::tenant_upsert_locked_in_txn;
 use gitops_shared::db::tenant_move::tenant_move;
 use gitops_shared::db::{DbError, in_txn_retrying};
+use gitops_shared::model::EngineInstanceId;
 use gitops_testkit::TestDb;
 use tokio::sync::Barrier;
 use uuid::Uuid;
@@ -36,24 +37,33 @@ fn request(target: &str, tenants: u32) -> RolloutRequest {
     }
 }
 
+/// Registers instance `name` (Argo CD namespace `argo-<name>`) and heartbeats it.
+async fn live_instance(client: &tokio_postgres::Client, name: &str, capacity: i32) -> EngineInstanceId {
+    let id = engine_instance_add(client, name, &format!("argo-{name}"), capacity).await.expect("add");
+    engine_instance_heartbeat(client, id).await.expect("heartbeat");
+    id
+}
+
+/// Places a tenant of namespace `namespace` on `instance`.
+async fn place(client: &mut tokio_postgres::Client, namespace: String, instance: EngineInstanceId) {
+    in_txn_retrying(client, |txn| {
+        let namespace = namespace.clone();
+        Box::pin(async move { tenant_upsert_locked_in_txn(txn, Uuid::new_v4(), &namespace, Some(instance)).await })
+    })
+    .await
+    .expect("tenant");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rollouts_racing_for_tenants_never_share_one() {
     let db = TestDb::migrated().await;
     let mut client = db.connect().await;
-    let source = engine_instance_add(&client, "source", "argo-source", 100).await.expect("add");
-    for (name, ns) in [("blue", "argo-blue"), ("green", "argo-green"), ("spare", "argo-spare")] {
-        let id = engine_instance_add(&client, name, ns, 100).await.expect("add");
-        engine_instance_heartbeat(&client, id).await.expect("heartbeat");
+    let source = live_instance(&client, "source", 100).await;
+    for name in ["blue", "green", "spare"] {
+        live_instance(&client, name, 100).await;
     }
-    engine_instance_heartbeat(&client, source).await.expect("heartbeat");
     for i in 0..12 {
-        in_txn_retrying(&mut client, |txn| {
-            Box::pin(async move {
-                tenant_upsert_locked_in_txn(txn, Uuid::new_v4(), &format!("team-{i:02}"), Some(source)).await
-            })
-        })
-        .await
-        .expect("tenant");
+        place(&mut client, format!("team-{i:02}"), source).await;
     }
 
     // Four racers: two to each target, each asking for 8 of the 12 tenants.
@@ -160,19 +170,10 @@ async fn rollouts_racing_for_tenants_never_share_one() {
 async fn an_abort_during_a_step_is_not_overwritten_by_it() {
     let db = TestDb::migrated().await;
     let mut client = db.connect().await;
-    let source = engine_instance_add(&client, "source", "argo-source", 100).await.expect("add");
-    let target = engine_instance_add(&client, "target", "argo-target", 100).await.expect("add");
-    for id in [source, target] {
-        engine_instance_heartbeat(&client, id).await.expect("heartbeat");
-    }
+    let source = live_instance(&client, "source", 100).await;
+    live_instance(&client, "target", 100).await;
     for i in 0..2 {
-        in_txn_retrying(&mut client, |txn| {
-            Box::pin(async move {
-                tenant_upsert_locked_in_txn(txn, Uuid::new_v4(), &format!("team-{i}"), Some(source)).await
-            })
-        })
-        .await
-        .expect("tenant");
+        place(&mut client, format!("team-{i}"), source).await;
     }
     let started = rollout_start(&mut client, request("target", 2)).await.expect("start");
     assert_eq!(started.cohort.len(), 2);
@@ -231,20 +232,12 @@ async fn an_abort_during_a_step_is_not_overwritten_by_it() {
 async fn a_rollback_returns_tenants_to_a_source_cordoned_since() {
     let db = TestDb::migrated().await;
     let mut client = db.connect().await;
-    let source = engine_instance_add(&client, "source", "argo-source", 10).await.expect("add");
-    let target = engine_instance_add(&client, "target", "argo-target", 100).await.expect("add");
-    let spare = engine_instance_add(&client, "spare", "argo-spare", 100).await.expect("add");
-    for id in [source, target, spare] {
-        engine_instance_heartbeat(&client, id).await.expect("heartbeat");
+    let source = live_instance(&client, "source", 10).await;
+    for name in ["target", "spare"] {
+        live_instance(&client, name, 100).await;
     }
     for i in 0..2 {
-        in_txn_retrying(&mut client, |txn| {
-            Box::pin(async move {
-                tenant_upsert_locked_in_txn(txn, Uuid::new_v4(), &format!("team-{i}"), Some(source)).await
-            })
-        })
-        .await
-        .expect("tenant");
+        place(&mut client, format!("team-{i}"), source).await;
     }
     let started = rollout_start(&mut client, request("target", 1)).await.expect("start");
     let moved = started.cohort[0].clone();
