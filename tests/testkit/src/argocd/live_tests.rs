@@ -88,16 +88,6 @@ pub(crate) async fn exercise(client: Client, namespace: &str) {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address");
     let closed_server = format!("https://{closed}");
     create(&apps, app("cluster-down", &[], json!({"spec": {"destination": {"server": closed_server}}}))).await;
-    let retry = json!({"limit": 2, "backoff": {"duration": "1s", "factor": 2, "maxDuration": "2s"}});
-    create(
-        &apps,
-        app(
-            "retrying",
-            &[(SYNC_KNOB, "fail"), (SYNC_MESSAGE_KNOB, "boom")],
-            json!({"spec": {"syncPolicy": {"automated": {"prune": true}, "retry": retry}}}),
-        ),
-    )
-    .await;
     create(
         &apps,
         app("deleted", &[], json!({"metadata": {"finalizers": [RESOURCES_FINALIZER, "example.invalid/keep"]}})),
@@ -152,7 +142,18 @@ pub(crate) async fn exercise(client: Client, namespace: &str) {
     assert!(allowed["status"].get("conditions").is_none());
 
     // An automated sync that fails is retried as the Application asks (twice, after
-    // 1 s and 2 s), then fails for good with Argo CD's SyncError.
+    // 1 s and 2 s), then fails for good with Argo CD's SyncError. Created here, so the
+    // watch below is open before its first retry (the whole sequence takes seconds).
+    let retry = json!({"limit": 2, "backoff": {"duration": "1s", "factor": 2, "maxDuration": "2s"}});
+    create(
+        &apps,
+        app(
+            "retrying",
+            &[(SYNC_KNOB, "fail"), (SYNC_MESSAGE_KNOB, "boom")],
+            json!({"spec": {"syncPolicy": {"automated": {"prune": true}, "retry": retry}}}),
+        ),
+    )
+    .await;
     let retried =
         wait_for(&apps, "retrying", "a retry waiting", |app| app["status"]["operationState"]["retryCount"] == 1).await;
     assert_eq!(op_phase(&retried), "Running");
