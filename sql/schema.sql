@@ -166,6 +166,27 @@ END;
 $$;
 
 --
+-- Name: rollout_tenant_slot_count(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.rollout_tenant_slot_count() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    held_before boolean := TG_OP IN ('UPDATE', 'DELETE') AND OLD.active AND OLD.slot_held;
+    held_after  boolean := TG_OP IN ('INSERT', 'UPDATE') AND NEW.active AND NEW.slot_held;
+BEGIN
+    IF held_before AND (NOT held_after OR OLD.source_instance_id <> NEW.source_instance_id) THEN
+        UPDATE engine_instance SET reserved = reserved - 1 WHERE id = OLD.source_instance_id;
+    END IF;
+    IF held_after AND (NOT held_before OR OLD.source_instance_id <> NEW.source_instance_id) THEN
+        UPDATE engine_instance SET reserved = reserved + 1 WHERE id = NEW.source_instance_id;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+--
 -- Name: signal_channel(public.signal_kind, bigint); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -223,11 +244,26 @@ BEGIN
     END IF;
     IF TG_OP IN ('INSERT', 'UPDATE') AND NEW.engine_instance_id IS NOT NULL
        AND (TG_OP = 'INSERT' OR OLD.engine_instance_id IS DISTINCT FROM NEW.engine_instance_id) THEN
-        UPDATE engine_instance SET tenants = tenants + 1
-         WHERE id = NEW.engine_instance_id AND tenants < capacity;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'engine instance % is full', NEW.engine_instance_id
-                USING ERRCODE = 'serialization_failure', CONSTRAINT = 'engine_instance_capacity';
+        -- Back on a source that held its slot: the slot becomes the tenant's.
+        UPDATE rollout_tenant SET slot_held = false
+         WHERE tenant_id = NEW.id AND source_instance_id = NEW.engine_instance_id AND active AND slot_held;
+        IF FOUND THEN
+            UPDATE engine_instance SET tenants = tenants + 1 WHERE id = NEW.engine_instance_id;
+        ELSE
+            UPDATE engine_instance SET tenants = tenants + 1
+             WHERE id = NEW.engine_instance_id AND tenants + reserved < capacity;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'engine instance % is full', NEW.engine_instance_id
+                    USING ERRCODE = 'serialization_failure', CONSTRAINT = 'engine_instance_capacity';
+            END IF;
+        END IF;
+        -- The instance's row is locked now: a rollout started meanwhile is seen.
+        IF COALESCE(NEW.move_reason, '') NOT IN ('rollout', 'rollback')
+           AND EXISTS (SELECT 1 FROM rollout r WHERE r.target_instance_id = NEW.engine_instance_id
+                          AND r.state IN ('moving', 'baking', 'waiting', 'rolling_back')) THEN
+            RAISE EXCEPTION 'engine instance % is the target of a rollout and takes no other tenants',
+                NEW.engine_instance_id
+                USING ERRCODE = 'serialization_failure', CONSTRAINT = 'engine_instance_rollout_target';
         END IF;
     END IF;
     RETURN NULL;
@@ -375,11 +411,13 @@ CREATE TABLE public.engine_instance (
     version_reported_at timestamp with time zone,
     host_cluster text,
     provisioned_by text,
+    reserved integer DEFAULT 0 NOT NULL,
     CONSTRAINT engine_instance_argocd_namespace_check CHECK ((argocd_namespace ~ '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'::text)),
     CONSTRAINT engine_instance_capacity_check CHECK ((capacity > 0)),
     CONSTRAINT engine_instance_host_cluster_check CHECK ((host_cluster ~ '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'::text)),
     CONSTRAINT engine_instance_name_check CHECK ((name ~ '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'::text)),
-    CONSTRAINT engine_instance_provisioned_by_check CHECK ((provisioned_by = ANY (ARRAY['gitopsctl'::text, 'scale-up'::text])))
+    CONSTRAINT engine_instance_provisioned_by_check CHECK ((provisioned_by = ANY (ARRAY['gitopsctl'::text, 'scale-up'::text]))),
+    CONSTRAINT engine_instance_reserved_check CHECK ((reserved >= 0))
 );
 
 --
@@ -642,6 +680,7 @@ CREATE TABLE public.rollout_tenant (
     source_instance_id bigint NOT NULL,
     state text DEFAULT 'moving'::text NOT NULL,
     active boolean DEFAULT true NOT NULL,
+    slot_held boolean DEFAULT true NOT NULL,
     CONSTRAINT rollout_tenant_state_check CHECK ((state = ANY (ARRAY['moving'::text, 'moved'::text, 'returning'::text, 'returned'::text])))
 );
 
@@ -1060,6 +1099,12 @@ CREATE INDEX resource_state_changed_xid_idx ON public.resource_state USING btree
 CREATE UNIQUE INDEX rollout_active_target ON public.rollout USING btree (target_instance_id) WHERE (state = ANY (ARRAY['moving'::text, 'baking'::text, 'waiting'::text, 'rolling_back'::text]));
 
 --
+-- Name: rollout_tenant_held_slot; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX rollout_tenant_held_slot ON public.rollout_tenant USING btree (tenant_id, source_instance_id) WHERE (active AND slot_held);
+
+--
 -- Name: rollout_tenant_one_rollout; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -1148,6 +1193,12 @@ CREATE TRIGGER resource_state_signal AFTER INSERT OR UPDATE ON public.resource_s
 --
 
 CREATE TRIGGER resource_state_stamp BEFORE UPDATE ON public.resource_state FOR EACH ROW EXECUTE FUNCTION public.application_state_stamp();
+
+--
+-- Name: rollout_tenant rollout_tenant_slot_count; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER rollout_tenant_slot_count AFTER INSERT OR DELETE OR UPDATE OF active, slot_held, source_instance_id ON public.rollout_tenant FOR EACH ROW EXECUTE FUNCTION public.rollout_tenant_slot_count();
 
 --
 -- Name: tenant tenant_placement_count; Type: TRIGGER; Schema: public; Owner: -

@@ -84,9 +84,9 @@ pub async fn drain(database_url: &str, name: &str) -> Result<usize, CtlError> {
         let instances = list(database_url).await?;
         let target = instances
             .iter()
-            .filter(|i| i.name != name && !i.cordoned && i.tenants < i64::from(i.capacity) && i.heartbeat_at.is_some())
+            .filter(|i| i.name != name && !i.cordoned && has_room(i) && i.heartbeat_at.is_some())
             .min_by(|a, b| {
-                let load = |i: &EngineInstance| i.tenants as f64 / f64::from(i.capacity);
+                let load = |i: &EngineInstance| (i.tenants + i.reserved) as f64 / f64::from(i.capacity);
                 load(a).total_cmp(&load(b)).then(a.name.cmp(&b.name))
             });
         let Some(target) = target else {
@@ -142,7 +142,7 @@ pub fn render_list(instances: &[EngineInstance]) -> String {
                 i.name.clone(),
                 i.argocd_namespace.clone(),
                 i.capacity.to_string(),
-                i.tenants.to_string(),
+                if i.reserved > 0 { format!("{} (+{} held)", i.tenants, i.reserved) } else { i.tenants.to_string() },
                 i.argocd_version.clone().unwrap_or_else(|| "unknown".to_owned()),
                 i.host_cluster.clone().unwrap_or_else(|| "-".to_owned()),
                 i.provisioned_by.clone().unwrap_or_else(|| "-".to_owned()),
@@ -162,11 +162,16 @@ pub fn render_list(instances: &[EngineInstance]) -> String {
 fn placement(instance: &EngineInstance) -> &'static str {
     if instance.cordoned {
         "cordoned"
-    } else if instance.tenants >= i64::from(instance.capacity) {
+    } else if !has_room(instance) {
         "full"
     } else {
         "open"
     }
+}
+
+/// Free slots: neither taken nor held for tenants a rollout moved away.
+fn has_room(instance: &EngineInstance) -> bool {
+    instance.tenants + instance.reserved < i64::from(instance.capacity)
 }
 
 #[cfg(test)]
@@ -182,6 +187,7 @@ mod tests {
             capacity: 1000,
             heartbeat_at: None,
             tenants: 3,
+            reserved: 0,
             cordoned: false,
             progress_at: None,
             epoch: 0,
@@ -206,6 +212,9 @@ mod tests {
         assert!(render_list(&[versioned]).contains("  v2.14.2  "));
         let full = EngineInstance { capacity: 3, ..instance.clone() };
         assert!(render_list(&[full]).contains("full"));
+        let held = EngineInstance { capacity: 5, reserved: 2, ..instance.clone() };
+        let text = render_list(&[held]);
+        assert!(text.contains("  3 (+2 held)  ") && text.contains("full"), "{text}");
         let cordoned = EngineInstance { cordoned: true, ..instance };
         assert!(render_list(&[cordoned]).contains("cordoned"));
         assert_eq!(render_list(&[]), "no engine instances registered\n");

@@ -18,6 +18,9 @@ pub struct EngineInstance {
     pub heartbeat_at: Option<SystemTime>,
     /// Tenants placed on it.
     pub tenants: i64,
+    /// Slots held for tenants a rollout moved away (they may come back); taken, as
+    /// far as placement is concerned.
+    pub reserved: i64,
     /// Closed to new tenants by an operator.
     pub cordoned: bool,
     /// When an agent last saw Argo CD itself make progress.
@@ -70,14 +73,14 @@ VALUES ($1, $2, $3, $4, $5)
 RETURNING id";
 
 const LIST: &str = "
-SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at, i.tenants::bigint AS tenants, i.cordoned,
+SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at, i.tenants::bigint AS tenants, i.reserved::bigint AS reserved, i.cordoned,
        i.progress_at, engine_instance_health(i.heartbeat_at, i.progress_at) AS health, i.epoch,
        i.fenced_at IS NOT NULL AS fenced, i.argocd_version, i.host_cluster, i.provisioned_by
   FROM engine_instance i
  ORDER BY i.name";
 
 const BY_NAME: &str = "
-SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at, i.tenants::bigint AS tenants, i.cordoned,
+SELECT i.id, i.name, i.argocd_namespace, i.capacity, i.heartbeat_at, i.tenants::bigint AS tenants, i.reserved::bigint AS reserved, i.cordoned,
        i.progress_at, engine_instance_health(i.heartbeat_at, i.progress_at) AS health, i.epoch,
        i.fenced_at IS NOT NULL AS fenced, i.argocd_version, i.host_cluster, i.provisioned_by
   FROM engine_instance i
@@ -284,6 +287,7 @@ impl TryFrom<&tokio_postgres::Row> for EngineInstance {
             capacity: row.try_get("capacity")?,
             heartbeat_at: row.try_get("heartbeat_at")?,
             tenants: row.try_get("tenants")?,
+            reserved: row.try_get("reserved")?,
             cordoned: row.try_get("cordoned")?,
             progress_at: row.try_get("progress_at")?,
             health: row.try_get("health")?,

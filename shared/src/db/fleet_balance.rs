@@ -26,10 +26,11 @@ const BALANCE_LOCK: i64 = 0x6769_746f_7073_0002;
 
 const LOCK: &str = "SELECT pg_try_advisory_xact_lock($1) AS locked";
 
-// Every instance, its load and whether it was degraded for longer than the grace
+// Every instance, its load (slots held for tenants a rollout moved away count as
+// taken) and whether it was degraded for longer than the grace
 // ($1 ms; NULL: no draining) past the degraded window.
 const INSTANCES: &str = "
-SELECT e.name, e.capacity::bigint AS capacity, e.tenants::bigint AS tenants, e.cordoned,
+SELECT e.name, e.capacity::bigint AS capacity, (e.tenants + e.reserved)::bigint AS tenants, e.cordoned,
        e.fenced_at IS NOT NULL AS fenced,
        EXISTS (SELECT 1 FROM rollout r WHERE r.target_instance_id = e.id
                  AND r.state IN ('moving', 'baking', 'waiting', 'rolling_back')) AS rollout_target,

@@ -12,9 +12,10 @@ use tokio_postgres::Client;
 use crate::db::{DbError, column};
 
 /// Tenants the fleet can still take: the free slots of instances open to placement
-/// (not cordoned, not fenced); and how many such instances there are.
+/// (not cordoned, not fenced; slots held for a rollout's tenants are not free); and
+/// how many such instances there are.
 const FREE_CAPACITY: &str = "
-SELECT COALESCE(sum(capacity - tenants), 0)::bigint AS free, count(*)::bigint AS open
+SELECT COALESCE(sum(greatest(capacity - tenants - reserved, 0)), 0)::bigint AS free, count(*)::bigint AS open
   FROM engine_instance
  WHERE NOT cordoned AND fenced_at IS NULL";
 
@@ -23,11 +24,20 @@ UPDATE instance_scale_up
    SET state = 'failed', finished_at = now(), error = 'abandoned: its writer stopped renewing it'
  WHERE state = 'provisioning' AND expires_at < now()";
 
+// $5: the name to try again (a failed attempt's), else the next `<prefix>-<n>`.
 const BEGIN: &str = "
 INSERT INTO instance_scale_up (instance_name, holder, free_capacity, expires_at)
-SELECT $1::text || '-' || (count(*) + 1)::text, $2::text, $3::bigint, now() + make_interval(secs => $4::float8)
+SELECT COALESCE($5::text, $1::text || '-' || (count(*) + 1)::text), $2::text, $3::bigint,
+       now() + make_interval(secs => $4::float8)
   FROM instance_scale_up
 RETURNING id, instance_name";
+
+// The latest attempt, when it failed and its instance was never registered: what it
+// made on the cluster may be completed by trying its name again.
+const RETRYABLE: &str = "
+SELECT s.instance_name FROM instance_scale_up s
+ WHERE s.id = (SELECT max(id) FROM instance_scale_up) AND s.state = 'failed'
+   AND NOT EXISTS (SELECT 1 FROM engine_instance e WHERE e.name = s.instance_name)";
 
 const RENEW: &str = "
 UPDATE instance_scale_up SET expires_at = now() + make_interval(secs => $3::float8)
@@ -42,7 +52,7 @@ SELECT id, instance_name, state, holder, free_capacity, error, started_at, finis
   FROM instance_scale_up ORDER BY id DESC LIMIT $1";
 
 /// Every statement of this module (a test prepares them against the schema).
-pub const STATEMENTS: &[&str] = &[FREE_CAPACITY, ABANDON, BEGIN, RENEW, FINISH, RECENT];
+pub const STATEMENTS: &[&str] = &[FREE_CAPACITY, ABANDON, BEGIN, RETRYABLE, RENEW, FINISH, RECENT];
 
 /// The fleet's room for new tenants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,19 +101,29 @@ pub async fn fleet_free_capacity(client: &Client) -> Result<FreeCapacity, DbErro
     Ok(FreeCapacity { free: column(&row, "free", action)?, open: column(&row, "open", action)? })
 }
 
-/// Begins an attempt for `holder`, named `<prefix>-<n>`; None when another attempt
-/// is provisioning (an abandoned one is ended first). Returns the attempt's id and
-/// the instance name to provision.
+/// The name of the latest attempt when it failed before its instance was
+/// registered (None otherwise): the next attempt may try it again.
+pub async fn scale_up_retryable(client: &Client) -> Result<Option<String>, DbError> {
+    let action = "read the last scale-up";
+    let row = client.query_opt(RETRYABLE, &[]).await.map_err(DbError::query(action))?;
+    row.map(|row| column(&row, "instance_name", action)).transpose()
+}
+
+/// Begins an attempt for `holder`, named `retry` (a failed attempt's name, see
+/// [`scale_up_retryable`]) or else `<prefix>-<n>`; None when another attempt is
+/// provisioning (an abandoned one is ended first). Returns the attempt's id and the
+/// instance name to provision.
 pub async fn scale_up_begin(
     client: &Client,
     prefix: &str,
+    retry: Option<&str>,
     holder: &str,
     free_capacity: i64,
     lease: Duration,
 ) -> Result<Option<(i64, String)>, DbError> {
     let action = "begin a scale-up";
     client.execute(ABANDON, &[]).await.map_err(DbError::query(action))?;
-    match client.query_one(BEGIN, &[&prefix, &holder, &free_capacity, &lease.as_secs_f64()]).await {
+    match client.query_one(BEGIN, &[&prefix, &holder, &free_capacity, &lease.as_secs_f64(), &retry]).await {
         Ok(row) => Ok(Some((column(&row, "id", action)?, column(&row, "instance_name", action)?))),
         Err(source) => {
             let error = DbError::Query { action, source };

@@ -1,8 +1,9 @@
 //! Placement: which engine instance a new tenant goes to. Candidates are healthy
 //! instances (`engine_instance_health()`) whose agents reported within the health
-//! window, that are not cordoned and have
-//! room (capacity is also enforced by the database: `engine_instance.tenants` is
-//! kept by a trigger that refuses a placement past the capacity). Among them the one
+//! window, that are not cordoned, are no rollout's target and have room: slots
+//! neither taken (`engine_instance.tenants`) nor held for tenants a rollout moved
+//! away (`reserved`, migration V18). Capacity is also enforced by the database: a
+//! trigger keeps both counts and refuses a placement past the capacity. Among them the one
 //! with the fewest tenants relative to its capacity wins (ties by id). Nothing is
 //! locked while choosing (locking candidates in load order would deadlock racing
 //! placements): placements racing for an instance's last slot are serialised by the
@@ -22,10 +23,10 @@ SELECT e.id
   FROM engine_instance e
  WHERE e.heartbeat_at > now() - $1::bigint * interval '1 millisecond'
    AND engine_instance_health(e.heartbeat_at, e.progress_at) = 'healthy'
-   AND NOT e.cordoned AND e.tenants < e.capacity
+   AND NOT e.cordoned AND e.tenants + e.reserved < e.capacity
    AND NOT EXISTS (SELECT 1 FROM rollout r WHERE r.target_instance_id = e.id
                      AND r.state IN ('moving', 'baking', 'waiting', 'rolling_back'))
- ORDER BY e.tenants::float8 / e.capacity, e.id
+ ORDER BY (e.tenants + e.reserved)::float8 / e.capacity, e.id
  LIMIT 1";
 
 // Why nothing was chosen: no live instance at all, or every live one full or cordoned.

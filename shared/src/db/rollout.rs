@@ -21,7 +21,11 @@
 //! `rollout_tenant (tenant_id) WHERE active`, and the move protocol refuses other
 //! moves of such a tenant (failover, which does not ask, wins: the rollout then
 //! ends). A rollout's target takes no other new tenants (placement, balancing and
-//! operators' moves skip it).
+//! operators' moves skip it, and the placement trigger refuses one that raced with
+//! the rollout's start: starting locks the target's row first).
+//! Each tenant the rollout moved keeps its slot on its source until the rollout
+//! stops acting on it (`rollout_tenant.slot_held`, `engine_instance.reserved`), so
+//! a rollback always finds room, however many tenants arrived there meanwhile.
 
 use std::time::Duration;
 
@@ -44,10 +48,13 @@ pub const ROLLBACK_REASON: &str = "rollback";
 
 const LOCK: &str = "SELECT pg_try_advisory_xact_lock($1) AS locked";
 
+// Locks the target's row: a placement or move onto it waits for the rollout's start
+// and is then refused by the placement trigger (migration V18).
 const TARGET: &str = "
 SELECT id, name, argocd_version, fenced_at IS NOT NULL AS fenced, capacity::bigint AS capacity,
        tenants::bigint AS tenants
-  FROM engine_instance WHERE name = $1";
+  FROM engine_instance WHERE name = $1
+   FOR NO KEY UPDATE";
 
 const INSERT: &str = "
 INSERT INTO rollout (target_instance_id, target_version, wave_size, bake_ms, max_regressions)
@@ -92,7 +99,7 @@ const ACTIVE: &str = "
 SELECT r.id, r.state, r.wave, r.promoting, r.wave_size, r.bake_ms, r.max_regressions,
        r.bake_until IS NOT NULL AND r.bake_until <= now() AS baked, r.outcome,
        r.target_instance_id, e.name AS target, e.fenced_at IS NOT NULL AS target_fenced,
-       e.capacity::bigint AS capacity, e.tenants::bigint AS tenants
+       e.capacity::bigint AS capacity, (e.tenants + e.reserved)::bigint AS tenants
   FROM rollout r JOIN engine_instance e ON e.id = r.target_instance_id
  WHERE r.state IN ('moving', 'baking', 'waiting', 'rolling_back')
  ORDER BY r.id
@@ -111,11 +118,15 @@ SELECT rt.tenant_id, rt.wave, rt.state, rt.source_instance_id, src.name AS sourc
 const MEMBER_STATE: &str = "UPDATE rollout_tenant SET state = $3 WHERE rollout_id = $1 AND tenant_id = $2";
 
 // Deployments of the wave not yet applied on the target (stalled ones are judged).
+// Only those the bake will judge: one edited since its baseline is excluded from
+// the verdict, so the wave does not wait for it (a tenant that keeps editing would
+// otherwise hold the wave in `moving` for ever).
 const UNAPPLIED: &str = "
 SELECT count(*) AS unapplied
   FROM rollout_tenant rt
   JOIN tenant t ON t.id = rt.tenant_id AND t.engine_instance_id = $2
-  JOIN application a ON a.tenant_id = rt.tenant_id AND a.row_state = 'active'
+  JOIN rollout_baseline b ON b.rollout_id = rt.rollout_id AND b.tenant_id = rt.tenant_id AND b.wave = rt.wave
+  JOIN application a ON a.id = b.application_id AND a.row_state = 'active' AND a.generation = b.generation
   LEFT JOIN application_state s ON s.application_id = a.id
  WHERE rt.rollout_id = $1 AND rt.wave = $3 AND rt.active
    AND s.applied_generation IS DISTINCT FROM a.generation AND NOT COALESCE(s.agent_stalled, false)";
@@ -754,8 +765,11 @@ async fn next_wave(txn: &Transaction<'_>, rollout: &Active, events: &mut Vec<Rol
     }
     if moved.is_empty() {
         if left && rollout.free > 0 {
-            // Every candidate was refused this time (moving, say): tried again next step.
-            return Ok(rollout.state.clone());
+            // Every candidate was refused this time (moving, say): the wave passed, so
+            // the rollout waits (promoting) and tries again next step without judging
+            // the wave again.
+            txn.execute(SET_STATE, &[&id, &"waiting"]).await.map_err(DbError::query(action))?;
+            return Ok("waiting".to_owned());
         }
         let reason =
             left.then(|| format!("engine instance {:?} is full; tenants remain on the sources", rollout.target));

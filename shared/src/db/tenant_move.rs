@@ -70,7 +70,9 @@ SELECT t.id, t.engine_instance_id, t.move_state, t.row_state::text AS row_state
   FROM tenant t WHERE t.namespace_name = $1 AND t.row_state <> 'deleted' FOR UPDATE";
 
 const TARGET: &str = "
-SELECT e.id, e.cordoned, e.tenants, e.capacity,
+SELECT e.id, e.cordoned, e.tenants, e.reserved, e.capacity,
+       EXISTS (SELECT 1 FROM rollout_tenant rt WHERE rt.tenant_id = $2 AND rt.source_instance_id = e.id
+                 AND rt.active AND rt.slot_held) AS slot_held,
        EXISTS (SELECT 1 FROM rollout r WHERE r.target_instance_id = e.id
                  AND r.state IN ('moving', 'baking', 'waiting', 'rolling_back')) AS rollout_target
   FROM engine_instance e WHERE e.name = $1";
@@ -237,13 +239,13 @@ pub async fn tenant_move_in_txn(txn: &Transaction<'_>, namespace: &str, to: &str
     let Some(from) = from else {
         return invalid(format!("the tenant of {namespace:?} is not placed on any instance yet"));
     };
-    let Some(target) = txn.query_opt(TARGET, &[&to]).await.map_err(DbError::query(action))? else {
+    let Some(target) = txn.query_opt(TARGET, &[&to, &id]).await.map_err(DbError::query(action))? else {
         return invalid(format!("no engine instance {to:?}"));
     };
     // A rollback returns a tenant to the instance it came from, whether that was
     // cordoned or became another rollout's target since (a rollback refused for those
-    // would never end). Capacity still holds (the database enforces it): a source
-    // filled up meanwhile keeps the rollback waiting until it has room.
+    // would never end). Its slot there was held for it (migration V18), so a source
+    // that filled up meanwhile still takes it back.
     let returning = reason == crate::db::rollout::ROLLBACK_REASON;
     if column::<bool>(&target, "rollout_target", action)? && reason != crate::db::rollout::MOVE_REASON && !returning {
         return invalid(format!("engine instance {to:?} is the target of a rollout and takes no other tenants"));
@@ -255,9 +257,18 @@ pub async fn tenant_move_in_txn(txn: &Transaction<'_>, namespace: &str, to: &str
     if column::<bool>(&target, "cordoned", action)? && !returning {
         return invalid(format!("engine instance {to:?} is cordoned"));
     }
-    let (tenants, capacity): (i32, i32) = (column(&target, "tenants", action)?, column(&target, "capacity", action)?);
-    if tenants >= capacity {
-        return invalid(format!("engine instance {to:?} is full ({tenants} of {capacity} tenants)"));
+    let (tenants, reserved, capacity): (i32, i32, i32) = (
+        column(&target, "tenants", action)?,
+        column(&target, "reserved", action)?,
+        column(&target, "capacity", action)?,
+    );
+    if !column::<bool>(&target, "slot_held", action)? && tenants + reserved >= capacity {
+        let held = if reserved > 0 {
+            format!(", {reserved} more held for tenants a rollout moved away")
+        } else {
+            String::new()
+        };
+        return invalid(format!("engine instance {to:?} is full ({tenants} of {capacity} tenants{held})"));
     }
     if let Some(why) = adoption_refusal_in_txn(txn, from, target_id).await? {
         return invalid(why);

@@ -6,12 +6,16 @@
 //! move a cohort tenant. An abort waits for the moves in flight, and a rollout
 //! rolling back can be neither aborted again nor promoted. An abort made while a
 //! step is under way is not overwritten by the step. A rollback brings its tenants
-//! home even when their source was cordoned meanwhile.
+//! home even when their source was cordoned or filled up meanwhile (their slots
+//! are held), and a placement that chose an instance just before a rollout to it
+//! started lands elsewhere. A wave does not wait for deployments the tenant edits
+//! during it (they are excluded from the verdict).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use gitops_shared::db::application::application_upsert_in_txn;
 use gitops_shared::db::engine_instance::{engine_instance_add, engine_instance_heartbeat};
 use gitops_shared::db::fleet_balance::{BalanceSettings, balance_step};
 use gitops_shared::db::placement::placement_choose_in_txn;
@@ -21,10 +25,12 @@ use gitops_shared::db::rollout::{
 use gitops_shared::db::tenant::tenant_upsert_locked_in_txn;
 use gitops_shared::db::tenant_move::tenant_move;
 use gitops_shared::db::{DbError, in_txn_retrying};
-use gitops_shared::model::EngineInstanceId;
+use gitops_shared::model::{EngineInstanceId, TenantId};
 use gitops_testkit::TestDb;
 use tokio::sync::Barrier;
 use uuid::Uuid;
+
+use crate::support::intent;
 
 fn request(target: &str, tenants: u32) -> RolloutRequest {
     RolloutRequest {
@@ -267,4 +273,183 @@ async fn a_rollback_returns_tenants_to_a_source_cordoned_since() {
     let (instance, state): (String, Option<String>) = (row.get(0), row.get(1));
     assert_eq!(instance, "source", "the rollback moves it home");
     assert_eq!(state.as_deref(), Some("releasing"), "by the move protocol");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_finds_its_tenants_slots_on_a_source_that_filled_up_meanwhile() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let source = live_instance(&client, "source", 2).await;
+    live_instance(&client, "target", 100).await;
+    for i in 0..2 {
+        place(&mut client, format!("team-{i}"), source).await;
+    }
+    let started = rollout_start(&mut client, request("target", 1)).await.expect("start");
+    let moved = started.cohort[0].clone();
+    client
+        .execute("UPDATE tenant SET move_state = NULL, moving_from = NULL WHERE move_state IS NOT NULL", &[])
+        .await
+        .expect("move done");
+    async fn held(client: &tokio_postgres::Client, source: EngineInstanceId) -> (i32, i32) {
+        let row = client
+            .query_one("SELECT tenants, reserved FROM engine_instance WHERE id = $1", &[&source])
+            .await
+            .expect("source");
+        (row.get(0), row.get(1))
+    }
+    assert_eq!(held(&client, source).await, (1, 1), "one tenant left, one slot held for the tenant that moved");
+
+    // A new tenant finds the source full: neither placement nor a direct insert
+    // takes the held slot, and nothing else has room.
+    let txn = client.transaction().await.expect("begin");
+    let chosen = placement_choose_in_txn(&txn, Duration::from_secs(60)).await.expect("choose");
+    assert!(chosen.is_err(), "only the rollout's target has room, and it takes no other tenants: {chosen:?}");
+    let refused = tenant_upsert_locked_in_txn(&txn, Uuid::new_v4(), "newcomer", Some(source))
+        .await
+        .expect_err("the held slot is not free");
+    assert!(server_message(&refused).contains("full"), "{refused:?}");
+    drop(txn);
+    let refused = tenant_move(&mut client, "team-1", "source", "operator").await.expect_err("on it already");
+    assert!(refused.to_string().contains("already"), "{refused}");
+
+    let id = started.id;
+    rollout_abort(&client, id, "test").await.expect("abort");
+    rollout_step(&mut client).await.expect("a step");
+    let row = client
+        .query_one(
+            "SELECT e.name FROM tenant t JOIN engine_instance e ON e.id = t.engine_instance_id WHERE t.namespace_name = $1",
+            &[&moved],
+        )
+        .await
+        .expect("the tenant");
+    assert_eq!(row.get::<_, String>(0), "source", "the rollback takes the held slot");
+    assert_eq!(held(&client, source).await, (2, 0), "the slot became the tenant's again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placement_that_chose_an_instance_before_a_rollout_to_it_started_lands_elsewhere() {
+    let db = TestDb::migrated().await;
+    let mut placing = db.connect().await;
+    let mut operator = db.connect().await;
+    let source = live_instance(&placing, "a-source", 10).await;
+    let target = live_instance(&placing, "b-target", 10).await;
+    live_instance(&placing, "c-other", 10).await;
+    place(&mut placing, "team-0".to_owned(), source).await;
+    place(&mut placing, "team-1".to_owned(), source).await;
+    client_fill(&mut placing, "c-other", 1).await;
+
+    // The placement chose the empty target, and has not written yet.
+    let txn = placing.transaction().await.expect("begin");
+    let chosen = placement_choose_in_txn(&txn, Duration::from_secs(60)).await.expect("choose").expect("room");
+    assert_eq!(chosen, target, "the emptiest instance");
+    // Meanwhile a rollout to it starts.
+    rollout_start(&mut operator, request("b-target", 1)).await.expect("start");
+    let refused = tenant_upsert_locked_in_txn(&txn, Uuid::new_v4(), "newcomer", Some(chosen))
+        .await
+        .expect_err("the target of a rollout takes no other tenants");
+    assert!(refused.is_retryable_conflict(), "the placement runs again: {refused}");
+    assert!(server_message(&refused).contains("target of a rollout"), "{refused:?}");
+    drop(txn);
+
+    // Run again, as the writer does, it chooses another instance.
+    let placed = in_txn_retrying(&mut placing, |txn| {
+        Box::pin(async move {
+            let instance = placement_choose_in_txn(txn, Duration::from_secs(60)).await?.expect("room");
+            tenant_upsert_locked_in_txn(txn, Uuid::new_v4(), "newcomer", Some(instance)).await?;
+            Ok(instance)
+        })
+    })
+    .await
+    .expect("placed");
+    assert_ne!(placed, target);
+    // And an operator's move raced the same way is refused by the database too.
+    let refused = placing
+        .execute(
+            "UPDATE tenant SET engine_instance_id = $1, moving_from = engine_instance_id, move_state = 'releasing'
+              WHERE namespace_name = 'newcomer'",
+            &[&target],
+        )
+        .await
+        .expect_err("the trigger refuses");
+    let message = refused.as_db_error().map(|e| e.message().to_owned()).unwrap_or_default();
+    assert!(message.contains("target of a rollout"), "{refused:?}");
+}
+
+/// What the database said, for an error from a statement.
+fn server_message(error: &DbError) -> String {
+    match error {
+        DbError::Query { source, .. } => source.as_db_error().map(|e| e.message().to_owned()).unwrap_or_default(),
+        _ => String::new(),
+    }
+}
+
+/// Places `n` tenants on instance `name`.
+async fn client_fill(client: &mut tokio_postgres::Client, name: &str, n: usize) {
+    let id: EngineInstanceId =
+        client.query_one("SELECT id FROM engine_instance WHERE name = $1", &[&name]).await.expect("instance").get(0);
+    for i in 0..n {
+        place(client, format!("{name}-tenant-{i}"), id).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wave_bakes_without_waiting_for_deployments_edited_since_their_baseline() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let source = live_instance(&client, "source", 10).await;
+    let target = live_instance(&client, "target", 10).await;
+    place(&mut client, "team-0".to_owned(), source).await;
+    let tenant: i64 =
+        client.query_one("SELECT id FROM tenant WHERE namespace_name = 'team-0'", &[]).await.expect("tenant").get(0);
+    // Two deployments, both applied and healthy on the source.
+    let mut applications = Vec::new();
+    for _ in 0..2 {
+        let txn = client.transaction().await.expect("begin");
+        let id = application_upsert_in_txn(&txn, TenantId(tenant), &intent(Uuid::new_v4(), 1))
+            .await
+            .expect("upsert")
+            .expect("new row")
+            .0;
+        txn.execute(
+            "INSERT INTO application_state (application_id, tenant_id, health_status, sync_status, applied_generation)
+             VALUES ($1, $2, 'Healthy', 'Synced', 1)",
+            &[&id, &tenant],
+        )
+        .await
+        .expect("state");
+        txn.commit().await.expect("commit");
+        applications.push(id);
+    }
+    let mut zero_bake = request("target", 1);
+    zero_bake.bake = Duration::ZERO;
+    let started = rollout_start(&mut client, zero_bake).await.expect("start");
+    client
+        .execute("UPDATE tenant SET move_state = NULL, moving_from = NULL WHERE move_state IS NOT NULL", &[])
+        .await
+        .expect("move done");
+    // On the target the first is applied again; the second the tenant keeps editing.
+    client
+        .execute("UPDATE application_state SET applied_generation = 1 WHERE application_id = $1", &[&applications[0]])
+        .await
+        .expect("applied");
+    client
+        .execute("UPDATE application SET generation = generation + 5 WHERE id = $1", &[&applications[1]])
+        .await
+        .expect("edited");
+    let step = rollout_step(&mut client).await.expect("a step");
+    assert!(step.active.contains(&(started.id, "baking".to_owned())), "the wave bakes: {step:?}");
+    let step = rollout_step(&mut client).await.expect("a step");
+    assert!(step.active.contains(&(started.id, "waiting".to_owned())), "the canary passed: {step:?}");
+    let verdicts: BTreeMap<i64, String> = client
+        .query("SELECT application_id, verdict FROM rollout_baseline WHERE rollout_id = $1", &[&started.id])
+        .await
+        .expect("verdicts")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    assert_eq!(verdicts[&applications[0]], "ok");
+    assert_eq!(verdicts[&applications[1]], "excluded", "edited during the move: not judged");
+    let on: EngineInstanceId =
+        client.query_one("SELECT engine_instance_id FROM tenant WHERE id = $1", &[&tenant]).await.expect("t").get(0);
+    assert_eq!(on, target);
 }
