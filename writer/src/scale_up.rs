@@ -7,7 +7,9 @@
 //! attempt is a row of `instance_scale_up` that only one writer can insert while
 //! another is provisioning; its writer renews it while it waits for the operator
 //! and ends it as completed or failed (with the reason), and a writer that stopped
-//! midway leaves it to expire. Logs, the `gitops_writer_scale_up*` metrics and
+//! midway leaves it to expire. The attempt after a failed one tries the same name
+//! again (provisioning picks up the namespace it made), so a failure leaves nothing
+//! behind on the cluster that a later attempt does not complete. Logs, the `gitops_writer_scale_up*` metrics and
 //! `gitopsctl instance list` say what happened.
 //!
 //! The writer then needs, on the host cluster: create and patch namespaces, Roles
@@ -19,12 +21,16 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use gitops_shared::db::engine_instance::ProvisionedBy;
-use gitops_shared::db::instance_scale_up::{fleet_free_capacity, scale_up_begin, scale_up_finish, scale_up_renew};
+use gitops_shared::db::instance_scale_up::{
+    fleet_free_capacity, scale_up_begin, scale_up_finish, scale_up_renew, scale_up_retryable,
+};
 use gitops_shared::db::{DbError, DbPool, pooled};
 use tokio::task::JoinHandle;
 
 use crate::metrics::WriterMetrics;
-use crate::provision::{ProvisionRequest, provision};
+use crate::provision::{ProvisionRequest, provision, provisioned_instance};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
 
 /// How long an attempt stays a writer's without renewal (renewed every third of it).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
@@ -72,8 +78,10 @@ impl ScaleUp {
             return Ok(());
         }
         let settings = &self.settings;
+        let retry = self.retry_name(&client).await?;
         let Some((id, name)) =
-            scale_up_begin(&client, &settings.name_prefix, &self.holder, free.free, settings.lease).await?
+            scale_up_begin(&client, &settings.name_prefix, retry.as_deref(), &self.holder, free.free, settings.lease)
+                .await?
         else {
             tracing::debug!("the fleet is short of room; another scale-up is in progress");
             return Ok(());
@@ -92,6 +100,26 @@ impl ScaleUp {
         };
         self.running = Some(tokio::spawn(attempt.run()));
         Ok(())
+    }
+}
+
+impl ScaleUp {
+    /// The failed attempt's name to try again, when there is one and its namespace
+    /// is absent or the one provisioning made for it: the next attempt then completes
+    /// what the failed one left on the cluster rather than leaving it behind. A name
+    /// whose namespace belongs to something else is not tried again.
+    async fn retry_name(&self, client: &tokio_postgres::Client) -> Result<Option<String>, DbError> {
+        let Some(name) = scale_up_retryable(client).await? else { return Ok(None) };
+        let namespaces: Api<Namespace> = Api::all(self.kube.clone());
+        match namespaces.get_opt(&name).await {
+            Ok(None) => Ok(Some(name)),
+            Ok(Some(namespace)) if provisioned_instance(&namespace) == Some(name.as_str()) => Ok(Some(name)),
+            Ok(Some(_)) => Ok(None),
+            Err(error) => {
+                tracing::warn!(%error, engine.instance = %name, "could not read the namespace of the failed scale-up");
+                Ok(None)
+            }
+        }
     }
 }
 

@@ -30,9 +30,10 @@ async fn writer_instance_provision_place_decommission() {
     let env = env("prov").await;
     let cluster = TestCluster::get().await;
     cluster.install_crds(vec![argocd_crd()]).await.expect("install the ArgoCD CRD");
-    tokio::spawn(run_operator(env.kube.clone(), env.standin.clone(), env.cancel.child_token()));
     // Provision makes the namespace; one that exists is never taken over.
     let target = cluster.reserved_namespace("prov-p");
+    let namespace = target.name().to_owned();
+    tokio::spawn(run_operator(env.kube.clone(), env.standin.clone(), namespace, env.cancel.child_token()));
     let taken = ProvisionRequest {
         name: "argocd-t".into(),
         namespace: Some(env.tenant.name().to_owned()),
@@ -175,7 +176,6 @@ async fn writer_host_cluster_agent_serves_a_provisioned_instance() {
     let env = env("hostc").await;
     let cluster = TestCluster::get().await;
     cluster.install_crds(vec![argocd_crd()]).await.expect("install the ArgoCD CRD");
-    tokio::spawn(run_operator(env.kube.clone(), env.standin.clone(), env.cancel.child_token()));
     let kubeconfig = std::env::temp_dir().join(format!("kubeconfig-{}-gitops-agent", env.argocd.name()));
     let mut agent = AgentConfig::new(env.db.url(), String::new(), env.secrets.clone());
     agent.serve = Served::HostCluster("east".into());
@@ -191,6 +191,8 @@ async fn writer_host_cluster_agent_serves_a_provisioned_instance() {
     assert!(handle.instances().is_empty(), "no instance of host cluster east yet");
 
     let target = cluster.reserved_namespace("hostc-p");
+    let namespace = target.name().to_owned();
+    tokio::spawn(run_operator(env.kube.clone(), env.standin.clone(), namespace, env.cancel.child_token()));
     let request = ProvisionRequest {
         name: "argocd-h".into(),
         namespace: Some(target.name().to_owned()),

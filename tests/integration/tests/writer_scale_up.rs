@@ -1,7 +1,8 @@
 //! The automatic scale-up, on both tiers with the test kit's operator: two writers
 //! with it on see the fleet short of room, exactly one provisions the next instance
 //! (registered with the host cluster, so the running `--host-cluster` agent serves
-//! it), and a tenant lands there; metrics and `instance list` say so. Racing
+//! it), and a tenant lands there; metrics and `instance list` say so. Attempts
+//! after a failure try the same instance again, so nothing is left behind. Racing
 //! connections begin one attempt at a time, and an abandoned attempt is ended.
 
 use std::sync::Arc;
@@ -28,7 +29,7 @@ async fn writer_scale_up_provisions_one_instance_when_the_fleet_is_short() {
     let env = env("scale").await;
     let cluster = TestCluster::get().await;
     cluster.install_crds(vec![argocd_crd()]).await.expect("install the ArgoCD CRD");
-    tokio::spawn(run_operator(env.kube.clone(), env.standin.clone(), env.cancel.child_token()));
+    tokio::spawn(run_operator(env.kube.clone(), env.standin.clone(), "argocd-auto-".into(), env.cancel.child_token()));
     // An agent of host cluster east, serving nothing yet.
     let mut agent = AgentConfig::new(env.db.url(), String::new(), env.secrets.clone());
     agent.serve = Served::HostCluster("east".into());
@@ -106,6 +107,61 @@ async fn writer_scale_up_provisions_one_instance_when_the_fleet_is_short() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_scale_up_after_a_failure_completes_the_same_instance() {
+    let env = env("rescale").await;
+    let cluster = TestCluster::get().await;
+    cluster.install_crds(vec![argocd_crd()]).await.expect("install the ArgoCD CRD");
+    engine_instance_cordon(&env.client, INSTANCE, true).await.expect("cordon");
+    let settings = ScaleUpSettings {
+        below_free: 5,
+        name_prefix: "argocd-again".into(),
+        capacity: 10,
+        version: Some("v3.0.2".into()),
+        host_cluster: Some("east".into()),
+        agents: vec![format!("{}/gitops-agent", env.argocd.name())],
+        // No operator runs yet: every attempt fails waiting for it.
+        wait: Duration::from_millis(500),
+        lease: Duration::from_secs(5),
+    };
+    env.writer_for("writer-0", vec![env.tenant.name().to_owned()], move |c| {
+        c.scale_up = Some(settings);
+        c.fleet_watch_interval = Duration::from_millis(200);
+    });
+    eventually("two failed attempts", || async {
+        let attempts = scale_up_recent(&env.client, 10).await.ok()?;
+        (attempts.iter().filter(|a| a.state == "failed").count() >= 2).then_some(())
+    })
+    .await;
+    // The operator arrives: the next attempt completes what the failed ones made.
+    tokio::spawn(run_operator(env.kube.clone(), env.standin.clone(), "argocd-again-".into(), env.cancel.child_token()));
+    let attempts = eventually("an attempt completed", || async {
+        let attempts = scale_up_recent(&env.client, 100).await.ok()?;
+        attempts.iter().any(|a| a.state == "completed").then_some(attempts)
+    })
+    .await;
+    let names: std::collections::BTreeSet<&str> = attempts.iter().map(|a| a.instance_name.as_str()).collect();
+    assert_eq!(names, ["argocd-again-1"].into(), "every attempt tried the same instance: {attempts:?}");
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(env.kube.clone());
+    let left: Vec<String> = namespaces
+        .list(&Default::default())
+        .await
+        .expect("namespaces")
+        .items
+        .into_iter()
+        .filter_map(|ns| ns.metadata.name)
+        .filter(|name| name.starts_with("argocd-again-"))
+        .collect();
+    assert_eq!(left, ["argocd-again-1"], "no namespace of a failed attempt left behind");
+    let registered: i64 = env
+        .client
+        .query_one("SELECT count(*) FROM engine_instance WHERE name = 'argocd-again-1'", &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(registered, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writer_scale_up_attempts_race_one_at_a_time() {
     let db = TestDb::migrated().await;
     let racers = 8;
@@ -116,7 +172,9 @@ async fn writer_scale_up_attempts_race_one_at_a_time() {
         let barrier = barrier.clone();
         tasks.spawn(async move {
             barrier.wait().await;
-            scale_up_begin(&client, "auto", &format!("writer-{n}"), 0, Duration::from_secs(60)).await.expect("begin")
+            scale_up_begin(&client, "auto", None, &format!("writer-{n}"), 0, Duration::from_secs(60))
+                .await
+                .expect("begin")
         });
     }
     let mut begun = Vec::new();
@@ -127,7 +185,7 @@ async fn writer_scale_up_attempts_race_one_at_a_time() {
     let client = db.connect().await;
     // An attempt whose writer stopped renewing it is ended, and the next begins.
     client.execute("UPDATE instance_scale_up SET expires_at = now() - interval '1 second'", &[]).await.expect("age");
-    let next = scale_up_begin(&client, "auto", "writer-x", 0, Duration::from_secs(60)).await.expect("begin");
+    let next = scale_up_begin(&client, "auto", None, "writer-x", 0, Duration::from_secs(60)).await.expect("begin");
     let (id, name) = next.expect("the abandoned attempt no longer blocks");
     assert_eq!(name, "auto-2");
     let attempts = scale_up_recent(&client, 10).await.expect("attempts");

@@ -72,8 +72,10 @@ pub fn argocd_crd() -> CustomResourceDefinition {
 }
 
 /// Plays the operator until `cancel` fires: an Argo CD stand-in (with `options`,
-/// and each resource's `spec.version`) per `ArgoCD` resource in any namespace.
-pub async fn run_operator(client: Client, options: StandinOptions, cancel: CancellationToken) {
+/// and each resource's `spec.version`) per `ArgoCD` resource in a namespace whose
+/// name starts with `namespaces` ("" for every namespace; tests sharing a cluster
+/// each keep to their own).
+pub async fn run_operator(client: Client, options: StandinOptions, namespaces: String, cancel: CancellationToken) {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &argocd_resource());
     let mut running: BTreeMap<String, CancellationToken> = BTreeMap::new();
     let mut events = watcher::watcher(api, watcher::Config::default()).boxed();
@@ -93,7 +95,7 @@ pub async fn run_operator(client: Client, options: StandinOptions, cancel: Cance
             }
         };
         for (object, live) in objects {
-            let Some(namespace) = object.namespace() else { continue };
+            let Some(namespace) = object.namespace().filter(|ns| ns.starts_with(&namespaces)) else { continue };
             if !live || object.metadata.deletion_timestamp.is_some() {
                 if let Some(token) = running.remove(&namespace) {
                     token.cancel();
