@@ -105,6 +105,7 @@ impl Registry {
         let _ = writeln!(out, "# HELP {name} Argo CD errors no class was found for (retried as transient).");
         let _ = writeln!(out, "# TYPE {name} counter");
         let _ = writeln!(out, "{name} {}", crate::engine::argocd::UNCLASSIFIED_ERRORS.load(Ordering::Relaxed));
+        gitops_shared::process::ProcessStats::current().render(&mut out);
         out
     }
 

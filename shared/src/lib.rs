@@ -11,6 +11,7 @@ pub mod db;
 pub mod histogram;
 pub mod listen;
 pub mod model;
+pub mod process;
 pub mod queue;
 pub mod sanitize;
 pub mod serve;

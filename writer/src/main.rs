@@ -7,8 +7,14 @@ use clap::{CommandFactory, FromArgMatches};
 use gitops_shared::telemetry::{finish_command, init_logging_as, version_line};
 use gitops_writer::Cli;
 
+/// jemalloc: its statistics give the `process_heap_allocated_bytes` metric, and
+/// it returns freed memory to the system steadily under churn.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
+    gitops_shared::process::heap_statistics_from_jemalloc();
     // clap prints usage errors and exits with 2 itself.
     // `--version`: the version and the Git revision this binary was built from.
     let version = version_line(env!("CARGO_PKG_VERSION"), option_env!("GITOPS_REVISION"));

@@ -548,6 +548,7 @@ impl WriterMetrics {
         let _ = writeln!(out, "# HELP gitops_writer_ready Whether the writer's watchers have synced.");
         let _ = writeln!(out, "# TYPE gitops_writer_ready gauge");
         let _ = writeln!(out, "gitops_writer_ready {}", u8::from(self.is_ready()));
+        gitops_shared::process::ProcessStats::current().render(&mut out);
         out
     }
 }

@@ -133,6 +133,79 @@ pub enum BenchCommand {
     /// whether two instances ever held one deployment, and the lost instance's
     /// clean-up when it comes back.
     Failover(FailoverBenchArgs),
+    /// Measure memory through a long stretch of churn: tenants change and recreate
+    /// deployments for M minutes while each process's memory, heap, threads and open
+    /// files, the queue and the tables are sampled; then convergence is checked.
+    Soak(SoakBenchArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SoakBenchArgs {
+    /// Minutes of churn.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=10_080))]
+    pub minutes: u64,
+    /// Tenant namespaces.
+    #[arg(long, env = "GITOPS_BENCH_TENANTS", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub tenants: u64,
+    /// GitOpsDeployments per tenant.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    pub per_tenant: u64,
+    /// Path changes per round.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    pub changes: u64,
+    /// Seconds between rounds of path changes.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub change_every_s: u64,
+    /// Deployments deleted (each replaced by a new one) per round.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    pub recreates: u64,
+    /// Seconds between rounds of deletions.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub recreate_every_s: u64,
+    /// The agent's sweep interval, in seconds (the memory verdict's window).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub sweep_every_s: u64,
+    /// Seconds between samples.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub sample_every_s: u64,
+    /// The agent's completed-operation retention, e.g. 5m (default: the agent's).
+    #[arg(long, value_parser = gitops_shared::config::parse_duration)]
+    pub completed_retention: Option<std::time::Duration>,
+    /// Replays a run's random choices.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Seconds to wait for convergence, before and after the churn.
+    #[arg(long, env = "GITOPS_BENCH_DEADLINE", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub deadline_s: u64,
+    /// Run directory: kubeconfig, env file and the children's logs (default:
+    /// gitops-bench-soak in the temp directory).
+    #[arg(long, env = "GITOPS_BENCH_DIR", default_value_os_t = std::env::temp_dir().join("gitops-bench-soak"))]
+    pub dir: std::path::PathBuf,
+}
+
+impl From<SoakBenchArgs> for crate::bench::soak::SoakBenchConfig {
+    fn from(args: SoakBenchArgs) -> Self {
+        // Bounded by the parsers above.
+        let size = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
+        let secs = std::time::Duration::from_secs;
+        crate::bench::soak::SoakBenchConfig {
+            tenants: size(args.tenants),
+            per_tenant: size(args.per_tenant),
+            duration: secs(args.minutes * 60),
+            changes: size(args.changes),
+            change_every: secs(args.change_every_s),
+            recreates: size(args.recreates),
+            recreate_every: secs(args.recreate_every_s),
+            sweep_every: secs(args.sweep_every_s),
+            sample_every: secs(args.sample_every_s),
+            completed_retention: args.completed_retention,
+            seed: args.seed,
+            deadline: secs(args.deadline_s),
+            dir: args.dir,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Args)]

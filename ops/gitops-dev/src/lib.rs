@@ -1,6 +1,7 @@
 //! `gitops-dev`, the developers' tool, as a library: `up` runs the whole service
 //! locally on the test kit, `bench` measures the queue, the Kubernetes emulator and
-//! the service end to end, under faults and through the loss of an engine instance. Every command returns what to print, so tests run the code
+//! the service end to end, under faults, through the loss of an engine instance and
+//! through a long stretch of churn (memory). Every command returns what to print, so tests run the code
 //! the binary runs.
 
 pub mod bench;
@@ -22,6 +23,8 @@ pub enum DevToolError {
     ChaosBench { source: bench::chaos::ChaosBenchError },
     #[error("the failover benchmark failed")]
     FailoverBench { source: bench::failover::FailoverBenchError },
+    #[error("the soak benchmark failed")]
+    SoakBench { source: bench::soak::SoakBenchError },
     #[error("the local service failed")]
     Up { source: up::DevError },
 }
@@ -56,6 +59,11 @@ pub async fn run(command: Command) -> Result<String, DevToolError> {
                 let report = bench::failover::failover_bench(&args.into())
                     .await
                     .map_err(|source| DevToolError::FailoverBench { source })?;
+                Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
+            }
+            BenchCommand::Soak(args) => {
+                let report =
+                    bench::soak::soak_bench(&args.into()).await.map_err(|source| DevToolError::SoakBench { source })?;
                 Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
             }
         },

@@ -126,7 +126,7 @@ pub struct ChaosBenchReport {
 }
 
 /// Where the deployments should be: (namespace, name) → path.
-type Wanted = BTreeMap<(String, String), String>;
+pub(crate) type Wanted = BTreeMap<(String, String), String>;
 
 /// Runs the benchmark; the stack is stopped whatever the outcome.
 pub async fn chaos_bench(config: &ChaosBenchConfig) -> Result<ChaosBenchReport, ChaosBenchError> {
@@ -400,16 +400,16 @@ fn epoch_now() -> f64 {
 
 /// What did not converge.
 #[derive(Debug, Default, Clone, Copy)]
-struct Misses {
-    lost: usize,
-    duplicated: usize,
-    stale: usize,
+pub(crate) struct Misses {
+    pub(crate) lost: usize,
+    pub(crate) duplicated: usize,
+    pub(crate) stale: usize,
 }
 
 /// Waits until every wanted deployment is Ready at its generation with its
 /// Application at the wanted path and nothing else is left; returns how long it
 /// took (None at the deadline) and what was still off at the end.
-async fn converge(client: &kube::Client, wanted: &Wanted, deadline: Duration) -> (Option<f64>, Misses) {
+pub(crate) async fn converge(client: &kube::Client, wanted: &Wanted, deadline: Duration) -> (Option<f64>, Misses) {
     let started = Instant::now();
     let mut progress = Instant::now();
     let mut misses = Misses::default();
@@ -473,7 +473,7 @@ async fn check(client: &kube::Client, wanted: &Wanted) -> Option<Misses> {
     Some(misses)
 }
 
-async fn failed_operations(url: &str) -> i64 {
+pub(crate) async fn failed_operations(url: &str) -> i64 {
     let Ok(client) = gitops_shared::db::connect(url, "gitops-dev-bench").await else { return -1 };
     client
         .query_one("SELECT count(*) AS failed FROM operation WHERE state = 'failed'", &[])
