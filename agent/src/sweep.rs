@@ -390,6 +390,7 @@ mod tests {
             deleting: false,
             destination_namespace: None,
             project: None,
+            destination_server: None,
         }
     }
 

@@ -190,6 +190,8 @@ pub struct OwnedObject {
     pub destination_namespace: Option<String>,
     /// The project an application names (None for other kinds).
     pub project: Option<String>,
+    /// An application's destination server as the engine holds it (None for other kinds).
+    pub destination_server: Option<String>,
 }
 
 /// What the engine's progress probe saw.

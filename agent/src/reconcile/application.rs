@@ -6,8 +6,9 @@
 //! An Application names the project of its environment: the tenant's main
 //! project, or the environment's own while it allows cluster-scoped resources
 //! (`super::project`). When that changes the environment's reconcile enqueues its
-//! Applications, each is applied under its new project, and the project left
-//! behind is removed once no Application names it.
+//! Applications; each is applied under its new project, then the tenant's
+//! projects again, so the one it left stops listing its destination, or goes
+//! once no Application names it.
 //!
 //! A row whose destination is a reserved namespace of the home cluster (see
 //! `crate::destination`) is refused whatever else it says: no Application is made,
@@ -100,10 +101,13 @@ impl Reconciler {
                 if let Some(why) = application_refusal(&policy, &app) {
                     return self.refuse_application(&app, &why).await;
                 }
-                self.apply_project(app.tenant_id).await?;
+                let before = self.apply_project_seen(app.tenant_id).await?;
                 self.engine().apply_application(&spec).await?;
-                // The Application may have left a project no longer needed.
-                self.prune_unneeded_projects(app.tenant_id).await?;
+                // Switched project: the one it left may now permit less, or go.
+                let name = &spec.name;
+                if before.iter().any(|a| a.name == *name && a.project.as_ref().is_some_and(|p| *p != spec.project)) {
+                    self.apply_project(app.tenant_id).await?;
+                }
                 // The tenant's resource reads that this generation is in Argo CD.
                 let client = pooled(&self.pool).await?;
                 let applied = AgentOutcome::Applied { generation: app.generation };

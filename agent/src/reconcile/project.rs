@@ -11,10 +11,12 @@
 //! (`names::project_name`) holds the destinations of environments that do not
 //! allow them and whitelists none; each environment with `clusterResources: true`
 //! gets its own project (`names::environment_project_name`) with only its
-//! destinations and every group and kind whitelisted. When an environment stops
-//! needing its project (cluster resources turned off, the environment deleted),
-//! the project is removed once no Application names it any more — each
-//! Application's reconcile switches it over and then prunes — together with the
+//! destinations and every group and kind whitelisted. While an environment's
+//! Applications switch between the two, the project an Application still names
+//! keeps its destination (see [`project_specs`]); each Application's reconcile
+//! switches it and applies the projects again. When an environment stops needing
+//! its project (cluster resources turned off, the environment deleted), the
+//! project is removed once no Application names it any more, together with the
 //! repository Secret copies that served it.
 
 use std::collections::BTreeSet;
@@ -26,7 +28,7 @@ use gitops_shared::model::{ResourceType, RowState, TenantId};
 use super::moves::MoveStep;
 use super::{ReconcileError, Reconciler};
 use crate::destination::{DestinationPolicy, RefusedKind};
-use crate::engine::{ObjectKind, ProjectSpec, Removal};
+use crate::engine::{ObjectKind, OwnedObject, ProjectSpec, Removal};
 use crate::names::{
     MANAGED_ENVIRONMENT_ID_LABEL, PROJECT_LABEL, environment_project_name, environment_server, labels, project_name,
 };
@@ -41,12 +43,25 @@ fn is_literal(value: &str) -> bool {
 /// A destination left out of a project: (namespace, why).
 pub type RefusedDestination = (String, String);
 
+/// A destination an Application in Argo CD deploys to now, with the project it
+/// names: (project, server, namespace).
+pub type LiveDestination = (String, String, String);
+
 /// The projects a tenant's rows call for — its main project first, then one per
 /// environment that allows cluster-scoped resources, by environment id — and the
 /// destinations `policy` left out.
+///
+/// `live` are the destinations the tenant's Applications in Argo CD deploy to now.
+/// A destination of the tenant stays listed in the project an Application there
+/// still names, until that Application has switched project: otherwise a switch
+/// (an environment's cluster resources turned on or off) would refuse the
+/// Application's spec in between, and Argo CD would end a sync in progress for
+/// good. Nothing is widened by this: only destinations the rows give the tenant
+/// count, and no project's whitelist changes.
 pub fn project_specs(
     project: &TenantProject,
     policy: &DestinationPolicy,
+    live: &[LiveDestination],
 ) -> (Vec<ProjectSpec>, Vec<RefusedDestination>) {
     let tenant = project.tenant_id;
     let source_repos: Vec<String> = project.repo_urls.iter().filter(|url| is_literal(url)).cloned().collect();
@@ -70,8 +85,6 @@ pub fn project_specs(
             }
         }
         if environment.cluster_resources {
-            destinations.sort();
-            destinations.dedup();
             own.push(ProjectSpec {
                 name: environment_project_name(tenant, environment.id),
                 labels: labels(tenant, &[(MANAGED_ENVIRONMENT_ID_LABEL, environment.id.to_string())]),
@@ -83,8 +96,6 @@ pub fn project_specs(
             main.extend(destinations);
         }
     }
-    main.sort();
-    main.dedup();
     refused.sort();
     refused.dedup();
     let mut specs = vec![ProjectSpec {
@@ -95,20 +106,18 @@ pub fn project_specs(
         cluster_resources: false,
     }];
     specs.extend(own);
+    let granted: BTreeSet<(String, String)> = specs.iter().flat_map(|s| s.destinations.iter().cloned()).collect();
+    for spec in &mut specs {
+        for (_, server, namespace) in live.iter().filter(|(project, _, _)| *project == spec.name) {
+            let destination = (server.clone(), namespace.clone());
+            if granted.contains(&destination) {
+                spec.destinations.push(destination);
+            }
+        }
+        spec.destinations.sort();
+        spec.destinations.dedup();
+    }
     (specs, refused)
-}
-
-/// The names of the projects a tenant's rows call for (see [`project_specs`]).
-pub fn project_names(project: &TenantProject) -> BTreeSet<String> {
-    std::iter::once(project_name(project.tenant_id))
-        .chain(
-            project
-                .environments
-                .iter()
-                .filter(|e| e.cluster_resources)
-                .map(|e| environment_project_name(project.tenant_id, e.id)),
-        )
-        .collect()
 }
 
 impl Reconciler {
@@ -131,8 +140,35 @@ impl Reconciler {
     /// Applies an active tenant's projects, without (and counting) refused
     /// destinations, then prunes the projects it no longer needs.
     async fn apply_active_project(&self, project: &TenantProject) -> Result<(), ReconcileError> {
+        self.apply_active_project_seen(project).await.map(|_| ())
+    }
+
+    /// Applies the tenant's projects and returns its Applications as Argo CD held
+    /// them before (their project and destination).
+    pub(super) async fn apply_project_seen(&self, tenant: TenantId) -> Result<Vec<OwnedObject>, ReconcileError> {
+        let project = {
+            let client = pooled(&self.pool).await?;
+            tenant_project_load(&client, tenant).await?
+        };
+        match project {
+            Some(project) if project.row_state == RowState::Active => self.apply_active_project_seen(&project).await,
+            Some(project) if project.row_state == RowState::Deleting => {
+                self.remove_project_when_empty(tenant).await.map(|()| Vec::new())
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    async fn apply_active_project_seen(&self, project: &TenantProject) -> Result<Vec<OwnedObject>, ReconcileError> {
         let policy = self.destination_policy().await?;
-        let (specs, refused) = project_specs(project, &policy);
+        let applications = self.engine().list_tenant(ObjectKind::Application, project.tenant_id).await?;
+        let live: Vec<LiveDestination> = applications
+            .iter()
+            .filter_map(|app| {
+                Some((app.project.clone()?, app.destination_server.clone()?, app.destination_namespace.clone()?))
+            })
+            .collect();
+        let (specs, refused) = project_specs(project, &policy, &live);
         for (namespace, why) in &refused {
             self.destinations.refused(
                 RefusedKind::ProjectDestination,
@@ -146,17 +182,19 @@ impl Reconciler {
             self.engine().apply_project(spec).await?;
         }
         let wanted: BTreeSet<String> = specs.into_iter().map(|spec| spec.name).collect();
-        self.prune_projects(project.tenant_id, &wanted).await
+        self.prune_projects(project.tenant_id, &wanted, &applications).await?;
+        Ok(applications)
     }
 
     /// Removes the tenant's projects not in `wanted` that no Application of the
     /// tenant names any more, with the repository Secret copies that served them.
     /// A project still named is left for the reconcile of the Application that
     /// names it (which switches it over, then prunes).
-    pub(super) async fn prune_projects(
+    async fn prune_projects(
         &self,
         tenant: TenantId,
         wanted: &BTreeSet<String>,
+        applications: &[OwnedObject],
     ) -> Result<(), ReconcileError> {
         let projects = self.engine().list_tenant(ObjectKind::Project, tenant).await?;
         let stale: Vec<&str> =
@@ -164,7 +202,6 @@ impl Reconciler {
         if stale.is_empty() {
             return Ok(());
         }
-        let applications = self.engine().list_tenant(ObjectKind::Application, tenant).await?;
         let repositories = self.engine().list_tenant(ObjectKind::Repository, tenant).await?;
         for name in stale {
             if applications.iter().any(|app| app.project.as_deref() == Some(name)) {
@@ -177,21 +214,6 @@ impl Reconciler {
             self.engine().delete_project(name).await?;
         }
         Ok(())
-    }
-
-    /// Prunes the tenant's projects that its rows no longer call for (see
-    /// [`Self::prune_projects`]); nothing for a tenant that is not active.
-    pub(super) async fn prune_unneeded_projects(&self, tenant: TenantId) -> Result<(), ReconcileError> {
-        let project = {
-            let client = pooled(&self.pool).await?;
-            tenant_project_load(&client, tenant).await?
-        };
-        match project {
-            Some(project) if project.row_state == RowState::Active => {
-                self.prune_projects(tenant, &project_names(&project)).await
-            }
-            _ => Ok(()),
-        }
     }
 
     /// Removes a deleting tenant's projects once none of its rows is left to delete.
@@ -286,7 +308,7 @@ mod tests {
                 },
             ],
         };
-        let (specs, refused) = project_specs(&project, &DestinationPolicy::default());
+        let (specs, refused) = project_specs(&project, &DestinationPolicy::default(), &[]);
         assert_eq!(specs.len(), 1, "no environment allows cluster resources: one project");
         let spec = &specs[0];
         assert!(refused.is_empty());
@@ -322,7 +344,7 @@ mod tests {
                 environment(3, "https://c.example.invalid", false, &["kube-system"]),
             ],
         };
-        let (specs, refused) = project_specs(&project, &DestinationPolicy::default());
+        let (specs, refused) = project_specs(&project, &DestinationPolicy::default(), &[]);
         let spec = &specs[0];
         assert_eq!(
             spec.destinations,
@@ -358,11 +380,10 @@ mod tests {
                 environment(4, false, true, &[]),
             ],
         };
-        let (specs, refused) = project_specs(&project, &DestinationPolicy::default());
+        let (specs, refused) = project_specs(&project, &DestinationPolicy::default(), &[]);
         assert!(refused.is_empty());
         let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["gitops-tenant-3", "gitops-tenant-3-env-2", "gitops-tenant-3-env-4"]);
-        assert_eq!(project_names(&project), names.iter().map(|n| (*n).to_owned()).collect());
         let main = &specs[0];
         assert!(!main.cluster_resources, "the main project never whitelists cluster resources");
         assert_eq!(
@@ -384,5 +405,21 @@ mod tests {
             "an environment without namespaces: those its applications use"
         );
         assert_eq!(specs[1].labels[crate::names::MANAGED_ENVIRONMENT_ID_LABEL], "2");
+
+        // While an Application of environment 2 still names the main project, and
+        // one of environment 3 already names 2's, each keeps its destination there;
+        // a destination the rows do not give the tenant is never added.
+        let e2 = ("https://c.example.invalid?managed-environment=2".to_owned(), "ops".to_owned());
+        let e3 = ("https://c.example.invalid?managed-environment=3".to_owned(), "dev".to_owned());
+        let live = [
+            ("gitops-tenant-3".to_owned(), e2.0.clone(), e2.1.clone()),
+            ("gitops-tenant-3-env-2".to_owned(), e3.0.clone(), e3.1.clone()),
+            ("gitops-tenant-3".to_owned(), "https://other.example.invalid".to_owned(), "x".to_owned()),
+        ];
+        let (lingering, _) = project_specs(&project, &DestinationPolicy::default(), &live);
+        assert!(lingering[0].destinations.contains(&e2) && lingering[0].destinations.contains(&e3));
+        assert_eq!(lingering[0].destinations.len(), 3);
+        assert_eq!(lingering[1].destinations, [e2.clone(), e3.clone()]);
+        assert!(!lingering[0].cluster_resources, "the whitelist never follows");
     }
 }

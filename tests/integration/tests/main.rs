@@ -4,6 +4,7 @@
 
 mod support;
 
+mod agent_cluster_resources;
 mod agent_deploy;
 mod agent_destinations;
 mod agent_multi;

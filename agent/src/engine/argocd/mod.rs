@@ -226,6 +226,7 @@ impl ArgoCdEngine {
                 deleting: meta.deletion_timestamp.is_some(),
                 destination_namespace: spec_text("/spec/destination/namespace"),
                 project: spec_text("/spec/project"),
+                destination_server: spec_text("/spec/destination/server"),
             });
         }
         Ok(())
