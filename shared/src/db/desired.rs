@@ -397,7 +397,7 @@ pub async fn environment_project_users(
     Ok((applications, credentials))
 }
 
-/// What the tenant's project must permit (None: no such tenant).
+/// What the tenant's projects must permit (None: no such tenant).
 pub async fn tenant_project_load(client: &Client, tenant: TenantId) -> Result<Option<TenantProject>, DbError> {
     let Some(row) = client.query_opt(TENANT, &[&tenant]).await.map_err(DbError::query("read a tenant"))? else {
         return Ok(None);
