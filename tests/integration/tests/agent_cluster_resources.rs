@@ -242,7 +242,7 @@ async fn agent_cluster_resources_switch_projects_and_leave_nothing_behind() {
     let server_e1 = names::environment_server(API_URL, e1);
     let app_name = names::application_name(app_uid);
     // Off: one project, one repository Secret; the ClusterRole is refused.
-    assert_eq!(tenant_objects(&env.projects(), a, "").await, [main_a.clone()]);
+    assert_eq!(tenant_objects(&env.projects(), a, "").await, [main_a.as_str()]);
     assert_eq!(app_project(&env, &app_name).await, main_a);
     env.wait_app(&app_name, "the ClusterRole refused in the main project", |a| {
         a["status"]["operationState"]["message"].as_str().is_some_and(|m| m.starts_with(NOT_VALID_MESSAGE))
@@ -271,11 +271,11 @@ async fn agent_cluster_resources_switch_projects_and_leave_nothing_behind() {
         // Off again: back to the main project; E1's project and its repository copy are gone.
         set_cluster_resources(&mut env, a, e1, false).await;
         settle(&env.client, &[(&env.instance, &env.reconciler)]).await;
-        assert_eq!(tenant_objects(&env.projects(), a, "").await, [main_a.clone()]);
+        assert_eq!(tenant_objects(&env.projects(), a, "").await, [main_a.as_str()]);
         assert_eq!(app_project(&env, &app_name).await, main_a);
         let main = env.get(&env.projects(), &main_a).await.expect("main");
         assert!(destinations(&main).contains(&(server_e1.clone(), "team-a-ops".to_owned())));
-        assert_eq!(repository_projects(&env.secret_api(), a).await, [main_a.clone()]);
+        assert_eq!(repository_projects(&env.secret_api(), a).await, [main_a.as_str()]);
         let (_, cluster) = env.secret_data(&names::cluster_secret_name(e1_uid)).await;
         assert_eq!(cluster["project"], main_a);
     }
@@ -290,8 +290,8 @@ async fn agent_cluster_resources_switch_projects_and_leave_nothing_behind() {
     env.enqueue(a, ResourceType::ManagedEnvironment, e1.0).await;
     settle(&env.client, &[(&env.instance, &env.reconciler)]).await;
     assert_eq!(env.row_state(APP_STATE, app_id).await, "deleted");
-    assert_eq!(tenant_objects(&env.projects(), a, "").await, [main_a.clone()]);
-    assert_eq!(repository_projects(&env.secret_api(), a).await, [main_a.clone()]);
+    assert_eq!(tenant_objects(&env.projects(), a, "").await, [main_a.as_str()]);
+    assert_eq!(repository_projects(&env.secret_api(), a).await, [main_a.as_str()]);
 
     // The tenant deleted with a second such environment: every project goes.
     let (e2, _) = env.environment(a, "token-a2", &["team-a-infra"]).await;
