@@ -13,7 +13,10 @@
 //! names that environment's project and nothing is shared. A repository Secret
 //! serves one project only, so a repository credential becomes one Secret per
 //! project of its tenant, each a copy naming its project (labelled with it, and
-//! with the credential's id, so all copies go with the credential).
+//! with the credential's id, so all copies go with the credential). Several
+//! repository Secrets for one URL, one per project, need an Argo CD that picks
+//! repository credentials by project as well as by URL (added in 2024,
+//! argoproj/argo-cd#18388); two tenants naming one repository needed that already.
 
 use std::collections::BTreeMap;
 
