@@ -25,6 +25,8 @@ pub const APPLICATION_ID_LABEL: &str = "gitops.managed-gitops.redhat.com/applica
 pub const MANAGED_ENVIRONMENT_ID_LABEL: &str = "gitops.managed-gitops.redhat.com/managed-environment-id";
 /// The `repository_credential.id` behind a repository Secret.
 pub const REPOSITORY_CREDENTIAL_ID_LABEL: &str = "gitops.managed-gitops.redhat.com/repository-credential-id";
+/// The AppProject a repository Secret serves (one copy per project of the tenant).
+pub const PROJECT_LABEL: &str = "gitops.managed-gitops.redhat.com/project";
 
 /// The query parameter that makes each environment's server string distinct.
 pub const ENVIRONMENT_QUERY: &str = "managed-environment";
@@ -34,9 +36,23 @@ pub fn application_name(uid: Uuid) -> String {
     format!("gitops-{uid}")
 }
 
-/// The AppProject of tenant `tenant`.
+/// The AppProject of tenant `tenant`: every destination of the tenant except those
+/// of environments that allow cluster-scoped resources.
 pub fn project_name(tenant: TenantId) -> String {
     format!("gitops-tenant-{}", tenant.0)
+}
+
+/// The AppProject of environment `environment` of `tenant`, which exists only while
+/// the environment allows cluster-scoped resources: its destinations alone, with
+/// cluster-scoped resources permitted.
+pub fn environment_project_name(tenant: TenantId, environment: ManagedEnvironmentId) -> String {
+    format!("gitops-tenant-{}-env-{environment}", tenant.0)
+}
+
+/// The project whose Applications deploy to environment `environment`, and whose
+/// name its cluster Secret carries.
+pub fn project_of_environment(tenant: TenantId, environment: ManagedEnvironmentId, cluster_resources: bool) -> String {
+    if cluster_resources { environment_project_name(tenant, environment) } else { project_name(tenant) }
 }
 
 /// The cluster Secret of the managed environment with `uid`.
@@ -44,9 +60,15 @@ pub fn cluster_secret_name(uid: Uuid) -> String {
     format!("gitops-cluster-{uid}")
 }
 
-/// The repository Secret of the repository credential with `uid`.
+/// The repository Secret of the repository credential with `uid` (the copy for the
+/// tenant's main project).
 pub fn repository_secret_name(uid: Uuid) -> String {
     format!("gitops-repo-{uid}")
+}
+
+/// The copy of that repository Secret for the project of environment `environment`.
+pub fn environment_repository_secret_name(uid: Uuid, environment: ManagedEnvironmentId) -> String {
+    format!("gitops-repo-{uid}-env-{environment}")
 }
 
 /// The cluster name shown in Argo CD for environment `id`.
@@ -81,9 +103,13 @@ mod tests {
     #[test]
     fn names_are_dns_labels_and_servers_distinct() {
         let uid = Uuid::new_v4();
-        for name in
-            [application_name(uid), cluster_secret_name(uid), repository_secret_name(uid), project_name(TenantId(7))]
-        {
+        for name in [
+            application_name(uid),
+            cluster_secret_name(uid),
+            repository_secret_name(uid),
+            project_name(TenantId(7)),
+            environment_project_name(TenantId(7), ManagedEnvironmentId(9_999_999_999)),
+        ] {
             assert!(
                 name.len() <= 63 && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
                 "{name}"
@@ -97,6 +123,9 @@ mod tests {
             environment_server("https://c.example.invalid/?x=1", ManagedEnvironmentId(4)),
             "https://c.example.invalid/?x=1&managed-environment=4"
         );
+        assert!(environment_repository_secret_name(uid, ManagedEnvironmentId(9_999_999_999)).len() <= 253);
+        assert_eq!(project_of_environment(TenantId(7), ManagedEnvironmentId(4), false), project_name(TenantId(7)));
+        assert_eq!(project_of_environment(TenantId(7), ManagedEnvironmentId(4), true), "gitops-tenant-7-env-4");
         assert_ne!(
             environment_server("https://c.example.invalid", ManagedEnvironmentId(1)),
             environment_server("https://c.example.invalid", ManagedEnvironmentId(2))

@@ -389,6 +389,8 @@ mod tests {
             labels: labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
             deleting: false,
             destination_namespace: None,
+            project: None,
+            destination_server: None,
         }
     }
 

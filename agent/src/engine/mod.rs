@@ -15,6 +15,7 @@ use std::fmt;
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 use gitops_shared::db::credential::{ClusterCredentials, RepositoryCredentials};
+use gitops_shared::model::TenantId;
 
 /// A boxed error source.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -43,7 +44,8 @@ pub struct ProjectSpec {
     pub source_repos: Vec<String>,
     /// (server, namespace) pairs; never a wildcard namespace.
     pub destinations: Vec<(String, String)>,
-    /// Cluster-scoped resources are permitted by the project (see `argocd::project`).
+    /// Cluster-scoped resources are permitted by the project: only in the project
+    /// of an environment that allows them (see `argocd::objects::project`).
     pub cluster_resources: bool,
 }
 
@@ -186,6 +188,10 @@ pub struct OwnedObject {
     /// An application's destination namespace as the engine holds it (None for
     /// other kinds, or when it has none).
     pub destination_namespace: Option<String>,
+    /// The project an application names (None for other kinds).
+    pub project: Option<String>,
+    /// An application's destination server as the engine holds it (None for other kinds).
+    pub destination_server: Option<String>,
 }
 
 /// What the engine's progress probe saw.
@@ -281,6 +287,23 @@ pub trait Engine: Send + Sync + fmt::Debug + 'static {
     fn terminate<'a>(&'a self, application: &'a str) -> BoxFuture<'a, Result<(), EngineError>>;
     /// Every object of the service in the engine (by the managed-by label).
     fn list_owned(&self) -> BoxFuture<'_, Result<Vec<OwnedObject>, EngineError>>;
+    /// The objects of `kind` of one tenant (by the managed-by and tenant labels).
+    /// Engines that can select by label should: this is read on every project
+    /// reconcile, and a tenant has few objects of an instance's many.
+    fn list_tenant<'a>(
+        &'a self,
+        kind: ObjectKind,
+        tenant: TenantId,
+    ) -> BoxFuture<'a, Result<Vec<OwnedObject>, EngineError>> {
+        Box::pin(async move {
+            let wanted = tenant.0.to_string();
+            let owned = self.list_owned().await?;
+            Ok(owned
+                .into_iter()
+                .filter(|o| o.kind == kind && o.labels.get(crate::names::TENANT_ID_LABEL) == Some(&wanted))
+                .collect())
+        })
+    }
     /// Whether the engine's API answers this agent (a cheap read it needs anyway).
     fn probe(&self) -> BoxFuture<'_, Result<(), EngineError>> {
         Box::pin(async { Ok(()) })

@@ -152,6 +152,14 @@ impl Engine for SelfFencing {
         self.inner.list_owned()
     }
 
+    fn list_tenant<'a>(
+        &'a self,
+        kind: super::ObjectKind,
+        tenant: gitops_shared::model::TenantId,
+    ) -> BoxFuture<'a, Result<Vec<OwnedObject>, EngineError>> {
+        self.inner.list_tenant(kind, tenant)
+    }
+
     fn probe(&self) -> BoxFuture<'_, Result<(), EngineError>> {
         self.inner.probe()
     }

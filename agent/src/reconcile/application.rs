@@ -3,6 +3,13 @@
 //! gone, and only then marked deleted. A deletion that hangs (Argo CD's finalizer
 //! not released) is retried and, after a bounded wait, reported on the row.
 //!
+//! An Application names the project of its environment: the tenant's main
+//! project, or the environment's own while it allows cluster-scoped resources
+//! (`super::project`). When that changes the environment's reconcile enqueues its
+//! Applications; each is applied under its new project, then the tenant's
+//! projects again, so the one it left stops listing its destination, or goes
+//! once no Application names it.
+//!
 //! A row whose destination is a reserved namespace of the home cluster (see
 //! `crate::destination`) is refused whatever else it says: no Application is made,
 //! and one that exists (made by an earlier version, or by hand) is removed without
@@ -19,14 +26,16 @@ use gitops_shared::model::{ApplicationId, RowState, SyncType, TenantId};
 use super::{ReconcileError, Reconciler, same_tenant};
 use crate::destination::{DestinationPolicy, RefusedKind};
 use crate::engine::{ApplicationSpec, ObjectKind, Removal};
-use crate::names::{APPLICATION_ID_LABEL, application_name, environment_server, labels, project_name};
+use crate::names::{APPLICATION_ID_LABEL, application_name, environment_server, labels, project_of_environment};
 
 /// The Application a row calls for; Err when its environment cannot be used.
 pub fn application_spec(app: &DesiredApplication) -> Result<ApplicationSpec, ReconcileError> {
-    let (server, namespace) = match (&app.environment, app.managed_environment_id) {
-        (Some(environment), _) if environment.row_state == RowState::Active => {
-            (environment_server(&environment.api_url, environment.id), app.destination_namespace.clone())
-        }
+    let (server, namespace, project) = match (&app.environment, app.managed_environment_id) {
+        (Some(environment), _) if environment.row_state == RowState::Active => (
+            environment_server(&environment.api_url, environment.id),
+            app.destination_namespace.clone(),
+            project_of_environment(app.tenant_id, environment.id, environment.cluster_resources),
+        ),
         (Some(environment), _) => {
             return Err(ReconcileError::not_yet(
                 format!(
@@ -55,7 +64,7 @@ pub fn application_spec(app: &DesiredApplication) -> Result<ApplicationSpec, Rec
     Ok(ApplicationSpec {
         name: application_name(app.resource_uid),
         labels: labels(app.tenant_id, &[(APPLICATION_ID_LABEL, app.id.to_string())]),
-        project: project_name(app.tenant_id),
+        project,
         repo_url: app.repo_url.clone(),
         path: app.path.clone(),
         target_revision: app.target_revision.clone(),
@@ -92,8 +101,13 @@ impl Reconciler {
                 if let Some(why) = application_refusal(&policy, &app) {
                     return self.refuse_application(&app, &why).await;
                 }
-                self.apply_project(app.tenant_id).await?;
+                let before = self.apply_project_seen(app.tenant_id).await?;
                 self.engine().apply_application(&spec).await?;
+                // Switched project: the one it left may now permit less, or go.
+                let name = &spec.name;
+                if before.iter().any(|a| a.name == *name && a.project.as_ref().is_some_and(|p| *p != spec.project)) {
+                    self.apply_project(app.tenant_id).await?;
+                }
                 // The tenant's resource reads that this generation is in Argo CD.
                 let client = pooled(&self.pool).await?;
                 let applied = AgentOutcome::Applied { generation: app.generation };

@@ -1,7 +1,12 @@
 //! Managed environments and repository credentials → Argo CD cluster and repository
 //! Secrets. Sealed credentials are opened here, in memory, for the one apply that
-//! needs them, and never logged. Each Secret names the tenant's project, so only
-//! that tenant's Applications can use it.
+//! needs them, and never logged. Each Secret names one of the tenant's projects,
+//! so only that tenant's Applications can use it: a cluster Secret the project of
+//! its environment (`names::project_of_environment`), a repository credential one
+//! copy per project of the tenant — the main one and each environment's that
+//! allows cluster-scoped resources — since Argo CD gives an Application only the
+//! repository Secrets of its own project. Copies for projects that are gone are
+//! removed here, and with the project (`super::project`).
 //!
 //! A cluster Secret for the home cluster (the tenant's home environment, or any
 //! environment whose API URL is a home URL) must list its namespaces, none of them
@@ -14,7 +19,8 @@ use gitops_shared::db::credential::{
     CLUSTER_CREDENTIAL_TABLE, ClusterCredentials, REPOSITORY_CREDENTIAL_TABLE, RepositoryCredentials,
 };
 use gitops_shared::db::desired::{
-    DesiredEnvironment, managed_environment_load, repository_credential_load, resource_mark_deleted,
+    DesiredEnvironment, TenantProject, environment_project_users, managed_environment_load, repository_credential_load,
+    resource_mark_deleted, tenant_project_load,
 };
 use gitops_shared::db::pooled;
 use gitops_shared::db::resource_state::{StateOf, resource_state_record_outcome};
@@ -25,9 +31,11 @@ use super::{ReconcileError, Reconciler, same_tenant};
 use crate::destination::{DestinationPolicy, RefusedKind};
 use crate::engine::{ClusterSpec, ObjectKind, Removal, RepositorySpec};
 use crate::names::{
-    MANAGED_ENVIRONMENT_ID_LABEL, REPOSITORY_CREDENTIAL_ID_LABEL, cluster_display_name, cluster_secret_name,
-    environment_server, labels, project_name, repository_secret_name,
+    MANAGED_ENVIRONMENT_ID_LABEL, PROJECT_LABEL, REPOSITORY_CREDENTIAL_ID_LABEL, cluster_display_name,
+    cluster_secret_name, environment_project_name, environment_repository_secret_name, environment_server, labels,
+    project_name, project_of_environment, repository_secret_name,
 };
+use crate::sweep::{ResourceTypeKey, Target, enqueue_targets};
 
 /// Why environment `environment` must not become a cluster Secret: on the home
 /// cluster it names a reserved namespace, or none (cluster-wide). Returns the
@@ -103,12 +111,13 @@ impl Reconciler {
                 };
                 let credentials: ClusterCredentials =
                     self.open(CLUSTER_CREDENTIAL_TABLE, tenant, sealed, format!("managed environment {id}"))?;
+                self.switch_project_users(tenant, &environment).await?;
                 let spec = ClusterSpec {
                     name,
                     labels: labels(tenant, &[(MANAGED_ENVIRONMENT_ID_LABEL, id.to_string())]),
                     display_name: cluster_display_name(id),
                     server: environment_server(&environment.api_url, id),
-                    project: project_name(tenant),
+                    project: project_of_environment(tenant, id, environment.cluster_resources),
                     namespaces: environment.namespaces.clone(),
                     cluster_resources: environment.cluster_resources,
                     insecure: environment.allow_insecure_skip_tls_verify,
@@ -154,26 +163,53 @@ impl Reconciler {
             (RowState::Active, Some(sealed)) => {
                 let credentials: RepositoryCredentials =
                     self.open(REPOSITORY_CREDENTIAL_TABLE, tenant, sealed, format!("repository credential {id}"))?;
-                let spec = RepositorySpec {
-                    name,
-                    labels: labels(tenant, &[(REPOSITORY_CREDENTIAL_ID_LABEL, id.to_string())]),
-                    project: project_name(tenant),
-                    url: credential.repo_url.clone(),
-                    credentials,
-                };
                 self.apply_project(tenant).await?;
-                self.engine().apply_repository(&spec).await?;
+                // One copy per project of the tenant: a repository Secret serves one project.
+                let projects = {
+                    let client = pooled(&self.pool).await?;
+                    tenant_project_load(&client, tenant).await?
+                };
+                let mut wanted = Vec::new();
+                for (project, environment) in repository_projects(tenant, projects.as_ref()) {
+                    let name = match environment {
+                        None => repository_secret_name(credential.resource_uid),
+                        Some(environment) => environment_repository_secret_name(credential.resource_uid, environment),
+                    };
+                    let spec = RepositorySpec {
+                        name: name.clone(),
+                        labels: labels(
+                            tenant,
+                            &[(REPOSITORY_CREDENTIAL_ID_LABEL, id.to_string()), (PROJECT_LABEL, project.clone())],
+                        ),
+                        project,
+                        url: credential.repo_url.clone(),
+                        credentials: credentials.clone(),
+                    };
+                    self.engine().apply_repository(&spec).await?;
+                    wanted.push(name);
+                }
+                let removal = self.remove_repository_copies(tenant, id, &wanted).await?;
+                if removal == Removal::Pending {
+                    return Err(ReconcileError::not_yet(
+                        format!("copies of repository Secret {name} for removed projects are still being deleted"),
+                        "waiting for Argo CD to remove the object",
+                    ));
+                }
                 self.record_applied(StateOf::RepositoryCredential, id.0, credential.generation).await
             }
             // No valid Secret (yet, or any more): no credentials in Argo CD either.
             // That is applied too; the writer's condition tells the tenant why.
             (RowState::Active, None) => {
                 self.engine().delete_repository(&name).await?;
+                self.remove_repository_copies(tenant, id, &[]).await?;
                 self.apply_project(tenant).await?;
                 self.record_applied(StateOf::RepositoryCredential, id.0, credential.generation).await
             }
             (RowState::Deleting, _) => {
-                let removal = self.engine().delete_repository(&name).await?;
+                let removal = match self.engine().delete_repository(&name).await? {
+                    Removal::Gone => self.remove_repository_copies(tenant, id, &[]).await?,
+                    Removal::Pending => Removal::Pending,
+                };
                 self.confirm_removed(removal, ResourceType::RepositoryCredential, id.0, &name).await?;
                 self.apply_project(tenant).await
             }
@@ -186,6 +222,65 @@ impl Reconciler {
                 "waiting for an agent upgrade",
             )),
         }
+    }
+
+    /// Deletes the Secrets of repository credential `id` other than `keep` (copies
+    /// for projects the tenant no longer has, or all of them). Gone when none is left.
+    async fn remove_repository_copies(
+        &self,
+        tenant: TenantId,
+        id: RepositoryCredentialId,
+        keep: &[String],
+    ) -> Result<Removal, ReconcileError> {
+        let wanted = id.to_string();
+        let mut removal = Removal::Gone;
+        for copy in self.engine().list_tenant(ObjectKind::Repository, tenant).await? {
+            if copy.labels.get(REPOSITORY_CREDENTIAL_ID_LABEL) != Some(&wanted) || keep.contains(&copy.name) {
+                continue;
+            }
+            if self.engine().delete_repository(&copy.name).await? == Removal::Pending {
+                removal = Removal::Pending;
+            }
+        }
+        Ok(removal)
+    }
+
+    /// When environment `environment` starts or stops having a project of its own,
+    /// enqueues the rows whose objects name its project — its applications and the
+    /// tenant's repository credentials — so each is applied under the project it
+    /// now needs. Enqueued before anything is applied, so a crash in between
+    /// repeats the check rather than losing the switch; each of those reconciles
+    /// applies the tenant's projects itself, whichever runs first.
+    async fn switch_project_users(
+        &self,
+        tenant: TenantId,
+        environment: &DesiredEnvironment,
+    ) -> Result<(), ReconcileError> {
+        let own = environment_project_name(tenant, environment.id);
+        let exists = self.engine().list_tenant(ObjectKind::Project, tenant).await?.iter().any(|p| p.name == own);
+        if exists == environment.cluster_resources {
+            return Ok(());
+        }
+        let mut client = pooled(&self.pool).await?;
+        let (applications, credentials) = environment_project_users(&client, tenant, environment.id).await?;
+        let targets = applications
+            .iter()
+            .map(|app| Target { resource_type: ResourceTypeKey::Application, resource_id: app.0, tenant_id: tenant })
+            .chain(credentials.iter().map(|credential| Target {
+                resource_type: ResourceTypeKey::RepositoryCredential,
+                resource_id: credential.0,
+                tenant_id: tenant,
+            }))
+            .collect();
+        tracing::info!(
+            tenant.id = %tenant,
+            environment.id = %environment.id,
+            cluster_resources = environment.cluster_resources,
+            applications = applications.len(),
+            "the environment's project changes: its users are reconciled again"
+        );
+        enqueue_targets(&mut client, self.instance.id, targets).await?;
+        Ok(())
     }
 
     /// Records that the row of `generation` is what Argo CD has now (the status feed
@@ -216,6 +311,21 @@ impl Reconciler {
             )),
         }
     }
+}
+
+/// The projects a repository credential of `tenant` must serve, each with the
+/// environment it belongs to (None: the main project). Without a tenant row, the
+/// main project only.
+pub fn repository_projects(
+    tenant: TenantId,
+    project: Option<&TenantProject>,
+) -> Vec<(String, Option<ManagedEnvironmentId>)> {
+    let own = project
+        .into_iter()
+        .flat_map(|p| p.environments.iter())
+        .filter(|e| e.cluster_resources)
+        .map(|e| (environment_project_name(tenant, e.id), Some(e.id)));
+    std::iter::once((project_name(tenant), None)).chain(own).collect()
 }
 
 #[cfg(test)]
@@ -253,5 +363,30 @@ mod tests {
         assert_eq!(refused.map(|(ns, _)| ns).as_deref(), Some("kube-system"));
         let refused = cluster_refusal(&policy, &environment("https://kubernetes.default.svc/", false, &[]));
         assert_eq!(refused.map(|(ns, _)| ns).as_deref(), Some("*"), "cluster-wide on the home cluster");
+    }
+
+    #[test]
+    fn repository_credentials_serve_every_project_of_their_tenant() {
+        use gitops_shared::db::desired::ProjectEnvironment;
+        let environment = |id: i64, cluster_resources| ProjectEnvironment {
+            id: ManagedEnvironmentId(id),
+            api_url: "https://c.example.invalid".into(),
+            namespaces: vec!["ns".into()],
+            cluster_resources,
+            application_namespaces: vec![],
+            home: false,
+        };
+        let project = TenantProject {
+            tenant_id: TenantId(5),
+            namespace_name: "team-a".into(),
+            row_state: RowState::Active,
+            repo_urls: vec![],
+            environments: vec![environment(1, false), environment(2, true)],
+        };
+        assert_eq!(
+            repository_projects(TenantId(5), Some(&project)),
+            [("gitops-tenant-5".to_owned(), None), ("gitops-tenant-5-env-2".to_owned(), Some(ManagedEnvironmentId(2)))]
+        );
+        assert_eq!(repository_projects(TenantId(5), None), [("gitops-tenant-5".to_owned(), None)]);
     }
 }

@@ -1,8 +1,10 @@
 //! A tenant moving between instances (`gitops_shared::db::tenant_move`): on the
 //! source this agent *releases* it — once none of its own claims on the tenant is
 //! left, it removes the tenant's Applications without pruning what they deployed,
-//! then its cluster and repository Secrets and its AppProject, and confirms — and on
-//! the target it *adopts* it: applies the project, then the move's end enqueues
+//! then its cluster and repository Secrets and its AppProjects (every object
+//! labelled with the tenant, so environments' projects and repository Secret copies
+//! go too), and confirms — and on the target it *adopts* it: applies the projects,
+//! then the move's end enqueues
 //! every row of the tenant here under the same names, so Argo CD adopts the live
 //! resources instead of recreating them.
 
@@ -88,7 +90,7 @@ impl Reconciler {
         Ok(released.pending)
     }
 
-    /// Takes `tenant` on here: its project, then every row (enqueued as the move ends).
+    /// Takes `tenant` on here: its projects, then every row (enqueued as the move ends).
     pub(super) async fn adopt_tenant(&self, placement: &TenantPlacement) -> Result<(), ReconcileError> {
         let tenant = placement.id;
         let target = self.instance.id;

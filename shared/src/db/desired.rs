@@ -50,6 +50,9 @@ pub struct EnvironmentRef {
     pub row_state: RowState,
     /// The tenant's home environment (its own namespace on the home cluster).
     pub home: bool,
+    /// The environment allows cluster-scoped resources (its Applications then use
+    /// the environment's own project).
+    pub cluster_resources: bool,
 }
 
 /// A managed environment with its sealed credentials.
@@ -143,7 +146,8 @@ SELECT a.id, a.tenant_id, a.resource_uid, a.resource_name, a.generation, a.repo_
        a.destination_namespace, a.sync_type, a.create_namespace, a.row_state,
        EXTRACT(EPOCH FROM (now() - a.updated_at))::float8 AS unchanged_for_s, t.namespace_name,
        e.id AS environment_id, e.api_url AS environment_api_url, e.row_state AS environment_row_state,
-       a.managed_environment_id, e.home AS environment_home
+       a.managed_environment_id, e.home AS environment_home,
+       e.cluster_resources AS environment_cluster_resources
   FROM application a
   JOIN tenant t ON t.id = a.tenant_id
   LEFT JOIN managed_environment e ON e.id = a.managed_environment_id AND e.tenant_id = a.tenant_id
@@ -188,6 +192,14 @@ SELECT e.id, e.api_url, e.namespaces, e.cluster_resources,
  GROUP BY e.id
  ORDER BY e.id";
 
+const ENVIRONMENT_APPLICATIONS: &str = "
+SELECT id FROM application
+ WHERE managed_environment_id = $1 AND tenant_id = $2 AND row_state <> 'deleted'
+ ORDER BY id";
+
+const TENANT_REPOSITORY_CREDENTIALS: &str = "
+SELECT id FROM repository_credential WHERE tenant_id = $1 AND row_state <> 'deleted' ORDER BY id";
+
 type RowResult<T> = Result<T, tokio_postgres::Error>;
 
 /// Sealed credentials from the `key_id` and `ciphertext` columns (None without them).
@@ -208,6 +220,7 @@ impl TryFrom<&Row> for DesiredApplication {
                 api_url: row.try_get("environment_api_url")?,
                 row_state: row.try_get("environment_row_state")?,
                 home: row.try_get("environment_home")?,
+                cluster_resources: row.try_get("environment_cluster_resources")?,
             }),
             None => None,
         };
@@ -356,7 +369,35 @@ pub async fn sync_operation_load(
     load_one(client, SYNC_OPERATION, &id, "read a sync operation").await
 }
 
-/// What the tenant's project must permit (None: no such tenant).
+/// The rows whose engine objects name the project of environment `environment`:
+/// its applications (their `project`) and every repository credential of `tenant`
+/// (a copy per project). Rows being deleted count; deleted ones do not.
+pub async fn environment_project_users(
+    client: &Client,
+    tenant: TenantId,
+    environment: ManagedEnvironmentId,
+) -> Result<(Vec<ApplicationId>, Vec<RepositoryCredentialId>), DbError> {
+    let action = "read the rows using an environment's project";
+    let applications = client
+        .query(ENVIRONMENT_APPLICATIONS, &[&environment, &tenant])
+        .await
+        .map_err(DbError::query(action))?
+        .iter()
+        .map(|row| row.try_get("id"))
+        .collect::<RowResult<_>>()
+        .map_err(DbError::query(action))?;
+    let credentials = client
+        .query(TENANT_REPOSITORY_CREDENTIALS, &[&tenant])
+        .await
+        .map_err(DbError::query(action))?
+        .iter()
+        .map(|row| row.try_get("id"))
+        .collect::<RowResult<_>>()
+        .map_err(DbError::query(action))?;
+    Ok((applications, credentials))
+}
+
+/// What the tenant's projects must permit (None: no such tenant).
 pub async fn tenant_project_load(client: &Client, tenant: TenantId) -> Result<Option<TenantProject>, DbError> {
     let Some(row) = client.query_opt(TENANT, &[&tenant]).await.map_err(DbError::query("read a tenant"))? else {
         return Ok(None);
@@ -524,6 +565,8 @@ pub const STATEMENTS: &[&str] = &[
     TENANT,
     TENANT_REPOS,
     TENANT_ENVIRONMENTS,
+    ENVIRONMENT_APPLICATIONS,
+    TENANT_REPOSITORY_CREDENTIALS,
     MARK_DELETED[0].1,
     MARK_DELETED[1].1,
     MARK_DELETED[2].1,

@@ -32,20 +32,20 @@ use uuid::Uuid;
 
 use crate::support::{HOME_API_URL, eventually, home_environment, intent};
 
-const REPO_A: &str = "https://git.example.invalid/team-a/private.git";
-const API_URL: &str = "https://cluster.example.invalid:6443";
+pub(crate) const REPO_A: &str = "https://git.example.invalid/team-a/private.git";
+pub(crate) const API_URL: &str = "https://cluster.example.invalid:6443";
 
-struct Env {
-    _db: TestDb,
-    client: Client,
-    kube: kube::Client,
-    ns: TestNamespace,
-    instance: EngineInstance,
-    secrets: SecretBox,
-    reconciler: Reconciler,
-    cancel: CancellationToken,
+pub(crate) struct Env {
+    pub(crate) _db: TestDb,
+    pub(crate) client: Client,
+    pub(crate) kube: kube::Client,
+    pub(crate) ns: TestNamespace,
+    pub(crate) instance: EngineInstance,
+    pub(crate) secrets: SecretBox,
+    pub(crate) reconciler: Reconciler,
+    pub(crate) cancel: CancellationToken,
     /// Each tenant's home environment (every application row has an environment).
-    homes: std::collections::HashMap<TenantId, ManagedEnvironmentId>,
+    pub(crate) homes: std::collections::HashMap<TenantId, ManagedEnvironmentId>,
 }
 
 impl Drop for Env {
@@ -54,7 +54,7 @@ impl Drop for Env {
     }
 }
 
-async fn env(purpose: &str, stuck_after: Duration) -> Env {
+pub(crate) async fn env(purpose: &str, stuck_after: Duration) -> Env {
     let ground = crate::support::agent_ground(purpose).await;
     let engine = Arc::new(ArgoCdEngine::new(ground.agent_kube, ground.ns.name()));
     let reconciler = Reconciler::new(ground.db.pool(4), engine, ground.secrets.clone(), ground.instance.clone())
@@ -64,19 +64,19 @@ async fn env(purpose: &str, stuck_after: Duration) -> Env {
 }
 
 impl Env {
-    fn apps(&self) -> Api<DynamicObject> {
+    pub(crate) fn apps(&self) -> Api<DynamicObject> {
         Api::namespaced_with(self.kube.clone(), self.ns.name(), &application_resource())
     }
 
-    fn projects(&self) -> Api<DynamicObject> {
+    pub(crate) fn projects(&self) -> Api<DynamicObject> {
         Api::namespaced_with(self.kube.clone(), self.ns.name(), &app_project_resource())
     }
 
-    fn secret_api(&self) -> Api<Secret> {
+    pub(crate) fn secret_api(&self) -> Api<Secret> {
         Api::namespaced(self.kube.clone(), self.ns.name())
     }
 
-    async fn tenant(&mut self, namespace: &str) -> TenantId {
+    pub(crate) async fn tenant(&mut self, namespace: &str) -> TenantId {
         let txn = self.client.transaction().await.expect("begin");
         let tenant =
             tenant_upsert_locked_in_txn(&txn, Uuid::new_v4(), namespace, Some(self.instance.id)).await.expect("tenant");
@@ -87,11 +87,11 @@ impl Env {
     }
 
     /// The server string of a tenant's home environment.
-    fn home_server(&self, tenant: TenantId) -> String {
+    pub(crate) fn home_server(&self, tenant: TenantId) -> String {
         names::environment_server(HOME_API_URL, self.homes[&tenant])
     }
 
-    async fn enqueue(&mut self, tenant: TenantId, resource_type: ResourceType, id: i64) {
+    pub(crate) async fn enqueue(&mut self, tenant: TenantId, resource_type: ResourceType, id: i64) {
         let txn = self.client.transaction().await.expect("begin");
         operation_enqueue_in_txn(&txn, self.instance.id, tenant, resource_type, id).await.expect("enqueue");
         txn.commit().await.expect("commit");
@@ -99,18 +99,18 @@ impl Env {
 
     /// Claims every due operation, reconciles it and records the outcome as the
     /// consumer does (retries come due at once).
-    async fn reconcile(&self) -> Vec<(ResourceType, i64, Outcome)> {
+    pub(crate) async fn reconcile(&self) -> Vec<(ResourceType, i64, Outcome)> {
         crate::support::reconcile_due(&self.client, self.instance.id, &self.reconciler).await
     }
 
     /// Reconciles until every operation completed.
-    async fn reconcile_done(&self) {
+    pub(crate) async fn reconcile_done(&self) {
         for (resource_type, id, outcome) in self.reconcile().await {
             assert!(matches!(outcome, Outcome::Done), "{resource_type} {id}: {outcome:?}");
         }
     }
 
-    async fn application(
+    pub(crate) async fn application(
         &mut self,
         tenant: TenantId,
         generation: i64,
@@ -127,7 +127,7 @@ impl Env {
         id
     }
 
-    async fn environment(
+    pub(crate) async fn environment(
         &mut self,
         tenant: TenantId,
         token: &str,
@@ -158,7 +158,7 @@ impl Env {
         (id, uid)
     }
 
-    async fn repository_credential(&mut self, tenant: TenantId, password: &str) -> Uuid {
+    pub(crate) async fn repository_credential(&mut self, tenant: TenantId, password: &str) -> Uuid {
         let uid = Uuid::new_v4();
         let intent = RepositoryCredentialIntent {
             resource_uid: uid,
@@ -186,7 +186,7 @@ impl Env {
     }
 
     /// Re-enqueues and reconciles the application until its row is confirmed deleted.
-    async fn until_deleted(&mut self, tenant: TenantId, id: i64) {
+    pub(crate) async fn until_deleted(&mut self, tenant: TenantId, id: i64) {
         let deadline = std::time::Instant::now() + crate::support::DEADLINE;
         while self.row_state(APP_STATE, id).await != "deleted" {
             assert!(std::time::Instant::now() < deadline, "timed out waiting for the deletion of application {id}");
@@ -196,11 +196,11 @@ impl Env {
         }
     }
 
-    async fn get(&self, api: &Api<DynamicObject>, name: &str) -> Option<Value> {
+    pub(crate) async fn get(&self, api: &Api<DynamicObject>, name: &str) -> Option<Value> {
         api.get_opt(name).await.expect("read").map(|o| serde_json::to_value(o).expect("json"))
     }
 
-    async fn secret_data(&self, name: &str) -> (Value, std::collections::BTreeMap<String, String>) {
+    pub(crate) async fn secret_data(&self, name: &str) -> (Value, std::collections::BTreeMap<String, String>) {
         let secret = self.secret_api().get(name).await.expect("secret");
         let data = secret
             .data
@@ -212,16 +212,16 @@ impl Env {
         (json!(secret.metadata.labels), data)
     }
 
-    async fn wait_app(&self, name: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+    pub(crate) async fn wait_app(&self, name: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
         eventually(what, || async { self.get(&self.apps(), name).await.filter(|app| check(app)) }).await
     }
 
-    async fn row_state(&self, table_query: &str, id: i64) -> String {
+    pub(crate) async fn row_state(&self, table_query: &str, id: i64) -> String {
         self.client.query_one(table_query, &[&id]).await.expect("row").get(0)
     }
 }
 
-fn destinations(project: &Value) -> Vec<(String, String)> {
+pub(crate) fn destinations(project: &Value) -> Vec<(String, String)> {
     let mut pairs: Vec<(String, String)> = project["spec"]["destinations"]
         .as_array()
         .expect("destinations")
@@ -232,7 +232,7 @@ fn destinations(project: &Value) -> Vec<(String, String)> {
     pairs
 }
 
-const APP_STATE: &str = "SELECT row_state::text FROM application WHERE id = $1";
+pub(crate) const APP_STATE: &str = "SELECT row_state::text FROM application WHERE id = $1";
 
 #[tokio::test]
 async fn agent_application_create_update_delete() {
@@ -343,11 +343,17 @@ async fn agent_credentials_and_destinations_stay_with_their_tenant() {
         destinations(&project_b),
         [(server_b.clone(), "team-b-dev".to_owned()), (env.home_server(b), "team-b".to_owned())]
     );
+    // B's Application cannot read A's private repository: A's credentials serve A's project only.
     let app = env
-        .wait_app(&names::application_name(app_b), "B's Application Synced", |a| {
-            a["status"]["sync"]["status"] == "Synced"
+        .wait_app(&names::application_name(app_b), "B's Application unable to read A's repository", |a| {
+            a["status"]["conditions"][0]["type"] == "ComparisonError"
         })
         .await;
+    assert!(
+        app["status"]["conditions"][0]["message"].as_str().unwrap_or("").contains("authentication required"),
+        "{app}"
+    );
+    assert_eq!(app["status"]["sync"]["status"], "Unknown");
     assert_eq!(app["spec"]["project"], names::project_name(b));
     assert_eq!(app["spec"]["destination"], json!({"server": server_b, "namespace": "team-b-dev"}));
     env.wait_app(&names::application_name(app_a), "A's Application Synced", |a| {

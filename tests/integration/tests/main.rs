@@ -4,6 +4,7 @@
 
 mod support;
 
+mod agent_cluster_resources;
 mod agent_deploy;
 mod agent_destinations;
 mod agent_multi;
@@ -34,6 +35,7 @@ mod writer_boundary;
 mod writer_connection;
 mod writer_credentials;
 mod writer_e2e;
+mod writer_egress_proxy;
 mod writer_fleet_move;
 mod writer_provision;
 mod writer_purge;

@@ -35,6 +35,7 @@ fn child() {
                 let cli = gitops_agent::Cli::parse_from(std::iter::once("gitops-agent".to_owned()).chain(args));
                 i32::from(gitops_agent::execute(cli.command).await.is_err())
             }
+            "egress-checks" => crate::writer_egress_proxy::child(&args).await,
             other => panic!("no binary {other:?}"),
         }
     });

@@ -50,7 +50,9 @@ pub struct GitOpsDeploymentManagedEnvironmentSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = limits::NAMESPACES), inner(length(max = limits::DNS_LABEL), pattern(pattern::DNS_LABEL)))]
     pub namespaces: Option<Vec<String>>,
-    /// Whether cluster-scoped resources may be deployed.
+    /// Whether cluster-scoped resources may be deployed to this environment. Only
+    /// to it: its deployments get an Argo CD project of their own that permits
+    /// them, while every other destination of the namespace stays without.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_resources: Option<bool>,
     /// Install, with the Secret's credentials, a ServiceAccount of the service's own on

@@ -8,6 +8,9 @@
 //! `*` or a host name in the allow list never opens loopback, link-local, cloud
 //! metadata or private networks.
 //!
+//! A name with several addresses falls back from one that refuses to the next
+//! checked one ([`resolve_with`]); nothing unchecked is ever tried.
+//!
 //! Addresses are compared in one spelling: an IPv4-mapped, IPv4-compatible or NAT64
 //! IPv6 address counts as the IPv4 address it carries ([`canonical`]); hosts written
 //! in other IPv4 spellings (`2130706433`, `0x7f.1`, `0177.0.0.1`, `127.1`) are never
@@ -41,10 +44,40 @@ pub struct Checked {
     pub address: SocketAddr,
 }
 
+/// How long the connection to one checked address may take before the next is tried.
+pub const ADDRESS_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Addresses of one name tried at most.
+const MAX_ADDRESSES_TRIED: usize = 8;
+
 /// Applies `policy` to `host` (as written in a URL, an IPv6 literal in brackets) and
 /// `port`, resolves a name once and checks every address; the one to connect to is
-/// returned (the first IPv4 address, else the first).
+/// returned (see [`resolve_with`]).
 pub async fn resolve(policy: &ConnectionPolicy, host: &str, port: u16) -> Result<Checked, Refusal> {
+    resolve_with(policy, host, port, |name, port| async move {
+        tokio::net::lookup_host((name.as_str(), port)).await.map(Iterator::collect)
+    })
+    .await
+}
+
+/// [`resolve`] with the lookup of a name given (the system's, or a test's).
+///
+/// When a name resolves to several addresses — all of them checked — they are
+/// tried in order, IPv4 ones first (a name that has both is more often served on
+/// IPv4), with a TCP connect each, and the first that accepts is returned: an
+/// address that refuses or does not answer within [`ADDRESS_CONNECT_TIMEOUT`] does
+/// not hide the others. When none accepts, the first is returned and the caller's
+/// own connection reports the failure. A name with one address, and an IP literal,
+/// are returned without a trial connection.
+pub async fn resolve_with<F, Fut>(
+    policy: &ConnectionPolicy,
+    host: &str,
+    port: u16,
+    lookup: F,
+) -> Result<Checked, Refusal>
+where
+    F: FnOnce(String, u16) -> Fut,
+    Fut: std::future::Future<Output = std::io::Result<Vec<SocketAddr>>>,
+{
     policy.decide_host(host, port).map_err(Refusal::Denied)?;
     let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host).to_ascii_lowercase();
     if let Ok(ip) = bare.parse::<IpAddr>() {
@@ -52,23 +85,36 @@ pub async fn resolve(policy: &ConnectionPolicy, host: &str, port: u16) -> Result
         policy.permits_address(ip, port).map_err(Refusal::Denied)?;
         return Ok(Checked { host: bare, named: false, address: SocketAddr::new(ip, port) });
     }
-    let lookup = tokio::net::lookup_host((bare.as_str(), port));
-    let addresses: Vec<SocketAddr> = match tokio::time::timeout(RESOLVE_TIMEOUT, lookup).await {
-        Ok(Ok(found)) => found.collect(),
+    let addresses: Vec<SocketAddr> = match tokio::time::timeout(RESOLVE_TIMEOUT, lookup(bare.clone(), port)).await {
+        Ok(Ok(found)) => found,
         Ok(Err(_)) | Err(_) => return Err(Refusal::Unresolved),
     };
     for address in &addresses {
         policy.permits_address(address.ip(), port).map_err(Refusal::Denied)?;
     }
-    // One address is connected to: the first IPv4 one if any (a name that resolves to
-    // both is more often served on IPv4), else the first.
-    let chosen = addresses
-        .iter()
-        .map(|a| canonical(a.ip()))
-        .find(IpAddr::is_ipv4)
-        .or_else(|| addresses.first().map(|a| canonical(a.ip())))
-        .ok_or(Refusal::Unresolved)?;
-    Ok(Checked { host: bare, named: true, address: SocketAddr::new(chosen, port) })
+    let mut candidates: Vec<SocketAddr> = Vec::new();
+    let (v4, v6): (Vec<IpAddr>, Vec<IpAddr>) = addresses.iter().map(|a| canonical(a.ip())).partition(IpAddr::is_ipv4);
+    for ip in v4.into_iter().chain(v6) {
+        let address = SocketAddr::new(ip, port);
+        if !candidates.contains(&address) {
+            candidates.push(address);
+        }
+    }
+    let first = *candidates.first().ok_or(Refusal::Unresolved)?;
+    let chosen = if candidates.len() == 1 { first } else { first_accepting(&candidates).await.unwrap_or(first) };
+    Ok(Checked { host: bare, named: true, address: chosen })
+}
+
+/// The first of `candidates` (at most [`MAX_ADDRESSES_TRIED`]) that accepts a TCP
+/// connection; the trial connection is closed at once.
+async fn first_accepting(candidates: &[SocketAddr]) -> Option<SocketAddr> {
+    for address in candidates.iter().take(MAX_ADDRESSES_TRIED) {
+        let connect = tokio::net::TcpStream::connect(address);
+        if let Ok(Ok(_)) = tokio::time::timeout(ADDRESS_CONNECT_TIMEOUT, connect).await {
+            return Some(*address);
+        }
+    }
+    None
 }
 
 /// The one spelling of an address: an IPv6 address that carries an IPv4 address
@@ -218,5 +264,44 @@ mod tests {
         assert_eq!(checked.host, "localhost");
         let denied = policy(&["localhost", "127.0.0.0/8", "[::1]"], &["127.0.0.1", "[::1]"]);
         assert_eq!(resolve(&denied, "localhost", 443).await, Err(Refusal::Denied(Denial::DenyListed)));
+    }
+
+    /// A name resolving to `addresses` (through a lookup of the test's own).
+    async fn resolve_to(policy: &ConnectionPolicy, addresses: &[SocketAddr]) -> Result<Checked, Refusal> {
+        let addresses = addresses.to_vec();
+        let port = addresses[0].port();
+        resolve_with(policy, "multi.test", port, move |name, _| async move {
+            assert_eq!(name, "multi.test");
+            Ok(addresses)
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_refusing_address_falls_back_to_the_next_checked_one() {
+        // One port, open on ::1 and on 127.0.0.2, closed on 127.0.0.1.
+        let v6 = std::net::TcpListener::bind("[::1]:0").expect("bind ::1");
+        let port = v6.local_addr().expect("address").port();
+        let other = std::net::TcpListener::bind(("127.0.0.2", port)).expect("bind 127.0.0.2");
+        let (one, two, six): (SocketAddr, SocketAddr, SocketAddr) = (
+            format!("127.0.0.1:{port}").parse().expect("address"),
+            format!("127.0.0.2:{port}").parse().expect("address"),
+            format!("[::1]:{port}").parse().expect("address"),
+        );
+        assert!(std::net::TcpStream::connect(one).is_err(), "nothing listens on 127.0.0.1:{port}");
+        let allowed = policy(&["multi.test", "127.0.0.0/8", "[::1]"], &[]);
+        // IPv4 first; the refusing 127.0.0.1 does not hide ::1.
+        let checked = resolve_to(&allowed, &[six, one]).await.expect("allowed");
+        assert_eq!((checked.address, checked.named, checked.host.as_str()), (six, true, "multi.test"));
+        // Nor another IPv4 address after it.
+        assert_eq!(resolve_to(&allowed, &[one, two, six]).await.map(|c| c.address), Ok(two));
+        // One that accepts first is taken as it is.
+        assert_eq!(resolve_to(&allowed, &[two, one]).await.map(|c| c.address), Ok(two));
+        drop((v6, other));
+        // None accepts: the first checked one, whose connection then reports the failure.
+        assert_eq!(resolve_to(&allowed, &[six, one]).await.map(|c| c.address), Ok(one));
+        // Every address is still checked before any is tried: one refused refuses the name.
+        let only_v4 = policy(&["multi.test", "127.0.0.0/8"], &[]);
+        assert_eq!(resolve_to(&only_v4, &[one, six]).await, Err(Refusal::Denied(Denial::PrivateAddress)));
     }
 }

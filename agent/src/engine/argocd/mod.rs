@@ -25,7 +25,8 @@ use super::{
     ApplicationSpec, ClusterSpec, Engine, EngineError, ObjectKind, OperationPhase, OperationView, OwnedObject,
     ProjectSpec, Removal, RepositorySpec, StatusEvent, SyncRequest,
 };
-use crate::names::{FIELD_MANAGER, MANAGED_BY_LABEL, MANAGED_BY_VALUE, SYNC_FIELD_MANAGER};
+use crate::names::{FIELD_MANAGER, MANAGED_BY_LABEL, MANAGED_BY_VALUE, SYNC_FIELD_MANAGER, TENANT_ID_LABEL};
+use gitops_shared::model::TenantId;
 
 /// Tries at removing the resources finalizer before a conflict is left to the queue's retry.
 const RELEASE_ATTEMPTS: u32 = 5;
@@ -197,20 +198,35 @@ impl ArgoCdEngine {
     where
         K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
     {
-        let params = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
+        Self::list_selected(api, kind, &format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"), out).await
+    }
+
+    /// Lists the objects of `api` that `selector` selects as owned objects of `kind`.
+    async fn list_selected<K>(
+        api: Api<K>,
+        kind: ObjectKind,
+        selector: &str,
+        out: &mut Vec<OwnedObject>,
+    ) -> Result<(), EngineError>
+    where
+        K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
+    {
+        let params = ListParams::default().labels(selector);
         let list = api.list(&params).await.map_err(|e| classify(format!("list {kind:?} objects"), e))?;
         for item in list.items {
             let meta = item.meta();
-            let destination_namespace =
-                (kind == ObjectKind::Application).then(|| serde_json::to_value(&item).ok()).flatten().and_then(
-                    |value| value.pointer("/spec/destination/namespace").and_then(|v| v.as_str()).map(str::to_owned),
-                );
+            let spec = (kind == ObjectKind::Application).then(|| serde_json::to_value(&item).ok()).flatten();
+            let spec_text = |pointer: &str| {
+                spec.as_ref().and_then(|value| value.pointer(pointer)).and_then(|v| v.as_str()).map(str::to_owned)
+            };
             out.push(OwnedObject {
                 kind,
                 name: meta.name.clone().unwrap_or_default(),
                 labels: meta.labels.clone().unwrap_or_default(),
                 deleting: meta.deletion_timestamp.is_some(),
-                destination_namespace,
+                destination_namespace: spec_text("/spec/destination/namespace"),
+                project: spec_text("/spec/project"),
+                destination_server: spec_text("/spec/destination/server"),
             });
         }
         Ok(())
@@ -415,6 +431,27 @@ impl Engine for ArgoCdEngine {
                         out.push(secret);
                     }
                     _ => {}
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn list_tenant<'a>(
+        &'a self,
+        kind: ObjectKind,
+        tenant: TenantId,
+    ) -> BoxFuture<'a, Result<Vec<OwnedObject>, EngineError>> {
+        Box::pin(async move {
+            let mut selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE},{TENANT_ID_LABEL}={}", tenant.0);
+            let mut out = Vec::new();
+            match kind {
+                ObjectKind::Application => Self::list_selected(self.applications(), kind, &selector, &mut out).await?,
+                ObjectKind::Project => Self::list_selected(self.projects(), kind, &selector, &mut out).await?,
+                ObjectKind::Cluster | ObjectKind::Repository => {
+                    let secret_type = if kind == ObjectKind::Cluster { "cluster" } else { "repository" };
+                    selector.push_str(&format!(",{}={secret_type}", objects::SECRET_TYPE_LABEL));
+                    Self::list_selected(self.secrets(), kind, &selector, &mut out).await?;
                 }
             }
             Ok(out)

@@ -3,10 +3,20 @@
 //! `.status`: those belong to sync requests and to Argo CD.
 //!
 //! Credentials are project-scoped: every cluster and repository Secret carries
-//! `project: <the tenant's AppProject>`, so an Application of another project that
-//! names the same repository URL or API server never receives them. Argo CD reads
-//! the `project` key of these Secrets since v2.4; older versions ignore it and
-//! would share credentials by URL, so the service needs Argo CD ≥ 2.4.
+//! `project: <one of the tenant's AppProjects>`, so an Application of another
+//! project that names the same repository URL or API server never receives them.
+//! Argo CD reads the `project` key of these Secrets since v2.4; older versions
+//! ignore it and would share credentials by URL, so the service needs Argo CD ≥ 2.4.
+//!
+//! A tenant has more than one project when environments allow cluster-scoped
+//! resources (see [`project`]). A cluster Secret belongs to one environment, so it
+//! names that environment's project and nothing is shared. A repository Secret
+//! serves one project only, so a repository credential becomes one Secret per
+//! project of its tenant, each a copy naming its project (labelled with it, and
+//! with the credential's id, so all copies go with the credential). Several
+//! repository Secrets for one URL, one per project, need an Argo CD that picks
+//! repository credentials by project as well as by URL (added in 2024,
+//! argoproj/argo-cd#18388); two tenants naming one repository needed that already.
 
 use std::collections::BTreeMap;
 
@@ -77,17 +87,17 @@ pub fn application(spec: &ApplicationSpec, namespace: &str) -> Value {
     })
 }
 
-/// The tenant's AppProject.
+/// One of a tenant's AppProjects.
 ///
-/// `clusterResourceWhitelist` is a property of the whole project, not of one
-/// destination: when any of the tenant's environments allows cluster-scoped
-/// resources, the project permits them for every destination of the tenant,
-/// including its own namespace on the home cluster. What actually stops them
-/// elsewhere is each cluster's own limit — the cluster Secret's `clusterResources`
-/// (false for environments that do not allow them) and what the environment's
-/// credentials may do. The home cluster must therefore be registered by the
-/// operator with namespaced access only, or tenants that allow cluster resources
-/// on one environment should get a project per such environment (not done yet).
+/// `clusterResourceWhitelist` is a property of a whole project, not of one
+/// destination, so cluster-scoped resources are scoped by project: a tenant's main
+/// project lists the destinations of its environments that do not allow them
+/// (its own namespace on the home cluster among them) and whitelists nothing;
+/// each environment with `clusterResources: true` gets a project of its own that
+/// lists only that environment's destinations and whitelists every group and
+/// kind (`*/*`). The environment's Applications and its cluster Secret name that
+/// project; what the environment's credentials may do still limits what Argo CD
+/// can create there.
 pub fn project(spec: &ProjectSpec, namespace: &str) -> Value {
     let destinations: Vec<Value> =
         spec.destinations.iter().map(|(server, ns)| json!({"server": server, "namespace": ns})).collect();

@@ -6,7 +6,8 @@
 use std::path::Path;
 use std::process::Stdio;
 
-/// Which binary the child runs (`writer` or `agent`).
+/// Which binary the child runs (`writer` or `agent`), or `egress-checks` (the
+/// writer's checks of tenant-named hosts alone, `writer_egress_proxy`).
 pub const CHILD: &str = "GITOPS_TEST_CHILD";
 /// Its arguments, one per line.
 pub const CHILD_ARGS: &str = "GITOPS_TEST_CHILD_ARGS";

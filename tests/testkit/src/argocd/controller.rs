@@ -1,5 +1,6 @@
 //! The stand-in's Kubernetes side: a `kube::runtime::Controller` over the
-//! Applications of one namespace (re-triggered when an AppProject changes) that
+//! Applications of one namespace (re-triggered when an AppProject or a repository
+//! Secret changes) that
 //! reads each Application and its project, asks `status::plan` what Argo CD would
 //! write, and writes it as one JSON merge patch on the main resource, as Argo CD
 //! does. Deletion removes Argo CD's resources finalizer. Only ordinary client
@@ -28,9 +29,11 @@ use super::knobs::DESTINATION as DESTINATION_KNOB;
 use super::knobs::Knobs;
 use super::live;
 use super::loop_guard::{LoopGuard, MAX_SELF_WRITES};
-use super::project::ProjectRules;
+use super::project::{ProjectRules, normalize_repo_url};
+use super::repository::{REPOSITORY_SELECTOR, Repositories, RepositoryCredential, source_error};
 use super::status::{PlanInput, deletion_held_patch, plan};
 use super::{StandinError, StandinOptions};
+use k8s_openapi::api::core::v1::Secret;
 
 /// Argo CD's finalizer: delete the Application's resources before the Application.
 pub const RESOURCES_FINALIZER: &str = "resources-finalizer.argocd.argoproj.io";
@@ -73,6 +76,12 @@ pub enum ReconcileError {
         #[source]
         source: serde_json::Error,
     },
+    #[error("list the repository Secrets for Application {name}")]
+    Repositories {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("Application {name} still conflicted after {CONFLICT_ATTEMPTS} attempts")]
     Conflicts { name: String },
     #[error("{action} the live object of Application {name}")]
@@ -101,6 +110,7 @@ struct Context {
     options: StandinOptions,
     loop_guard: LoopGuard,
     destinations: Destinations,
+    repositories: Arc<Repositories>,
 }
 
 /// Runs the controller until `cancel` fires; in-flight reconciles finish first.
@@ -151,6 +161,8 @@ pub(super) async fn run_controller(
 
     let controller = Controller::new_with(apps.clone(), watcher::Config::default(), app_resource.clone());
     let store = controller.store();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let repositories = Arc::new(Repositories::new(secrets.clone()));
     let context = Arc::new(Context {
         client,
         apps,
@@ -159,8 +171,23 @@ pub(super) async fn run_controller(
         options: options.clone(),
         loop_guard: LoopGuard::default(),
         destinations: Destinations::default(),
+        repositories: repositories.clone(),
     });
+    let repository_store = store.clone();
+    let repository_resource = app_resource.clone();
     controller
+        .watches(secrets, watcher::Config::default().labels(REPOSITORY_SELECTOR), move |secret: Secret| {
+            // A repository Secret changed: the Applications of its repository are
+            // judged again, by a fresh list.
+            repositories.touched();
+            let url = RepositoryCredential::from_secret(&secret).map(|c| c.url).unwrap_or_default();
+            repository_store
+                .state()
+                .into_iter()
+                .filter(|app| !url.is_empty() && normalize_repo_url(&source_of(app)) == url)
+                .map(|app| ObjectRef::from_obj_with(app.as_ref(), repository_resource.clone()))
+                .collect::<Vec<_>>()
+        })
         .watches_with(projects, app_project_resource(), watcher::Config::default(), move |project: DynamicObject| {
             // A project changed: every Application that names it is re-checked.
             let name = project.name_any();
@@ -187,6 +214,11 @@ pub(super) async fn run_controller(
         .await;
     info!(argocd.ns = namespace, "Argo CD stand-in stopped");
     Ok(())
+}
+
+fn source_of(app: &DynamicObject) -> String {
+    let value = app.data.get("spec").cloned().map(|spec| json!({"spec": spec})).unwrap_or(Value::Null);
+    AppSpec::from_object(&value).source.repo_url
 }
 
 fn project_of(app: &DynamicObject) -> String {
@@ -254,7 +286,14 @@ async fn reconcile_object(app: &DynamicObject, context: &Context) -> Result<Acti
         }
         None => None,
     };
-    let destination_error = destination_error(&AppSpec::from_object(&object), &annotations, context).await;
+    let spec = AppSpec::from_object(&object);
+    let destination_error = destination_error(&spec, &annotations, context).await;
+    let credentials = context
+        .repositories
+        .current()
+        .await
+        .map_err(|source| ReconcileError::Repositories { name: name.clone(), source })?;
+    let source_error = source_error(&credentials, &spec.source.repo_url, &spec.project);
     let plan = plan(&PlanInput {
         object: &object,
         annotations: &annotations,
@@ -263,6 +302,7 @@ async fn reconcile_object(app: &DynamicObject, context: &Context) -> Result<Acti
         now,
         resync: context.options.resync,
         destination_error: destination_error.as_deref(),
+        source_error: source_error.as_deref(),
     });
     if !plan.unknown_knobs.is_empty() {
         warn!(knobs = ?plan.unknown_knobs, "ignoring stand-in knob annotations it does not know");

@@ -17,6 +17,18 @@
 //!   `controllerNamespace`, `conditions`, `history` after each successful sync. A
 //!   valid manual Application is `OutOfSync` and `Healthy` until its first
 //!   successful sync, then `Synced` at the last synced revision.
+//! - **Cluster-scoped resources.** An Application whose path's last segment begins
+//!   with `cluster-` deploys a `rbac.authorization.k8s.io` ClusterRole instead of a
+//!   Deployment. Its syncs fail as Argo CD's do unless its project's
+//!   `clusterResourceWhitelist` (less `clusterResourceBlacklist`) permits that kind:
+//!   `Failed`, "one or more synchronization tasks are not valid", the resource's
+//!   result saying `resource rbac.authorization.k8s.io:ClusterRole is not permitted
+//!   in project …` (retried under a retry strategy like any failed attempt).
+//! - **Repository credentials.** A repository named by a repository Secret of the
+//!   namespace counts as private; an Application of it reads it only through a
+//!   Secret whose `project` is the Application's (or that has none). Otherwise the
+//!   comparison fails: condition `ComparisonError` (`Failed to load target state: …
+//!   authentication required …`), sync `Unknown` (see `repository`).
 //! - **Destination.** A destination whose API URL is on loopback is probed (a TCP
 //!   connect, cached per server for a few seconds); one that does not answer makes
 //!   the comparison fail as in Argo CD: condition `ComparisonError` (`Failed to load
@@ -67,6 +79,7 @@ mod loop_guard;
 mod operation;
 pub mod operator;
 mod project;
+mod repository;
 mod retry;
 mod revision;
 mod status;
@@ -91,8 +104,9 @@ pub use knobs::{
 };
 pub use knobs::{HEALTH_MESSAGE as HEALTH_MESSAGE_KNOB, SYNC as SYNC_KNOB, SYNC_MESSAGE as SYNC_MESSAGE_KNOB};
 pub use operation::{SUCCEEDED_MESSAGE, TERMINATED_MESSAGE};
-pub use project::{INVALID_SPEC_ERROR, glob_match};
+pub use project::{INVALID_SPEC_ERROR, NOT_VALID_MESSAGE, glob_match};
 pub use revision::fake_revision;
+pub use status::CLUSTER_SCOPED_PATH_PREFIX;
 pub use status::{COMPARISON_ERROR, DELETION_ERROR, REFRESH_ANNOTATION, SYNC_ERROR};
 
 /// Tuning of the stand-in; the defaults are Argo CD's.

@@ -14,6 +14,7 @@ use serde_json::{Map, Value, json};
 
 use super::application::{AppSpec, str_at};
 use super::knobs::{Knobs, SYNC, SyncKnob};
+use super::project::NOT_VALID_MESSAGE;
 use super::retry::{Strategy, due_in};
 use super::revision::fake_revision;
 
@@ -39,6 +40,9 @@ pub struct OperationInput<'a> {
     pub spec_errors: &'a [String],
     /// Comparison failed: a running sync fails with this message.
     pub comparison_error: Option<&'a str>,
+    /// A resource the sync would create that the project does not permit (Argo CD's
+    /// per-resource message): a running sync fails as not valid.
+    pub sync_refusal: Option<&'a str>,
     /// `.operation` as requested by a client.
     pub requested: Option<&'a Value>,
     /// `status.operationState` as currently stored.
@@ -97,6 +101,17 @@ fn run(input: &OperationInput<'_>, state: Option<&Value>) -> OperationStep {
     }
     if let Some(message) = input.comparison_error {
         return fail(input, state, strategy.as_ref(), format!("ComparisonError: {message}"));
+    }
+    if let Some(refusal) = input.sync_refusal {
+        let mut failed = fail(input, state, strategy.as_ref(), NOT_VALID_MESSAGE.to_owned());
+        if let Some(state) = failed.state.as_mut() {
+            state["syncResult"]["resources"] = json!([{
+                "status": "SyncFailed",
+                "syncPhase": "Sync",
+                "message": refusal,
+            }]);
+        }
+        return failed;
     }
     match input.knobs.sync {
         SyncKnob::Hold => OperationStep::default(),
@@ -242,6 +257,7 @@ mod tests {
             knobs,
             spec_errors: &[],
             comparison_error: None,
+            sync_refusal: None,
             requested,
             state,
             now: "2030-01-01T00:00:00Z",
@@ -286,6 +302,23 @@ mod tests {
         let failed = step(&input(&spec, &fail, Some(&requested), Some(&running)));
         assert_eq!(failed.state.as_ref().unwrap()["phase"], FAILED);
         assert_eq!(failed.state.as_ref().unwrap()["message"], "boom");
+        assert!(failed.clear_requested && !failed.succeeded);
+    }
+
+    #[test]
+    fn a_resource_the_project_does_not_permit_fails_the_sync() {
+        let spec = spec(false);
+        let knobs = Knobs::default();
+        let requested = json!({"sync": {}});
+        let running = step(&input(&spec, &knobs, Some(&requested), None)).state.unwrap();
+        let refusal = "resource rbac.authorization.k8s.io:ClusterRole is not permitted in project p";
+        let failed = step(&OperationInput {
+            sync_refusal: Some(refusal),
+            ..input(&spec, &knobs, Some(&requested), Some(&running))
+        });
+        let state = failed.state.unwrap();
+        assert_eq!((state["phase"].as_str(), state["message"].as_str()), (Some(FAILED), Some(NOT_VALID_MESSAGE)));
+        assert_eq!(state["syncResult"]["resources"][0]["message"], refusal);
         assert!(failed.clear_requested && !failed.succeeded);
     }
 

@@ -1,7 +1,9 @@
 //! AppProject checks as Argo CD makes them before it compares an Application: the
 //! project must exist and permit the source repository and the destination. The
 //! service relies on these to isolate tenants, so the stand-in refuses exactly
-//! what Argo CD refuses and reports it with Argo CD's condition messages.
+//! what Argo CD refuses and reports it with Argo CD's condition messages. A sync
+//! also needs the project to permit each cluster-scoped resource it would create
+//! (`clusterResourceWhitelist`, see [`sync_refusal`]).
 //!
 //! Matching follows Argo CD's: repository URLs are normalised (case, trailing
 //! `/`, `.git`) on both sides; patterns are globs where `*` matches any run of
@@ -25,6 +27,12 @@ pub const INVALID_SPEC_ERROR: &str = "InvalidSpecError";
 pub struct ProjectRules {
     pub source_repos: Vec<String>,
     pub destinations: Vec<DestinationRule>,
+    /// `spec.clusterResourceWhitelist` as (group, kind) patterns: the cluster-scoped
+    /// resources the project permits (none when empty, as in Argo CD).
+    pub cluster_resource_whitelist: Vec<(String, String)>,
+    /// `spec.clusterResourceBlacklist`: cluster-scoped resources refused even when
+    /// whitelisted.
+    pub cluster_resource_blacklist: Vec<(String, String)>,
 }
 
 /// One `spec.destinations[]` entry; an absent field is an empty pattern.
@@ -59,7 +67,32 @@ impl ProjectRules {
                     .collect()
             })
             .unwrap_or_default();
-        ProjectRules { source_repos, destinations }
+        let group_kinds = |field: &str| -> Vec<(String, String)> {
+            spec.get(field)
+                .and_then(Value::as_array)
+                .map(|entries| {
+                    entries
+                        .iter()
+                        .filter(|entry| entry.is_object())
+                        .map(|entry| (str_at(entry, "/group").to_owned(), str_at(entry, "/kind").to_owned()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        ProjectRules {
+            source_repos,
+            destinations,
+            cluster_resource_whitelist: group_kinds("clusterResourceWhitelist"),
+            cluster_resource_blacklist: group_kinds("clusterResourceBlacklist"),
+        }
+    }
+
+    /// Whether the project permits the cluster-scoped resource kind `group`/`kind`
+    /// (`group` is "" for the core group), as Argo CD's `IsGroupKindPermitted`:
+    /// whitelisted by a glob pair and not blacklisted.
+    pub fn cluster_resource_permitted(&self, group: &str, kind: &str) -> bool {
+        let matches = |(g, k): &(String, String)| glob_match(g, group) && glob_match(k, kind);
+        self.cluster_resource_whitelist.iter().any(matches) && !self.cluster_resource_blacklist.iter().any(matches)
     }
 
     /// Whether the project permits repository `repo_url`.
@@ -176,6 +209,17 @@ pub fn spec_errors(spec: &AppSpec, project: Option<&ProjectRules>) -> Vec<String
     errors
 }
 
+/// Argo CD's message for a sync with a task its project does not permit.
+pub const NOT_VALID_MESSAGE: &str = "one or more synchronization tasks are not valid";
+
+/// Why a sync of `spec` that deploys `resource` (group, kind, namespaced) is
+/// refused by project `project`: Argo CD's per-resource message, or None.
+pub fn sync_refusal(spec: &AppSpec, rules: &ProjectRules, resource: (&str, &str, bool)) -> Option<String> {
+    let (group, kind, namespaced) = resource;
+    (!namespaced && !rules.cluster_resource_permitted(group, kind))
+        .then(|| format!("resource {group}:{kind} is not permitted in project {}", spec.project))
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -223,6 +267,7 @@ mod tests {
                 DestinationRule { server: "*".into(), namespace: "*".into(), name: String::new() },
                 DestinationRule { server: "*".into(), namespace: "!kube-system".into(), name: String::new() },
             ],
+            ..Default::default()
         };
         assert!(rules.repo_permitted("https://git.example.invalid/team/app"));
         assert!(!rules.repo_permitted("https://git.example.invalid/secret/app"));
@@ -244,6 +289,35 @@ mod tests {
         assert!(rules.destination_permitted("", "in-cluster", "apps"));
         assert!(!rules.destination_permitted("", "in-cluster", "team-x"));
         assert!(!rules.destination_permitted("", "", "apps"));
+    }
+
+    #[test]
+    fn cluster_resources_need_the_whitelist() {
+        let none = ProjectRules::from_object(&json!({"spec": {"clusterResourceWhitelist": []}}));
+        assert!(!none.cluster_resource_permitted("rbac.authorization.k8s.io", "ClusterRole"));
+        assert!(!ProjectRules::default().cluster_resource_permitted("", "Namespace"), "absent: none permitted");
+        let all =
+            ProjectRules::from_object(&json!({"spec": {"clusterResourceWhitelist": [{"group": "*", "kind": "*"}]}}));
+        assert!(all.cluster_resource_permitted("rbac.authorization.k8s.io", "ClusterRole"));
+        assert!(all.cluster_resource_permitted("", "Namespace"));
+        let some = ProjectRules::from_object(&json!({"spec": {
+            "clusterResourceWhitelist": [{"group": "rbac.authorization.k8s.io", "kind": "*"}],
+            "clusterResourceBlacklist": [{"group": "*", "kind": "ClusterRoleBinding"}],
+        }}));
+        assert!(some.cluster_resource_permitted("rbac.authorization.k8s.io", "ClusterRole"));
+        assert!(!some.cluster_resource_permitted("rbac.authorization.k8s.io", "ClusterRoleBinding"));
+        assert!(!some.cluster_resource_permitted("", "Namespace"));
+        let app = spec("https://git.example.invalid/a", "https://c.example.invalid", "ns");
+        assert_eq!(
+            sync_refusal(&app, &none, ("rbac.authorization.k8s.io", "ClusterRole", false)).as_deref(),
+            Some("resource rbac.authorization.k8s.io:ClusterRole is not permitted in project p")
+        );
+        assert_eq!(
+            sync_refusal(&app, &none, ("apps", "Deployment", true)),
+            None,
+            "namespaced kinds are not judged here"
+        );
+        assert_eq!(sync_refusal(&app, &all, ("rbac.authorization.k8s.io", "ClusterRole", false)), None);
     }
 
     #[test]
@@ -272,6 +346,7 @@ mod tests {
                 namespace: "team".into(),
                 name: String::new(),
             }],
+            ..Default::default()
         };
         let ok = spec("https://git.example.invalid/team/app", "https://cluster.example.invalid", "team");
         assert!(spec_errors(&ok, Some(&rules)).is_empty());

@@ -18,7 +18,7 @@ use serde_json::{Map, Value, json};
 use super::application::{AppSpec, str_at};
 use super::knobs::{FINALIZER, Knobs, SyncKnob};
 use super::operation::{self, ERROR, FAILED, OperationInput, SUCCEEDED};
-use super::project::{INVALID_SPEC_ERROR, ProjectRules, spec_errors};
+use super::project::{INVALID_SPEC_ERROR, ProjectRules, spec_errors, sync_refusal};
 
 /// Argo CD's annotation asking for a refresh; removed once done.
 pub const REFRESH_ANNOTATION: &str = "argocd.argoproj.io/refresh";
@@ -45,6 +45,8 @@ pub struct PlanInput<'a> {
     pub now: Timestamp,
     /// Why the destination cluster does not answer (see `destination`); `None`: it does.
     pub destination_error: Option<&'a str>,
+    /// Why the source cannot be read (see `repository`); `None`: it can.
+    pub source_error: Option<&'a str>,
     /// Argo CD's reconciliation timeout: `reconciledAt` older than this is
     /// refreshed. Zero: never.
     pub resync: Duration,
@@ -77,8 +79,13 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     let spec = AppSpec::from_object(object);
     let knobs = Knobs::from_annotations(input.annotations);
     let errors = spec_errors(&spec, input.project);
-    let comparison_error =
-        if errors.is_empty() { knobs.comparison_error.as_deref().or(input.destination_error) } else { None };
+    let comparison_error = if errors.is_empty() {
+        knobs.comparison_error.as_deref().or(input.source_error).or(input.destination_error)
+    } else {
+        None
+    };
+    let deployed = deployed_kind(&spec);
+    let sync_refusal = input.project.and_then(|rules| sync_refusal(&spec, rules, (deployed.0, deployed.2, deployed.3)));
     let current = object.get("status").filter(|status| status.is_object()).cloned().unwrap_or_else(|| json!({}));
 
     let requested = object.get("operation").filter(|operation| !operation.is_null());
@@ -87,6 +94,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         knobs: &knobs,
         spec_errors: &errors,
         comparison_error,
+        sync_refusal: sync_refusal.as_deref(),
         requested,
         state: current.get("operationState"),
         now: &now,
@@ -280,18 +288,38 @@ fn last_attempt_failed(state: &Value, target: &str) -> bool {
     matches!(str_at(state, "/phase"), FAILED | ERROR) && str_at(state, "/syncResult/revision") == target
 }
 
-/// The one resource an Application "deploys": a Deployment named after the last
-/// segment of its path (or after the Application).
+/// The last segment of a path that makes the stand-in deploy a cluster-scoped
+/// resource begins with this (`apps/cluster-rbac`: a ClusterRole).
+pub const CLUSTER_SCOPED_PATH_PREFIX: &str = "cluster-";
+
+/// The kind of the one resource an Application "deploys" — (group, version, kind,
+/// namespaced): a ClusterRole when the last segment of its path begins with
+/// [`CLUSTER_SCOPED_PATH_PREFIX`], a Deployment otherwise.
+pub fn deployed_kind(spec: &AppSpec) -> (&'static str, &'static str, &'static str, bool) {
+    let segment = spec.source.path.rsplit('/').find(|segment| !segment.is_empty() && *segment != ".").unwrap_or("");
+    if segment.starts_with(CLUSTER_SCOPED_PATH_PREFIX) {
+        ("rbac.authorization.k8s.io", "v1", "ClusterRole", false)
+    } else {
+        ("apps", "v1", "Deployment", true)
+    }
+}
+
+/// The one resource an Application "deploys" (see [`deployed_kind`]), named after
+/// the last segment of its path (or after the Application).
 fn resource(object: &Value, spec: &AppSpec, sync_status: &str, health: &str) -> Value {
-    json!({
-        "group": "apps",
-        "version": "v1",
-        "kind": "Deployment",
-        "namespace": spec.destination.namespace,
+    let (group, version, kind, namespaced) = deployed_kind(spec);
+    let mut resource = json!({
+        "group": group,
+        "version": version,
+        "kind": kind,
         "name": resource_name(object, spec),
         "status": sync_status,
         "health": {"status": health},
-    })
+    });
+    if namespaced {
+        resource["namespace"] = json!(spec.destination.namespace);
+    }
+    resource
 }
 
 fn resource_name(object: &Value, spec: &AppSpec) -> String {

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::*;
 use crate::argocd::knobs::{COMPARISON_ERROR as COMPARISON_KNOB, HEALTH, SYNC};
 use crate::argocd::operation::{RUNNING, SUCCEEDED_MESSAGE, TERMINATING};
-use crate::argocd::project::DestinationRule;
+use crate::argocd::project::{DestinationRule, NOT_VALID_MESSAGE};
 use crate::argocd::revision::fake_revision;
 
 const REPO: &str = "https://git.example.invalid/team/app";
@@ -21,6 +21,7 @@ fn project() -> ProjectRules {
     ProjectRules {
         source_repos: vec!["https://git.example.invalid/team/*".into()],
         destinations: vec![DestinationRule { server: SERVER.into(), namespace: "team-*".into(), name: String::new() }],
+        ..Default::default()
     }
 }
 
@@ -60,6 +61,7 @@ fn plan_reaching(object: &Value, project: Option<&ProjectRules>, now: Timestamp,
         now,
         resync: Duration::from_secs(180),
         destination_error: unreachable,
+        source_error: None,
     })
 }
 
@@ -275,4 +277,26 @@ fn unreachable_destination_is_a_comparison_error_until_it_answers() {
     assert!(object["status"].get("conditions").is_none(), "{object:#}");
     assert_eq!(object["status"]["health"]["status"], "Healthy");
     assert_eq!(object["status"]["sync"]["status"], "OutOfSync");
+}
+
+#[test]
+fn a_cluster_scoped_resource_syncs_only_where_the_project_whitelists_it() {
+    let mut object = app(&[]);
+    object["spec"]["source"]["path"] = json!("apps/cluster-rbac");
+    object["operation"] = json!({"sync": {}});
+    let mut refusing = object.clone();
+    converge(&mut refusing, Some(&project()));
+    let state = &refusing["status"]["operationState"];
+    assert_eq!((state["phase"].as_str(), state["message"].as_str()), (Some("Failed"), Some(NOT_VALID_MESSAGE)));
+    assert_eq!(
+        state["syncResult"]["resources"][0]["message"],
+        "resource rbac.authorization.k8s.io:ClusterRole is not permitted in project tenant"
+    );
+    assert_eq!(refusing["status"]["resources"][0]["kind"], "ClusterRole");
+    assert!(refusing["status"]["resources"][0].get("namespace").is_none(), "cluster-scoped");
+
+    let whitelisting = ProjectRules { cluster_resource_whitelist: vec![("*".into(), "*".into())], ..project() };
+    converge(&mut object, Some(&whitelisting));
+    assert_eq!(object["status"]["operationState"]["phase"], "Succeeded");
+    assert_eq!(object["status"]["sync"]["status"], "Synced");
 }
