@@ -281,7 +281,7 @@ impl Serving {
 }
 
 async fn kube_client(path: Option<&PathBuf>) -> Result<kube::Client, AgentError> {
-    let config = match path {
+    let mut config = match path {
         Some(path) => {
             let kubeconfig =
                 Kubeconfig::read_from(path).map_err(|source| AgentError::Kubeconfig { path: path.clone(), source })?;
@@ -291,5 +291,9 @@ async fn kube_client(path: Option<&PathBuf>) -> Result<kube::Client, AgentError>
         }
         None => kube::Config::infer().await.map_err(|source| AgentError::InferKube { source })?,
     };
+    // The cluster's API is reached directly. kube takes proxy variables from the
+    // environment (often set on hosts for other traffic) into the config, and this
+    // build speaks no proxy protocol: every request would fail.
+    config.proxy_url = None;
     kube::Client::try_from(config).map_err(|source| AgentError::KubeClient { source })
 }

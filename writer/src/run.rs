@@ -253,7 +253,7 @@ fn db_name(url: &str) -> String {
 
 /// The client, and the CA certificates (DER) it trusts, if any were configured.
 async fn kube_client(path: Option<&PathBuf>) -> Result<(kube::Client, Option<Vec<Vec<u8>>>), WriterError> {
-    let config = match path {
+    let mut config = match path {
         Some(path) => {
             let kubeconfig =
                 Kubeconfig::read_from(path).map_err(|source| WriterError::Kubeconfig { path: path.clone(), source })?;
@@ -263,6 +263,10 @@ async fn kube_client(path: Option<&PathBuf>) -> Result<(kube::Client, Option<Vec
         }
         None => kube::Config::infer().await.map_err(|source| WriterError::InferKube { source })?,
     };
+    // The cluster's API is reached directly. kube takes proxy variables from the
+    // environment (often set on hosts for other traffic) into the config, and this
+    // build speaks no proxy protocol: every request would fail.
+    config.proxy_url = None;
     let ca = config.root_cert.clone();
     let client = kube::Client::try_from(config).map_err(|source| WriterError::KubeClient { source })?;
     Ok((client, ca))

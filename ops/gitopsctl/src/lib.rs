@@ -197,7 +197,7 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
 
 /// A client for `path`, or as kube infers it (KUBECONFIG, in-cluster).
 async fn kube_client(path: Option<&std::path::Path>) -> Result<kube::Client, CtlError> {
-    let config = match path {
+    let mut config = match path {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .map_err(|source| CtlError::KubeConfig { source: Box::new(source) })?;
@@ -207,6 +207,10 @@ async fn kube_client(path: Option<&std::path::Path>) -> Result<kube::Client, Ctl
         }
         None => kube::Config::infer().await.map_err(|source| CtlError::KubeConfig { source: Box::new(source) })?,
     };
+    // The cluster's API is reached directly. kube takes proxy variables from the
+    // environment (often set on hosts for other traffic) into the config, and this
+    // build speaks no proxy protocol: every request would fail.
+    config.proxy_url = None;
     kube::Client::try_from(config).map_err(|source| CtlError::KubeConfig { source: Box::new(source) })
 }
 
