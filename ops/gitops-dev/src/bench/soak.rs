@@ -406,15 +406,23 @@ async fn queued(database: &tokio_postgres::Client, deadline: Duration) -> i64 {
 /// Process `name`'s memory over the run: the largest resident memory of each sweep
 /// interval from `settled` on, and whether the last grew at most [`FLAT_GROWTH`].
 pub fn verdict(samples: &[Sample], name: &str, settled: Duration, interval: Duration) -> MemoryVerdict {
-    let mut windows: BTreeMap<u64, f64> = BTreeMap::new();
+    // window → (largest reading, readings)
+    let mut windows: BTreeMap<u64, (f64, usize)> = BTreeMap::new();
     let (settled_s, interval_s) = (settled.as_secs_f64(), interval.as_secs_f64().max(1e-3));
     for sample in samples.iter().filter(|s| s.t_s >= settled_s) {
         let Some(rss) = sample.processes.get(name).and_then(|p| p.resident_mb) else { continue };
         let window = ((sample.t_s - settled_s) / interval_s) as u64;
-        let max = windows.entry(window).or_insert(rss);
+        let (max, count) = windows.entry(window).or_insert((rss, 0));
         *max = max.max(rss);
+        *count += 1;
     }
-    let per_interval: Vec<f64> = windows.into_values().collect();
+    // A last interval cut short (the reading after the churn, say) saw less of the
+    // interval than the others: it would judge a low point against whole intervals.
+    let full = windows.values().map(|(_, count)| *count).max().unwrap_or(0);
+    if windows.len() > 2 && windows.values().next_back().is_some_and(|(_, count)| *count < full) {
+        windows.pop_last();
+    }
+    let per_interval: Vec<f64> = windows.into_values().map(|(max, _)| max).collect();
     let growth = match (per_interval.first(), per_interval.last()) {
         (Some(first), Some(last)) if per_interval.len() >= 2 && *first > 0.0 => Some(last / first - 1.0),
         _ => None,
@@ -453,11 +461,19 @@ mod tests {
     fn memory_is_judged_by_the_largest_reading_of_each_sweep_interval_after_settling() {
         let minute = Duration::from_secs(60);
         // Before settling (t < 120 s) anything goes; then 40-44 MB, one spike per interval.
-        let samples: Vec<Sample> =
-            [(0.0, 10.0), (60.0, 90.0), (120.0, 40.0), (150.0, 42.0), (180.0, 41.0), (210.0, 43.0), (240.0, 44.0)]
-                .into_iter()
-                .map(|(t, rss)| at(t, rss))
-                .collect();
+        let samples: Vec<Sample> = [
+            (0.0, 10.0),
+            (60.0, 90.0),
+            (120.0, 40.0),
+            (150.0, 42.0),
+            (180.0, 41.0),
+            (210.0, 43.0),
+            (240.0, 44.0),
+            (270.0, 43.0),
+        ]
+        .into_iter()
+        .map(|(t, rss)| at(t, rss))
+        .collect();
         let verdict = verdict(&samples, "agent", 2 * minute, minute);
         assert_eq!(verdict.max_resident_per_interval_mb, [42.0, 43.0, 44.0]);
         let growth = verdict.growth.expect("a growth");
@@ -468,6 +484,14 @@ mod tests {
             [(0.0, 40.0), (60.0, 44.0), (120.0, 48.0)].into_iter().map(|(t, rss)| at(t, rss)).collect();
         let verdict = super::verdict(&growing, "agent", Duration::ZERO, minute);
         assert!(!verdict.flat, "20% growth: {verdict:?}");
+        // A last interval with one reading of two is left out.
+        let cut: Vec<Sample> = [(0.0, 40.0), (30.0, 50.0), (60.0, 42.0), (90.0, 54.0), (120.0, 20.0)]
+            .into_iter()
+            .map(|(t, rss)| at(t, rss))
+            .collect();
+        let verdict = super::verdict(&cut, "agent", Duration::ZERO, minute);
+        assert_eq!(verdict.max_resident_per_interval_mb, [50.0, 54.0]);
+        assert!(verdict.flat, "8% growth: {verdict:?}");
         let one = super::verdict(&growing[..1], "agent", Duration::ZERO, minute);
         assert_eq!((one.growth, one.flat), (None, false), "one interval judges nothing");
     }
