@@ -4,3 +4,10 @@
 //! to Kubernetes, never to the database: the writer takes it from there.
 
 pub mod api;
+pub mod binding;
+pub mod condition;
+pub mod context;
+pub mod environment;
+pub mod names;
+pub mod run;
+pub mod target;

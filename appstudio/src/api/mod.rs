@@ -28,8 +28,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use application::{
-    Application, ApplicationGitOpsRepository, ApplicationSpec, ApplicationStatus, Component, ComponentGitOpsStatus, ComponentSpec,
-    ComponentStatus,
+    Application, ApplicationGitOpsRepository, ApplicationSpec, ApplicationStatus, Component, ComponentGitOpsStatus,
+    ComponentSpec, ComponentStatus,
 };
 pub use binding::{
     BindingComponent, BindingComponentConfiguration, BindingComponentGitOpsRepository, BindingStatusComponent,
@@ -37,8 +37,8 @@ pub use binding::{
     SnapshotEnvironmentBindingStatus,
 };
 pub use environment::{
-    DeploymentTargetClaimConfig, EnvVarPair, Environment, EnvironmentConfiguration, EnvironmentSpec,
-    EnvironmentStatus, EnvironmentTarget, KubernetesClusterCredentials, UnstableEnvironmentConfiguration,
+    DeploymentTargetClaimConfig, EnvVarPair, Environment, EnvironmentConfiguration, EnvironmentSpec, EnvironmentStatus,
+    EnvironmentTarget, KubernetesClusterCredentials, UnstableEnvironmentConfiguration,
 };
 pub use promotion::{
     AutomatedPromotionConfiguration, ManualPromotionConfiguration, PromotionRun, PromotionRunCondition,
@@ -49,8 +49,9 @@ pub use snapshot::{
 };
 pub use target::{
     DeploymentTarget, DeploymentTargetClaim, DeploymentTargetClaimSpec, DeploymentTargetClaimStatus,
-    DeploymentTargetClass, DeploymentTargetClassSpec, DeploymentTargetClassStatus, DeploymentTargetKubernetesClusterCredentials,
-    DeploymentTargetParameters, DeploymentTargetSpec, DeploymentTargetStatus,
+    DeploymentTargetClass, DeploymentTargetClassSpec, DeploymentTargetClassStatus,
+    DeploymentTargetKubernetesClusterCredentials, DeploymentTargetParameters, DeploymentTargetSpec,
+    DeploymentTargetStatus,
 };
 
 /// The API group of the AppStudio resources.

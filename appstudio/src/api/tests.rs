@@ -62,10 +62,10 @@ fn defaults_and_full_objects_send_every_required_field() {
     assert_sends_required(&snapshot);
 
     let mut binding = SnapshotEnvironmentBinding::new("b", SnapshotEnvironmentBindingSpec::default());
-    binding.spec.components.push(BindingComponent {
-        name: "c".into(),
-        configuration: Some(BindingComponentConfiguration::default()),
-    });
+    binding
+        .spec
+        .components
+        .push(BindingComponent { name: "c".into(), configuration: Some(BindingComponentConfiguration::default()) });
     binding.status = Some(SnapshotEnvironmentBindingStatus {
         components: vec![BindingStatusComponent::default()],
         gitops_repo_conditions: vec![Condition::default()],
