@@ -294,7 +294,8 @@ async fn apply_deployment(
     expected: &desired::Expected,
 ) -> Result<Result<Option<GitOpsDeployment>, String>, ReconcileError> {
     let api = Api::<GitOpsDeployment>::namespaced(ctx.client.clone(), namespace);
-    let owner = binding.controller_owner_ref(&()).ok_or(ReconcileError::Incomplete("uid"))?;
+    let mut owner = binding.controller_owner_ref(&()).ok_or(ReconcileError::Incomplete("uid"))?;
+    owner.block_owner_deletion = Some(true);
     if let Some(live) = found(api.get(&expected.name).await, "read a GitOpsDeployment")? {
         let owned = live.owner_references().iter().any(|o| o.uid == owner.uid);
         let same_spec = live.spec.source == expected.spec.source

@@ -6,6 +6,7 @@
 //! Ported from the original service's end-to-end cases; the original's minutes of
 //! waiting are settings here.
 
+mod binding;
 mod crds;
 mod environment;
 
