@@ -12,6 +12,10 @@ pub struct Settings {
     pub user_error_requeue: Duration,
     /// Every object is reconciled again after this, whatever happened (anti-entropy).
     pub resync_interval: Duration,
+    /// How long a promotion may wait for its deployments before it fails.
+    pub promotion_timeout: Duration,
+    /// How often a waiting promotion looks again (changes of its binding wake it sooner).
+    pub promotion_poll: Duration,
     /// Serve only this namespace (default: all).
     pub namespace: Option<String>,
 }
@@ -22,6 +26,8 @@ impl Default for Settings {
             orphan_binding_delay: Duration::from_secs(180),
             user_error_requeue: Duration::from_secs(10),
             resync_interval: Duration::from_secs(600),
+            promotion_timeout: Duration::from_secs(600),
+            promotion_poll: Duration::from_secs(15),
             namespace: None,
         }
     }

@@ -9,5 +9,6 @@ pub mod condition;
 pub mod context;
 pub mod environment;
 pub mod names;
+pub mod promotion;
 pub mod run;
 pub mod target;

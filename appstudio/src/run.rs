@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Context, Settings};
-use crate::{binding, environment};
+use crate::{binding, environment, promotion};
 
 /// Runs every controller until `cancel` is cancelled, then lets in-flight
 /// reconciles finish.
@@ -19,5 +19,6 @@ pub async fn run_controllers(client: kube::Client, settings: Settings, cancel: C
         environment::run(ctx.clone(), stop()),
         environment::legacy::run(ctx.clone(), stop()),
         binding::run(ctx.clone(), stop()),
+        promotion::run(ctx.clone(), stop()),
     );
 }

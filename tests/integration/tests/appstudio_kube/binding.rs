@@ -25,17 +25,23 @@ use gitops_appstudio::names::MANAGED_ENVIRONMENT_SECRET_TYPE;
 const REPO: &str = "https://git.example.invalid/org/gitops-repo";
 const APP: &str = "new-demo-app";
 
-async fn application(g: &Ground, name: &str) {
+pub(crate) async fn application(g: &Ground, name: &str) {
     g.create(&Application::new(name, ApplicationSpec { display_name: name.to_owned(), ..ApplicationSpec::default() }))
         .await;
 }
 
-async fn plain_env(g: &Ground, name: &str) {
+pub(crate) async fn plain_env(g: &Ground, name: &str) {
     g.create(&Environment::new(name, EnvironmentSpec { display_name: name.to_owned(), ..EnvironmentSpec::default() }))
         .await;
 }
 
-async fn binding(g: &Ground, name: &str, app: &str, env: &str, components: &[&str]) -> SnapshotEnvironmentBinding {
+pub(crate) async fn binding(
+    g: &Ground,
+    name: &str,
+    app: &str,
+    env: &str,
+    components: &[&str],
+) -> SnapshotEnvironmentBinding {
     g.create(&SnapshotEnvironmentBinding::new(
         name,
         SnapshotEnvironmentBindingSpec {
@@ -56,7 +62,7 @@ fn overlay(component: &str, env: &str) -> String {
 }
 
 /// Plays the repository generator: `(component, path)` into `status.components`.
-async fn generator_writes(g: &Ground, binding: &str, components: &[(&str, &str)]) {
+pub(crate) async fn generator_writes(g: &Ground, binding: &str, components: &[(&str, &str)]) {
     let components: Vec<Value> = components
         .iter()
         .map(|(name, path)| {
@@ -68,7 +74,7 @@ async fn generator_writes(g: &Ground, binding: &str, components: &[(&str, &str)]
 }
 
 /// Plays the core: a deployment's sync and health as the writer reports them.
-async fn core_reports(g: &Ground, deployment: &str, sync: &str, health: &str) {
+pub(crate) async fn core_reports(g: &Ground, deployment: &str, sync: &str, health: &str) {
     g.patch_status::<GitOpsDeployment>(
         deployment,
         json!({"sync": {"status": sync, "revision": "1f2e3d4c"}, "health": {"status": health}}),
@@ -89,7 +95,7 @@ async fn gone(g: &Ground, name: &str, what: &str) {
     eventually(what, || async { g.get::<GitOpsDeployment>(name).await.is_none().then_some(()) }).await;
 }
 
-async fn binding_where(
+pub(crate) async fn binding_where(
     g: &Ground,
     name: &str,
     what: &str,
@@ -98,7 +104,7 @@ async fn binding_where(
     eventually(what, || async { g.get::<SnapshotEnvironmentBinding>(name).await.filter(|b| check(b)) }).await
 }
 
-fn deployed(binding: &SnapshotEnvironmentBinding) -> Option<Condition> {
+pub(crate) fn deployed(binding: &SnapshotEnvironmentBinding) -> Option<Condition> {
     binding
         .status
         .as_ref()?

@@ -9,6 +9,7 @@
 mod binding;
 mod crds;
 mod environment;
+mod promotion;
 
 use std::time::Duration;
 
