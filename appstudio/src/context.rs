@@ -38,6 +38,7 @@ impl Default for Settings {
 pub struct Context {
     pub client: kube::Client,
     pub settings: Settings,
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 impl Context {

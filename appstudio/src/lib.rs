@@ -5,9 +5,12 @@
 
 pub mod api;
 pub mod binding;
+pub mod claim;
+pub mod cli;
 pub mod condition;
 pub mod context;
 pub mod environment;
+pub mod metrics;
 pub mod names;
 pub mod promotion;
 pub mod run;

@@ -5,12 +5,22 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{Context, Settings};
-use crate::{binding, environment, promotion};
+use crate::{binding, claim, environment, promotion};
 
 /// Runs every controller until `cancel` is cancelled, then lets in-flight
 /// reconciles finish.
 pub async fn run_controllers(client: kube::Client, settings: Settings, cancel: CancellationToken) {
-    let ctx = Arc::new(Context { client, settings });
+    run_with_metrics(client, settings, Arc::default(), cancel).await;
+}
+
+/// As [`run_controllers`], counting into `metrics`.
+pub async fn run_with_metrics(
+    client: kube::Client,
+    settings: Settings,
+    metrics: Arc<crate::metrics::Metrics>,
+    cancel: CancellationToken,
+) {
+    let ctx = Arc::new(Context { client, settings, metrics });
     let stop = || {
         let cancel = cancel.clone();
         async move { cancel.cancelled().await }
@@ -20,5 +30,7 @@ pub async fn run_controllers(client: kube::Client, settings: Settings, cancel: C
         environment::legacy::run(ctx.clone(), stop()),
         binding::run(ctx.clone(), stop()),
         promotion::run(ctx.clone(), stop()),
+        claim::run(ctx.clone(), stop()),
+        claim::reclaim::run(ctx.clone(), stop()),
     );
 }

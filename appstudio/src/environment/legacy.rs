@@ -39,8 +39,16 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
             Some(ObjectRef::new(&managed_environment_name(&env.name_any())).within(&namespace))
         })
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| async {})
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|result| {
+            let metrics = ctx.metrics.clone();
+            async move {
+                metrics.reconciled("environment_legacy_owner", result.is_err());
+                if let Err(error) = result {
+                    tracing::debug!(error = %gitops_shared::telemetry::error_chain(&error), "environment_legacy_owner reconcile");
+                }
+            }
+        })
         .await;
 }
 

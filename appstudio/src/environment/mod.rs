@@ -65,10 +65,14 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
             claiming(&by_target, target.namespace().as_deref(), |_| true)
         })
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(error = %gitops_shared::telemetry::error_chain(&error), "environment reconcile");
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|result| {
+            let metrics = ctx.metrics.clone();
+            async move {
+                metrics.reconciled("environment", result.is_err());
+                if let Err(error) = result {
+                    tracing::debug!(error = %gitops_shared::telemetry::error_chain(&error), "environment reconcile");
+                }
             }
         })
         .await;

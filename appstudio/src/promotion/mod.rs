@@ -83,8 +83,16 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
             runs(&by_snapshot, snapshot.namespace().as_deref(), |run| run.spec.snapshot == name)
         })
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| async {})
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|result| {
+            let metrics = ctx.metrics.clone();
+            async move {
+                metrics.reconciled("promotion", result.is_err());
+                if let Err(error) = result {
+                    tracing::debug!(error = %gitops_shared::telemetry::error_chain(&error), "promotion reconcile");
+                }
+            }
+        })
         .await;
 }
 

@@ -9,7 +9,7 @@ use gitops_appstudio::api::{
     KubernetesClusterCredentials, UnstableEnvironmentConfiguration,
 };
 use gitops_appstudio::environment::{CLAIM_NOT_FOUND, CLAIM_NOT_FOUND_MESSAGE, MANAGED_ENVIRONMENT_REFUSED};
-use gitops_appstudio::names::{ENVIRONMENT_SECRET_LABEL, MANAGED_ENVIRONMENT_SECRET_TYPE};
+use gitops_appstudio::names::{ANN_BIND_COMPLETED, ENVIRONMENT_SECRET_LABEL, MANAGED_ENVIRONMENT_SECRET_TYPE};
 use gitops_writer::api::GitOpsDeploymentManagedEnvironment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
@@ -69,14 +69,15 @@ pub(crate) async fn bound_pair(g: &Ground, claim: &str, target: &str, default_na
     ))
     .await;
     g.patch_status::<DeploymentTarget>(target, json!({"phase": "Bound"})).await;
-    g.create(&DeploymentTargetClaim::new(
+    let mut bound = DeploymentTargetClaim::new(
         claim,
         DeploymentTargetClaimSpec {
             deployment_target_class_name: "test-class".into(),
             target_name: Some(target.to_owned()),
         },
-    ))
-    .await;
+    );
+    bound.metadata.annotations = Some([(ANN_BIND_COMPLETED.to_owned(), "true".to_owned())].into());
+    g.create(&bound).await;
     g.patch_status::<DeploymentTargetClaim>(claim, json!({"phase": "Bound"})).await;
 }
 
@@ -305,10 +306,25 @@ async fn an_unbound_claim_waits_without_a_condition_and_an_empty_namespace_gives
     assert!(g.get::<GitOpsDeploymentManagedEnvironment>("managed-environment-waiting").await.is_none());
     assert!(conditions(&g.get::<Environment>("waiting").await.expect("env")).is_empty());
 
-    g.patch_status::<DeploymentTargetClaim>("pending", json!({"phase": "Bound"})).await;
-    let conditions =
-        env_conditions_where(&g, "waiting", "DeploymentTargetNotFound", |c| find(c, "Reconciled").is_some()).await;
-    assert_eq!(find(&conditions, "Reconciled").expect("Reconciled").reason, "DeploymentTargetNotFound");
+    // A target reserved for the waiting claim appears: the binder binds them, and
+    // the Environment follows.
+    let reserved = DeploymentTarget::new(
+        "dt-for-pending",
+        DeploymentTargetSpec {
+            deployment_target_class_name: "test-class".into(),
+            kubernetes_credentials: DeploymentTargetKubernetesClusterCredentials {
+                default_namespace: "space".into(),
+                api_url: "https://127.0.0.1:9443".into(),
+                cluster_credentials_secret: "dt-secret".into(),
+                allow_insecure_skip_tls_verify: false,
+            },
+            claim_ref: Some("pending".into()),
+        },
+    );
+    g.create(&reserved).await;
+    let managed = managed_env_where(&g, "waiting", "the waiting Environment's ManagedEnvironment", |_| true).await;
+    assert_eq!(managed.spec.api_url, "https://127.0.0.1:9443");
+    assert!(conditions(&g.get::<Environment>("waiting").await.expect("env")).is_empty());
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@
 //! waiting are settings here.
 
 mod binding;
+mod claim;
 mod crds;
 mod environment;
 mod promotion;
