@@ -55,6 +55,17 @@ pub fn sha256_hex(text: &str) -> String {
     Sha256::digest(text.as_bytes()).iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
+/// On a claim once binding is complete (`"true"`).
+pub const ANN_BIND_COMPLETED: &str = "dt.appstudio.redhat.com/bind-complete";
+/// On a claim whose target the controller chose (`"true"`).
+pub const ANN_BOUND_BY_CONTROLLER: &str = "dt.appstudio.redhat.com/bound-by-controller";
+/// On a claim that waits for a provisioner; the value is the claim's class name.
+pub const ANN_DT_PROVISIONER: &str = "provisioner.appstudio.redhat.com/dt-provisioner";
+/// The binder's finalizer on claims.
+pub const FINALIZER_BINDER: &str = "binder.appstudio.redhat.com/finalizer";
+/// The reclaimer's finalizer on targets.
+pub const FINALIZER_DT: &str = "dt.appstudio.redhat.com/finalizer";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,14 +92,3 @@ mod tests {
         assert_eq!(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     }
 }
-
-/// On a claim once binding is complete (`"true"`).
-pub const ANN_BIND_COMPLETED: &str = "dt.appstudio.redhat.com/bind-complete";
-/// On a claim whose target the controller chose (`"true"`).
-pub const ANN_BOUND_BY_CONTROLLER: &str = "dt.appstudio.redhat.com/bound-by-controller";
-/// On a claim that waits for a provisioner; the value is the claim's class name.
-pub const ANN_DT_PROVISIONER: &str = "provisioner.appstudio.redhat.com/dt-provisioner";
-/// The binder's finalizer on claims.
-pub const FINALIZER_BINDER: &str = "binder.appstudio.redhat.com/finalizer";
-/// The reclaimer's finalizer on targets.
-pub const FINALIZER_DT: &str = "dt.appstudio.redhat.com/finalizer";
