@@ -238,7 +238,8 @@ async fn dev_up_runs_side_by_side_and_answers_the_readme_walkthrough() {
         table.lines().any(|l| l.split_whitespace().take(5).eq(["team-a", "demo", "Synced", "Healthy", "True"])),
         "{table}"
     );
-    let apps = kubectl_ok(&env, &cache, &["get", "applications", "-n", "argocd", "--no-headers"], None).await;
+    let apps =
+        kubectl_ok(&env, &cache, &["get", "applications.argoproj.io", "-n", "argocd", "--no-headers"], None).await;
     assert_eq!(apps.lines().count(), 1, "{apps}");
     let explained = kubectl_ok(&env, &cache, &["explain", "gitopsdeployment.spec"], None).await;
     assert!(explained.contains("source") && explained.contains("destination"), "{explained}");
