@@ -365,6 +365,11 @@ impl DevStack {
         let bin_dir = binary_dir()?;
         let writer_bin = binary(&bin_dir, "gitops-writer")?;
         let agent_bin = binary(&bin_dir, "gitops-agent")?;
+        // The AppStudio layer runs by default; a build without it starts the core only.
+        let appstudio_bin = binary(&bin_dir, "gitops-appstudio").ok();
+        if appstudio_bin.is_none() {
+            tracing::warn!("gitops-appstudio is not built: the AppStudio layer does not run (cargo build --workspace)");
+        }
 
         let postgres = PgCluster::start(PgOptions::default()).await.map_err(|source| DevError::Postgres { source })?;
         let database_url = create_database(&postgres).await?;
@@ -425,7 +430,7 @@ impl DevStack {
         };
         let mut stack =
             DevStack { info, kube, client, children: Vec::new(), standins, emulator, postgres, _dir_lock: dir_lock };
-        match stack.start_children(&writer_bin, &agent_bin, shape).await {
+        match stack.start_children(&writer_bin, &agent_bin, appstudio_bin.as_deref(), shape).await {
             Ok(()) => Ok(stack),
             Err(error) => {
                 stack.stop().await;
@@ -438,6 +443,7 @@ impl DevStack {
         &mut self,
         writer_bin: &Path,
         agent_bin: &Path,
+        appstudio_bin: Option<&Path>,
         shape: &StackShape,
     ) -> Result<(), DevError> {
         for (name, value) in &shape.database_settings {
@@ -537,6 +543,12 @@ impl DevStack {
                     ChildSpec { binary: "gitops-agent", name, path: agent_bin.to_owned(), env: env.clone(), extra };
                 self.children.push(spec.spawn(&dir, 0)?);
             }
+        }
+        if let Some(path) = appstudio_bin {
+            let extra = vec![("GITOPS_APPSTUDIO_METRICS_ADDRESS".to_owned(), format!("127.0.0.1:{}", free_port()?))];
+            let name = "gitops-appstudio".to_owned();
+            let spec = ChildSpec { binary: "gitops-appstudio", name, path: path.to_owned(), env: env.clone(), extra };
+            self.children.push(spec.spawn(&dir, 0)?);
         }
         self.info.components = self.children.iter().map(DevChild::info).collect();
         let names: Vec<String> = (0..instances).map(|index| shape.instance(index).0).collect();
@@ -843,8 +855,10 @@ async fn cluster_url(path: &Path) -> Result<String, DevError> {
     Ok(config.cluster_url.to_string().trim_end_matches('/').to_owned())
 }
 
-/// The writer's four CRDs (applied) and, for the stand-in, Argo CD's (through its
-/// installer; a real Argo CD brings its own).
+/// The writer's four CRDs and the AppStudio layer's (applied), the development
+/// Application and Component CRDs where none exist yet (the repository generator's
+/// own are never replaced), and, for the stand-in, Argo CD's (through its installer;
+/// a real Argo CD brings its own).
 async fn install_crds(kube: &kube::Client, standin: bool) -> Result<(), DevError> {
     if standin {
         argocd::install_crds(kube, ForeignCrds::Keep, CRD_DEADLINE)
@@ -852,7 +866,19 @@ async fn install_crds(kube: &kube::Client, standin: bool) -> Result<(), DevError
             .map_err(|source| DevError::Standin { source })?;
     }
     let api = Api::<CustomResourceDefinition>::all(kube.clone());
-    for crd in gitops_writer::api::crds() {
+    let mut crds = gitops_writer::api::crds();
+    crds.extend(gitops_appstudio::api::crds());
+    for crd in gitops_appstudio::api::fixture_crds() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        let existing = api
+            .get_opt(&name)
+            .await
+            .map_err(|source| DevError::Kube { action: format!("read CustomResourceDefinition {name}"), source })?;
+        if existing.is_none() {
+            crds.push(crd);
+        }
+    }
+    for crd in crds {
         let name = crd.metadata.name.clone().unwrap_or_default();
         api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&crd))
             .await

@@ -38,8 +38,9 @@ pub enum Command {
     /// Rotate the encryption of stored secrets.
     Secrets(SecretsArgs),
     /// Write the tenant CustomResourceDefinitions, generated from the writer's
-    /// Rust types, as YAML files (one per CRD); `crds check` lists stored objects
-    /// that stricter CRDs would strand.
+    /// Rust types, as YAML files (one per CRD), and the AppStudio layer's into
+    /// `appstudio/` (its development fixtures into `appstudio-fixtures/`) beside them;
+    /// `crds check` lists stored objects that stricter CRDs would strand.
     Crds(CrdsArgs),
 }
 

@@ -23,6 +23,8 @@ pub enum CtlError {
     GenerateKey { source: CryptoError },
     #[error("could not write the CustomResourceDefinitions")]
     Crds { source: gitops_writer::api::CrdRenderError },
+    #[error("could not write the AppStudio CustomResourceDefinitions")]
+    AppStudioCrds { source: gitops_appstudio::api::CrdRenderError },
     #[error("could not {action} the {kind} objects")]
     Kube { action: &'static str, kind: &'static str, source: kube::Error },
     #[error("could not configure the Kubernetes client")]

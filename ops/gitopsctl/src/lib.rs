@@ -181,8 +181,12 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
         },
         Command::Crds(args) => match args.command {
             None => {
-                let written =
+                let mut written =
                     gitops_writer::api::write_crd_files(&args.out).map_err(|source| CtlError::Crds { source })?;
+                written.extend(
+                    gitops_appstudio::api::write_crd_files(&args.out)
+                        .map_err(|source| CtlError::AppStudioCrds { source })?,
+                );
                 Ok(written.iter().map(|path| format!("wrote {}\n", path.display())).collect())
             }
             Some(CrdsCommand::Check { kubeconfig, api_url_allow_private }) => {

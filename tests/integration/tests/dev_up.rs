@@ -157,6 +157,26 @@ spec:
   type: automated
 ";
 
+const ENVIRONMENT: &str = "apiVersion: v1
+kind: Secret
+metadata: {name: staging-cluster, namespace: team-a}
+type: managed-gitops.redhat.com/managed-environment
+stringData: {kubeconfig: not-a-real-kubeconfig}
+---
+apiVersion: appstudio.redhat.com/v1alpha1
+kind: Environment
+metadata: {name: staging, namespace: team-a}
+spec:
+  displayName: Staging
+  deploymentStrategy: AppStudioAutomated
+  configuration: {target: {deploymentTargetClaim: {claimName: \"\"}}}
+  unstableConfigurationFields:
+    targetNamespace: staging
+    apiURL: https://cluster.example.invalid:6443
+    clusterCredentialsSecret: staging-cluster
+    allowInsecureSkipTLSVerify: false
+";
+
 #[tokio::test]
 async fn dev_up_runs_side_by_side_and_answers_the_readme_walkthrough() {
     if !std::process::Command::new("kubectl").args(["version", "--client"]).output().is_ok_and(|o| o.status.success()) {
@@ -164,7 +184,7 @@ async fn dev_up_runs_side_by_side_and_answers_the_readme_walkthrough() {
         return;
     }
     let bin = binary_dir();
-    for binary in ["gitops-dev", "gitops-writer", "gitops-agent"] {
+    for binary in ["gitops-dev", "gitops-writer", "gitops-agent", "gitops-appstudio"] {
         assert!(
             bin.join(binary).is_file(),
             "{binary} is not built in {}: run `cargo build --bins` first",
@@ -177,7 +197,7 @@ async fn dev_up_runs_side_by_side_and_answers_the_readme_walkthrough() {
     // Each child on a port of its own, each answering.
     let mut urls = Vec::new();
     for stack in [&first, &second] {
-        for component in ["gitops-writer", "gitops-agent"] {
+        for component in ["gitops-writer", "gitops-agent", "gitops-appstudio"] {
             let metrics = url_of(&stack.summary, component, "metrics");
             let health = url_of(&stack.summary, component, "health");
             assert_eq!(http_status(&metrics).await, 200, "{metrics}");
@@ -218,7 +238,8 @@ async fn dev_up_runs_side_by_side_and_answers_the_readme_walkthrough() {
         table.lines().any(|l| l.split_whitespace().take(5).eq(["team-a", "demo", "Synced", "Healthy", "True"])),
         "{table}"
     );
-    let apps = kubectl_ok(&env, &cache, &["get", "applications", "-n", "argocd", "--no-headers"], None).await;
+    let apps =
+        kubectl_ok(&env, &cache, &["get", "applications.argoproj.io", "-n", "argocd", "--no-headers"], None).await;
     assert_eq!(apps.lines().count(), 1, "{apps}");
     let explained = kubectl_ok(&env, &cache, &["explain", "gitopsdeployment.spec"], None).await;
     assert!(explained.contains("source") && explained.contains("destination"), "{explained}");
@@ -228,6 +249,20 @@ async fn dev_up_runs_side_by_side_and_answers_the_readme_walkthrough() {
     assert!(out.contains("created (server dry run)"), "{out}");
     let (found, ..) = kubectl(&env, &cache, &["get", "gitopsdeployment", "rehearsal", "-n", "team-a"], None).await;
     assert!(!found, "a server-side dry run stored nothing");
+
+    // The AppStudio layer runs too: an Environment becomes a ManagedEnvironment.
+    kubectl_ok(&env, &cache, &["apply", "-f", "-"], Some(ENVIRONMENT)).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let args = ["get", "gitopsdeploymentmanagedenvironment", "managed-environment-staging", "-n", "team-a"];
+        if kubectl(&env, &cache, &args, None).await.0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no ManagedEnvironment for the Environment in time");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let envs = kubectl_ok(&env, &cache, &["get", "env", "-n", "team-a", "--no-headers"], None).await;
+    assert!(envs.starts_with("staging"), "the short name `env` works: {envs}");
 
     // Ctrl-C or SIGTERM stops everything.
     let status = first.stop().await;

@@ -10,6 +10,7 @@ mod agent_destinations;
 mod agent_multi;
 mod agent_reconcile;
 mod agent_run;
+mod appstudio_kube;
 mod crypto_store;
 mod db_tls;
 mod dev_up;

@@ -61,8 +61,18 @@ fn is_label(s: &str) -> bool {
         && bytes[bytes.len() - 1] != b'-'
 }
 
+/// As Kubernetes' IsDNS1123Subdomain: the regex and at most 253 characters in all;
+/// a part between dots may be longer than a label's 63.
 fn is_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_label)
+    s.len() <= 253 && s.split('.').all(is_label_chars)
+}
+
+fn is_label_chars(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    !bytes.is_empty()
+        && bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes[0] != b'-'
+        && bytes[bytes.len() - 1] != b'-'
 }
 
 /// How a kind's names are validated.
@@ -163,5 +173,19 @@ mod tests {
         assert_eq!(validate_name("a.b", NameRule::Label).len(), 1);
         assert!(validate_name("system:masters", NameRule::PathSegment).is_empty());
         assert_eq!(random_suffix().len(), 5);
+    }
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::*;
+
+    #[test]
+    fn a_subdomain_part_may_exceed_a_labels_length_as_in_kubernetes() {
+        assert!(validate_name(&"b".repeat(111), NameRule::Subdomain).is_empty());
+        assert!(!validate_name(&"b".repeat(254), NameRule::Subdomain).is_empty());
+        assert!(!validate_name(&"b".repeat(64), NameRule::Label).is_empty());
+        assert!(!validate_name("a..b", NameRule::Subdomain).is_empty());
+        assert!(!validate_name("-a", NameRule::Subdomain).is_empty());
     }
 }

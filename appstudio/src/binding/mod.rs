@@ -1,0 +1,383 @@
+//! The SnapshotEnvironmentBinding controller: one GitOpsDeployment per component the
+//! repository generator listed in `status.components`, owned by the binding, aimed at
+//! what the Environment says, edits by hand reverted, deployments of components no
+//! longer listed deleted; the deployments' sync and health reported back in the
+//! binding's status. The layer never writes Git: the repository generator (or a test
+//! acting as it) fills `status.components`.
+//!
+//! Bindings of an Application that does not exist are deleted after a delay (it may
+//! be created just after the binding); of several bindings for one (application,
+//! environment) only the oldest acts (the admission check races).
+
+pub mod desired;
+pub mod status;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use gitops_writer::api::GitOpsDeployment;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::api::{
+    Application, DeploymentTarget, DeploymentTargetClaim, Environment, SnapshotEnvironmentBinding,
+    SnapshotEnvironmentBindingStatus,
+};
+use crate::condition::{self, ERROR_OCCURRED, FALSE, RECONCILED, TRUE, now_rfc3339};
+use crate::context::{Context, ReconcileError, deleted, found, namespace_terminating};
+use crate::names::{APPLICATION_LABEL, FIELD_MANAGER};
+use crate::target::{self, Bound};
+
+pub const GITOPS_REPO_NOT_READY: &str = "GitOpsRepoNotReady";
+pub const WAITING_FOR_COMPONENT_STATUS: &str = "WaitingForComponentStatus";
+pub const DUPLICATE_COMPONENTS: &str = "DuplicateComponents";
+pub const ERROR_GENERATING: &str = "ErrorGeneratingGitOpsDeployment";
+pub const DUPLICATE_BINDING: &str = "DuplicateBinding";
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
+    let config = watcher::Config::default();
+    let controller = Controller::new(ctx.served::<SnapshotEnvironmentBinding>(), config.clone());
+    let store = controller.store();
+    let (by_env, by_app, by_claim, by_target) = (store.clone(), store.clone(), store.clone(), store);
+    controller
+        .owns(ctx.served::<GitOpsDeployment>(), config.clone())
+        .watches(ctx.served::<Environment>(), config.clone(), move |env| {
+            let name = env.name_any();
+            bindings(&by_env, env.namespace().as_deref(), |b| b.spec.environment == name)
+        })
+        .watches(ctx.served::<Application>(), config.clone(), move |app| {
+            let name = app.name_any();
+            bindings(&by_app, app.namespace().as_deref(), |b| b.spec.application == name)
+        })
+        .watches(ctx.served::<DeploymentTargetClaim>(), config.clone(), move |claim| {
+            bindings(&by_claim, claim.namespace().as_deref(), |_| true)
+        })
+        .watches(ctx.served::<DeploymentTarget>(), config, move |target| {
+            bindings(&by_target, target.namespace().as_deref(), |_| true)
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|result| {
+            let metrics = ctx.metrics.clone();
+            async move {
+                metrics.reconciled("binding", result.is_err());
+                if let Err(error) = result {
+                    tracing::debug!(error = %gitops_shared::telemetry::error_chain(&error), "binding reconcile");
+                }
+            }
+        })
+        .await;
+}
+
+fn bindings(
+    store: &Store<SnapshotEnvironmentBinding>,
+    namespace: Option<&str>,
+    matches: impl Fn(&SnapshotEnvironmentBinding) -> bool,
+) -> Vec<ObjectRef<SnapshotEnvironmentBinding>> {
+    store
+        .state()
+        .into_iter()
+        .filter(|b| b.namespace().as_deref() == namespace && matches(b))
+        .map(|b| ObjectRef::from_obj(b.as_ref()))
+        .collect()
+}
+
+fn error_policy(_: Arc<SnapshotEnvironmentBinding>, error: &ReconcileError, _: Arc<Context>) -> Action {
+    tracing::warn!(error = %gitops_shared::telemetry::error_chain(error), "binding reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// How a reconcile ended, for the binding's conditions.
+enum Report {
+    /// Deployments generated; `gate` says the repository generator reported ready.
+    Done { gate: bool },
+    /// A tenant's or the repository generator's problem: `(reason, message)`.
+    Error(&'static str, String),
+}
+
+async fn reconcile(binding: Arc<SnapshotEnvironmentBinding>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+    let namespace = binding.namespace().ok_or(ReconcileError::Incomplete("namespace"))?;
+    if binding.metadata.deletion_timestamp.is_some() || namespace_terminating(&ctx.client, &namespace).await? {
+        return Ok(Action::await_change());
+    }
+    let name = binding.name_any();
+    let applications = Api::<Application>::namespaced(ctx.client.clone(), &namespace);
+    if found(applications.get_metadata(&binding.spec.application).await, "read the Application")?.is_none() {
+        return orphaned(&ctx, &binding, &namespace).await;
+    }
+    let environments = Api::<Environment>::namespaced(ctx.client.clone(), &namespace);
+    let Some(env) = found(environments.get(&binding.spec.environment).await, "read the Environment")? else {
+        return Ok(Action::await_change());
+    };
+    let (report, entries) = generate(&ctx, &binding, &namespace, &env).await?;
+    let retry = matches!(&report, Report::Error(ERROR_GENERATING, _));
+    write_status(&ctx, &binding, &namespace, report, entries).await?;
+    tracing::debug!(tenant.ns = %namespace, binding = %name, "binding reconciled");
+    Ok(if retry {
+        Action::requeue(ctx.settings.user_error_requeue)
+    } else {
+        Action::requeue(ctx.settings.resync_interval)
+    })
+}
+
+/// A binding whose Application does not exist: deleted once older than the delay.
+async fn orphaned(
+    ctx: &Context,
+    binding: &SnapshotEnvironmentBinding,
+    namespace: &str,
+) -> Result<Action, ReconcileError> {
+    let delay = ctx.settings.orphan_binding_delay;
+    let age = binding
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|created| Duration::try_from(k8s_openapi::jiff::Timestamp::now().duration_since(created.0)).ok())
+        .unwrap_or(Duration::ZERO);
+    if age < delay {
+        return Ok(Action::requeue(delay - age));
+    }
+    tracing::info!(tenant.ns = %namespace, binding = %binding.name_any(), application = %binding.spec.application,
+        "deleting a binding whose Application does not exist");
+    let api = Api::<SnapshotEnvironmentBinding>::namespaced(ctx.client.clone(), namespace);
+    deleted(api.delete(&binding.name_any(), &DeleteParams::default()).await, "delete the orphaned binding")?;
+    Ok(Action::await_change())
+}
+
+/// Creates, updates and deletes the binding's deployments; returns the report and
+/// the status entries (None: keep what the status says).
+async fn generate(
+    ctx: &Context,
+    binding: &SnapshotEnvironmentBinding,
+    namespace: &str,
+    env: &Environment,
+) -> Result<(Report, Option<Vec<crate::api::BindingStatusGitOpsDeployment>>), ReconcileError> {
+    let name = binding.name_any();
+    if let Some(older) = older_duplicate(ctx, binding, namespace).await? {
+        let message = format!(
+            "invalid SnapshotEnvironmentBinding: duplicate combination of Application ({}) and Environment ({}). \
+             Duplicated by: {older}",
+            binding.spec.application, binding.spec.environment
+        );
+        return Ok((Report::Error(DUPLICATE_BINDING, message), None));
+    }
+    let status = binding.status.clone().unwrap_or_default();
+    let gate = match status.gitops_repo_conditions.last().map(|c| c.status.as_str()) {
+        Some(FALSE) => {
+            let message = format!("Cannot Reconcile Binding '{name}', since GitOps Repo Conditions status is false.");
+            return Ok((Report::Error(GITOPS_REPO_NOT_READY, message), None));
+        }
+        Some(TRUE) => true,
+        _ if status.components.is_empty() => {
+            delete_deployments(ctx, binding, namespace, &BTreeSet::new()).await?;
+            let message = format!(
+                "SnapshotEventBinding Component status is required to generate GitOps deployment, waiting for the \
+                 Application Service controller to finish reconciling binding '{name}'"
+            );
+            return Ok((Report::Error(WAITING_FOR_COMPONENT_STATUS, message), Some(Vec::new())));
+        }
+        _ => false,
+    };
+    if let Some(duplicate) = desired::duplicate_component(&status.components) {
+        let message = format!("duplicate component keys found in status field in {duplicate}");
+        return Ok((Report::Error(DUPLICATE_COMPONENTS, message), None));
+    }
+    let destination = match destination(ctx, env, namespace).await? {
+        Ok(destination) => destination,
+        Err(message) => return Ok((Report::Error(ERROR_GENERATING, message), None)),
+    };
+    let mut components = status.components.clone();
+    components.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut expected = Vec::with_capacity(components.len());
+    for component in &components {
+        match desired::expected(binding, component, &destination) {
+            Ok(one) => expected.push(one),
+            Err(message) => return Ok((Report::Error(ERROR_GENERATING, message), None)),
+        }
+    }
+    let keep: BTreeSet<String> = expected.iter().map(|e| e.name.clone()).collect();
+    delete_deployments(ctx, binding, namespace, &keep).await?;
+    let mut entries = Vec::with_capacity(expected.len());
+    let mut refused = Vec::new();
+    for one in &expected {
+        match apply_deployment(ctx, binding, namespace, one).await? {
+            Ok(live) => entries.push(status::deployment_entry(&one.component, &one.name, live.as_ref())),
+            Err(message) => {
+                refused.push(message);
+                entries.push(status::deployment_entry(&one.component, &one.name, None));
+            }
+        }
+    }
+    if !refused.is_empty() {
+        return Ok((Report::Error(ERROR_GENERATING, refused.join("; ")), Some(entries)));
+    }
+    Ok((Report::Done { gate }, Some(entries)))
+}
+
+/// The name of an older binding of the same (application, environment), if any:
+/// that one acts, this one does not.
+async fn older_duplicate(
+    ctx: &Context,
+    binding: &SnapshotEnvironmentBinding,
+    namespace: &str,
+) -> Result<Option<String>, ReconcileError> {
+    let api = Api::<SnapshotEnvironmentBinding>::namespaced(ctx.client.clone(), namespace);
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| ReconcileError::Kube { action: "list the bindings", source })?;
+    let key = |b: &SnapshotEnvironmentBinding| (b.metadata.creation_timestamp.clone().map(|t| t.0), b.name_any());
+    Ok(list
+        .items
+        .iter()
+        .filter(|other| other.metadata.uid != binding.metadata.uid)
+        .filter(|other| other.metadata.deletion_timestamp.is_none())
+        .filter(|other| {
+            other.spec.application == binding.spec.application && other.spec.environment == binding.spec.environment
+        })
+        .filter(|other| key(other) < key(binding))
+        .map(|other| other.name_any())
+        .min())
+}
+
+/// The destination the Environment gives, or the tenant's mistake.
+async fn destination(
+    ctx: &Context,
+    env: &Environment,
+    namespace: &str,
+) -> Result<Result<gitops_writer::api::DeploymentDestination, String>, ReconcileError> {
+    let (mut claim_found, mut bound) = (false, None);
+    if let Some(claim_name) = env.spec.claim_name() {
+        let claims = Api::<DeploymentTargetClaim>::namespaced(ctx.client.clone(), namespace);
+        if let Some(claim) = found(claims.get(claim_name).await, "read the DeploymentTargetClaim")? {
+            claim_found = true;
+            if let Bound::Target(target) = target::bound_target(&ctx.client, namespace, &claim).await? {
+                bound = Some(*target);
+            }
+        }
+    }
+    Ok(desired::destination(env, claim_found, bound.as_ref()))
+}
+
+/// Deletes the binding's deployments not named in `keep`.
+async fn delete_deployments(
+    ctx: &Context,
+    binding: &SnapshotEnvironmentBinding,
+    namespace: &str,
+    keep: &BTreeSet<String>,
+) -> Result<(), ReconcileError> {
+    let api = Api::<GitOpsDeployment>::namespaced(ctx.client.clone(), namespace);
+    let selector = format!("{APPLICATION_LABEL}={}", binding.spec.application);
+    let list = api
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await
+        .map_err(|source| ReconcileError::Kube { action: "list the binding's GitOpsDeployments", source })?;
+    let uid = binding.uid();
+    for deployment in list.items {
+        let owned = deployment.owner_references().iter().any(|o| Some(&o.uid) == uid.as_ref());
+        let name = deployment.name_any();
+        if owned && !keep.contains(&name) {
+            tracing::info!(tenant.ns = %namespace, deployment = %name, "deleting a GitOpsDeployment of a component no longer bound");
+            deleted(api.delete(&name, &DeleteParams::default()).await, "delete a GitOpsDeployment")?;
+        }
+    }
+    Ok(())
+}
+
+/// Creates or corrects one deployment; returns it as it is now, or why it was refused.
+async fn apply_deployment(
+    ctx: &Context,
+    binding: &SnapshotEnvironmentBinding,
+    namespace: &str,
+    expected: &desired::Expected,
+) -> Result<Result<Option<GitOpsDeployment>, String>, ReconcileError> {
+    let api = Api::<GitOpsDeployment>::namespaced(ctx.client.clone(), namespace);
+    let mut owner = binding.controller_owner_ref(&()).ok_or(ReconcileError::Incomplete("uid"))?;
+    owner.block_owner_deletion = Some(true);
+    if let Some(live) = found(api.get(&expected.name).await, "read a GitOpsDeployment")? {
+        let owned = live.owner_references().iter().any(|o| o.uid == owner.uid);
+        let same_spec = live.spec.source == expected.spec.source
+            && live.spec.destination == expected.spec.destination
+            && live.spec.type_ == expected.spec.type_;
+        if owned && same_spec && desired::appstudio_labels(live.labels()) == expected.labels {
+            return Ok(Ok(Some(live)));
+        }
+    }
+    let object = json!({
+        "apiVersion": GitOpsDeployment::api_version(&()),
+        "kind": GitOpsDeployment::kind(&()),
+        "metadata": {"name": expected.name, "labels": expected.labels, "ownerReferences": [owner]},
+        "spec": {"source": expected.spec.source, "destination": expected.spec.destination, "type": expected.spec.type_},
+    });
+    match api.patch(&expected.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&object)).await {
+        Ok(live) => Ok(Ok(Some(live))),
+        Err(kube::Error::Api(status)) if matches!(status.code, 400 | 403 | 422) => {
+            Ok(Err(format!("the GitOpsDeployment {} was refused: {}", expected.name, status.message)))
+        }
+        Err(source) => Err(ReconcileError::Kube { action: "apply a GitOpsDeployment", source }),
+    }
+}
+
+/// Writes the binding's conditions and deployment entries, if they changed.
+async fn write_status(
+    ctx: &Context,
+    binding: &SnapshotEnvironmentBinding,
+    namespace: &str,
+    report: Report,
+    entries: Option<Vec<crate::api::BindingStatusGitOpsDeployment>>,
+) -> Result<(), ReconcileError> {
+    let old: SnapshotEnvironmentBindingStatus = binding.status.clone().unwrap_or_default();
+    let now = now_rfc3339();
+    let mut binding_conditions = old.binding_conditions.clone();
+    match report {
+        Report::Done { gate: true } => {
+            condition::upsert(
+                &mut binding_conditions,
+                condition::condition(ERROR_OCCURRED, FALSE, RECONCILED, ""),
+                &now,
+            );
+            condition::upsert(&mut binding_conditions, condition::condition(RECONCILED, TRUE, RECONCILED, ""), &now);
+        }
+        Report::Done { gate: false } => {
+            condition::resolve(&mut binding_conditions, &now);
+        }
+        Report::Error(reason, message) => {
+            condition::set_error(&mut binding_conditions, reason, &message, &now);
+        }
+    }
+    let (gitops_deployments, component_deployment_conditions) = match entries {
+        // Nothing to deploy: no deployment condition either.
+        Some(entries) if entries.is_empty() => (entries, Vec::new()),
+        Some(entries) => {
+            let conditions = status::deployment_conditions(
+                &old.component_deployment_conditions,
+                status::components_deployed(&entries),
+                &now,
+            );
+            (entries, conditions)
+        }
+        None => (old.gitops_deployments.clone(), old.component_deployment_conditions.clone()),
+    };
+    if binding_conditions == old.binding_conditions
+        && gitops_deployments == old.gitops_deployments
+        && component_deployment_conditions == old.component_deployment_conditions
+    {
+        return Ok(());
+    }
+    let patch = json!({"status": {
+        "bindingConditions": binding_conditions,
+        "gitopsDeployments": gitops_deployments,
+        "componentDeploymentConditions": component_deployment_conditions,
+    }});
+    let api = Api::<SnapshotEnvironmentBinding>::namespaced(ctx.client.clone(), namespace);
+    deleted(
+        api.patch_status(&binding.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await,
+        "write the binding's status",
+    )
+}

@@ -1,0 +1,180 @@
+//! `gitops-appstudio run`: flags (each also an environment variable), the Kubernetes
+//! client, `/metrics`, `/healthz` and `/readyz`, and the controllers until SIGTERM.
+//! The configuration is built by taking the arguments apart, so a flag that is not
+//! used does not compile.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use gitops_shared::config::parse_duration;
+use gitops_shared::serve::{HealthEndpoints, serve_health};
+use tokio_util::sync::CancellationToken;
+
+use crate::context::Settings;
+use crate::metrics::Metrics;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gitops-appstudio",
+    version,
+    about = "The GitOps service's AppStudio layer: AppStudio resources into core resources"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Log format on stderr: `text`, or `json` (one object per line). The level comes
+    /// from RUST_LOG (`info` by default).
+    #[arg(long, global = true, env = gitops_shared::telemetry::LOG_FORMAT, default_value_t)]
+    pub log_format: gitops_shared::telemetry::LogFormat,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the controllers (Kubernetes only; no database).
+    Run(RunArgs),
+}
+
+/// Flags of `run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Kubeconfig of the cluster with the AppStudio and core resources (default: as
+    /// kube infers it).
+    #[arg(long, env = "GITOPS_KUBECONFIG")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// Serve only this namespace (default: all).
+    #[arg(long, env = "GITOPS_APPSTUDIO_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "GITOPS_APPSTUDIO_METRICS_ADDRESS", default_value = "127.0.0.1:9467")]
+    pub metrics_address: std::net::SocketAddr,
+    /// How long a binding whose Application does not exist is kept before it is
+    /// deleted, e.g. 3m (a bare number is seconds).
+    #[arg(long, env = "GITOPS_APPSTUDIO_ORPHAN_BINDING_DELAY", value_parser = parse_duration, default_value = "3m")]
+    pub orphan_binding_delay: Duration,
+    /// How long a promotion may wait for its deployments to be Synced and Healthy
+    /// before it fails, e.g. 10m.
+    #[arg(long, env = "GITOPS_APPSTUDIO_PROMOTION_TIMEOUT", value_parser = parse_duration, default_value = "10m")]
+    pub promotion_timeout: Duration,
+    /// How often every object is reconciled again whatever happened, e.g. 10m.
+    #[arg(long, env = "GITOPS_APPSTUDIO_RESYNC_INTERVAL", value_parser = parse_duration, default_value = "10m")]
+    pub resync_interval: Duration,
+}
+
+/// Why the layer stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum AppStudioError {
+    #[error("could not read the kubeconfig {path}")]
+    Kubeconfig { path: std::path::PathBuf, source: kube::config::KubeconfigError },
+    #[error("could not find a Kubernetes configuration")]
+    InferKube { source: kube::config::InferConfigError },
+    #[error("could not build a Kubernetes client")]
+    KubeClient { source: kube::Error },
+    #[error("could not listen on {address}")]
+    Bind { address: std::net::SocketAddr, source: std::io::Error },
+}
+
+/// Every environment variable `gitops-appstudio run` reads (manifests are checked
+/// against it).
+pub fn run_env_vars() -> Vec<String> {
+    use clap::CommandFactory;
+    let cli = Cli::command();
+    let run = cli.find_subcommand("run").into_iter().flat_map(|run| run.get_arguments());
+    cli.get_arguments()
+        .chain(run)
+        .filter_map(|arg| arg.get_env())
+        .map(|env| env.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Runs one command; returns what to print on stdout.
+pub async fn execute(command: Command) -> Result<String, AppStudioError> {
+    match command {
+        Command::Run(args) => run(args).await.map(|()| String::new()),
+    }
+}
+
+/// What `/metrics` and `/readyz` read.
+#[derive(Clone)]
+struct Endpoints {
+    metrics: Arc<Metrics>,
+    client: kube::Client,
+}
+
+impl HealthEndpoints for Endpoints {
+    fn metrics(&self) -> String {
+        self.metrics.render()
+    }
+
+    async fn readiness(&self) -> Result<(), String> {
+        match self.client.apiserver_version().await {
+            Ok(_) => Ok(()),
+            Err(_) => Err("kubernetes_api_reachable=false".to_owned()),
+        }
+    }
+}
+
+/// Runs the controllers until SIGTERM or Ctrl-C.
+pub async fn run(args: RunArgs) -> Result<(), AppStudioError> {
+    let RunArgs { kubeconfig, namespace, metrics_address, orphan_binding_delay, promotion_timeout, resync_interval } =
+        args;
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(&path)
+                .map_err(|source| AppStudioError::Kubeconfig { path: path.clone(), source })?;
+            kube::Config::from_custom_kubeconfig(file, &Default::default())
+                .await
+                .map_err(|source| AppStudioError::Kubeconfig { path, source })?
+        }
+        None => kube::Config::infer().await.map_err(|source| AppStudioError::InferKube { source })?,
+    };
+    let client = kube::Client::try_from(config).map_err(|source| AppStudioError::KubeClient { source })?;
+    let settings =
+        Settings { orphan_binding_delay, promotion_timeout, resync_interval, namespace, ..Settings::default() };
+    let listener = tokio::net::TcpListener::bind(metrics_address)
+        .await
+        .map_err(|source| AppStudioError::Bind { address: metrics_address, source })?;
+    tracing::info!(%metrics_address, namespace = settings.namespace.as_deref().unwrap_or("(all)"), "gitops-appstudio starting");
+    let cancel = CancellationToken::new();
+    tokio::spawn(gitops_shared::serve::cancel_on_signal(cancel.clone()));
+    let metrics = Arc::new(Metrics::default());
+    let endpoints = Endpoints { metrics: metrics.clone(), client: client.clone() };
+    let http = tokio::spawn(serve_health(listener, endpoints, cancel.clone()));
+    crate::run::run_with_metrics(client, settings, metrics, cancel.clone()).await;
+    cancel.cancel();
+    let _ = http.await;
+    tracing::info!("gitops-appstudio stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_units_and_every_flag_has_a_variable() {
+        let cli = Cli::try_parse_from([
+            "gitops-appstudio",
+            "run",
+            "--orphan-binding-delay",
+            "90",
+            "--promotion-timeout",
+            "2m",
+        ])
+        .expect("parses");
+        let Command::Run(args) = cli.command;
+        assert_eq!(args.orphan_binding_delay, Duration::from_secs(90));
+        assert_eq!(args.promotion_timeout, Duration::from_secs(120));
+        assert_eq!(args.resync_interval, Duration::from_secs(600));
+        let names = run_env_vars();
+        for name in [
+            "GITOPS_KUBECONFIG",
+            "GITOPS_APPSTUDIO_NAMESPACE",
+            "GITOPS_APPSTUDIO_METRICS_ADDRESS",
+            "GITOPS_APPSTUDIO_PROMOTION_TIMEOUT",
+        ] {
+            assert!(names.iter().any(|n| n == name), "{name} missing from {names:?}");
+        }
+        assert!(Cli::try_parse_from(["gitops-appstudio", "run", "--promotion-timeout", "soon"]).is_err());
+    }
+}

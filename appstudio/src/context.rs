@@ -1,0 +1,88 @@
+//! What every reconciler gets: the client, the settings, and the errors they share.
+
+use std::time::Duration;
+
+/// The layer's settings (flags of `gitops-appstudio run`).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How long a binding whose Application does not exist is kept before it is
+    /// deleted (the Application may simply not be created yet).
+    pub orphan_binding_delay: Duration,
+    /// When a tenant's input cannot be turned into core resources, look again after this.
+    pub user_error_requeue: Duration,
+    /// Every object is reconciled again after this, whatever happened (anti-entropy).
+    pub resync_interval: Duration,
+    /// How long a promotion may wait for its deployments before it fails.
+    pub promotion_timeout: Duration,
+    /// How often a waiting promotion looks again (changes of its binding wake it sooner).
+    pub promotion_poll: Duration,
+    /// Serve only this namespace (default: all).
+    pub namespace: Option<String>,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            orphan_binding_delay: Duration::from_secs(180),
+            user_error_requeue: Duration::from_secs(10),
+            resync_interval: Duration::from_secs(600),
+            promotion_timeout: Duration::from_secs(600),
+            promotion_poll: Duration::from_secs(15),
+            namespace: None,
+        }
+    }
+}
+
+/// Shared by the reconciles of every controller.
+#[derive(Clone)]
+pub struct Context {
+    pub client: kube::Client,
+    pub settings: Settings,
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+}
+
+impl Context {
+    /// The API of a namespaced kind in the namespaces the layer serves.
+    pub fn served<K>(&self) -> kube::Api<K>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+    {
+        match &self.settings.namespace {
+            Some(namespace) => kube::Api::namespaced(self.client.clone(), namespace),
+            None => kube::Api::all(self.client.clone()),
+        }
+    }
+}
+
+/// Why a reconcile failed (retried with backoff). Tenant mistakes are not errors:
+/// they become conditions.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("could not {action}")]
+    Kube { action: &'static str, source: kube::Error },
+    #[error("the object has no {0}")]
+    Incomplete(&'static str),
+}
+
+/// A Kubernetes call's error, NotFound as None.
+pub fn found<T>(result: Result<T, kube::Error>, action: &'static str) -> Result<Option<T>, ReconcileError> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
+        Err(source) => Err(ReconcileError::Kube { action, source }),
+    }
+}
+
+/// A delete whose NotFound counts as done.
+pub fn deleted<T>(result: Result<T, kube::Error>, action: &'static str) -> Result<(), ReconcileError> {
+    found(result, action).map(|_| ())
+}
+
+/// Whether namespace `name` is being deleted (then nothing is written into it).
+pub async fn namespace_terminating(client: &kube::Client, name: &str) -> Result<bool, ReconcileError> {
+    let namespaces = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
+    match namespaces.get_opt(name).await {
+        Ok(namespace) => Ok(namespace.is_some_and(|ns| ns.metadata.deletion_timestamp.is_some())),
+        Err(source) => Err(ReconcileError::Kube { action: "read the namespace", source }),
+    }
+}

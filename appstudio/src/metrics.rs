@@ -1,0 +1,64 @@
+//! The layer's counters, rendered as Prometheus text on `/metrics`: reconciles and
+//! failed reconciles per controller.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The controllers, as the `controller` label names them.
+pub const CONTROLLERS: [&str; 6] =
+    ["environment", "environment_legacy_owner", "binding", "promotion", "claim", "target"];
+
+/// Counters per controller (indexed as [`CONTROLLERS`]).
+#[derive(Debug, Default)]
+pub struct Metrics {
+    reconciles: [AtomicU64; 6],
+    failures: [AtomicU64; 6],
+}
+
+impl Metrics {
+    /// Counts one reconcile of `controller`, failed or not.
+    pub fn reconciled(&self, controller: &str, failed: bool) {
+        if let Some(index) = CONTROLLERS.iter().position(|c| *c == controller) {
+            self.reconciles[index].fetch_add(1, Ordering::Relaxed);
+            if failed {
+                self.failures[index].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        out.push_str("# HELP gitops_appstudio_reconciles_total Reconciles run, per controller.\n");
+        out.push_str("# TYPE gitops_appstudio_reconciles_total counter\n");
+        for (index, controller) in CONTROLLERS.iter().enumerate() {
+            let value = self.reconciles[index].load(Ordering::Relaxed);
+            out.push_str(&format!("gitops_appstudio_reconciles_total{{controller=\"{controller}\"}} {value}\n"));
+        }
+        out.push_str("# HELP gitops_appstudio_reconcile_failures_total Reconciles that failed and were retried, per controller.\n");
+        out.push_str("# TYPE gitops_appstudio_reconcile_failures_total counter\n");
+        for (index, controller) in CONTROLLERS.iter().enumerate() {
+            let value = self.failures[index].load(Ordering::Relaxed);
+            out.push_str(&format!(
+                "gitops_appstudio_reconcile_failures_total{{controller=\"{controller}\"}} {value}\n"
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_render_per_controller() {
+        let metrics = Metrics::default();
+        metrics.reconciled("binding", false);
+        metrics.reconciled("binding", true);
+        metrics.reconciled("unknown", true);
+        let text = metrics.render();
+        assert!(text.contains("gitops_appstudio_reconciles_total{controller=\"binding\"} 2\n"), "{text}");
+        assert!(text.contains("gitops_appstudio_reconcile_failures_total{controller=\"binding\"} 1\n"), "{text}");
+        assert!(text.contains("gitops_appstudio_reconciles_total{controller=\"claim\"} 0\n"), "{text}");
+    }
+}

@@ -1,0 +1,407 @@
+//! The PromotionRun controller, manual promotion: locate (or create) the binding of
+//! the Application and the target Environment, point it at the Snapshot, and wait
+//! until every GitOpsDeployment of the binding is Synced and Healthy at the commit the
+//! repository generator reported — or fail after a time limit.
+//!
+//! A binding the controller creates carries the label
+//! `appstudio.redhat.com/generated-by-promotion-run` and no owner reference: deleting
+//! the run must not collect the binding and every deployment of the environment.
+//! Bindings are watched, so a run moves on as soon as its binding's status changes.
+//! Only one run per application and namespace is active at a time (the oldest).
+
+pub mod progress;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::api::{
+    BindingComponent, Component, PromotionRun, PromotionRunCondition, PromotionRunEnvironmentStatus,
+    PromotionRunStatus, Snapshot, SnapshotEnvironmentBinding, SnapshotEnvironmentBindingSpec,
+};
+use crate::condition::{ERROR_OCCURRED, FALSE, TRUE, now_rfc3339};
+use crate::context::{Context, ReconcileError, found, namespace_terminating};
+use crate::names::sha256_hex;
+use progress::Progress;
+
+pub const STATE_ACTIVE: &str = "Active";
+pub const STATE_WAITING: &str = "Waiting";
+pub const STATE_COMPLETE: &str = "Complete";
+pub const RESULT_SUCCESS: &str = "Success";
+pub const RESULT_FAILURE: &str = "Failure";
+pub const STATUS_SUCCESS: &str = "Success";
+pub const STATUS_IN_PROGRESS: &str = "In Progress";
+pub const STATUS_FAILED: &str = "Failed";
+pub const ALL_SYNCED_HEALTHY: &str = "All GitOpsDeployments are Synced/Healthy";
+pub const AUTOMATED_NOT_SUPPORTED: &str = "Automated promotion are not yet supported.";
+pub const TARGET_INVALID: &str = "Target Environment has invalid value.";
+pub const ACTIVE_PROMOTION_EXISTS: &str = "Error occurred while checking for existing active promotions.";
+pub const WAITING_FOR_DEPLOYMENTS: &str =
+    "Waiting for the environment binding to create all of the expected GitOpsDeployments.";
+/// Labels on a binding the controller created.
+pub const GENERATED_BY_LABEL: &str = "appstudio.redhat.com/generated-by-promotion-run";
+pub const APPLICATION_LABEL: &str = "appstudio.application";
+pub const ENVIRONMENT_LABEL: &str = "appstudio.environment";
+
+/// The binding a promotion creates for (application, environment):
+/// `lower(<app>-<env>-generated-binding)`, or over 250 characters
+/// `generated-environment-binding-<sha256 hex of that>`.
+pub fn generated_binding_name(application: &str, environment: &str) -> String {
+    let name = format!("{application}-{environment}-generated-binding").to_lowercase();
+    if name.len() > 250 { format!("generated-environment-binding-{}", sha256_hex(&name)) } else { name }
+}
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
+    let config = watcher::Config::default();
+    let controller = Controller::new(ctx.served::<PromotionRun>(), config.clone());
+    let store = controller.store();
+    let (by_binding, by_snapshot, by_sibling) = (store.clone(), store.clone(), store);
+    controller
+        // A run that completes lets the next run of its application start.
+        .watches(ctx.served::<PromotionRun>(), config.clone(), move |finished| {
+            if !complete(&finished) {
+                return Vec::new();
+            }
+            runs(&by_sibling, finished.namespace().as_deref(), |run| run.spec.application == finished.spec.application)
+        })
+        .watches(ctx.served::<SnapshotEnvironmentBinding>(), config.clone(), move |binding| {
+            runs(&by_binding, binding.namespace().as_deref(), |run| {
+                run.spec.application == binding.spec.application
+                    && run.spec.manual_promotion.target_environment == binding.spec.environment
+            })
+        })
+        .watches(ctx.served::<Snapshot>(), config, move |snapshot| {
+            let name = snapshot.name_any();
+            runs(&by_snapshot, snapshot.namespace().as_deref(), |run| run.spec.snapshot == name)
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|result| {
+            let metrics = ctx.metrics.clone();
+            async move {
+                metrics.reconciled("promotion", result.is_err());
+                if let Err(error) = result {
+                    tracing::debug!(error = %gitops_shared::telemetry::error_chain(&error), "promotion reconcile");
+                }
+            }
+        })
+        .await;
+}
+
+/// The unfinished runs of `namespace` that `matches` accepts.
+fn runs(
+    store: &Store<PromotionRun>,
+    namespace: Option<&str>,
+    matches: impl Fn(&PromotionRun) -> bool,
+) -> Vec<ObjectRef<PromotionRun>> {
+    store
+        .state()
+        .into_iter()
+        .filter(|run| run.namespace().as_deref() == namespace && !complete(run) && matches(run))
+        .map(|run| ObjectRef::from_obj(run.as_ref()))
+        .collect()
+}
+
+fn complete(run: &PromotionRun) -> bool {
+    run.status.as_ref().is_some_and(|s| s.state == STATE_COMPLETE)
+}
+
+fn error_policy(_: Arc<PromotionRun>, error: &ReconcileError, _: Arc<Context>) -> Action {
+    tracing::warn!(error = %gitops_shared::telemetry::error_chain(error), "promotion reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+fn error_condition(message: &str, now: &str) -> PromotionRunCondition {
+    PromotionRunCondition {
+        type_: ERROR_OCCURRED.to_owned(),
+        status: TRUE.to_owned(),
+        reason: Some(ERROR_OCCURRED.to_owned()),
+        message: Some(message.to_owned()),
+        last_probe_time: Some(now.to_owned()),
+        last_transition_time: Some(now.to_owned()),
+    }
+}
+
+fn no_error_condition(now: &str) -> PromotionRunCondition {
+    PromotionRunCondition {
+        type_: ERROR_OCCURRED.to_owned(),
+        status: FALSE.to_owned(),
+        reason: None,
+        message: None,
+        last_probe_time: Some(now.to_owned()),
+        last_transition_time: Some(now.to_owned()),
+    }
+}
+
+/// Sets the one `ErrorOccurred` condition, keeping its times when nothing changed.
+fn set_condition(status: &mut PromotionRunStatus, new: PromotionRunCondition) {
+    if let Some(old) = status.conditions.iter_mut().find(|c| c.type_ == new.type_) {
+        if old.status == new.status && old.reason == new.reason && old.message == new.message {
+            return;
+        }
+        *old = new;
+    } else {
+        status.conditions.push(new);
+    }
+}
+
+async fn reconcile(run: Arc<PromotionRun>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+    let namespace = run.namespace().ok_or(ReconcileError::Incomplete("namespace"))?;
+    if complete(&run)
+        || run.metadata.deletion_timestamp.is_some()
+        || namespace_terminating(&ctx.client, &namespace).await?
+    {
+        return Ok(Action::await_change());
+    }
+    let old = run.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+    let action = step(&ctx, &run, &namespace, &mut status).await?;
+    if status != old {
+        let api = Api::<PromotionRun>::namespaced(ctx.client.clone(), &namespace);
+        let patch = json!({"status": status});
+        api.patch_status(&run.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|source| ReconcileError::Kube { action: "write the PromotionRun's status", source })?;
+    }
+    Ok(action)
+}
+
+/// One step of the promotion; updates `status` and says when to look again.
+async fn step(
+    ctx: &Context,
+    run: &PromotionRun,
+    namespace: &str,
+    status: &mut PromotionRunStatus,
+) -> Result<Action, ReconcileError> {
+    let now = now_rfc3339();
+    let user_error = |status: &mut PromotionRunStatus, message: &str| {
+        set_condition(status, error_condition(message, &now));
+    };
+    if let Some(older) = older_active_run(ctx, run, namespace).await? {
+        tracing::debug!(tenant.ns = %namespace, run = %run.name_any(), %older, "another promotion of the application is active");
+        user_error(status, ACTIVE_PROMOTION_EXISTS);
+        return Ok(Action::requeue(ctx.settings.promotion_poll));
+    }
+    if !run.spec.automated_promotion.initial_environment.is_empty() {
+        user_error(status, AUTOMATED_NOT_SUPPORTED);
+        return Ok(Action::await_change());
+    }
+    let target = run.spec.manual_promotion.target_environment.as_str();
+    if target.is_empty() {
+        user_error(status, TARGET_INVALID);
+        return Ok(Action::await_change());
+    }
+    let binding = match locate_or_create_binding(ctx, run, namespace, target).await? {
+        Ok(binding) => binding,
+        Err(message) => {
+            user_error(status, &message);
+            return Ok(Action::requeue(ctx.settings.user_error_requeue));
+        }
+    };
+    let binding_name = binding.name_any();
+    if status.state.is_empty() {
+        status.state = STATE_ACTIVE.to_owned();
+    }
+    if status.active_bindings.first().is_some_and(|active| *active != binding_name) {
+        let message = format!(
+            "The binding changed after the PromotionRun first start: it was {}, it is now {binding_name}.",
+            status.active_bindings[0]
+        );
+        user_error(status, &message);
+        return Ok(Action::await_change());
+    }
+    let snapshots = Api::<Snapshot>::namespaced(ctx.client.clone(), namespace);
+    if found(snapshots.get_metadata(&run.spec.snapshot).await, "read the Snapshot")?.is_none() {
+        let message = format!("Snapshot: {} referred in Binding: {binding_name} does not exist.", run.spec.snapshot);
+        user_error(status, &message);
+        return Ok(Action::await_change());
+    }
+    if binding.spec.snapshot != run.spec.snapshot || status.active_bindings.is_empty() {
+        if binding.spec.snapshot != run.spec.snapshot {
+            let api = Api::<SnapshotEnvironmentBinding>::namespaced(ctx.client.clone(), namespace);
+            api.patch(
+                &binding_name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"snapshot": run.spec.snapshot}})),
+            )
+            .await
+            .map_err(|source| ReconcileError::Kube { action: "point the binding at the Snapshot", source })?;
+        }
+        status.promotion_start_time.get_or_insert_with(|| now.clone());
+        status.active_bindings = vec![binding_name.clone()];
+        // The binding's status still speaks of the old Snapshot: look again once it changes.
+        set_condition(status, no_error_condition(&now));
+        set_environment_status(status, target, STATUS_IN_PROGRESS, WAITING_FOR_DEPLOYMENTS);
+        return Ok(Action::requeue(ctx.settings.promotion_poll));
+    }
+    let binding_status = binding.status.clone().unwrap_or_default();
+    let elapsed = status
+        .promotion_start_time
+        .as_deref()
+        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        .and_then(|started| Duration::try_from(k8s_openapi::jiff::Timestamp::now().duration_since(started)).ok())
+        .unwrap_or(Duration::ZERO);
+    let limit = ctx.settings.promotion_timeout;
+    let poll = ctx.settings.promotion_poll.min(limit.saturating_sub(elapsed) + Duration::from_secs(1));
+    match progress::progress(
+        binding.spec.components.len(),
+        &binding_status.components,
+        &binding_status.gitops_deployments,
+        elapsed,
+        limit,
+    ) {
+        Progress::Creating => {
+            set_environment_status(status, target, STATUS_IN_PROGRESS, WAITING_FOR_DEPLOYMENTS);
+            Ok(Action::requeue(poll))
+        }
+        Progress::Waiting(names) => {
+            status.state = STATE_WAITING.to_owned();
+            let message = format!("Waiting for following GitOpsDeployments to be Synced/Healthy: {}", names.join(", "));
+            set_environment_status(status, target, STATUS_IN_PROGRESS, &message);
+            set_condition(status, no_error_condition(&now));
+            Ok(Action::requeue(poll))
+        }
+        Progress::TimedOut => {
+            status.state = STATE_COMPLETE.to_owned();
+            status.completion_result = Some(RESULT_FAILURE.to_owned());
+            let message = format!("Promotion Failed. Could not be completed in {}.", progress::limit_text(limit));
+            set_environment_status(status, target, STATUS_FAILED, &message);
+            user_error(status, &message);
+            Ok(Action::await_change())
+        }
+        Progress::Done => {
+            status.state = STATE_COMPLETE.to_owned();
+            status.completion_result = Some(RESULT_SUCCESS.to_owned());
+            status.active_bindings = vec![binding_name];
+            set_environment_status(status, target, STATUS_SUCCESS, ALL_SYNCED_HEALTHY);
+            set_condition(status, no_error_condition(&now));
+            Ok(Action::await_change())
+        }
+    }
+}
+
+/// The entry of `environment` (step 1: a manual promotion has one).
+fn set_environment_status(status: &mut PromotionRunStatus, environment: &str, state: &str, display: &str) {
+    let entry = PromotionRunEnvironmentStatus {
+        step: 1,
+        environment_name: environment.to_owned(),
+        status: state.to_owned(),
+        display_status: display.to_owned(),
+    };
+    match status.environment_status.iter_mut().find(|e| e.environment_name == environment) {
+        Some(old) => *old = entry,
+        None => status.environment_status.push(entry),
+    }
+}
+
+/// An older unfinished run of the same application in the namespace, if any.
+async fn older_active_run(
+    ctx: &Context,
+    run: &PromotionRun,
+    namespace: &str,
+) -> Result<Option<String>, ReconcileError> {
+    let api = Api::<PromotionRun>::namespaced(ctx.client.clone(), namespace);
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| ReconcileError::Kube { action: "list the PromotionRuns", source })?;
+    let key = |r: &PromotionRun| (r.metadata.creation_timestamp.clone().map(|t| t.0), r.name_any());
+    Ok(list
+        .items
+        .iter()
+        .filter(|other| other.metadata.uid != run.metadata.uid && !complete(other))
+        .filter(|other| other.spec.application == run.spec.application && key(other) < key(run))
+        .map(|other| other.name_any())
+        .min())
+}
+
+/// The binding of (application, `target`): the first in the namespace, else a new one
+/// listing every Component of the application. `Err`: the tenant's problem.
+async fn locate_or_create_binding(
+    ctx: &Context,
+    run: &PromotionRun,
+    namespace: &str,
+    target: &str,
+) -> Result<Result<SnapshotEnvironmentBinding, String>, ReconcileError> {
+    let api = Api::<SnapshotEnvironmentBinding>::namespaced(ctx.client.clone(), namespace);
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| ReconcileError::Kube { action: "list the bindings", source })?;
+    let mut matching: Vec<SnapshotEnvironmentBinding> = list
+        .items
+        .into_iter()
+        .filter(|b| b.spec.application == run.spec.application && b.spec.environment == target)
+        .collect();
+    matching.sort_by_key(|b| (b.metadata.creation_timestamp.clone().map(|t| t.0), b.name_any()));
+    if let Some(binding) = matching.into_iter().next() {
+        return Ok(Ok(binding));
+    }
+    let components = Api::<Component>::namespaced(ctx.client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| ReconcileError::Kube { action: "list the Components", source })?;
+    let mut names: Vec<String> =
+        components.items.iter().filter(|c| c.spec.application == run.spec.application).map(|c| c.name_any()).collect();
+    names.sort();
+    if names.is_empty() {
+        return Ok(Err(format!(
+            "no Components of Application {} to promote to Environment {target}",
+            run.spec.application
+        )));
+    }
+    let name = generated_binding_name(&run.spec.application, target);
+    let mut binding = SnapshotEnvironmentBinding::new(
+        &name,
+        SnapshotEnvironmentBindingSpec {
+            application: run.spec.application.clone(),
+            environment: target.to_owned(),
+            snapshot: run.spec.snapshot.clone(),
+            components: names.into_iter().map(|name| BindingComponent { name, configuration: None }).collect(),
+        },
+    );
+    binding.meta_mut().labels = Some(
+        [
+            (APPLICATION_LABEL.to_owned(), run.spec.application.clone()),
+            (ENVIRONMENT_LABEL.to_owned(), target.to_owned()),
+            (GENERATED_BY_LABEL.to_owned(), run.name_any()),
+        ]
+        .into(),
+    );
+    match api.create(&PostParams::default(), &binding).await {
+        Ok(created) => Ok(Ok(created)),
+        Err(kube::Error::Api(status)) if status.code == 409 => found(
+            api.get(&name).await,
+            "read the generated binding",
+        )?
+        .map_or_else(|| Ok(Err(format!("the binding {name} could not be created"))), |existing| Ok(Ok(existing))),
+        Err(kube::Error::Api(status)) if matches!(status.code, 400 | 403 | 422) => {
+            Ok(Err(format!("the binding {name} was refused: {}", status.message)))
+        }
+        Err(source) => Err(ReconcileError::Kube { action: "create the binding", source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_binding_names_are_lowercase_and_hashed_when_long() {
+        assert_eq!(generated_binding_name("New-Demo-App", "Prod"), "new-demo-app-prod-generated-binding");
+        let app = "a".repeat(240);
+        let long = format!("{app}-prod-generated-binding");
+        assert_eq!(
+            generated_binding_name(&app, "prod"),
+            format!("generated-environment-binding-{}", sha256_hex(&long))
+        );
+    }
+}
