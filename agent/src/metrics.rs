@@ -58,6 +58,8 @@ pub struct Metrics {
     pub sweep_deletions_refused: AtomicU64,
     /// Operations enqueued because a row had no object (or was being deleted).
     pub sweep_restores_enqueued: AtomicU64,
+    /// Rows queued because their object drifted (spec hash or generation).
+    pub sweep_resyncs_enqueued: AtomicU64,
     /// Tenants this instance let go of for a move (its objects removed, nothing pruned).
     pub tenants_released: AtomicU64,
     /// Tenants this instance took on after a move or a failover.
@@ -115,6 +117,7 @@ impl Default for Metrics {
             sweep_deletions_enqueued: AtomicU64::new(0),
             sweep_deletions_refused: AtomicU64::new(0),
             sweep_restores_enqueued: AtomicU64::new(0),
+            sweep_resyncs_enqueued: AtomicU64::new(0),
             tenants_released: AtomicU64::new(0),
             tenants_adopted: AtomicU64::new(0),
             objects_released: AtomicU64::new(0),
@@ -233,7 +236,7 @@ impl Metrics {
             "1 while this process holds the instance's duty lease (its sweep, heartbeat and health probe).",
             i64::from(self.duty_held.load(Ordering::Relaxed)),
         );
-        let plain: [(&str, &str, &AtomicU64); 15] = [
+        let plain: [(&str, &str, &AtomicU64); 16] = [
             ("gitops_agent_heartbeats_total", "Instance heartbeats written.", &self.heartbeats),
             ("gitops_agent_argocd_probes_total", "Probes of the Argo CD namespace's API.", &self.argocd_probes),
             ("gitops_agent_status_events_total", "Application watch events seen.", &self.status_events),
@@ -257,6 +260,11 @@ impl Metrics {
                 "gitops_agent_sweep_restores_enqueued_total",
                 "Rows queued because their object was missing.",
                 &self.sweep_restores_enqueued,
+            ),
+            (
+                "gitops_agent_sweep_resyncs_enqueued_total",
+                "Rows queued because their object no longer matched them (edited, or built from an older row).",
+                &self.sweep_resyncs_enqueued,
             ),
             (
                 "gitops_agent_tenants_released_total",

@@ -26,6 +26,11 @@ pub const MANAGED_ENVIRONMENT_ID_LABEL: &str = "gitops.managed-gitops.redhat.com
 /// The `repository_credential.id` behind a repository Secret.
 pub const REPOSITORY_CREDENTIAL_ID_LABEL: &str = "gitops.managed-gitops.redhat.com/repository-credential-id";
 
+/// The hash of what the agent applied to an object (see `crate::engine::argocd::fingerprint`).
+pub const SPEC_HASH_ANNOTATION: &str = "gitops.managed-gitops.redhat.com/spec-hash";
+/// The generation of the row an object was built from (absent for projects).
+pub const GENERATION_ANNOTATION: &str = "gitops.managed-gitops.redhat.com/generation";
+
 /// The query parameter that makes each environment's server string distinct.
 pub const ENVIRONMENT_QUERY: &str = "managed-environment";
 

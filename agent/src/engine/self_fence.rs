@@ -14,7 +14,7 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 
 use super::{
-    ApplicationSpec, ClusterSpec, Engine, EngineError, OperationView, OwnedObject, ProgressStamp, ProjectSpec, Removal,
+    ApplicationSpec, ClusterSpec, Engine, EngineError, ObjectKind, OperationView, OwnedObject, OwnedPage, ProgressStamp, ProjectSpec, Removal,
     RepositorySpec, StatusEvent, SyncRequest,
 };
 
@@ -150,6 +150,15 @@ impl Engine for SelfFencing {
 
     fn list_owned(&self) -> BoxFuture<'_, Result<Vec<OwnedObject>, EngineError>> {
         self.inner.list_owned()
+    }
+
+    fn list_owned_page<'a>(
+        &'a self,
+        kind: ObjectKind,
+        from: Option<&'a str>,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<OwnedPage, EngineError>> {
+        self.inner.list_owned_page(kind, from, limit)
     }
 
     fn probe(&self) -> BoxFuture<'_, Result<(), EngineError>> {

@@ -113,6 +113,7 @@ impl Reconciler {
                     cluster_resources: environment.cluster_resources,
                     insecure: environment.allow_insecure_skip_tls_verify,
                     credentials,
+                    generation: Some(environment.generation),
                 };
                 self.apply_project(tenant).await?;
                 self.engine().apply_cluster(&spec).await?;
@@ -160,6 +161,7 @@ impl Reconciler {
                     project: project_name(tenant),
                     url: credential.repo_url.clone(),
                     credentials,
+                    generation: Some(credential.generation),
                 };
                 self.apply_project(tenant).await?;
                 self.engine().apply_repository(&spec).await?;

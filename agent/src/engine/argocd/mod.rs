@@ -6,6 +6,7 @@
 //! 400/403/422 and other refusals are permanent. Application status is watched
 //! and read in `status`.
 
+pub mod fingerprint;
 pub mod objects;
 pub mod probe;
 pub mod status;
@@ -23,7 +24,7 @@ use serde_json::json;
 
 use super::{
     ApplicationSpec, ClusterSpec, Engine, EngineError, ObjectKind, OperationPhase, OperationView, OwnedObject,
-    ProjectSpec, Removal, RepositorySpec, StatusEvent, SyncRequest,
+    OwnedPage, ProjectSpec, Removal, RepositorySpec, StatusEvent, SyncRequest,
 };
 use crate::names::{FIELD_MANAGER, MANAGED_BY_LABEL, MANAGED_BY_VALUE, SYNC_FIELD_MANAGER};
 
@@ -193,27 +194,56 @@ impl ArgoCdEngine {
             .map_err(|e| classify(format!("{action} on Application {name}"), e))
     }
 
-    async fn list<K>(api: Api<K>, kind: ObjectKind, out: &mut Vec<OwnedObject>) -> Result<(), EngineError>
+    /// One page of the owned objects of `kind` (`limit` 0: all of them).
+    async fn list_page(&self, kind: ObjectKind, from: Option<&str>, limit: u32) -> Result<OwnedPage, EngineError> {
+        let mut selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}");
+        match kind {
+            ObjectKind::Cluster => selector.push_str(&format!(",{}=cluster", objects::SECRET_TYPE_LABEL)),
+            ObjectKind::Repository => selector.push_str(&format!(",{}=repository", objects::SECRET_TYPE_LABEL)),
+            ObjectKind::Application | ObjectKind::Project => {}
+        }
+        let mut params = ListParams::default().labels(&selector);
+        if limit > 0 {
+            params = params.limit(limit);
+        }
+        if let Some(from) = from {
+            params = params.continue_token(from);
+        }
+        match kind {
+            ObjectKind::Application => Self::page(self.applications(), kind, &params).await,
+            ObjectKind::Project => Self::page(self.projects(), kind, &params).await,
+            ObjectKind::Cluster | ObjectKind::Repository => Self::page(self.secrets(), kind, &params).await,
+        }
+    }
+
+    async fn page<K>(api: Api<K>, kind: ObjectKind, params: &ListParams) -> Result<OwnedPage, EngineError>
     where
         K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
     {
-        let params = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
-        let list = api.list(&params).await.map_err(|e| classify(format!("list {kind:?} objects"), e))?;
-        for item in list.items {
-            let meta = item.meta();
-            let destination_namespace =
-                (kind == ObjectKind::Application).then(|| serde_json::to_value(&item).ok()).flatten().and_then(
-                    |value| value.pointer("/spec/destination/namespace").and_then(|v| v.as_str()).map(str::to_owned),
-                );
-            out.push(OwnedObject {
-                kind,
-                name: meta.name.clone().unwrap_or_default(),
-                labels: meta.labels.clone().unwrap_or_default(),
-                deleting: meta.deletion_timestamp.is_some(),
-                destination_namespace,
-            });
-        }
-        Ok(())
+        let list = api.list(params).await.map_err(|e| classify(format!("list {kind:?} objects"), e))?;
+        let next = list.metadata.continue_.filter(|c| !c.is_empty());
+        let objects = list
+            .items
+            .into_iter()
+            .map(|item| {
+                let value = serde_json::to_value(&item).unwrap_or(serde_json::Value::Null);
+                let (drifted, generation) = fingerprint::inspect(kind, &value);
+                let destination_namespace = (kind == ObjectKind::Application)
+                    .then(|| value.pointer("/spec/destination/namespace").and_then(|v| v.as_str()).map(str::to_owned))
+                    .flatten();
+                let meta = item.meta();
+                OwnedObject {
+                    kind,
+                    name: meta.name.clone().unwrap_or_default(),
+                    labels: meta.labels.clone().unwrap_or_default(),
+                    deleting: meta.deletion_timestamp.is_some(),
+                    destination_namespace,
+                    drifted,
+                    generation,
+                }
+            })
+            .collect();
+        Ok(OwnedPage { objects, next })
     }
 }
 
@@ -403,22 +433,20 @@ impl Engine for ArgoCdEngine {
     fn list_owned(&self) -> BoxFuture<'_, Result<Vec<OwnedObject>, EngineError>> {
         Box::pin(async move {
             let mut out = Vec::new();
-            Self::list(self.applications(), ObjectKind::Application, &mut out).await?;
-            Self::list(self.projects(), ObjectKind::Project, &mut out).await?;
-            let mut secrets = Vec::new();
-            Self::list(self.secrets(), ObjectKind::Cluster, &mut secrets).await?;
-            for mut secret in secrets {
-                match secret.labels.get(objects::SECRET_TYPE_LABEL).map(String::as_str) {
-                    Some("cluster") => out.push(secret),
-                    Some("repository") => {
-                        secret.kind = ObjectKind::Repository;
-                        out.push(secret);
-                    }
-                    _ => {}
-                }
+            for kind in ObjectKind::ALL {
+                out.extend(self.list_page(kind, None, 0).await?.objects);
             }
             Ok(out)
         })
+    }
+
+    fn list_owned_page<'a>(
+        &'a self,
+        kind: ObjectKind,
+        from: Option<&'a str>,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<OwnedPage, EngineError>> {
+        Box::pin(self.list_page(kind, from, limit))
     }
 
     fn status_events(&self) -> BoxStream<'_, Result<StatusEvent, EngineError>> {
