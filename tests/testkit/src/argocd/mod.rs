@@ -67,6 +67,7 @@ mod loop_guard;
 mod operation;
 pub mod operator;
 mod project;
+mod project_index;
 mod retry;
 mod revision;
 mod status;
