@@ -50,6 +50,9 @@ pub struct Metrics {
     pub status_unmatched: AtomicU64,
     pub sync_progress_writes: AtomicU64,
     pub status_errors: AtomicU64,
+    /// Times the Application watch listed everything again (at start, or after its
+    /// resourceVersion was too old: 410 Gone).
+    pub status_relists: AtomicU64,
     pub sweep_runs: AtomicU64,
     pub sweep_failures: AtomicU64,
     /// Operations enqueued because an owned object had no row (the reconciler deletes).
@@ -112,6 +115,7 @@ impl Default for Metrics {
             status_unmatched: AtomicU64::new(0),
             sync_progress_writes: AtomicU64::new(0),
             status_errors: AtomicU64::new(0),
+            status_relists: AtomicU64::new(0),
             sweep_runs: AtomicU64::new(0),
             sweep_failures: AtomicU64::new(0),
             sweep_deletions_enqueued: AtomicU64::new(0),
@@ -236,7 +240,7 @@ impl Metrics {
             "1 while this process holds the instance's duty lease (its sweep, heartbeat and health probe).",
             i64::from(self.duty_held.load(Ordering::Relaxed)),
         );
-        let plain: [(&str, &str, &AtomicU64); 16] = [
+        let plain: [(&str, &str, &AtomicU64); 17] = [
             ("gitops_agent_heartbeats_total", "Instance heartbeats written.", &self.heartbeats),
             ("gitops_agent_argocd_probes_total", "Probes of the Argo CD namespace's API.", &self.argocd_probes),
             ("gitops_agent_status_events_total", "Application watch events seen.", &self.status_events),
@@ -244,6 +248,11 @@ impl Metrics {
             ("gitops_agent_status_unmatched_total", "Owned Applications without a row.", &self.status_unmatched),
             ("gitops_agent_sync_progress_writes_total", "sync_operation rows updated.", &self.sync_progress_writes),
             ("gitops_agent_status_errors_total", "Failed status writes.", &self.status_errors),
+            (
+                "gitops_agent_status_relists_total",
+                "Times the Application watch listed everything again (start, or history gone: 410).",
+                &self.status_relists,
+            ),
             ("gitops_agent_sweep_runs_total", "Sweeps finished.", &self.sweep_runs),
             ("gitops_agent_sweep_failures_total", "Sweeps that failed.", &self.sweep_failures),
             (
