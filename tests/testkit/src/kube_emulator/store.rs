@@ -98,6 +98,18 @@ pub fn to_json(object: &Value) -> Bytes {
 /// (namespace or "" for cluster-scoped, name).
 pub type ObjectKey = (String, String);
 
+/// (storage key, namespace, name).
+pub type StoredKey = (String, String, String);
+
+/// The uids an object names as owners.
+pub fn owner_uids(object: &Value) -> Vec<&str> {
+    object
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .map(|owners| owners.iter().filter_map(|o| o.get("uid").and_then(Value::as_str)).collect())
+        .unwrap_or_default()
+}
+
 #[derive(Debug)]
 pub struct Table {
     pub objects: BTreeMap<ObjectKey, Arc<Value>>,
@@ -257,9 +269,11 @@ pub struct State {
     /// How long history is kept.
     windows: HistoryWindows,
     pub registry: Registry,
-    /// Objects with `ownerReferences` (storage key, namespace, name), so garbage
-    /// collection looks at these only.
-    owned: std::collections::BTreeSet<(String, String, String)>,
+    /// Owner uid → the objects naming it in `ownerReferences` (storage key,
+    /// namespace, name): garbage collection finds dependents without a scan.
+    dependents: HashMap<String, std::collections::BTreeSet<StoredKey>>,
+    /// uid → where the object with it is stored (stale entries are checked on read).
+    uids: HashMap<String, StoredKey>,
 }
 
 impl Default for State {
@@ -274,7 +288,14 @@ impl State {
     }
 
     pub fn with_history(windows: HistoryWindows) -> State {
-        State { rv: 0, tables: HashMap::new(), windows, registry: Registry::new(), owned: Default::default() }
+        State {
+            rv: 0,
+            tables: HashMap::new(),
+            windows,
+            registry: Registry::new(),
+            dependents: HashMap::new(),
+            uids: HashMap::new(),
+        }
     }
 
     /// Changes how long history is kept (from the next write on).
@@ -330,12 +351,9 @@ impl State {
         let rv = self.rv;
         meta::metadata_mut(&mut object).insert("resourceVersion".into(), Value::String(rv.to_string()));
         let key = (namespace.to_owned(), meta::name(&object).to_owned());
-        let owned = (storage_key.to_owned(), key.0.clone(), key.1.clone());
-        if object.pointer("/metadata/ownerReferences").and_then(Value::as_array).is_some_and(|o| !o.is_empty()) {
-            self.owned.insert(owned);
-        } else {
-            self.owned.remove(&owned);
-        }
+        let stored = (storage_key.to_owned(), key.0.clone(), key.1.clone());
+        let new_owners: Vec<String> = owner_uids(&object).into_iter().map(str::to_owned).collect();
+        let uid = meta::uid(&object).to_owned();
         let json = to_json(&object);
         let object = Arc::new(object);
         let windows = self.windows;
@@ -343,7 +361,16 @@ impl State {
         let old_json = table.json.insert(key.clone(), json.clone());
         let old = table.objects.insert(key.clone(), object.clone());
         let kind = if old.is_some() { EventType::Modified } else { EventType::Added };
+        let old_owners: Vec<String> =
+            old.as_deref().map(|o| owner_uids(o).into_iter().map(str::to_owned).collect()).unwrap_or_default();
         table.record(Event { rv, kind, object: object.clone(), json, old, old_json }, key, &windows);
+        self.unindex_owners(&stored, &old_owners);
+        for owner in new_owners {
+            self.dependents.entry(owner).or_default().insert(stored.clone());
+        }
+        if !uid.is_empty() {
+            self.uids.insert(uid, stored);
+        }
         object
     }
 
@@ -353,7 +380,10 @@ impl State {
         let table = self.tables.get_mut(storage_key)?;
         let existing = table.objects.remove(&key)?;
         let old_json = table.json.remove(&key);
-        self.owned.remove(&(storage_key.to_owned(), key.0.clone(), key.1.clone()));
+        let stored = (storage_key.to_owned(), key.0.clone(), key.1.clone());
+        let owners: Vec<String> = owner_uids(&existing).into_iter().map(str::to_owned).collect();
+        self.unindex_owners(&stored, &owners);
+        self.uids.remove(meta::uid(&existing));
         self.rv += 1;
         let rv = self.rv;
         let mut object = (*existing).clone();
@@ -366,15 +396,34 @@ impl State {
         Some(object)
     }
 
-    /// The objects that name owners: (storage key, namespace, name, object).
-    pub fn owned_objects(&self) -> Vec<(String, String, String, Arc<Value>)> {
-        self.owned
-            .iter()
+    fn unindex_owners(&mut self, stored: &StoredKey, owners: &[String]) {
+        for owner in owners {
+            if let Some(set) = self.dependents.get_mut(owner) {
+                set.remove(stored);
+                if set.is_empty() {
+                    self.dependents.remove(owner);
+                }
+            }
+        }
+    }
+
+    /// The objects naming `owner_uid` as an owner: (storage key, namespace, name, object).
+    pub fn dependents_of(&self, owner_uid: &str) -> Vec<(String, String, String, Arc<Value>)> {
+        let Some(keys) = self.dependents.get(owner_uid) else { return Vec::new() };
+        keys.iter()
             .filter_map(|(key, namespace, name)| {
                 let object = self.get(key, namespace, name)?;
                 Some((key.clone(), namespace.clone(), name.clone(), object))
             })
             .collect()
+    }
+
+    /// Whether an object with this uid is stored.
+    pub fn uid_exists(&self, uid: &str) -> bool {
+        self.uids
+            .get(uid)
+            .and_then(|(key, namespace, name)| self.get(key, namespace, name))
+            .is_some_and(|object| meta::uid(&object) == uid)
     }
 
     /// Names of all objects of a table in one namespace (or all namespaces).
