@@ -249,7 +249,11 @@ impl Planner {
     /// Takes one page of objects of one kind and the live rows they name here;
     /// returns the orphan candidates (the caller sorts out those whose rows live on
     /// another instance, then passes the rest to [`Planner::orphan`]).
-    pub fn page<'o>(&mut self, objects: &'o [OwnedObject], rows: &HashMap<i64, RowView>) -> Vec<(Target, &'o OwnedObject)> {
+    pub fn page<'o>(
+        &mut self,
+        objects: &'o [OwnedObject],
+        rows: &HashMap<i64, RowView>,
+    ) -> Vec<(Target, &'o OwnedObject)> {
         self.plan.listed += objects.len();
         let mut candidates = Vec::new();
         for object in objects {

@@ -14,8 +14,8 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 
 use super::{
-    ApplicationSpec, ClusterSpec, Engine, EngineError, ObjectKind, OperationView, OwnedObject, OwnedPage, ProgressStamp, ProjectSpec, Removal,
-    RepositorySpec, StatusEvent, SyncRequest,
+    ApplicationSpec, ClusterSpec, Engine, EngineError, ObjectKind, OperationView, OwnedObject, OwnedPage,
+    ProgressStamp, ProjectSpec, Removal, RepositorySpec, StatusEvent, SyncRequest,
 };
 
 /// When the agent last wrote a heartbeat.

@@ -830,8 +830,10 @@ async fn agent_status_watch_survives_410_gone_and_acts_on_what_changed_in_the_ga
     // The agent loses the API server; meanwhile one Application changes and one goes.
     proxy.cut();
     env.annotate(&changed_name, HEALTH_KNOB, Some("Degraded")).await;
-    env.wait_object(&changed_name, "Argo CD reports it Degraded", |o| o.data["status"]["health"]["status"] == "Degraded")
-        .await;
+    env.wait_object(&changed_name, "Argo CD reports it Degraded", |o| {
+        o.data["status"]["health"]["status"] == "Degraded"
+    })
+    .await;
     env.apps().delete(&deleted_name, &DeleteParams::default()).await.expect("delete");
     eventually("the Application gone", || async { env.object(&deleted_name).await.is_none().then_some(()) }).await;
     // Its history compacted meanwhile (emulator tier): the watch resumes into 410 Gone.

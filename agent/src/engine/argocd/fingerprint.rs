@@ -120,7 +120,8 @@ pub fn stamp(kind: ObjectKind, object: &mut Value, generation: Option<i64>) {
 /// What a live object says of itself: whether it differs from the hash it carries
 /// (or carries none), and the row generation it was built from.
 pub fn inspect(kind: ObjectKind, object: &Value) -> (bool, Option<i64>) {
-    let annotation = |key: &str| object.pointer("/metadata/annotations").and_then(|a| a.get(key)).and_then(Value::as_str);
+    let annotation =
+        |key: &str| object.pointer("/metadata/annotations").and_then(|a| a.get(key)).and_then(Value::as_str);
     let drifted = annotation(SPEC_HASH_ANNOTATION).is_none_or(|carried| carried != spec_hash(kind, object));
     (drifted, annotation(GENERATION_ANNOTATION).and_then(|g| g.parse().ok()))
 }

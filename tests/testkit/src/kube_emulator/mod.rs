@@ -50,8 +50,8 @@ use tokio::task::JoinHandle;
 
 use self::auth::TokenBook;
 use self::router::Shared;
-use self::store::State;
 pub use self::store::HistoryWindows;
+use self::store::State;
 
 /// How to run the emulator.
 #[derive(Debug, Clone)]

@@ -478,7 +478,8 @@ mod tests {
     #[test]
     fn the_watch_window_is_shorter_than_the_list_window() {
         // No time: the watch keeps the last 3 events whole, lists keep the rest.
-        let windows = HistoryWindows { watch_age: Duration::ZERO, watch_events: 3, list_age: Duration::from_secs(3600) };
+        let windows =
+            HistoryWindows { watch_age: Duration::ZERO, watch_events: 3, list_age: Duration::from_secs(3600) };
         let mut state = State::with_history(windows);
         state.put("/configmaps", "a", json!({"metadata": {"name": "x", "data": 1}}));
         let first = state.current_rv();
