@@ -133,6 +133,78 @@ pub enum BenchCommand {
     /// whether two instances ever held one deployment, and the lost instance's
     /// clean-up when it comes back.
     Failover(FailoverBenchArgs),
+    /// Measure memory through churn: tenants change and recreate deployments for M
+    /// minutes while each process's RSS, files, threads and the queue are sampled;
+    /// ends with a convergence check.
+    Soak(SoakBenchArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SoakBenchArgs {
+    /// Minutes of churn.
+    #[arg(long, env = "GITOPS_BENCH_MINUTES", default_value_t = 20,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub minutes: u64,
+    /// Tenant namespaces.
+    #[arg(long, env = "GITOPS_BENCH_TENANTS", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub tenants: u64,
+    /// GitOpsDeployments per tenant.
+    #[arg(long, env = "GITOPS_BENCH_DEPLOYMENTS_PER_TENANT", default_value_t = 5,
+          value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    pub deployments_per_tenant: u64,
+    /// Path changes per tick.
+    #[arg(long, env = "GITOPS_BENCH_CHANGES", default_value_t = 20,
+          value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    pub changes: u64,
+    /// Seconds between batches of path changes.
+    #[arg(long, env = "GITOPS_BENCH_TICK_S", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub tick_s: u64,
+    /// Deployments deleted and recreated (under a new name) per minute.
+    #[arg(long, env = "GITOPS_BENCH_RECREATES", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    pub recreates: u64,
+    /// The agent's sweep interval, in seconds.
+    #[arg(long, env = "GITOPS_BENCH_SWEEP_INTERVAL_S", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub sweep_interval_s: u64,
+    /// The agent's completed-operation retention, in seconds (its default when absent).
+    #[arg(long, env = "GITOPS_BENCH_COMPLETED_RETENTION_S",
+          value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
+    pub completed_retention_s: Option<u64>,
+    /// Seconds between samples.
+    #[arg(long, env = "GITOPS_BENCH_SAMPLE_S", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub sample_s: u64,
+    /// Seconds the end state may take to converge.
+    #[arg(long, env = "GITOPS_BENCH_DEADLINE", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub deadline_s: u64,
+    /// Run directory (default: gitops-bench-soak in the temp directory).
+    #[arg(long, env = "GITOPS_BENCH_DIR", default_value_os_t = std::env::temp_dir().join("gitops-bench-soak"))]
+    pub dir: std::path::PathBuf,
+}
+
+impl From<SoakBenchArgs> for crate::bench::soak::SoakBenchConfig {
+    fn from(args: SoakBenchArgs) -> Self {
+        // Bounded by the parsers above.
+        let size = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
+        let seconds = std::time::Duration::from_secs;
+        crate::bench::soak::SoakBenchConfig {
+            minutes: args.minutes,
+            tenants: size(args.tenants),
+            deployments_per_tenant: size(args.deployments_per_tenant),
+            changes: size(args.changes),
+            tick: seconds(args.tick_s),
+            recreates: size(args.recreates),
+            sweep_interval: seconds(args.sweep_interval_s),
+            completed_retention: args.completed_retention_s.map(seconds),
+            sample_every: seconds(args.sample_s),
+            converge_deadline: seconds(args.deadline_s),
+            dir: args.dir,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Args)]

@@ -22,6 +22,8 @@ pub enum DevToolError {
     ChaosBench { source: bench::chaos::ChaosBenchError },
     #[error("the failover benchmark failed")]
     FailoverBench { source: bench::failover::FailoverBenchError },
+    #[error("the soak benchmark failed")]
+    SoakBench { source: bench::soak::SoakBenchError },
     #[error("the local service failed")]
     Up { source: up::DevError },
 }
@@ -50,6 +52,11 @@ pub async fn run(command: Command) -> Result<String, DevToolError> {
                 let report = bench::chaos::chaos_bench(&args.into())
                     .await
                     .map_err(|source| DevToolError::ChaosBench { source })?;
+                Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
+            }
+            BenchCommand::Soak(args) => {
+                let report =
+                    bench::soak::soak_bench(&args.into()).await.map_err(|source| DevToolError::SoakBench { source })?;
                 Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
             }
             BenchCommand::Failover(args) => {

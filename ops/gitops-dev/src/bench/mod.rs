@@ -7,3 +7,4 @@ pub mod e2e;
 pub mod failover;
 pub mod kube;
 pub mod queue;
+pub mod soak;
