@@ -306,6 +306,18 @@ pub trait Engine: Send + Sync + fmt::Debug + 'static {
     fn terminate<'a>(&'a self, application: &'a str) -> BoxFuture<'a, Result<(), EngineError>>;
     /// Every object of the service in the engine (by the managed-by label).
     fn list_owned(&self) -> BoxFuture<'_, Result<Vec<OwnedObject>, EngineError>>;
+    /// The service's objects (every kind) whose label `label` is `value`: a
+    /// selected list, never the whole instance. The default filters [`Engine::list_owned`].
+    fn list_owned_labelled<'a>(
+        &'a self,
+        label: &'a str,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<OwnedObject>, EngineError>> {
+        Box::pin(async move {
+            let all = self.list_owned().await?;
+            Ok(all.into_iter().filter(|o| o.labels.get(label).is_some_and(|v| v == value)).collect())
+        })
+    }
     /// One page (at most `limit`) of the service's objects of `kind`, from where
     /// `from` (a previous page's `next`) says; the first page when None. A sweep
     /// holds one page at a time, never the whole instance. The default lists

@@ -152,6 +152,14 @@ impl Engine for SelfFencing {
         self.inner.list_owned()
     }
 
+    fn list_owned_labelled<'a>(
+        &'a self,
+        label: &'a str,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<OwnedObject>, EngineError>> {
+        self.inner.list_owned_labelled(label, value)
+    }
+
     fn list_owned_page<'a>(
         &'a self,
         kind: ObjectKind,

@@ -194,9 +194,19 @@ impl ArgoCdEngine {
             .map_err(|e| classify(format!("{action} on Application {name}"), e))
     }
 
-    /// One page of the owned objects of `kind` (`limit` 0: all of them).
-    async fn list_page(&self, kind: ObjectKind, from: Option<&str>, limit: u32) -> Result<OwnedPage, EngineError> {
+    /// One page of the owned objects of `kind` (`limit` 0: all of them), those
+    /// with label `also` too when given.
+    async fn list_page(
+        &self,
+        kind: ObjectKind,
+        from: Option<&str>,
+        limit: u32,
+        also: Option<(&str, &str)>,
+    ) -> Result<OwnedPage, EngineError> {
         let mut selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}");
+        if let Some((label, value)) = also {
+            selector.push_str(&format!(",{label}={value}"));
+        }
         match kind {
             ObjectKind::Cluster => selector.push_str(&format!(",{}=cluster", objects::SECRET_TYPE_LABEL)),
             ObjectKind::Repository => selector.push_str(&format!(",{}=repository", objects::SECRET_TYPE_LABEL)),
@@ -434,7 +444,21 @@ impl Engine for ArgoCdEngine {
         Box::pin(async move {
             let mut out = Vec::new();
             for kind in ObjectKind::ALL {
-                out.extend(self.list_page(kind, None, 0).await?.objects);
+                out.extend(self.list_page(kind, None, 0, None).await?.objects);
+            }
+            Ok(out)
+        })
+    }
+
+    fn list_owned_labelled<'a>(
+        &'a self,
+        label: &'a str,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<OwnedObject>, EngineError>> {
+        Box::pin(async move {
+            let mut out = Vec::new();
+            for kind in ObjectKind::ALL {
+                out.extend(self.list_page(kind, None, 0, Some((label, value))).await?.objects);
             }
             Ok(out)
         })
@@ -446,7 +470,7 @@ impl Engine for ArgoCdEngine {
         from: Option<&'a str>,
         limit: u32,
     ) -> BoxFuture<'a, Result<OwnedPage, EngineError>> {
-        Box::pin(self.list_page(kind, from, limit))
+        Box::pin(self.list_page(kind, from, limit, None))
     }
 
     fn status_events(&self) -> BoxStream<'_, Result<StatusEvent, EngineError>> {
