@@ -326,8 +326,10 @@ async fn converge(
         loop {
             let page = apps.list(&params).await.map_err(|source| SoakBenchError::Kube { step: "list", source })?;
             for app in &page.items {
+                // Only the tenants' Applications (not the agent's progress probe).
                 if app.metadata.deletion_timestamp.is_none()
                     && let Some(path) = app.data.pointer("/spec/source/path").and_then(|p| p.as_str())
+                    && (path.starts_with("apps/soak-") || path.starts_with("soak/"))
                 {
                     paths.insert(path.to_owned());
                 }
