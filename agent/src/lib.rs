@@ -107,6 +107,9 @@ pub struct RunArgs {
     /// Orphaned objects one sweep may queue for deletion; above it the sweep deletes none.
     #[arg(long, env = "GITOPS_AGENT_SWEEP_MAX_DELETIONS", default_value_t = 50)]
     pub sweep_max_deletions: usize,
+    /// Objects a sweep lists (and holds) at a time: its memory is a page, not the instance.
+    #[arg(long, env = "GITOPS_AGENT_SWEEP_PAGE_SIZE", default_value_t = 500)]
+    pub sweep_page_size: u32,
     /// Sweeps only report what they would enqueue.
     #[arg(long, env = "GITOPS_AGENT_SWEEP_DRY_RUN")]
     pub sweep_dry_run: bool,
@@ -228,6 +231,7 @@ pub async fn run(args: &RunArgs) -> Result<(), AgentError> {
         metrics_address,
         sweep_interval,
         sweep_max_deletions,
+        sweep_page_size,
         sweep_dry_run,
         lease,
         heartbeat_interval,
@@ -256,6 +260,7 @@ pub async fn run(args: &RunArgs) -> Result<(), AgentError> {
     config.sweep.interval = *sweep_interval;
     config.sweep.max_deletions = *sweep_max_deletions;
     config.sweep.dry_run = *sweep_dry_run;
+    config.sweep.page_size = (*sweep_page_size).max(1);
     config.lease = *lease;
     config.heartbeat_interval = *heartbeat_interval;
     config.self_fence_after = *self_fence_after;

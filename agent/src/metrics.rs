@@ -50,6 +50,9 @@ pub struct Metrics {
     pub status_unmatched: AtomicU64,
     pub sync_progress_writes: AtomicU64,
     pub status_errors: AtomicU64,
+    /// Times the Application watch listed everything again (at start, or after its
+    /// resourceVersion was too old: 410 Gone).
+    pub status_relists: AtomicU64,
     pub sweep_runs: AtomicU64,
     pub sweep_failures: AtomicU64,
     /// Operations enqueued because an owned object had no row (the reconciler deletes).
@@ -58,6 +61,8 @@ pub struct Metrics {
     pub sweep_deletions_refused: AtomicU64,
     /// Operations enqueued because a row had no object (or was being deleted).
     pub sweep_restores_enqueued: AtomicU64,
+    /// Rows queued because their object drifted (spec hash or generation).
+    pub sweep_resyncs_enqueued: AtomicU64,
     /// Tenants this instance let go of for a move (its objects removed, nothing pruned).
     pub tenants_released: AtomicU64,
     /// Tenants this instance took on after a move or a failover.
@@ -110,11 +115,13 @@ impl Default for Metrics {
             status_unmatched: AtomicU64::new(0),
             sync_progress_writes: AtomicU64::new(0),
             status_errors: AtomicU64::new(0),
+            status_relists: AtomicU64::new(0),
             sweep_runs: AtomicU64::new(0),
             sweep_failures: AtomicU64::new(0),
             sweep_deletions_enqueued: AtomicU64::new(0),
             sweep_deletions_refused: AtomicU64::new(0),
             sweep_restores_enqueued: AtomicU64::new(0),
+            sweep_resyncs_enqueued: AtomicU64::new(0),
             tenants_released: AtomicU64::new(0),
             tenants_adopted: AtomicU64::new(0),
             objects_released: AtomicU64::new(0),
@@ -233,7 +240,7 @@ impl Metrics {
             "1 while this process holds the instance's duty lease (its sweep, heartbeat and health probe).",
             i64::from(self.duty_held.load(Ordering::Relaxed)),
         );
-        let plain: [(&str, &str, &AtomicU64); 15] = [
+        let plain: [(&str, &str, &AtomicU64); 17] = [
             ("gitops_agent_heartbeats_total", "Instance heartbeats written.", &self.heartbeats),
             ("gitops_agent_argocd_probes_total", "Probes of the Argo CD namespace's API.", &self.argocd_probes),
             ("gitops_agent_status_events_total", "Application watch events seen.", &self.status_events),
@@ -241,6 +248,11 @@ impl Metrics {
             ("gitops_agent_status_unmatched_total", "Owned Applications without a row.", &self.status_unmatched),
             ("gitops_agent_sync_progress_writes_total", "sync_operation rows updated.", &self.sync_progress_writes),
             ("gitops_agent_status_errors_total", "Failed status writes.", &self.status_errors),
+            (
+                "gitops_agent_status_relists_total",
+                "Times the Application watch listed everything again (start, or history gone: 410).",
+                &self.status_relists,
+            ),
             ("gitops_agent_sweep_runs_total", "Sweeps finished.", &self.sweep_runs),
             ("gitops_agent_sweep_failures_total", "Sweeps that failed.", &self.sweep_failures),
             (
@@ -257,6 +269,11 @@ impl Metrics {
                 "gitops_agent_sweep_restores_enqueued_total",
                 "Rows queued because their object was missing.",
                 &self.sweep_restores_enqueued,
+            ),
+            (
+                "gitops_agent_sweep_resyncs_enqueued_total",
+                "Rows queued because their object no longer matched them (edited, or built from an older row).",
+                &self.sweep_resyncs_enqueued,
             ),
             (
                 "gitops_agent_tenants_released_total",

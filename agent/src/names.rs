@@ -28,6 +28,11 @@ pub const REPOSITORY_CREDENTIAL_ID_LABEL: &str = "gitops.managed-gitops.redhat.c
 /// The AppProject a repository Secret serves (one copy per project of the tenant).
 pub const PROJECT_LABEL: &str = "gitops.managed-gitops.redhat.com/project";
 
+/// The hash of what the agent applied to an object (see `crate::engine::argocd::fingerprint`).
+pub const SPEC_HASH_ANNOTATION: &str = "gitops.managed-gitops.redhat.com/spec-hash";
+/// The generation of the row an object was built from (absent for projects).
+pub const GENERATION_ANNOTATION: &str = "gitops.managed-gitops.redhat.com/generation";
+
 /// The query parameter that makes each environment's server string distinct.
 pub const ENVIRONMENT_QUERY: &str = "managed-environment";
 

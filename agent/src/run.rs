@@ -133,7 +133,12 @@ impl AgentConfig {
             duty_lease: DEFAULT_DUTY_LEASE,
             kubeconfig: None,
             metrics_address: SocketAddr::from(([127, 0, 0, 1], 9464)),
-            sweep: SweepConfig { interval: Duration::from_secs(300), max_deletions: 50, dry_run: false },
+            sweep: SweepConfig {
+                interval: Duration::from_secs(300),
+                max_deletions: 50,
+                dry_run: false,
+                page_size: crate::sweep::PAGE_SIZE,
+            },
             destinations: DestinationConfig::default(),
             lease: Duration::from_secs(60),
             concurrency: 16,

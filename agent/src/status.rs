@@ -68,7 +68,10 @@ pub async fn run_status_watcher(
         match event {
             None => return,
             Some(Err(error)) => tracing::warn!(%error, engine = ?engine, "status stream failed; retrying"),
-            Some(Ok(StatusEvent::Restarted)) => writer.last.clear(),
+            Some(Ok(StatusEvent::Restarted)) => {
+                writer.metrics.status_relists.fetch_add(1, Ordering::Relaxed);
+                writer.last.clear();
+            }
             Some(Ok(StatusEvent::Applied(observed))) => writer.observe(&observed).await,
             Some(Ok(StatusEvent::Deleted(name))) => {
                 writer.last.remove(&name);

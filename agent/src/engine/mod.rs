@@ -34,6 +34,8 @@ pub struct ApplicationSpec {
     /// Automated: prune + self-heal. Manual: syncs only on request.
     pub automated: bool,
     pub create_namespace: bool,
+    /// The row generation it was built from (written on the object for the sweep).
+    pub generation: Option<i64>,
 }
 
 /// A tenant's project: everything its applications may use, nothing else.
@@ -62,6 +64,8 @@ pub struct ClusterSpec {
     pub cluster_resources: bool,
     pub insecure: bool,
     pub credentials: ClusterCredentials,
+    /// The row generation it was built from (written on the object for the sweep).
+    pub generation: Option<i64>,
 }
 
 /// A repository credential.
@@ -72,6 +76,8 @@ pub struct RepositorySpec {
     pub project: String,
     pub url: String,
     pub credentials: RepositoryCredentials,
+    /// The row generation it was built from (written on the object for the sweep).
+    pub generation: Option<i64>,
 }
 
 /// Where a deletion stands.
@@ -192,6 +198,25 @@ pub struct OwnedObject {
     pub project: Option<String>,
     /// An application's destination server as the engine holds it (None for other kinds).
     pub destination_server: Option<String>,
+    /// What the agent owns in it no longer matches the spec hash it carries (or it
+    /// carries none): changed behind the agent's back, or written by an older agent.
+    pub drifted: bool,
+    /// The row generation it was last built from, as it says (None: it does not say).
+    pub generation: Option<i64>,
+}
+
+impl ObjectKind {
+    /// Every kind, in the order the sweep pages through them.
+    pub const ALL: [ObjectKind; 4] =
+        [ObjectKind::Application, ObjectKind::Project, ObjectKind::Cluster, ObjectKind::Repository];
+}
+
+/// One page of the service's objects of one kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OwnedPage {
+    pub objects: Vec<OwnedObject>,
+    /// Where the next page starts; None after the last.
+    pub next: Option<String>,
 }
 
 /// What the engine's progress probe saw.
@@ -302,6 +327,37 @@ pub trait Engine: Send + Sync + fmt::Debug + 'static {
                 .into_iter()
                 .filter(|o| o.kind == kind && o.labels.get(crate::names::TENANT_ID_LABEL) == Some(&wanted))
                 .collect())
+        })
+    }
+    /// The service's objects (every kind) whose label `label` is `value`: a
+    /// selected list, never the whole instance. The default filters [`Engine::list_owned`].
+    fn list_owned_labelled<'a>(
+        &'a self,
+        label: &'a str,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<OwnedObject>, EngineError>> {
+        Box::pin(async move {
+            let all = self.list_owned().await?;
+            Ok(all.into_iter().filter(|o| o.labels.get(label).is_some_and(|v| v == value)).collect())
+        })
+    }
+    /// One page (at most `limit`) of the service's objects of `kind`, from where
+    /// `from` (a previous page's `next`) says; the first page when None. A sweep
+    /// holds one page at a time, never the whole instance. The default lists
+    /// everything at once (for engines too small to page).
+    fn list_owned_page<'a>(
+        &'a self,
+        kind: ObjectKind,
+        from: Option<&'a str>,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<OwnedPage, EngineError>> {
+        let _ = limit;
+        Box::pin(async move {
+            if from.is_some() {
+                return Ok(OwnedPage::default());
+            }
+            let objects = self.list_owned().await?.into_iter().filter(|o| o.kind == kind).collect();
+            Ok(OwnedPage { objects, next: None })
         })
     }
     /// Whether the engine's API answers this agent (a cheap read it needs anyway).

@@ -14,8 +14,8 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 
 use super::{
-    ApplicationSpec, ClusterSpec, Engine, EngineError, OperationView, OwnedObject, ProgressStamp, ProjectSpec, Removal,
-    RepositorySpec, StatusEvent, SyncRequest,
+    ApplicationSpec, ClusterSpec, Engine, EngineError, ObjectKind, OperationView, OwnedObject, OwnedPage,
+    ProgressStamp, ProjectSpec, Removal, RepositorySpec, StatusEvent, SyncRequest,
 };
 
 /// When the agent last wrote a heartbeat.
@@ -158,6 +158,23 @@ impl Engine for SelfFencing {
         tenant: gitops_shared::model::TenantId,
     ) -> BoxFuture<'a, Result<Vec<OwnedObject>, EngineError>> {
         self.inner.list_tenant(kind, tenant)
+    }
+
+    fn list_owned_labelled<'a>(
+        &'a self,
+        label: &'a str,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<OwnedObject>, EngineError>> {
+        self.inner.list_owned_labelled(label, value)
+    }
+
+    fn list_owned_page<'a>(
+        &'a self,
+        kind: ObjectKind,
+        from: Option<&'a str>,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<OwnedPage, EngineError>> {
+        self.inner.list_owned_page(kind, from, limit)
     }
 
     fn probe(&self) -> BoxFuture<'_, Result<(), EngineError>> {

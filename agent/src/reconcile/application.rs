@@ -72,6 +72,7 @@ pub fn application_spec(app: &DesiredApplication) -> Result<ApplicationSpec, Rec
         namespace,
         automated: app.sync_type == SyncType::Automated,
         create_namespace: app.create_namespace,
+        generation: Some(app.generation),
     })
 }
 

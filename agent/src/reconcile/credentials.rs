@@ -122,6 +122,7 @@ impl Reconciler {
                     cluster_resources: environment.cluster_resources,
                     insecure: environment.allow_insecure_skip_tls_verify,
                     credentials,
+                    generation: Some(environment.generation),
                 };
                 self.apply_project(tenant).await?;
                 self.engine().apply_cluster(&spec).await?;
@@ -184,6 +185,7 @@ impl Reconciler {
                         project,
                         url: credential.repo_url.clone(),
                         credentials: credentials.clone(),
+                        generation: Some(credential.generation),
                     };
                     self.engine().apply_repository(&spec).await?;
                     wanted.push(name);

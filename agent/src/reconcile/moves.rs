@@ -81,7 +81,7 @@ impl Reconciler {
     /// (`crate::engine::release`). Returns those still being deleted.
     async fn remove_tenant_objects(&self, tenant: TenantId) -> Result<Vec<String>, ReconcileError> {
         let wanted = tenant.0.to_string();
-        let owned = self.engine().list_owned().await?;
+        let owned = self.engine().list_owned_labelled(TENANT_ID_LABEL, &wanted).await?;
         let ours: Vec<&OwnedObject> = owned.iter().filter(|o| o.labels.get(TENANT_ID_LABEL) == Some(&wanted)).collect();
         let mut released = release_objects(self.engine(), &ours).await;
         if let Some((_, error)) = released.failed.pop() {

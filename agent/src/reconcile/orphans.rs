@@ -30,7 +30,7 @@ impl Reconciler {
             ObjectKind::Project => return Ok(()),
         };
         let wanted = id.to_string();
-        let owned = self.engine().list_owned().await?;
+        let owned = self.engine().list_owned_labelled(label, &wanted).await?;
         let policy = if kind == ObjectKind::Application { Some(self.destination_policy().await?) } else { None };
         let mut pending = Vec::new();
         for object in owned.iter().filter(|o| o.kind == kind && o.labels.get(label) == Some(&wanted)) {

@@ -371,6 +371,10 @@ pub struct KubeBenchArgs {
     /// Measure this cluster instead of a fresh in-process emulator.
     #[arg(long, env = "GITOPS_BENCH_KUBECONFIG")]
     pub kubeconfig: Option<std::path::PathBuf>,
+    /// Writes measured one at a time once the objects exist (cost per write and per watch event).
+    #[arg(long, env = "GITOPS_BENCH_STEADY_WRITES", default_value_t = 2_000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub steady_writes: u64,
 }
 
 impl From<KubeBenchArgs> for crate::bench::kube::KubeBenchConfig {
@@ -379,6 +383,7 @@ impl From<KubeBenchArgs> for crate::bench::kube::KubeBenchConfig {
             objects: usize::try_from(args.objects).unwrap_or(25_000),
             concurrency: usize::try_from(args.concurrency).unwrap_or(16),
             kubeconfig: args.kubeconfig,
+            steady_writes: usize::try_from(args.steady_writes).unwrap_or(2_000),
         }
     }
 }

@@ -55,15 +55,15 @@ pub async fn run(command: Command) -> Result<String, DevToolError> {
                     .map_err(|source| DevToolError::ChaosBench { source })?;
                 Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
             }
+            BenchCommand::Soak(args) => {
+                let report =
+                    bench::soak::soak_bench(&args.into()).await.map_err(|source| DevToolError::SoakBench { source })?;
+                Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
+            }
             BenchCommand::Failover(args) => {
                 let report = bench::failover::failover_bench(&args.into())
                     .await
                     .map_err(|source| DevToolError::FailoverBench { source })?;
-                Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
-            }
-            BenchCommand::Soak(args) => {
-                let report =
-                    bench::soak::soak_bench(&args.into()).await.map_err(|source| DevToolError::SoakBench { source })?;
                 Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
             }
         },

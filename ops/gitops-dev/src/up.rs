@@ -600,6 +600,11 @@ impl DevStack {
         self.children.iter().find(|child| child.spec.binary == binary).and_then(|child| child.child.id())
     }
 
+    /// The PostgreSQL server's postmaster process id.
+    pub fn postgres_pid(&self) -> Option<u32> {
+        self.postgres.postmaster_pid()
+    }
+
     /// The children's names (`gitops-writer-1`, ...), in the order [`kill`](Self::kill) takes.
     pub fn child_names(&self) -> Vec<String> {
         self.children.iter().map(|child| child.spec.name.clone()).collect()

@@ -645,3 +645,210 @@ async fn agent_reports_how_its_argocd_tracks_resources() {
     .await;
     agent.stop().await;
 }
+
+impl Env {
+    /// A sweeper of the test's instance, paging `page_size` objects at a time.
+    fn sweeper(&self, page_size: u32) -> gitops_agent::sweep::Sweeper {
+        use gitops_agent::engine::argocd::ArgoCdEngine;
+        gitops_agent::sweep::Sweeper {
+            engine: std::sync::Arc::new(ArgoCdEngine::new(self.kube.clone(), self.ns.name())),
+            pool: self.db.pool(2),
+            instance: self.instance,
+            config: gitops_agent::sweep::SweepConfig {
+                interval: Duration::from_secs(3600),
+                max_deletions: 50,
+                dry_run: false,
+                page_size,
+            },
+            metrics: std::sync::Arc::default(),
+            duty: None,
+        }
+    }
+
+    /// Operation rows by state: (waiting or claimed, all).
+    async fn operation_counts(&self) -> (i64, i64) {
+        let row = self
+            .client
+            .query_one(
+                "SELECT count(*) FILTER (WHERE state IN ('waiting', 'claimed')) AS busy, count(*) AS all FROM operation",
+                &[],
+            )
+            .await
+            .expect("count operations");
+        (row.get("busy"), row.get("all"))
+    }
+
+    /// `count` applications made by a running agent (its first sweep included),
+    /// with nothing left in the queue; the agent is stopped before returning.
+    async fn settled_fleet(&mut self, count: usize) -> Vec<(i64, String)> {
+        let mut config = self.config();
+        config.sweep.interval = Duration::from_secs(3600);
+        let agent = self.start(config);
+        let mut apps = Vec::new();
+        for _ in 0..count {
+            apps.push(self.application().await);
+        }
+        agent.wait_sweeps(1).await;
+        for (_, name) in &apps {
+            self.wait_object(name, "the Application", |_| true).await;
+        }
+        eventually("the queue drained", || async { (self.operation_counts().await.0 == 0).then_some(()) }).await;
+        agent.stop().await;
+        apps
+    }
+
+    /// Waiting operations, as (resource type, id), in order.
+    async fn waiting(&self) -> Vec<(String, i64)> {
+        let rows = self
+            .client
+            .query(
+                "SELECT resource_type::text, resource_id FROM operation WHERE state = 'waiting'
+                  ORDER BY resource_type, resource_id",
+                &[],
+            )
+            .await
+            .expect("waiting operations");
+        rows.iter().map(|row| (row.get(0), row.get(1))).collect()
+    }
+}
+
+#[tokio::test]
+async fn agent_sweep_of_an_unchanged_fleet_enqueues_nothing() {
+    let mut env = env("ar-unchanged").await;
+    let apps = env.settled_fleet(12).await;
+    let (_, before) = env.operation_counts().await;
+    // Pages of 5: the Applications take three, the project and the cluster Secret one each.
+    let plan = env.sweeper(5).sweep_once().await.expect("sweep");
+    assert_eq!(plan.listed, apps.len() + 2, "every object listed: {plan:?}");
+    assert!(
+        plan.deletions.is_empty() && plan.restores.is_empty() && plan.resyncs.is_empty() && plan.refused == 0,
+        "nothing differs: {plan:?}"
+    );
+    assert_eq!(env.operation_counts().await, (0, before), "nothing enqueued");
+}
+
+#[tokio::test]
+async fn agent_sweep_enqueues_a_drifted_a_missing_an_older_and_an_orphaned_object() {
+    let mut env = env("ar-drifted").await;
+    let apps = env.settled_fleet(5).await;
+    let (edited, deleted, older) = (&apps[0], &apps[1], &apps[2]);
+
+    // Edited behind the agent's back.
+    let edit = json!({"spec": {"source": {"path": "tampered"}}});
+    env.apps().patch(&edited.1, &PatchParams::default(), &Patch::Merge(&edit)).await.expect("edit");
+    // Deleted behind its back (the stand-in lets it go once it pruned).
+    env.apps().delete(&deleted.1, &DeleteParams::default()).await.expect("delete");
+    eventually("the Application gone", || async { env.object(&deleted.1).await.is_none().then_some(()) }).await;
+    // Its row moved on, and the operation that should have followed was lost.
+    env.client.execute("UPDATE application SET generation = 2 WHERE id = $1", &[&older.0]).await.expect("generation");
+    // Ours by its labels, with no row.
+    let orphan_id = apps.iter().map(|(id, _)| id).max().expect("apps") + 1000;
+    env.create_app(&names::application_name(Uuid::new_v4()), owned_labels(orphan_id, env.tenant)).await;
+
+    let plan = env.sweeper(2).sweep_once().await.expect("sweep");
+    let ids = |targets: &[gitops_agent::sweep::Target]| targets.iter().map(|t| t.resource_id).collect::<Vec<_>>();
+    let mut resyncs = vec![edited.0, older.0];
+    resyncs.sort();
+    assert_eq!(ids(&plan.resyncs), resyncs, "the edited and the older object: {plan:?}");
+    assert_eq!(ids(&plan.restores), vec![deleted.0], "the missing object: {plan:?}");
+    assert_eq!(ids(&plan.deletions), vec![orphan_id], "the orphan: {plan:?}");
+    let mut expected: Vec<(String, i64)> =
+        [edited.0, deleted.0, older.0, orphan_id].iter().map(|id| ("application".to_owned(), *id)).collect();
+    expected.sort();
+    assert_eq!(env.waiting().await, expected, "exactly those enqueued");
+
+    // The agent puts them right, and the next sweep finds nothing.
+    let agent = env.start(env.config());
+    env.wait_object(&edited.1, "the edit undone", |o| o.data["spec"]["source"]["path"] == "deploy/app").await;
+    env.wait_object(&deleted.1, "the Application restored", |_| true).await;
+    env.wait_object(&older.1, "the next generation applied", |o| {
+        o.metadata.annotations.as_ref().and_then(|a| a.get(names::GENERATION_ANNOTATION)).map(String::as_str)
+            == Some("2")
+    })
+    .await;
+    eventually("the queue drained", || async { (env.operation_counts().await.0 == 0).then_some(()) }).await;
+    agent.stop().await;
+    let plan = env.sweeper(2).sweep_once().await.expect("sweep");
+    assert!(
+        plan.deletions.is_empty() && plan.restores.is_empty() && plan.resyncs.is_empty(),
+        "all put right: {plan:?}"
+    );
+}
+
+/// The API server's address in `kubeconfig` (the test tiers listen on loopback).
+fn api_server_address(kubeconfig: &std::path::Path) -> std::net::SocketAddr {
+    let document = kube::config::Kubeconfig::read_from(kubeconfig).expect("read the kubeconfig");
+    let server = document.clusters.first().and_then(|c| c.cluster.as_ref()).and_then(|c| c.server.clone());
+    let (host, port) = host_and_port(&server.expect("a server"));
+    let ip: std::net::IpAddr = host.trim_start_matches('[').trim_end_matches(']').parse().expect("an IP address");
+    std::net::SocketAddr::new(ip, port)
+}
+
+/// `https://HOST:PORT/…` → (HOST, PORT).
+fn host_and_port(server: &str) -> (String, u16) {
+    let authority = server.trim_start_matches("https://").split('/').next().unwrap_or_default();
+    let (host, port) = authority.rsplit_once(':').expect("a port");
+    (host.to_owned(), port.parse().expect("a port number"))
+}
+
+/// `kubeconfig` with its server replaced by `proxy`, written next to it (JSON is YAML).
+fn through_kube_proxy(kubeconfig: &std::path::Path, proxy: &TcpProxy) -> std::path::PathBuf {
+    let mut document = kube::config::Kubeconfig::read_from(kubeconfig).expect("read the kubeconfig");
+    for named in &mut document.clusters {
+        if let Some(cluster) = named.cluster.as_mut()
+            && let Some(server) = &cluster.server
+        {
+            let (host, _) = host_and_port(server);
+            cluster.server = Some(format!("https://{host}:{}", proxy.port()));
+        }
+    }
+    let path = kubeconfig.with_extension(format!("proxied-{}", proxy.port()));
+    std::fs::write(&path, serde_json::to_vec(&document).expect("serialise")).expect("write the kubeconfig");
+    path
+}
+
+#[tokio::test]
+async fn agent_status_watch_survives_410_gone_and_acts_on_what_changed_in_the_gap() {
+    let mut env = env("ar-relist").await;
+    let proxy = TcpProxy::start(api_server_address(&env.kubeconfig)).await.expect("start the proxy");
+    let mut config = env.config();
+    let proxied = through_kube_proxy(&env.kubeconfig, &proxy);
+    config.kubeconfig = Some(proxied.clone());
+    let agent = env.start(config);
+    let (changed, changed_name) = env.application().await;
+    let (deleted, deleted_name) = env.application().await;
+    for id in [changed, deleted] {
+        eventually("status recorded", || async {
+            env.state(id).await.filter(|(_, _, health, _)| health.as_deref() == Some("Healthy"))
+        })
+        .await;
+    }
+    let relists = || agent.handle.metrics(INSTANCE).status_relists.load(Ordering::Relaxed);
+    let relists_before = relists();
+    let original_uid = env.object(&deleted_name).await.expect("the Application").metadata.uid;
+
+    // The agent loses the API server; meanwhile one Application changes and one goes.
+    proxy.cut();
+    env.annotate(&changed_name, HEALTH_KNOB, Some("Degraded")).await;
+    env.wait_object(&changed_name, "Argo CD reports it Degraded", |o| {
+        o.data["status"]["health"]["status"] == "Degraded"
+    })
+    .await;
+    env.apps().delete(&deleted_name, &DeleteParams::default()).await.expect("delete");
+    eventually("the Application gone", || async { env.object(&deleted_name).await.is_none().then_some(()) }).await;
+    // Its history compacted meanwhile (emulator tier): the watch resumes into 410 Gone.
+    let compacted = TestCluster::get().await.compact();
+    proxy.restore();
+
+    eventually("the change recorded", || async {
+        env.state(changed).await.filter(|(_, _, health, _)| health.as_deref() == Some("Degraded"))
+    })
+    .await;
+    env.wait_object(&deleted_name, "the deleted Application restored", |o| o.metadata.uid != original_uid).await;
+    if compacted {
+        eventually("the watch relisted after 410", || async { (relists() > relists_before).then_some(()) }).await;
+    }
+    assert!(!agent.task.is_finished(), "the agent kept running through the gap");
+    agent.stop().await;
+    let _ = std::fs::remove_file(proxied);
+}

@@ -341,7 +341,12 @@ async fn writer_fleet_sweep_releases_what_a_moved_tenant_left_behind() {
         engine: std::sync::Arc::new(ArgoCdEngine::new(env.kube.clone(), env.argocd.name())),
         pool: env.db.pool(2),
         instance: first.id,
-        config: SweepConfig { interval: Duration::from_secs(300), max_deletions: 50, dry_run: false },
+        config: SweepConfig {
+            interval: Duration::from_secs(300),
+            max_deletions: 50,
+            dry_run: false,
+            page_size: gitops_agent::sweep::PAGE_SIZE,
+        },
         metrics: std::sync::Arc::default(),
         duty: None,
     };

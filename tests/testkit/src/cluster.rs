@@ -135,6 +135,19 @@ impl TestCluster {
         self.real
     }
 
+    /// Compacts the API server's history now, as etcd's compaction does, so that a
+    /// watch resuming from before answers 410 Gone. Only the emulator can be asked
+    /// (false on a real cluster, whose flags and etcd the tests do not own).
+    pub fn compact(&self) -> bool {
+        match (self.real, emulator::COMPACTOR.get()) {
+            (false, Some(compactor)) => {
+                compactor.compact();
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The admin kubeconfig (for `kubectl` and child processes).
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig_path
@@ -382,7 +395,10 @@ mod emulator {
     use tokio::sync::oneshot;
 
     use super::ClusterError;
-    use crate::kube_emulator::{EmulatorOptions, KubeEmulator};
+    use crate::kube_emulator::{Compactor, EmulatorOptions, KubeEmulator};
+
+    /// The emulator's compactor, once it serves.
+    pub(super) static COMPACTOR: std::sync::OnceLock<Compactor> = std::sync::OnceLock::new();
 
     /// Starts the emulator and returns the path of its admin kubeconfig.
     pub(super) async fn start() -> Result<PathBuf, ClusterError> {
@@ -411,9 +427,11 @@ mod emulator {
                 // kubectl (client-go) sends credentials only over TLS, as it
                 // does with a real cluster.
                 tls: true,
+                history: Default::default(),
             };
             match KubeEmulator::start(options).await {
                 Ok(emulator) => {
+                    let _ = COMPACTOR.set(emulator.compactor());
                     let _ = ready.send(Ok(emulator.kubeconfig_path().to_owned()));
                     let _serving = emulator;
                     std::future::pending::<()>().await;

@@ -192,6 +192,12 @@ impl PgCluster {
         self.wait_ready(Duration::from_secs(60)).await
     }
 
+    /// The postmaster's process id while the server runs (from `postmaster.pid`).
+    pub fn postmaster_pid(&self) -> Option<u32> {
+        let pid_file = std::fs::read_to_string(self.dir.join("data").join("postmaster.pid")).ok()?;
+        pid_file.lines().next()?.trim().parse().ok()
+    }
+
     async fn stop_for_restart(&self) -> Result<(), PgError> {
         let pid_file = std::fs::read_to_string(self.dir.join("data").join("postmaster.pid"))
             .map_err(failed("read the postmaster's pid"))?;

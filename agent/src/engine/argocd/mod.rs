@@ -6,6 +6,7 @@
 //! 400/403/422 and other refusals are permanent. Application status is watched
 //! and read in `status`.
 
+pub mod fingerprint;
 pub mod objects;
 pub mod probe;
 pub mod status;
@@ -23,7 +24,7 @@ use serde_json::json;
 
 use super::{
     ApplicationSpec, ClusterSpec, Engine, EngineError, ObjectKind, OperationPhase, OperationView, OwnedObject,
-    ProjectSpec, Removal, RepositorySpec, StatusEvent, SyncRequest,
+    OwnedPage, ProjectSpec, Removal, RepositorySpec, StatusEvent, SyncRequest,
 };
 use crate::names::{FIELD_MANAGER, MANAGED_BY_LABEL, MANAGED_BY_VALUE, SYNC_FIELD_MANAGER, TENANT_ID_LABEL};
 use gitops_shared::model::TenantId;
@@ -194,42 +195,70 @@ impl ArgoCdEngine {
             .map_err(|e| classify(format!("{action} on Application {name}"), e))
     }
 
-    async fn list<K>(api: Api<K>, kind: ObjectKind, out: &mut Vec<OwnedObject>) -> Result<(), EngineError>
-    where
-        K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
-    {
-        Self::list_selected(api, kind, &format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"), out).await
+    /// One page of the owned objects of `kind` (`limit` 0: all of them), those
+    /// with label `also` too when given.
+    async fn list_page(
+        &self,
+        kind: ObjectKind,
+        from: Option<&str>,
+        limit: u32,
+        also: Option<(&str, &str)>,
+    ) -> Result<OwnedPage, EngineError> {
+        let mut selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}");
+        if let Some((label, value)) = also {
+            selector.push_str(&format!(",{label}={value}"));
+        }
+        match kind {
+            ObjectKind::Cluster => selector.push_str(&format!(",{}=cluster", objects::SECRET_TYPE_LABEL)),
+            ObjectKind::Repository => selector.push_str(&format!(",{}=repository", objects::SECRET_TYPE_LABEL)),
+            ObjectKind::Application | ObjectKind::Project => {}
+        }
+        let mut params = ListParams::default().labels(&selector);
+        if limit > 0 {
+            params = params.limit(limit);
+        }
+        if let Some(from) = from {
+            params = params.continue_token(from);
+        }
+        match kind {
+            ObjectKind::Application => Self::page(self.applications(), kind, &params).await,
+            ObjectKind::Project => Self::page(self.projects(), kind, &params).await,
+            ObjectKind::Cluster | ObjectKind::Repository => Self::page(self.secrets(), kind, &params).await,
+        }
     }
 
-    /// Lists the objects of `api` that `selector` selects as owned objects of `kind`.
-    async fn list_selected<K>(
-        api: Api<K>,
-        kind: ObjectKind,
-        selector: &str,
-        out: &mut Vec<OwnedObject>,
-    ) -> Result<(), EngineError>
+    async fn page<K>(api: Api<K>, kind: ObjectKind, params: &ListParams) -> Result<OwnedPage, EngineError>
     where
         K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug,
     {
-        let params = ListParams::default().labels(selector);
-        let list = api.list(&params).await.map_err(|e| classify(format!("list {kind:?} objects"), e))?;
-        for item in list.items {
-            let meta = item.meta();
-            let spec = (kind == ObjectKind::Application).then(|| serde_json::to_value(&item).ok()).flatten();
-            let spec_text = |pointer: &str| {
-                spec.as_ref().and_then(|value| value.pointer(pointer)).and_then(|v| v.as_str()).map(str::to_owned)
-            };
-            out.push(OwnedObject {
-                kind,
-                name: meta.name.clone().unwrap_or_default(),
-                labels: meta.labels.clone().unwrap_or_default(),
-                deleting: meta.deletion_timestamp.is_some(),
-                destination_namespace: spec_text("/spec/destination/namespace"),
-                project: spec_text("/spec/project"),
-                destination_server: spec_text("/spec/destination/server"),
-            });
-        }
-        Ok(())
+        let list = api.list(params).await.map_err(|e| classify(format!("list {kind:?} objects"), e))?;
+        let next = list.metadata.continue_.filter(|c| !c.is_empty());
+        let objects = list
+            .items
+            .into_iter()
+            .map(|item| {
+                let value = serde_json::to_value(&item).unwrap_or(serde_json::Value::Null);
+                let (drifted, generation) = fingerprint::inspect(kind, &value);
+                let spec_text = |pointer: &str| {
+                    (kind == ObjectKind::Application)
+                        .then(|| value.pointer(pointer).and_then(|v| v.as_str()).map(str::to_owned))
+                        .flatten()
+                };
+                let meta = item.meta();
+                OwnedObject {
+                    kind,
+                    name: meta.name.clone().unwrap_or_default(),
+                    labels: meta.labels.clone().unwrap_or_default(),
+                    deleting: meta.deletion_timestamp.is_some(),
+                    destination_namespace: spec_text("/spec/destination/namespace"),
+                    project: spec_text("/spec/project"),
+                    destination_server: spec_text("/spec/destination/server"),
+                    drifted,
+                    generation,
+                }
+            })
+            .collect();
+        Ok(OwnedPage { objects, next })
     }
 }
 
@@ -419,19 +448,8 @@ impl Engine for ArgoCdEngine {
     fn list_owned(&self) -> BoxFuture<'_, Result<Vec<OwnedObject>, EngineError>> {
         Box::pin(async move {
             let mut out = Vec::new();
-            Self::list(self.applications(), ObjectKind::Application, &mut out).await?;
-            Self::list(self.projects(), ObjectKind::Project, &mut out).await?;
-            let mut secrets = Vec::new();
-            Self::list(self.secrets(), ObjectKind::Cluster, &mut secrets).await?;
-            for mut secret in secrets {
-                match secret.labels.get(objects::SECRET_TYPE_LABEL).map(String::as_str) {
-                    Some("cluster") => out.push(secret),
-                    Some("repository") => {
-                        secret.kind = ObjectKind::Repository;
-                        out.push(secret);
-                    }
-                    _ => {}
-                }
+            for kind in ObjectKind::ALL {
+                out.extend(self.list_page(kind, None, 0, None).await?.objects);
             }
             Ok(out)
         })
@@ -443,19 +461,32 @@ impl Engine for ArgoCdEngine {
         tenant: TenantId,
     ) -> BoxFuture<'a, Result<Vec<OwnedObject>, EngineError>> {
         Box::pin(async move {
-            let mut selector = format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE},{TENANT_ID_LABEL}={}", tenant.0);
+            let tenant = tenant.0.to_string();
+            Ok(self.list_page(kind, None, 0, Some((TENANT_ID_LABEL, &tenant))).await?.objects)
+        })
+    }
+
+    fn list_owned_labelled<'a>(
+        &'a self,
+        label: &'a str,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<OwnedObject>, EngineError>> {
+        Box::pin(async move {
             let mut out = Vec::new();
-            match kind {
-                ObjectKind::Application => Self::list_selected(self.applications(), kind, &selector, &mut out).await?,
-                ObjectKind::Project => Self::list_selected(self.projects(), kind, &selector, &mut out).await?,
-                ObjectKind::Cluster | ObjectKind::Repository => {
-                    let secret_type = if kind == ObjectKind::Cluster { "cluster" } else { "repository" };
-                    selector.push_str(&format!(",{}={secret_type}", objects::SECRET_TYPE_LABEL));
-                    Self::list_selected(self.secrets(), kind, &selector, &mut out).await?;
-                }
+            for kind in ObjectKind::ALL {
+                out.extend(self.list_page(kind, None, 0, Some((label, value))).await?.objects);
             }
             Ok(out)
         })
+    }
+
+    fn list_owned_page<'a>(
+        &'a self,
+        kind: ObjectKind,
+        from: Option<&'a str>,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<OwnedPage, EngineError>> {
+        Box::pin(self.list_page(kind, from, limit, None))
     }
 
     fn status_events(&self) -> BoxStream<'_, Result<StatusEvent, EngineError>> {

@@ -25,8 +25,10 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Map, Value, json};
 
+use super::fingerprint;
 use crate::engine::{
-    ApplicationSpec, ClusterSpec, ObservedOperation, OperationPhase, OperationView, ProjectSpec, RepositorySpec,
+    ApplicationSpec, ClusterSpec, ObjectKind, ObservedOperation, OperationPhase, OperationView, ProjectSpec,
+    RepositorySpec,
 };
 
 /// Argo CD's finalizer: prune what the Application deployed before it goes.
@@ -51,7 +53,8 @@ pub fn automated_retry() -> Value {
     json!({"limit": -1, "backoff": {"duration": "5s", "factor": 2, "maxDuration": "3m"}})
 }
 
-/// The Application, as applied (the finalizer is part of it from creation on).
+/// The Application, as applied (the finalizer is part of it from creation on),
+/// stamped with its spec hash and row generation (`fingerprint`).
 /// Automated ones get the original service's sync policy: prune, self-heal, an
 /// empty source allowed (`allowEmpty`: a tenant may empty its directory), children
 /// pruned in the background and [`automated_retry`].
@@ -69,7 +72,7 @@ pub fn application(spec: &ApplicationSpec, namespace: &str) -> Value {
     if !options.is_empty() {
         sync_policy.insert("syncOptions".into(), json!(options));
     }
-    json!({
+    let mut object = json!({
         "apiVersion": "argoproj.io/v1alpha1",
         "kind": "Application",
         "metadata": {
@@ -84,7 +87,9 @@ pub fn application(spec: &ApplicationSpec, namespace: &str) -> Value {
             "destination": {"server": spec.server, "namespace": spec.namespace},
             "syncPolicy": sync_policy,
         },
-    })
+    });
+    fingerprint::stamp(ObjectKind::Application, &mut object, spec.generation);
+    object
 }
 
 /// One of a tenant's AppProjects.
@@ -102,7 +107,7 @@ pub fn project(spec: &ProjectSpec, namespace: &str) -> Value {
     let destinations: Vec<Value> =
         spec.destinations.iter().map(|(server, ns)| json!({"server": server, "namespace": ns})).collect();
     let whitelist = if spec.cluster_resources { json!([{"group": "*", "kind": "*"}]) } else { json!([]) };
-    json!({
+    let mut object = json!({
         "apiVersion": "argoproj.io/v1alpha1",
         "kind": "AppProject",
         "metadata": {"name": spec.name, "namespace": namespace, "labels": spec.labels},
@@ -111,19 +116,24 @@ pub fn project(spec: &ProjectSpec, namespace: &str) -> Value {
             "destinations": destinations,
             "clusterResourceWhitelist": whitelist,
         },
-    })
+    });
+    // A project is built from several rows: it carries its hash, no generation.
+    fingerprint::stamp(ObjectKind::Project, &mut object, None);
+    object
 }
 
 fn secret(
     name: &str,
     namespace: &str,
     labels: &BTreeMap<String, String>,
-    kind: &str,
+    kind: ObjectKind,
     data: BTreeMap<String, String>,
+    generation: Option<i64>,
 ) -> Secret {
     let mut labels = labels.clone();
-    labels.insert(SECRET_TYPE_LABEL.to_owned(), kind.to_owned());
-    Secret {
+    let secret_type = if kind == ObjectKind::Cluster { "cluster" } else { "repository" };
+    labels.insert(SECRET_TYPE_LABEL.to_owned(), secret_type.to_owned());
+    let mut secret = Secret {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
             namespace: Some(namespace.to_owned()),
@@ -133,7 +143,12 @@ fn secret(
         type_: Some("Opaque".to_owned()),
         data: Some(data.into_iter().map(|(k, v)| (k, ByteString(v.into_bytes()))).collect()),
         ..Secret::default()
-    }
+    };
+    // Serialising a Secret cannot fail; were it to, the object carries no hash and
+    // the sweep merely reconciles it again.
+    let value = serde_json::to_value(&secret).unwrap_or(Value::Null);
+    secret.metadata.annotations = Some(fingerprint::annotations(kind, &value, generation).into_iter().collect());
+    secret
 }
 
 /// The cluster Secret. `config` is built from the allow-listed credential fields
@@ -167,7 +182,7 @@ pub fn cluster_secret(spec: &ClusterSpec, namespace: &str) -> Secret {
     if !spec.namespaces.is_empty() {
         data.insert("namespaces".to_owned(), spec.namespaces.join(","));
     }
-    secret(&spec.name, namespace, &spec.labels, "cluster", data)
+    secret(&spec.name, namespace, &spec.labels, ObjectKind::Cluster, data, spec.generation)
 }
 
 /// The repository Secret.
@@ -188,7 +203,7 @@ pub fn repository_secret(spec: &RepositorySpec, namespace: &str) -> Secret {
             data.insert("password".to_owned(), password.clone());
         }
     }
-    secret(&spec.name, namespace, &spec.labels, "repository", data)
+    secret(&spec.name, namespace, &spec.labels, ObjectKind::Repository, data, spec.generation)
 }
 
 /// The `.operation` of a sync request, with the correlation id in `info`.
@@ -261,6 +276,7 @@ mod tests {
             namespace: "team-a".into(),
             automated,
             create_namespace,
+            generation: Some(1),
         }
     }
 
@@ -303,6 +319,7 @@ mod tests {
             cluster_resources: false,
             insecure: true,
             credentials: ClusterCredentials { bearer_token: Some("t".into()), ..Default::default() },
+            generation: Some(1),
         };
         let secret = cluster_secret(&spec, "argocd");
         let data = secret.data.expect("data");
@@ -325,6 +342,7 @@ mod tests {
                 password: Some("x".into()),
                 ..Default::default()
             },
+            generation: Some(1),
         };
         let data = repository_secret(&spec, "argocd").data.expect("data");
         assert!(data.contains_key("sshPrivateKey") && !data.contains_key("password"));

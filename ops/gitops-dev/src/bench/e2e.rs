@@ -5,7 +5,9 @@
 //! Application and until every one shows a sync status. With `--noisy N`, one
 //! tenant floods N updates while quiet tenants change one deployment at a time,
 //! and each quiet change is timed until its Application shows the new path. The
-//! children's peak RSS closes the report.
+//! children's peak RSS closes the report, with each component's CPU seconds (see
+//! `cpu`) in total and per stage (create, until every Application, until every
+//! status, the noisy phase), so the next bottleneck shows.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -21,6 +23,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::cpu::{CpuSeconds, own_s, process_s, tree_s};
 use crate::up::{DEV_ARGOCD_NAMESPACE, DevError, DevStack};
 
 /// The repository every deployment names; the stand-in never fetches it.
@@ -86,8 +89,61 @@ pub struct E2eBenchReport {
     pub quiet_tenant_latency_ms: Option<Latency>,
     pub writer_rss_mb: f64,
     pub agent_rss_mb: f64,
+    /// CPU seconds per component from the first create to the end.
+    pub cpu_s: CpuSeconds,
+    /// Wall and CPU seconds per stage, in order.
+    pub stages: Vec<Stage>,
     /// What counts as a deployment's status being back ([`STATUS_COUNTED_BY`]).
     pub status_counted_by: &'static str,
+}
+
+/// One stage of the run: how long it took and where the CPU time went.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Stage {
+    pub name: &'static str,
+    pub seconds: f64,
+    pub cpu_s: CpuSeconds,
+}
+
+/// Every component's CPU seconds now.
+fn cpu_now(stack: &DevStack) -> CpuSeconds {
+    CpuSeconds {
+        writer: process_s(stack.pid("gitops-writer")),
+        agent: process_s(stack.pid("gitops-agent")),
+        postgres: tree_s(stack.postgres_pid()),
+        stack: own_s(),
+    }
+}
+
+/// Stage boundaries: when, and the CPU seconds then.
+#[derive(Debug, Default)]
+struct Stages {
+    marks: Vec<(&'static str, Instant, CpuSeconds)>,
+}
+
+impl Stages {
+    fn mark(&mut self, name: &'static str, stack: &DevStack) {
+        self.marks.push((name, Instant::now(), cpu_now(stack)));
+    }
+
+    /// Each stage ends at its mark and starts at the previous one (the first mark starts).
+    fn stages(&self) -> Vec<Stage> {
+        self.marks
+            .windows(2)
+            .map(|pair| Stage {
+                name: pair[1].0,
+                seconds: pair[1].1.duration_since(pair[0].1).as_secs_f64(),
+                cpu_s: pair[1].2 - pair[0].2,
+            })
+            .collect()
+    }
+
+    fn total(&self) -> CpuSeconds {
+        match (self.marks.first(), self.marks.last()) {
+            (Some(first), Some(last)) => last.2 - first.2,
+            _ => CpuSeconds::default(),
+        }
+    }
 }
 
 /// A deployment's status is back once it reports a health and its applied
@@ -118,7 +174,8 @@ pub async fn e2e_bench(config: &E2eBenchConfig) -> Result<E2eBenchReport, E2eBen
     let mut stack = DevStack::start(&config.dir, options).await.map_err(|source| E2eBenchError::Start { source })?;
     eprintln!("service up; run directory {}", stack.info.dir.display());
     let cancel = CancellationToken::new();
-    let outcome = measure(config, &mut stack, &cancel).await;
+    let mut stages = Stages::default();
+    let outcome = measure(config, &mut stack, &cancel, &mut stages).await;
     let writer_rss_mb = stack.pid("gitops-writer").map(peak_rss_mb).unwrap_or_default();
     let agent_rss_mb = stack.pid("gitops-agent").map(peak_rss_mb).unwrap_or_default();
     cancel.cancel();
@@ -133,6 +190,8 @@ pub async fn e2e_bench(config: &E2eBenchConfig) -> Result<E2eBenchReport, E2eBen
         quiet_tenant_latency_ms,
         writer_rss_mb,
         agent_rss_mb,
+        cpu_s: stages.total(),
+        stages: stages.stages(),
         status_counted_by: STATUS_COUNTED_BY,
     })
 }
@@ -143,6 +202,7 @@ async fn measure(
     config: &E2eBenchConfig,
     stack: &mut DevStack,
     cancel: &CancellationToken,
+    stages: &mut Stages,
 ) -> Result<Measured, E2eBenchError> {
     let client = stack.kube.clone();
     let (seen_tx, seen) = watch::channel(Seen::default());
@@ -160,17 +220,21 @@ async fn measure(
     let deployments: Vec<(String, String)> =
         (0..config.deployments).map(|d| (namespaces[d % config.tenants].clone(), format!("d{d:05}"))).collect();
     let started = Instant::now();
+    stages.mark("start", stack);
     stream::iter(deployments.iter().map(|(namespace, name)| create_deployment(&client, namespace, name)))
         .buffer_unordered(config.concurrency)
         .try_collect::<Vec<()>>()
         .await?;
     eprintln!("created in {:.1}s", started.elapsed().as_secs_f64());
+    stages.mark("create", stack);
 
     let want = config.deployments;
     let applied = wait(stack, config, seen.clone(), "Applications", |s| s.applications.len(), want).await?;
+    stages.mark("to_argocd", stack);
     let apply_to_argocd_s = applied.duration_since(started).as_secs_f64();
     eprintln!("every Application in Argo CD after {apply_to_argocd_s:.2}s");
     let statused = wait(stack, config, seen.clone(), "sync statuses", |s| s.synced.len(), want).await?;
+    stages.mark("to_status", stack);
     let apply_to_status_s = statused.duration_since(started).as_secs_f64();
     eprintln!("every sync status back after {apply_to_status_s:.2}s");
 
@@ -178,6 +242,9 @@ async fn measure(
         None => None,
         Some(updates) => Some(noisy_phase(config, stack, &deployments, &namespaces[0], updates, seen).await?),
     };
+    if latency.is_some() {
+        stages.mark("noisy", stack);
+    }
     Ok((apply_to_argocd_s, apply_to_status_s, latency))
 }
 

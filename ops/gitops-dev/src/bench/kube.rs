@@ -2,6 +2,11 @@
 //! thousands of Argo CD Applications — creating them, listing them (whole, paged,
 //! by label) and watching them — through the real kube client. With
 //! `--kubeconfig` the same figures come from any cluster, for comparison.
+//!
+//! Once filled, it measures the steady state a test double must keep flat: one
+//! write at a time (a merge patch on an object spread over the whole set) and, for
+//! each, when a watcher opened before it receives its event. Their medians at
+//! 25,000 and 100,000 objects show whether cost grows with what is stored.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,7 +17,10 @@ use gitops_testkit::argocd::application_crd;
 use gitops_testkit::kube_emulator::{EmulatorOptions, KubeEmulator};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+    WatchEvent, WatchParams,
+};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, Config};
 use serde_json::json;
@@ -25,6 +33,8 @@ pub struct KubeBenchConfig {
     pub concurrency: usize,
     /// A cluster to measure instead of a fresh in-process emulator.
     pub kubeconfig: Option<std::path::PathBuf>,
+    /// Writes measured one at a time once the objects exist.
+    pub steady_writes: usize,
 }
 
 /// Why the benchmark stopped.
@@ -60,6 +70,13 @@ pub struct KubeBenchReport {
     pub list_selector_ms: f64,
     /// A fresh watcher (list, then watch) until its initial state is complete.
     pub watcher_initial_ms: f64,
+    /// Steady state, one write at a time: the write's round trip (median, p99).
+    pub write_p50_ms: f64,
+    pub write_p99_ms: f64,
+    /// From sending a write until a watcher has its event (median, p99).
+    pub watch_event_p50_ms: f64,
+    pub watch_event_p99_ms: f64,
+    pub steady_writes: usize,
     /// Resident memory of this process (the in-process emulator included), MiB.
     pub rss_mb: Option<f64>,
 }
@@ -206,6 +223,9 @@ async fn measure(config: &KubeBenchConfig, client: &Client, server: String) -> R
     let watcher_initial_ms = timed.elapsed().as_secs_f64() * 1000.0;
     assert_count(initial, config.objects)?;
 
+    drop(fresh);
+    let steady = steady_state(&apps, config.objects, config.steady_writes).await?;
+
     let rss_mb = rss_mb();
     let _ = namespaces.delete(&namespace, &DeleteParams::default()).await;
     Ok(KubeBenchReport {
@@ -217,8 +237,59 @@ async fn measure(config: &KubeBenchConfig, client: &Client, server: String) -> R
         list_paged_500_ms,
         list_selector_ms,
         watcher_initial_ms,
+        write_p50_ms: percentile(&steady.writes, 0.5),
+        write_p99_ms: percentile(&steady.writes, 0.99),
+        watch_event_p50_ms: percentile(&steady.events, 0.5),
+        watch_event_p99_ms: percentile(&steady.events, 0.99),
+        steady_writes: steady.writes.len(),
         rss_mb,
     })
+}
+
+/// Milliseconds per steady-state write and per watch event.
+struct Steady {
+    writes: Vec<f64>,
+    events: Vec<f64>,
+}
+
+/// `writes` merge patches, one at a time, each on a different object spread over
+/// the set; a raw watch opened before the first gets each one's event.
+async fn steady_state(apps: &Api<DynamicObject>, objects: usize, writes: usize) -> Result<Steady, KubeBenchError> {
+    let first = apps.list(&ListParams::default().limit(1)).await.map_err(kube("list one"))?;
+    let rv = first.metadata.resource_version.unwrap_or_default();
+    let mut events = apps.watch(&WatchParams::default().timeout(290), &rv).await.map_err(kube("watch"))?.boxed();
+    let mut steady = Steady { writes: Vec::with_capacity(writes), events: Vec::with_capacity(writes) };
+    let stall = Duration::from_secs(30);
+    for i in 0..writes {
+        // A stride co-prime with any object count below it spreads the writes.
+        let name = format!("app-{:06}", (i * 7_919) % objects.max(1));
+        let patch = json!({"metadata": {"annotations": {"bench/touch": i.to_string()}}});
+        let started = Instant::now();
+        apps.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(kube("patch"))?;
+        steady.writes.push(started.elapsed().as_secs_f64() * 1000.0);
+        loop {
+            let event = tokio::time::timeout(stall, events.next())
+                .await
+                .map_err(|_| KubeBenchError::WatchStalled(stall))?
+                .ok_or(KubeBenchError::WatchStalled(stall))?
+                .map_err(kube("watch event"))?;
+            if let WatchEvent::Modified(object) = event
+                && object.metadata.name.as_deref() == Some(name.as_str())
+            {
+                break;
+            }
+        }
+        steady.events.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok(steady)
+}
+
+/// The `q` quantile of `samples` (0 when empty).
+fn percentile(samples: &[f64], q: f64) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let index = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted.get(index).copied().unwrap_or(0.0)
 }
 
 fn assert_count(got: usize, want: usize) -> Result<(), KubeBenchError> {

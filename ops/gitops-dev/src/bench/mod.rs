@@ -2,6 +2,7 @@
 //! progress on stderr. Tests assert behaviour; these measure it.
 
 pub mod chaos;
+pub mod cpu;
 pub mod e2e;
 pub mod failover;
 pub mod kube;

@@ -30,6 +30,7 @@ use super::knobs::Knobs;
 use super::live;
 use super::loop_guard::{LoopGuard, MAX_SELF_WRITES};
 use super::project::{ProjectRules, normalize_repo_url};
+use super::project_index::ProjectIndex;
 use super::repository::{REPOSITORY_SELECTOR, Repositories, RepositoryCredential, source_error};
 use super::status::{PlanInput, deletion_held_patch, plan};
 use super::{StandinError, StandinOptions};
@@ -111,6 +112,33 @@ struct Context {
     loop_guard: LoopGuard,
     destinations: Destinations,
     repositories: Arc<Repositories>,
+    /// Which Applications name which project (for project events).
+    index: Arc<ProjectIndex>,
+    /// The controller's view of the Applications (to drop what went away).
+    store: kube::runtime::reflector::Store<DynamicObject>,
+    app_resource: ApiResource,
+}
+
+impl Context {
+    /// Whether Application `name` is still in the controller's view.
+    fn alive(&self, name: &str) -> bool {
+        let key = ObjectRef::new_with(name, self.app_resource.clone()).within(&self.namespace);
+        self.store.get(&key).is_some()
+    }
+
+    /// Drops state of Applications that went away, once there is as much of it as
+    /// there are Applications (amortised over the reconciles that made it).
+    fn prune(&self) {
+        let live = self.store.len();
+        if self.index.len() > 2 * live + 100 {
+            self.index.retain(|name| self.alive(name));
+        }
+        if self.loop_guard.len() > 2 * live + 100 {
+            let uids: std::collections::HashSet<String> =
+                self.store.state().iter().filter_map(|app| app.uid()).collect();
+            self.loop_guard.retain(|uid| uids.contains(uid));
+        }
+    }
 }
 
 /// Runs the controller until `cancel` fires; in-flight reconciles finish first.
@@ -163,6 +191,7 @@ pub(super) async fn run_controller(
     let store = controller.store();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let repositories = Arc::new(Repositories::new(secrets.clone()));
+    let index = Arc::new(ProjectIndex::default());
     let context = Arc::new(Context {
         client,
         apps,
@@ -172,9 +201,13 @@ pub(super) async fn run_controller(
         loop_guard: LoopGuard::default(),
         destinations: Destinations::default(),
         repositories: repositories.clone(),
+        index: index.clone(),
+        store: store.clone(),
+        app_resource: app_resource.clone(),
     });
     let repository_store = store.clone();
     let repository_resource = app_resource.clone();
+    let app_namespace = namespace.to_owned();
     controller
         .watches(secrets, watcher::Config::default().labels(REPOSITORY_SELECTOR), move |secret: Secret| {
             // A repository Secret changed: the Applications of its repository are
@@ -189,14 +222,18 @@ pub(super) async fn run_controller(
                 .collect::<Vec<_>>()
         })
         .watches_with(projects, app_project_resource(), watcher::Config::default(), move |project: DynamicObject| {
-            // A project changed: every Application that names it is re-checked.
-            let name = project.name_any();
-            store
-                .state()
-                .into_iter()
-                .filter(|app| project_of(app) == name)
-                .map(|app| ObjectRef::from_obj_with(app.as_ref(), app_resource.clone()))
-                .collect::<Vec<_>>()
+            // A project changed: the Applications that name it are re-checked (an
+            // index lookup, never a scan of every Application).
+            let mut refs = Vec::new();
+            for app in index.apps_of(&project.name_any()) {
+                let key = ObjectRef::new_with(&app, app_resource.clone()).within(&app_namespace);
+                if store.get(&key).is_some() {
+                    refs.push(key);
+                } else {
+                    index.remove(&app);
+                }
+            }
+            refs
         })
         .with_config(ControllerConfig::default().concurrency(options.concurrency))
         .graceful_shutdown_on(cancel.cancelled_owned())
@@ -219,11 +256,6 @@ pub(super) async fn run_controller(
 fn source_of(app: &DynamicObject) -> String {
     let value = app.data.get("spec").cloned().map(|spec| json!({"spec": spec})).unwrap_or(Value::Null);
     AppSpec::from_object(&value).source.repo_url
-}
-
-fn project_of(app: &DynamicObject) -> String {
-    let value = app.data.get("spec").cloned().map(|spec| json!({"spec": spec})).unwrap_or(Value::Null);
-    AppSpec::from_object(&value).project
 }
 
 fn error_policy(_app: Arc<DynamicObject>, _error: &ReconcileError, _context: Arc<Context>) -> Action {
@@ -269,6 +301,9 @@ async fn reconcile_object(app: &DynamicObject, context: &Context) -> Result<Acti
     }
 
     let project_name = AppSpec::from_object(&object).project;
+    // Indexed before the project is read: a project change after the read finds it.
+    context.index.set(&name, &project_name);
+    context.prune();
     let project = if is_object_name(&project_name) {
         context
             .projects
@@ -307,15 +342,19 @@ async fn reconcile_object(app: &DynamicObject, context: &Context) -> Result<Acti
     if !plan.unknown_knobs.is_empty() {
         warn!(knobs = ?plan.unknown_knobs, "ignoring stand-in knob annotations it does not know");
     }
-    if let Some(patch) = plan.patch
-        && write(context, app, patch, "write the status of").await?
-    {
-        info!(
-            sync = %plan.sync_status,
-            health = %plan.health_status,
-            operation = plan.operation_phase.as_deref(),
-            "status written"
-        );
+    match plan.patch {
+        // A fixed point: no chain of own writes to guard any more.
+        None => context.loop_guard.forget(&app.uid().unwrap_or_default()),
+        Some(patch) => {
+            if write(context, app, patch, "write the status of").await? {
+                info!(
+                    sync = %plan.sync_status,
+                    health = %plan.health_status,
+                    operation = plan.operation_phase.as_deref(),
+                    "status written"
+                );
+            }
+        }
     }
     if context.options.live_resources && plan.sync_status == "Synced" {
         let spec = AppSpec::from_object(&object);
@@ -386,6 +425,7 @@ async fn finalize(
     let remaining: Vec<&String> = finalizers.iter().filter(|finalizer| !is_resources_finalizer(finalizer)).collect();
     if write(context, app, json!({"metadata": {"finalizers": remaining}}), "remove the finalizer of").await? {
         context.loop_guard.forget(&app.uid().unwrap_or_default());
+        context.index.remove(&app.name_any());
         info!("resources pruned; finalizer removed");
     }
     Ok(Action::await_change())

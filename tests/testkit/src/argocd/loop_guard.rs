@@ -4,7 +4,8 @@
 //! (an old Argo CD's, say) could prune a field on every write, and the stand-in
 //! would write forever. The guard counts writes made directly on top of the
 //! stand-in's own previous write; past a bound it refuses further ones until
-//! someone else changes the object.
+//! someone else changes the object. A chain is forgotten once a reconcile writes
+//! nothing (a fixed point), so the guard holds only objects being written now.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -43,9 +44,19 @@ impl LoopGuard {
         chains.insert(uid.to_owned(), Chain { resource_version: after.to_owned(), writes });
     }
 
-    /// Forgets object `uid` (it is going away).
+    /// Forgets object `uid` (it is going away, or reached a fixed point).
     pub fn forget(&self, uid: &str) {
         self.chains.lock().unwrap_or_else(PoisonError::into_inner).remove(uid);
+    }
+
+    /// Objects with a chain.
+    pub fn len(&self) -> usize {
+        self.chains.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    /// Keeps only the chains of objects for which `alive` holds.
+    pub fn retain(&self, alive: impl Fn(&str) -> bool) {
+        self.chains.lock().unwrap_or_else(PoisonError::into_inner).retain(|uid, _| alive(uid));
     }
 }
 

@@ -79,6 +79,7 @@ mod loop_guard;
 mod operation;
 pub mod operator;
 mod project;
+mod project_index;
 mod repository;
 mod retry;
 mod revision;

@@ -4,9 +4,10 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Parser;
-use gitops_testkit::kube_emulator::{EmulatorOptions, KubeEmulator};
+use gitops_testkit::kube_emulator::{EmulatorOptions, HistoryWindows, KubeEmulator};
 
 /// An in-memory Kubernetes API server for tests and local development.
 #[derive(Debug, Parser)]
@@ -24,6 +25,15 @@ struct Args {
     /// Serve HTTPS with a generated CA (written into the kubeconfig).
     #[arg(long, env = "KUBE_EMULATOR_TLS")]
     tls: bool,
+    /// Seconds a watch can resume from (kube-apiserver's watch cache: 75).
+    #[arg(long, env = "KUBE_EMULATOR_WATCH_HISTORY_SECONDS", default_value_t = 75)]
+    watch_history_seconds: u64,
+    /// Latest events per resource a watch can always resume from (100).
+    #[arg(long, env = "KUBE_EMULATOR_WATCH_HISTORY_EVENTS", default_value_t = 100)]
+    watch_history_events: usize,
+    /// Seconds continue tokens and lists at an old resourceVersion are served (etcd compaction: 300).
+    #[arg(long, env = "KUBE_EMULATOR_LIST_HISTORY_SECONDS", default_value_t = 300)]
+    list_history_seconds: u64,
 }
 
 #[tokio::main]
@@ -38,6 +48,11 @@ async fn main() -> anyhow::Result<()> {
         kubeconfig: Some(args.kubeconfig),
         tokens: args.tokens,
         tls: args.tls,
+        history: HistoryWindows {
+            watch_age: Duration::from_secs(args.watch_history_seconds),
+            watch_events: args.watch_history_events,
+            list_age: Duration::from_secs(args.list_history_seconds),
+        },
     })
     .await?;
     println!("{}", emulator.url());

@@ -7,7 +7,8 @@
 //! `Background` (the owner does not wait for its dependents).
 //!
 //! The real collector acts a moment later, from its informers; here the
-//! dependents go within the write that removed the owner.
+//! dependents go within the write that removed the owner, found through the
+//! store's owner index (never a scan of every object).
 
 use std::sync::Arc;
 
@@ -16,16 +17,7 @@ use serde_json::Value;
 use super::delete::{self, DeleteOptions};
 use super::meta;
 use super::resources::ResourceInfo;
-use super::store::State;
-
-/// The uids an object names as owners.
-fn owner_uids(object: &Value) -> Vec<&str> {
-    object
-        .pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
-        .map(|owners| owners.iter().filter_map(|o| o.get("uid").and_then(Value::as_str)).collect())
-        .unwrap_or_default()
-}
+use super::store::{State, owner_uids};
 
 /// Every object naming `owner_uid` as an owner: (resource, namespace, name, object).
 fn dependents_of(state: &State, owner_uid: &str) -> Vec<(Arc<ResourceInfo>, String, String, Arc<Value>)> {
@@ -33,20 +25,12 @@ fn dependents_of(state: &State, owner_uid: &str) -> Vec<(Arc<ResourceInfo>, Stri
         return Vec::new();
     }
     state
-        .owned_objects()
+        .dependents_of(owner_uid)
         .into_iter()
-        .filter(|(_, _, _, object)| owner_uids(object).contains(&owner_uid))
         .filter_map(|(key, namespace, name, object)| {
             Some((state.registry.by_storage_key(&key)?, namespace, name, object))
         })
         .collect()
-}
-
-/// Whether an object with this uid exists.
-fn exists(state: &State, uid: &str) -> bool {
-    state.registry.storage_entries().iter().any(|info| {
-        state.table_ref(&info.storage_key()).is_some_and(|table| table.objects.values().any(|o| meta::uid(o) == uid))
-    })
 }
 
 /// After the object with `owner_uid` is gone: deletes its dependents that have no
@@ -58,7 +42,7 @@ pub fn collect(state: &mut State, owner_uid: &str) {
     }
     let now = meta::now_rfc3339();
     for (info, namespace, name, object) in dependents {
-        let other_owner_lives = owner_uids(&object).iter().any(|uid| *uid != owner_uid && exists(state, uid));
+        let other_owner_lives = owner_uids(&object).iter().any(|uid| *uid != owner_uid && state.uid_exists(uid));
         if other_owner_lives || meta::is_deleting(&object) {
             continue;
         }

@@ -50,6 +50,7 @@ use tokio::task::JoinHandle;
 
 use self::auth::TokenBook;
 use self::router::Shared;
+pub use self::store::HistoryWindows;
 use self::store::State;
 
 /// How to run the emulator.
@@ -63,11 +64,19 @@ pub struct EmulatorOptions {
     pub tokens: Option<PathBuf>,
     /// Serve HTTPS with a generated CA (written into the kubeconfig).
     pub tls: bool,
+    /// How long watch and list history is kept (the API server's defaults).
+    pub history: HistoryWindows,
 }
 
 impl Default for EmulatorOptions {
     fn default() -> Self {
-        EmulatorOptions { listen: SocketAddr::from(([127, 0, 0, 1], 0)), kubeconfig: None, tokens: None, tls: false }
+        EmulatorOptions {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            kubeconfig: None,
+            tokens: None,
+            tls: false,
+            history: HistoryWindows::default(),
+        }
     }
 }
 
@@ -94,8 +103,26 @@ pub struct KubeEmulator {
     stop: signal::Sender<bool>,
     task: JoinHandle<()>,
     temp_dir: Option<PathBuf>,
-    #[cfg_attr(not(test), allow(dead_code))]
     state: Arc<Mutex<State>>,
+}
+
+/// A handle that compacts a running emulator's history (etcd's compaction, on
+/// demand): how a test forces the `410 Gone` a watcher meets after a long gap.
+#[derive(Clone)]
+pub struct Compactor(Arc<Mutex<State>>);
+
+impl std::fmt::Debug for Compactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Compactor")
+    }
+}
+
+impl Compactor {
+    /// Forgets every resource's history: watches resuming and lists continuing from
+    /// an older resourceVersion answer 410 Gone.
+    pub fn compact(&self) {
+        router::lock(&self.0).compact();
+    }
 }
 
 impl std::fmt::Debug for KubeEmulator {
@@ -135,7 +162,7 @@ impl KubeEmulator {
         let scheme = if options.tls { "https" } else { "http" };
         let url = format!("{scheme}://{addr}");
 
-        let mut state = State::new();
+        let mut state = State::with_history(options.history);
         let mut rbac_objects = rbac::bootstrap_cluster_roles();
         rbac_objects.extend(rbac::bootstrap_cluster_role_bindings());
         builtin::bootstrap(&mut state, rbac_objects);
@@ -171,6 +198,11 @@ impl KubeEmulator {
 
     pub fn admin_token(&self) -> &str {
         &self.admin_token
+    }
+
+    /// A handle to compact this emulator's history.
+    pub fn compactor(&self) -> Compactor {
+        Compactor(self.state.clone())
     }
 
     /// A kube client with the admin token, built from the kubeconfig by kube's own

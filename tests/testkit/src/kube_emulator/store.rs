@@ -1,11 +1,21 @@
 //! The emulator's memory: every object as a `serde_json::Value`, one table per
 //! resource (keyed by namespace and name, so a list is an ordered range), one
-//! global monotonically increasing resourceVersion, and per resource a ring
-//! buffer of recent watch events plus a broadcast channel for live watchers.
-//! All writes happen under one lock, so the event order is the commit order.
+//! global monotonically increasing resourceVersion, and per resource a history of
+//! recent events plus a broadcast channel for live watchers. All writes happen
+//! under one lock, so the event order is the commit order.
+//!
+//! History is kept by time and by count, in two windows, as the API server keeps
+//! it ([`HistoryWindows`]): watches resume from the watch cache's window (75 s, and
+//! at least the last 100 events); lists at an old resourceVersion and `continue`
+//! tokens are served from etcd's, 5 minutes until compaction. An event leaving the
+//! watch window keeps only what a list needs (the key, and the JSON of the version
+//! it replaced, shared with that version's own event), so history costs about one
+//! JSON document per write in the last 5 minutes, not full objects. Older
+//! resourceVersions answer 410 Gone.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::Value;
@@ -14,8 +24,23 @@ use tokio::sync::broadcast;
 use super::meta;
 use super::resources::Registry;
 
-/// Events kept per resource for watches that resume from a resourceVersion.
-pub const HISTORY_PER_RESOURCE: usize = 10_000;
+/// How long history is kept: two windows, as kube-apiserver 1.20 and etcd keep it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryWindows {
+    /// A watch resumes from any event younger than this (the watch cache: 75 s) …
+    pub watch_age: Duration,
+    /// … or among this many latest events of its resource (the cache's 100).
+    pub watch_events: usize,
+    /// Lists at an old resourceVersion and `continue` tokens are served this long
+    /// (etcd's compaction: 5 minutes); never less than the watch window.
+    pub list_age: Duration,
+}
+
+impl Default for HistoryWindows {
+    fn default() -> Self {
+        HistoryWindows { watch_age: Duration::from_secs(75), watch_events: 100, list_age: Duration::from_secs(300) }
+    }
+}
 /// Live events a slow watcher may fall behind before it replays from history.
 const BROADCAST_CAPACITY: usize = 4_096;
 
@@ -47,6 +72,22 @@ pub struct Event {
     /// The object before the change (modified or deleted): selector transitions
     /// and list snapshots read it.
     pub old: Option<Arc<Value>>,
+    /// `old` serialized (its own event's `json`, shared): what history keeps of it
+    /// once the event leaves the watch window.
+    pub old_json: Option<Bytes>,
+}
+
+/// One event of the history: whole while in the watch window, then only what a
+/// list at an older resourceVersion needs.
+#[derive(Debug)]
+struct Kept {
+    rv: u64,
+    at: Instant,
+    kind: EventType,
+    key: ObjectKey,
+    old_json: Option<Bytes>,
+    /// None once out of the watch window.
+    event: Option<Arc<Event>>,
 }
 
 /// An object's JSON, rendered once per write so lists and watches copy bytes.
@@ -57,14 +98,30 @@ pub fn to_json(object: &Value) -> Bytes {
 /// (namespace or "" for cluster-scoped, name).
 pub type ObjectKey = (String, String);
 
+/// (storage key, namespace, name).
+pub type StoredKey = (String, String, String);
+
+/// The uids an object names as owners.
+pub fn owner_uids(object: &Value) -> Vec<&str> {
+    object
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .map(|owners| owners.iter().filter_map(|o| o.get("uid").and_then(Value::as_str)).collect())
+        .unwrap_or_default()
+}
+
 #[derive(Debug)]
 pub struct Table {
     pub objects: BTreeMap<ObjectKey, Arc<Value>>,
     /// The JSON of each object in `objects`.
     json: HashMap<ObjectKey, Bytes>,
-    history: VecDeque<Arc<Event>>,
-    /// Events with a resourceVersion at or below this one may have been dropped.
-    floor: u64,
+    history: VecDeque<Kept>,
+    /// Leading entries of `history` out of the watch window (whole no more).
+    slim: usize,
+    /// A watch may resume from this resourceVersion or later.
+    watch_floor: u64,
+    /// A list may be served at this resourceVersion or later.
+    list_floor: u64,
     sender: broadcast::Sender<Arc<Event>>,
 }
 
@@ -73,28 +130,67 @@ impl Table {
     /// as a watch cache starts at its first list).
     fn new(floor: u64) -> Table {
         let (sender, _) = broadcast::channel(BROADCAST_CAPACITY);
-        Table { objects: BTreeMap::new(), json: HashMap::new(), history: VecDeque::new(), floor, sender }
+        Table {
+            objects: BTreeMap::new(),
+            json: HashMap::new(),
+            history: VecDeque::new(),
+            slim: 0,
+            watch_floor: floor,
+            list_floor: floor,
+            sender,
+        }
     }
 
-    fn record(&mut self, event: Event) {
+    fn record(&mut self, event: Event, key: ObjectKey, windows: &HistoryWindows) {
         let event = Arc::new(event);
-        if self.history.len() == HISTORY_PER_RESOURCE
-            && let Some(dropped) = self.history.pop_front()
-        {
-            self.floor = dropped.rv;
-        }
-        self.history.push_back(event.clone());
+        let now = Instant::now();
+        self.history.push_back(Kept {
+            rv: event.rv,
+            at: now,
+            kind: event.kind,
+            key,
+            old_json: event.old_json.clone(),
+            event: Some(event.clone()),
+        });
+        self.expire(now, windows);
         // No receiver is not an error: nobody watches.
         let _ = self.sender.send(event);
     }
 
-    /// Events after `since`, or `Err(oldest kept)` when some may be lost.
+    /// Moves events out of the watch window, then drops those out of the list
+    /// window (only ever ones already out of the watch window).
+    fn expire(&mut self, now: Instant, windows: &HistoryWindows) {
+        let keep_whole = self.history.len().saturating_sub(windows.watch_events);
+        while self.slim < keep_whole {
+            let Some(entry) = self.history.get_mut(self.slim) else { break };
+            if now.saturating_duration_since(entry.at) < windows.watch_age {
+                break;
+            }
+            entry.event = None;
+            self.watch_floor = entry.rv;
+            self.slim += 1;
+        }
+        let list_age = windows.list_age.max(windows.watch_age);
+        while self.slim > 0 {
+            let Some(front) = self.history.front() else { break };
+            if now.saturating_duration_since(front.at) < list_age {
+                break;
+            }
+            self.list_floor = front.rv;
+            self.history.pop_front();
+            self.slim -= 1;
+        }
+    }
+
+    /// Events after `since` (for a watch), or `Err(oldest kept)` when some are out
+    /// of the watch window.
     pub fn events_after(&self, since: u64) -> Result<Vec<Arc<Event>>, u64> {
-        if since < self.floor {
-            return Err(self.history.front().map(|e| e.rv).unwrap_or(self.floor));
+        if since < self.watch_floor {
+            let oldest = self.history.get(self.slim).map_or(self.watch_floor, |e| e.rv);
+            return Err(oldest);
         }
         let start = self.history.partition_point(|e| e.rv <= since);
-        Ok(self.history.range(start..).cloned().collect())
+        Ok(self.history.range(start..).filter_map(|e| e.event.clone()).collect())
     }
 
     /// The stored JSON of an object of this table.
@@ -104,19 +200,41 @@ impl Table {
 
     /// How the objects changed since `rv` looked at `rv`: None for those created
     /// later, the earlier version for those modified or deleted later. Err when
-    /// the history no longer reaches back to `rv`.
+    /// the history no longer reaches back to `rv` (out of the list window).
     pub fn changed_since(&self, rv: u64) -> Result<HashMap<ObjectKey, Option<Arc<Value>>>, u64> {
-        let events = self.events_after(rv)?;
+        if rv < self.list_floor {
+            return Err(self.history.front().map_or(self.list_floor, |e| e.rv));
+        }
+        let start = self.history.partition_point(|e| e.rv <= rv);
         let mut earlier = HashMap::new();
-        for event in events {
-            let object = event.old.as_ref().unwrap_or(&event.object);
-            let key = (meta::meta_str(object, "namespace").to_owned(), meta::name(object).to_owned());
-            earlier.entry(key).or_insert_with(|| match event.kind {
+        for kept in self.history.range(start..) {
+            if earlier.contains_key(&kept.key) {
+                continue;
+            }
+            let before = match kept.kind {
                 EventType::Added => None,
-                EventType::Modified | EventType::Deleted => event.old.clone(),
-            });
+                EventType::Modified | EventType::Deleted => match &kept.event {
+                    Some(event) => event.old.clone(),
+                    None => kept.old_json.as_ref().and_then(|json| serde_json::from_slice(json).ok()).map(Arc::new),
+                },
+            };
+            earlier.insert(kept.key.clone(), before);
         }
         Ok(earlier)
+    }
+
+    /// Forgets the history up to `rv`: older resourceVersions answer 410 from now on.
+    fn compact(&mut self, rv: u64) {
+        self.history.clear();
+        self.slim = 0;
+        self.watch_floor = self.watch_floor.max(rv);
+        self.list_floor = self.list_floor.max(rv);
+    }
+
+    /// Events kept (whole or not).
+    #[cfg(test)]
+    pub fn history_len(&self) -> usize {
+        self.history.len()
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
@@ -148,10 +266,14 @@ impl Table {
 pub struct State {
     rv: u64,
     tables: HashMap<String, Table>,
+    /// How long history is kept.
+    windows: HistoryWindows,
     pub registry: Registry,
-    /// Objects with `ownerReferences` (storage key, namespace, name), so garbage
-    /// collection looks at these only.
-    owned: std::collections::BTreeSet<(String, String, String)>,
+    /// Owner uid → the objects naming it in `ownerReferences` (storage key,
+    /// namespace, name): garbage collection finds dependents without a scan.
+    dependents: HashMap<String, std::collections::BTreeSet<StoredKey>>,
+    /// uid → where the object with it is stored (stale entries are checked on read).
+    uids: HashMap<String, StoredKey>,
 }
 
 impl Default for State {
@@ -162,7 +284,42 @@ impl Default for State {
 
 impl State {
     pub fn new() -> State {
-        State { rv: 0, tables: HashMap::new(), registry: Registry::new(), owned: Default::default() }
+        State::with_history(HistoryWindows::default())
+    }
+
+    pub fn with_history(windows: HistoryWindows) -> State {
+        State {
+            rv: 0,
+            tables: HashMap::new(),
+            windows,
+            registry: Registry::new(),
+            dependents: HashMap::new(),
+            uids: HashMap::new(),
+        }
+    }
+
+    /// Changes how long history is kept (from the next write on).
+    #[cfg(test)]
+    pub fn set_history(&mut self, windows: HistoryWindows) {
+        self.windows = windows;
+    }
+
+    /// Forgets every resource's history now, as etcd's compaction at the current
+    /// revision does: a watch or list at an older resourceVersion gets 410 Gone.
+    pub fn compact(&mut self) {
+        let rv = self.rv;
+        for table in self.tables.values_mut() {
+            table.compact(rv);
+        }
+    }
+
+    /// Applies the windows to `storage_key`'s history now (a watch about to resume
+    /// after a quiet spell sees what the API server would).
+    pub fn expire(&mut self, storage_key: &str) {
+        let windows = self.windows;
+        if let Some(table) = self.tables.get_mut(storage_key) {
+            table.expire(Instant::now(), &windows);
+        }
     }
 
     /// The resourceVersion of the last commit.
@@ -194,19 +351,26 @@ impl State {
         let rv = self.rv;
         meta::metadata_mut(&mut object).insert("resourceVersion".into(), Value::String(rv.to_string()));
         let key = (namespace.to_owned(), meta::name(&object).to_owned());
-        let owned = (storage_key.to_owned(), key.0.clone(), key.1.clone());
-        if object.pointer("/metadata/ownerReferences").and_then(Value::as_array).is_some_and(|o| !o.is_empty()) {
-            self.owned.insert(owned);
-        } else {
-            self.owned.remove(&owned);
-        }
+        let stored = (storage_key.to_owned(), key.0.clone(), key.1.clone());
+        let new_owners: Vec<String> = owner_uids(&object).into_iter().map(str::to_owned).collect();
+        let uid = meta::uid(&object).to_owned();
         let json = to_json(&object);
         let object = Arc::new(object);
+        let windows = self.windows;
         let table = self.table(storage_key);
-        table.json.insert(key.clone(), json.clone());
-        let old = table.objects.insert(key, object.clone());
+        let old_json = table.json.insert(key.clone(), json.clone());
+        let old = table.objects.insert(key.clone(), object.clone());
         let kind = if old.is_some() { EventType::Modified } else { EventType::Added };
-        table.record(Event { rv, kind, object: object.clone(), json, old });
+        let old_owners: Vec<String> =
+            old.as_deref().map(|o| owner_uids(o).into_iter().map(str::to_owned).collect()).unwrap_or_default();
+        table.record(Event { rv, kind, object: object.clone(), json, old, old_json }, key, &windows);
+        self.unindex_owners(&stored, &old_owners);
+        for owner in new_owners {
+            self.dependents.entry(owner).or_default().insert(stored.clone());
+        }
+        if !uid.is_empty() {
+            self.uids.insert(uid, stored);
+        }
         object
     }
 
@@ -215,33 +379,51 @@ impl State {
         let key = (namespace.to_owned(), name.to_owned());
         let table = self.tables.get_mut(storage_key)?;
         let existing = table.objects.remove(&key)?;
-        table.json.remove(&key);
-        self.owned.remove(&(storage_key.to_owned(), key.0.clone(), key.1.clone()));
+        let old_json = table.json.remove(&key);
+        let stored = (storage_key.to_owned(), key.0.clone(), key.1.clone());
+        let owners: Vec<String> = owner_uids(&existing).into_iter().map(str::to_owned).collect();
+        self.unindex_owners(&stored, &owners);
+        self.uids.remove(meta::uid(&existing));
         self.rv += 1;
         let rv = self.rv;
         let mut object = (*existing).clone();
         meta::metadata_mut(&mut object).insert("resourceVersion".into(), Value::String(rv.to_string()));
         let json = to_json(&object);
         let object = Arc::new(object);
-        self.table(storage_key).record(Event {
-            rv,
-            kind: EventType::Deleted,
-            object: object.clone(),
-            json,
-            old: Some(existing),
-        });
+        let windows = self.windows;
+        let event = Event { rv, kind: EventType::Deleted, object: object.clone(), json, old: Some(existing), old_json };
+        self.table(storage_key).record(event, key, &windows);
         Some(object)
     }
 
-    /// The objects that name owners: (storage key, namespace, name, object).
-    pub fn owned_objects(&self) -> Vec<(String, String, String, Arc<Value>)> {
-        self.owned
-            .iter()
+    fn unindex_owners(&mut self, stored: &StoredKey, owners: &[String]) {
+        for owner in owners {
+            if let Some(set) = self.dependents.get_mut(owner) {
+                set.remove(stored);
+                if set.is_empty() {
+                    self.dependents.remove(owner);
+                }
+            }
+        }
+    }
+
+    /// The objects naming `owner_uid` as an owner: (storage key, namespace, name, object).
+    pub fn dependents_of(&self, owner_uid: &str) -> Vec<(String, String, String, Arc<Value>)> {
+        let Some(keys) = self.dependents.get(owner_uid) else { return Vec::new() };
+        keys.iter()
             .filter_map(|(key, namespace, name)| {
                 let object = self.get(key, namespace, name)?;
                 Some((key.clone(), namespace.clone(), name.clone(), object))
             })
             .collect()
+    }
+
+    /// Whether an object with this uid is stored.
+    pub fn uid_exists(&self, uid: &str) -> bool {
+        self.uids
+            .get(uid)
+            .and_then(|(key, namespace, name)| self.get(key, namespace, name))
+            .is_some_and(|object| meta::uid(&object) == uid)
     }
 
     /// Names of all objects of a table in one namespace (or all namespaces).
@@ -284,11 +466,41 @@ mod tests {
         assert_eq!(table.range(None, None).count(), 4);
         assert_eq!(table.events_after(2).map(|e| e.len()), Ok(2));
 
-        for i in 0..HISTORY_PER_RESOURCE {
-            state.put("/configmaps", "a", json!({"metadata": {"name": format!("n{i}")}}));
+        // Young events stay, however many there are.
+        for i in 0..300 {
+            state.put("/configmaps", "a", json!({"metadata": {"name": format!("n{}", i % 7)}}));
         }
         let table = state.table_ref("/configmaps").expect("table");
-        assert!(table.events_after(1).is_err());
+        assert_eq!(table.events_after(1).map(|e| e.len()), Ok(303));
+        assert!(table.changed_since(1).is_ok());
+    }
+
+    #[test]
+    fn the_watch_window_is_shorter_than_the_list_window() {
+        // No time: the watch keeps the last 3 events whole, lists keep the rest.
+        let windows =
+            HistoryWindows { watch_age: Duration::ZERO, watch_events: 3, list_age: Duration::from_secs(3600) };
+        let mut state = State::with_history(windows);
+        state.put("/configmaps", "a", json!({"metadata": {"name": "x", "data": 1}}));
+        let first = state.current_rv();
+        for i in 0..10 {
+            state.put("/configmaps", "a", json!({"metadata": {"name": format!("n{i}")}}));
+        }
+        state.put("/configmaps", "a", json!({"metadata": {"name": "x", "data": 2}}));
+        let table = state.table_ref("/configmaps").expect("table");
+        assert!(table.events_after(first).is_err(), "a watch from the first event is out of its window");
         assert_eq!(table.events_after(state.current_rv() - 3).map(|e| e.len()), Ok(3));
+        // A list at the first version still sees x as it was then (from the slim history).
+        let earlier = table.changed_since(first).expect("in the list window");
+        let key = ("a".to_owned(), "x".to_owned());
+        assert_eq!(earlier[&key].as_deref().map(|o| o["metadata"]["data"].clone()), Some(json!(1)));
+        assert_eq!(earlier[&("a".to_owned(), "n0".to_owned())], None, "created later");
+
+        // Out of the list window too: 410 for both.
+        state.set_history(HistoryWindows { list_age: Duration::ZERO, ..windows });
+        state.put("/configmaps", "a", json!({"metadata": {"name": "y"}}));
+        let table = state.table_ref("/configmaps").expect("table");
+        assert!(table.changed_since(first).is_err());
+        assert_eq!(table.history_len(), 3, "only the watch window's count is left");
     }
 }

@@ -141,10 +141,15 @@ async fn watch_replays_resumes_and_reports_expired() {
     }
     assert!(saw_bookmark);
 
-    // A resourceVersion older than the kept history: ERROR event with 410 Expired.
+    // A resourceVersion older than the watch window: ERROR event with 410 Expired.
     {
         let mut state = super::router::lock(&emulator.state);
-        for i in 0..super::store::HISTORY_PER_RESOURCE {
+        state.set_history(super::HistoryWindows {
+            watch_age: std::time::Duration::ZERO,
+            watch_events: 100,
+            list_age: std::time::Duration::ZERO,
+        });
+        for i in 0..200 {
             let object = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("bulk{}", i % 10), "namespace": "default"}});
             state.put("/configmaps", "default", object);
         }

@@ -1,8 +1,8 @@
 //! Watch streams: newline-delimited JSON events over a chunked response.
 //! `resourceVersion` "" or "0" starts with synthetic ADDED events for the current
 //! state; N replays the kept history after N, or sends an ERROR event with a 410
-//! `Expired` Status when N is older than the history (kube's watcher then
-//! relists). Live events come from the resource's broadcast channel; a watcher
+//! `Expired` Status when N is older than the watch window (see `store`; kube's
+//! watcher then relists). Live events come from the resource's broadcast channel; a watcher
 //! that falls behind it catches up from the history. Selector transitions are
 //! reported as the real server does (MODIFIED out of the selection → DELETED,
 //! into it → ADDED). BOOKMARKs are sent every second when asked for.
@@ -134,6 +134,7 @@ enum Start {
 fn resume(state: &Mutex<State>, spec: &WatchSpec, since: u64) -> Start {
     let mut guard = lock(state);
     let current = guard.current_rv();
+    guard.expire(&spec.info.storage_key());
     let table = guard.table(&spec.info.storage_key());
     match table.events_after(since) {
         Ok(events) => {
