@@ -85,7 +85,8 @@ const INSTANCE_NAME: &str = "bench";
 const CREATE_BASELINE: &str = "CREATE TABLE bench_baseline (v bigint)";
 
 // Every table a run writes, listed (not CASCADE) so nothing else is emptied.
-const CLEAR: &str = "TRUNCATE operation, application_state, sync_operation, application, bench_baseline";
+const CLEAR: &str =
+    "TRUNCATE operation, application_state, sync_operation, rollout_baseline, application, bench_baseline";
 
 const CHECKPOINT: &str = "CHECKPOINT";
 
