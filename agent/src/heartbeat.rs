@@ -122,6 +122,16 @@ pub(crate) async fn heartbeat(
     let (depth, dead) = gitops_shared::queue::operation_waiting_count(&client, instance.id).await?;
     metrics.queue_depth.store(depth, Ordering::Relaxed);
     metrics.dead_letters.store(dead, Ordering::Relaxed);
+    // A sample that fails is logged, never a failed heartbeat.
+    match gitops_shared::queue::xmin_horizon_holder(&client).await {
+        Ok(holder) => {
+            let (xids, seconds) = holder
+                .map_or((0, 0), |h| (h.age_xids, h.age.map_or(0, |age| i64::try_from(age.as_secs()).unwrap_or(0))));
+            metrics.xmin_horizon_age_xids.store(xids, Ordering::Relaxed);
+            metrics.xmin_horizon_age_seconds.store(seconds, Ordering::Relaxed);
+        }
+        Err(error) => tracing::warn!(%error, "could not sample the oldest snapshot holder"),
+    }
     Ok(())
 }
 

@@ -38,6 +38,11 @@ pub struct Metrics {
     pub queue_depth: AtomicI64,
     /// Failed operations (dead letters) of the instance at the last sample.
     pub dead_letters: AtomicI64,
+    /// Age in transaction ids of the database's oldest xmin holder at the last sample.
+    pub xmin_horizon_age_xids: AtomicI64,
+    /// Age in seconds of the oldest xmin holder's transaction at the last sample
+    /// (0 when not shown: see `queue::horizon`).
+    pub xmin_horizon_age_seconds: AtomicI64,
     pub heartbeats: AtomicU64,
     /// Probes of the Argo CD namespace's API (one before each heartbeat).
     pub argocd_probes: AtomicU64,
@@ -106,6 +111,8 @@ impl Default for Metrics {
             claim_lag: Histogram::new(LAG_BUCKETS),
             queue_depth: AtomicI64::new(0),
             dead_letters: AtomicI64::new(0),
+            xmin_horizon_age_xids: AtomicI64::new(0),
+            xmin_horizon_age_seconds: AtomicI64::new(0),
             heartbeats: AtomicU64::new(0),
             argocd_reachable: std::sync::atomic::AtomicBool::new(true),
             argocd_progressing: std::sync::atomic::AtomicBool::new(true),
@@ -203,6 +210,18 @@ impl Metrics {
         gauge(&mut out, "gitops_agent_dead_letters", "Failed operations of the instance at the last sample.", {
             self.dead_letters.load(Ordering::Relaxed)
         });
+        gauge(
+            &mut out,
+            "gitops_agent_xmin_horizon_age_xids",
+            "Age in transaction ids of the oldest snapshot or transaction holding back cleanup in the database.",
+            self.xmin_horizon_age_xids.load(Ordering::Relaxed),
+        );
+        gauge(
+            &mut out,
+            "gitops_agent_xmin_horizon_age_seconds",
+            "How long the oldest holder of the database's xmin horizon has been in its transaction.",
+            self.xmin_horizon_age_seconds.load(Ordering::Relaxed),
+        );
         if let Some(stats) = self.consumer.get() {
             let consumer: [(&str, &str, &AtomicU64); 6] = [
                 ("gitops_agent_consumer_claimed_total", "Operations claimed from the queue.", &stats.claimed),

@@ -303,6 +303,11 @@ pub struct QueueArgs {
     /// completions in the last hour.
     #[command(subcommand)]
     pub command: Option<QueueCommand>,
+    /// Name the session (or slot, standby, prepared transaction) holding the
+    /// database's oldest snapshot once it is older than this: while it is held,
+    /// nothing the queue leaves behind can be cleaned up.
+    #[arg(long, env = "GITOPS_SNAPSHOT_THRESHOLD", default_value = "5m", value_parser = config::parse_duration)]
+    pub snapshot_threshold: std::time::Duration,
 }
 
 #[derive(Debug, Subcommand)]

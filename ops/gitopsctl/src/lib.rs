@@ -110,7 +110,10 @@ pub async fn run(command: Command) -> Result<String, CtlError> {
         Command::Queue(args) => {
             let url = database_url(&args.db)?;
             match args.command {
-                None => Ok(queue::render_summary(&queue::summary(url).await?)),
+                None => {
+                    let (summary, holder) = queue::summary(url).await?;
+                    Ok(queue::render_summary(&summary, holder.as_ref(), args.snapshot_threshold))
+                }
                 Some(QueueCommand::Retry { id: Some(id), .. }) => {
                     Ok(queue::render_retry(id, queue::retry(url, id).await?)?)
                 }

@@ -4,18 +4,55 @@
 
 use gitops_shared::model::OperationId;
 pub use gitops_shared::queue::FailedOperation;
-use gitops_shared::queue::{self, QueueSummary, RetryOutcome, operation_list_failed};
+use std::time::Duration;
+
+use gitops_shared::queue::{self, HorizonHolder, QueueSummary, RetryOutcome, operation_list_failed};
 
 use crate::{CtlError, table};
 
-/// Queue depth, expired leases and recent completions.
-pub async fn summary(database_url: &str) -> Result<QueueSummary, CtlError> {
+/// Queue depth, expired leases and recent completions, and who holds the
+/// database's oldest snapshot.
+pub async fn summary(database_url: &str) -> Result<(QueueSummary, Option<HorizonHolder>), CtlError> {
     let client = crate::connect(database_url).await?;
-    queue::queue_summary(&client).await.map_err(CtlError::db("summarise the queue"))
+    let summary = queue::queue_summary(&client).await.map_err(CtlError::db("summarise the queue"))?;
+    let holder = queue::xmin_horizon_holder(&client).await.map_err(CtlError::db("find the oldest snapshot"))?;
+    Ok((summary, holder))
+}
+
+/// Whether `holder` is past `threshold`: by its transaction's age, or, when that
+/// is hidden (no `pg_read_all_stats`) or it is a slot, by a million XIDs.
+fn past_threshold(holder: &HorizonHolder, threshold: Duration) -> bool {
+    match holder.age {
+        Some(age) => age >= threshold,
+        None => holder.age_xids >= XIDS_WITHOUT_AN_AGE,
+    }
+}
+
+/// XIDs past which a holder whose age in seconds is unknown is named.
+const XIDS_WITHOUT_AN_AGE: i64 = 1_000_000;
+
+/// The line naming the holder of the oldest snapshot, past the threshold.
+pub fn render_holder(holder: &HorizonHolder, threshold: Duration) -> Option<String> {
+    if !past_threshold(holder, threshold) {
+        return None;
+    }
+    let dash = || "-".to_owned();
+    Some(format!(
+        "oldest snapshot: {} pid {} ({}, client {}, role {}, {}) held {}, {} XIDs old: \
+         nothing the queue left behind since can be cleaned up; end it (see the runbook)\n",
+        holder.kind,
+        holder.pid.map_or_else(dash, |pid| pid.to_string()),
+        if holder.name.is_empty() { "-" } else { &holder.name },
+        holder.client.clone().unwrap_or_else(dash),
+        holder.role.clone().unwrap_or_else(dash),
+        holder.state.clone().unwrap_or_else(dash),
+        holder.age.map_or_else(|| "for an unknown time".to_owned(), |age| format!("for {}", table::age(age))),
+        holder.age_xids,
+    ))
 }
 
 /// The text `gitopsctl queue` prints.
-pub fn render_summary(summary: &QueueSummary) -> String {
+pub fn render_summary(summary: &QueueSummary, holder: Option<&HorizonHolder>, threshold: Duration) -> String {
     let mut out = if summary.rows.is_empty() {
         "the queue is empty\n".to_owned()
     } else {
@@ -35,6 +72,9 @@ pub fn render_summary(summary: &QueueSummary) -> String {
     };
     out.push_str(&format!("expired leases: {}\n", summary.expired_leases));
     out.push_str(&format!("completed in the last hour: {}\n", summary.completed_last_hour));
+    if let Some(line) = holder.and_then(|holder| render_holder(holder, threshold)) {
+        out.push_str(&line);
+    }
     out
 }
 
@@ -152,7 +192,7 @@ mod tests {
             completed_last_hour: 40,
         };
         assert_eq!(
-            render_summary(&summary),
+            render_summary(&summary, None, Duration::ZERO),
             "INSTANCE  STATE    OPERATIONS  OLDEST\nprod-1    waiting  12          5s\n\
              expired leases: 1\ncompleted in the last hour: 40\n"
         );
@@ -181,5 +221,33 @@ mod tests {
             "operation 7  instance prod-1  application 45  attempts 8  failed -\n  \
              operator error: apply failed: forbidden\n  tenant message: -\n"
         );
+    }
+
+    fn holder(age: Option<Duration>, age_xids: i64) -> HorizonHolder {
+        HorizonHolder {
+            kind: "session".to_owned(),
+            pid: Some(4242),
+            name: "psql".to_owned(),
+            client: Some("10.0.0.5".to_owned()),
+            role: Some("inspector".to_owned()),
+            state: Some("idle in transaction".to_owned()),
+            age_xids,
+            age,
+        }
+    }
+
+    #[test]
+    fn the_holder_is_named_past_the_threshold_by_age_or_without_one_by_xids() {
+        let five_minutes = Duration::from_secs(300);
+        assert_eq!(render_holder(&holder(Some(Duration::from_secs(299)), 9_000_000), five_minutes), None);
+        let line = render_holder(&holder(Some(Duration::from_secs(600)), 12), five_minutes).expect("named");
+        assert!(
+            line.starts_with(
+                "oldest snapshot: session pid 4242 (psql, client 10.0.0.5, role inspector, idle in transaction)"
+            ),
+            "{line}"
+        );
+        assert_eq!(render_holder(&holder(None, 999_999), five_minutes), None);
+        assert!(render_holder(&holder(None, 1_000_000), five_minutes).is_some());
     }
 }

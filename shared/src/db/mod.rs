@@ -65,6 +65,7 @@ pub const STATEMENTS: &[(&str, &[&str])] = &[
     ("tenant_move", tenant_move::STATEMENTS),
     ("tombstone", tombstone::STATEMENTS),
     ("writer_shard", writer_shard::STATEMENTS),
+    ("queue::horizon", crate::queue::HORIZON_STATEMENTS),
 ];
 pub use migrate::{MigrationReport, SchemaVersion, check_schema, migrate, required_schema_version, schema_version};
 pub use tls::{MakeRustlsConnect, RootCerts, SslMode, TlsParams, split_tls_params};

@@ -18,6 +18,7 @@ mod backoff;
 mod claim;
 mod consumer;
 mod enqueue;
+mod horizon;
 mod lease;
 mod maintain;
 
@@ -31,6 +32,7 @@ pub use backoff::RetryPolicy;
 pub use claim::{CLAIM as CLAIM_SQL, FailOutcome, Failure, operation_claim, operation_complete, operation_fail};
 pub use consumer::{Consumer, ConsumerConfig, ConsumerStats, Handler, Outcome};
 pub use enqueue::{Enqueued, operation_enqueue_in_txn};
+pub use horizon::{HorizonHolder, STATEMENTS as HORIZON_STATEMENTS, xmin_horizon_holder};
 pub use lease::{Lease, LeaseKeeper, operation_renew};
 pub use maintain::{
     NEXT_LEASE_EXPIRY as NEXT_LEASE_EXPIRY_SQL, operation_make_due, operation_next_lease_expiry, operation_prune,

@@ -6,9 +6,10 @@ use std::time::Duration;
 use gitops_shared::model::OperationState;
 use gitops_shared::queue::{
     CLAIM_SQL, NEXT_LEASE_EXPIRY_SQL, operation_claim, operation_complete, operation_next_lease_expiry,
-    operation_prune, queue_summary,
+    operation_prune, queue_summary, xmin_horizon_holder,
 };
 use gitops_testkit::TestDb;
+use tokio_postgres::IsolationLevel;
 
 use crate::support::*;
 
@@ -183,4 +184,43 @@ async fn gitopsctl_discards_dead_letters_one_or_all_and_nothing_else() {
 async fn fill(client: &tokio_postgres::Client, fx: &Fixture, sql: &str) {
     let sql = sql.replace("{i}", &fx.instance.0.to_string()).replace("{t}", &fx.tenant.0.to_string());
     client.batch_execute(&sql).await.expect("fill");
+}
+
+#[tokio::test]
+async fn gitopsctl_names_the_session_holding_the_oldest_snapshot_once_past_the_threshold() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    new_application(&mut client, &fx).await;
+    // An operator's psql left in a REPEATABLE READ transaction after a look at the queue.
+    let mut held = gitops_shared::db::connect(&db.url(), "held-by-an-operator").await.expect("connect");
+    let pid: i32 = held.query_one("SELECT pg_backend_pid()", &[]).await.expect("pid").get(0);
+    let txn = held.build_transaction().isolation_level(IsolationLevel::RepeatableRead).start().await.expect("begin");
+    txn.query_one("SELECT count(*) FROM operation", &[]).await.expect("look at the queue");
+    // Transactions that come after it make its snapshot old in XIDs.
+    for _ in 0..5 {
+        client.query_one("SELECT txid_current()", &[]).await.expect("a transaction id");
+    }
+    let holder = eventually("the held snapshot to be the oldest", || async {
+        let holder = xmin_horizon_holder(&client).await.expect("holder")?;
+        (holder.pid == Some(pid) && holder.age_xids >= 5).then_some(holder)
+    })
+    .await;
+    assert_eq!(holder.kind, "session");
+    assert_eq!(holder.name, "held-by-an-operator");
+    assert_eq!(holder.state.as_deref(), Some("idle in transaction"));
+
+    let (summary, found) = gitopsctl::queue::summary(&db.url()).await.expect("summary");
+    let found = found.expect("a holder");
+    let named = gitopsctl::queue::render_summary(&summary, Some(&found), Duration::ZERO);
+    assert!(named.contains(&format!("pid {pid} (held-by-an-operator")), "names the holder:\n{named}");
+    let quiet = gitopsctl::queue::render_summary(&summary, Some(&found), Duration::from_secs(3600));
+    assert!(!quiet.contains("oldest snapshot"), "says nothing below the threshold:\n{quiet}");
+
+    txn.rollback().await.expect("end it");
+    eventually("no session of the database to hold a snapshot", || async {
+        let holder = xmin_horizon_holder(&client).await.expect("holder");
+        holder.is_none_or(|h| h.pid != Some(pid)).then_some(())
+    })
+    .await;
 }
