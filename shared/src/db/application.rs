@@ -3,6 +3,7 @@
 //! reads of it (quota, deletion progress, the target of a sync run).
 
 use tokio_postgres::Transaction;
+use tokio_postgres::types::Type;
 use uuid::Uuid;
 
 use crate::db::DbError;
@@ -25,13 +26,16 @@ pub struct ApplicationIntent {
     pub wait_for_pruning: bool,
 }
 
+// Sent with its parameter types (`query_typed`): one round trip, no separate prepare.
+// The sync type travels as text and is cast here.
+//
 // Guarded by generation: older intent never overwrites newer. A row of the same
 // generation is left as it is (a replayed event changes nothing).
 const UPSERT: &str = "
 INSERT INTO application (tenant_id, resource_uid, resource_name, generation, repo_url, path,
                          target_revision, managed_environment_id, destination_namespace,
                          sync_type, create_namespace, wait_for_pruning)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::sync_type, $11, $12)
 ON CONFLICT (resource_uid) DO UPDATE
    SET resource_name = EXCLUDED.resource_name, generation = EXCLUDED.generation,
        repo_url = EXCLUDED.repo_url, path = EXCLUDED.path,
@@ -53,27 +57,28 @@ pub async fn application_upsert_in_txn(
     tenant: TenantId,
     intent: &ApplicationIntent,
 ) -> Result<Option<ApplicationId>, DbError> {
-    let row = txn
-        .query_opt(
+    let environment = intent.managed_environment_id.map(|id| id.0);
+    let rows = txn
+        .query_typed(
             UPSERT,
             &[
-                &tenant,
-                &intent.resource_uid,
-                &intent.resource_name,
-                &intent.generation,
-                &intent.repo_url,
-                &intent.path,
-                &intent.target_revision,
-                &intent.managed_environment_id,
-                &intent.destination_namespace,
-                &intent.sync_type,
-                &intent.create_namespace,
-                &intent.wait_for_pruning,
+                (&tenant.0, Type::INT8),
+                (&intent.resource_uid, Type::UUID),
+                (&intent.resource_name, Type::TEXT),
+                (&intent.generation, Type::INT8),
+                (&intent.repo_url, Type::TEXT),
+                (&intent.path, Type::TEXT),
+                (&intent.target_revision, Type::TEXT),
+                (&environment, Type::INT8),
+                (&intent.destination_namespace, Type::TEXT),
+                (&intent.sync_type.as_str(), Type::TEXT),
+                (&intent.create_namespace, Type::BOOL),
+                (&intent.wait_for_pruning, Type::BOOL),
             ],
         )
         .await
         .map_err(DbError::query("upsert an application"))?;
-    row.map(|row| row.try_get("id")).transpose().map_err(DbError::query("upsert an application"))
+    rows.first().map(|row| row.try_get("id")).transpose().map_err(DbError::query("upsert an application"))
 }
 
 /// A live deployment into its tenant's own namespace (through the home

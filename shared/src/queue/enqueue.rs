@@ -1,6 +1,7 @@
 //! Enqueue: the outbox insert, only ever inside the caller's transaction.
 
 use tokio_postgres::Transaction;
+use tokio_postgres::types::Type;
 
 use crate::db::{DbError, column};
 use crate::model::{EngineInstanceId, OperationId, ResourceType, TenantId};
@@ -17,12 +18,16 @@ pub enum Enqueued {
     Rescheduled(OperationId),
 }
 
+// One round trip: sent with its parameter types (`query_typed`), so it is parsed and
+// run in one exchange instead of being prepared first; the resource type travels as
+// text and is cast here.
+//
 // The partial unique index allows one waiting operation per resource. A waiting
 // operation that is already due absorbs the new request without a write; one that
 // waits for a retry, or was meant for another instance, is brought forward.
 const ENQUEUE: &str = "
 INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id)
-VALUES ($1, $2, $3, $4)
+VALUES ($1, $2, $3::resource_type, $4)
 ON CONFLICT (resource_type, resource_id) WHERE state = 'waiting'
 DO UPDATE SET run_after = LEAST(operation.run_after, now()),
               engine_instance_id = EXCLUDED.engine_instance_id,
@@ -40,11 +45,19 @@ pub async fn operation_enqueue_in_txn(
     resource_type: ResourceType,
     resource_id: i64,
 ) -> Result<Enqueued, DbError> {
-    let row = txn
-        .query_opt(ENQUEUE, &[&instance, &tenant, &resource_type, &resource_id])
+    let rows = txn
+        .query_typed(
+            ENQUEUE,
+            &[
+                (&instance.0, Type::INT8),
+                (&tenant.0, Type::INT8),
+                (&resource_type.as_str(), Type::TEXT),
+                (&resource_id, Type::INT8),
+            ],
+        )
         .await
         .map_err(DbError::query("enqueue an operation"))?;
-    let Some(row) = row else { return Ok(Enqueued::Coalesced) };
-    let id = column(&row, "id", "enqueue an operation")?;
-    Ok(if column(&row, "inserted", "enqueue an operation")? { Enqueued::New(id) } else { Enqueued::Rescheduled(id) })
+    let Some(row) = rows.first() else { return Ok(Enqueued::Coalesced) };
+    let id = column(row, "id", "enqueue an operation")?;
+    Ok(if column(row, "inserted", "enqueue an operation")? { Enqueued::New(id) } else { Enqueued::Rescheduled(id) })
 }
