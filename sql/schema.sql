@@ -531,7 +531,8 @@ CREATE TABLE public.operation (
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     lease_expiries integer DEFAULT 0 NOT NULL,
     CONSTRAINT operation_check CHECK (((state <> 'claimed'::public.operation_state) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL))))
-);
+)
+WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.05');
 
 --
 -- Name: operation_id_seq; Type: SEQUENCE; Schema: public; Owner: -
@@ -694,7 +695,8 @@ CREATE TABLE public.signal (
     sleeping boolean DEFAULT false NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT signal_ref_id_check CHECK (((ref_id >= 0) AND (ref_id < '281474976710656'::bigint)))
-);
+)
+WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='1000');
 
 --
 -- Name: sync_operation; Type: TABLE; Schema: public; Owner: -
