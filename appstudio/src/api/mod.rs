@@ -91,25 +91,8 @@ fn condition_required(schema: &mut schemars::Schema) {
     require(schema, &["type", "status", "reason", "message", "lastTransitionTime"]);
 }
 
-/// Makes `names` required properties of an object schema and drops their `default`.
-/// The Rust types keep `#[serde(default)]`, so objects written by other clients read.
-fn require(schema: &mut schemars::Schema, names: &[&str]) {
-    if let Some(properties) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
-        for name in names {
-            if let Some(property) = properties.get_mut(*name).and_then(|p| p.as_object_mut()) {
-                property.remove("default");
-            }
-        }
-    }
-    let required = schema.ensure_object().entry("required").or_insert_with(|| serde_json::Value::Array(Vec::new()));
-    if let Some(list) = required.as_array_mut() {
-        for name in names {
-            if !list.iter().any(|n| n == name) {
-                list.push(serde_json::Value::from(*name));
-            }
-        }
-    }
-}
+/// The core API's helper: the same rule for required properties and defaults.
+pub(crate) use gitops_writer::api::require;
 
 /// Schema of a field holding any JSON object, kept as it is.
 fn preserve_unknown_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {

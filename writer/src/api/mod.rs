@@ -69,7 +69,7 @@ pub mod pattern {
 /// (which would otherwise stand in for a missing value before validation). The Rust
 /// types keep `#[serde(default)]`, so objects stored before a field was required
 /// still read.
-fn require(schema: &mut schemars::Schema, names: &[&str]) {
+pub fn require(schema: &mut schemars::Schema, names: &[&str]) {
     if let Some(properties) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
         for name in names {
             if let Some(property) = properties.get_mut(*name).and_then(|p| p.as_object_mut()) {
