@@ -461,12 +461,8 @@ pub(crate) async fn set_path(
 
 /// Peak resident set size (VmHWM) of a process, in MiB; 0 if unreadable.
 fn peak_rss_mb(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
+    let stats = gitops_shared::process::ProcessStats::of_pid(&pid.to_string());
+    stats.peak_resident_bytes.map_or(0.0, |bytes| bytes as f64 / (1024.0 * 1024.0))
 }
 
 #[cfg(test)]

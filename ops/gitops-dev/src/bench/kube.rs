@@ -298,8 +298,6 @@ fn assert_count(got: usize, want: usize) -> Result<(), KubeBenchError> {
 
 /// VmRSS of this process, from /proc.
 fn rss_mb() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb / 1024.0)
+    let stats = gitops_shared::process::ProcessStats::of_pid("self");
+    stats.resident_bytes.map(|bytes| bytes as f64 / (1024.0 * 1024.0))
 }
