@@ -28,13 +28,13 @@ const BAD_TOKEN: &str = "n0t-a-valid-t0ken-s3cret";
 
 /// The test tier's API server as a tenant would name it, and a token it accepts
 /// (which may list ConfigMaps in the tenant namespace).
-struct Server {
-    url: String,
+pub(crate) struct Server {
+    pub(crate) url: String,
     /// `host:port` as written in the URL.
-    authority: String,
-    ca_data: Option<String>,
-    insecure: bool,
-    token: String,
+    pub(crate) authority: String,
+    pub(crate) ca_data: Option<String>,
+    pub(crate) insecure: bool,
+    pub(crate) token: String,
 }
 
 /// The writer end-to-end environment, the server, and the writer's policy.
@@ -70,7 +70,9 @@ async fn env(purpose: &str, policy: impl FnOnce(&Server) -> ConnectionPolicy) ->
     Env { base, server }
 }
 
-async fn server(namespace: &str) -> Server {
+/// The test tier's API server: URL, CA (base64, as in a kubeconfig), whether TLS is
+/// unverified, and a token that may list ConfigMaps in `namespace`.
+pub(crate) async fn server(namespace: &str) -> Server {
     let cluster = TestCluster::get().await;
     let kubeconfig = kube::config::Kubeconfig::read_from(cluster.kubeconfig_path()).expect("the test kubeconfig");
     let context = kubeconfig.current_context.clone().unwrap_or_default();

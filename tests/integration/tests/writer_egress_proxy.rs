@@ -119,41 +119,12 @@ impl Drop for RecordingProxy {
     }
 }
 
-/// The test tier's API server: URL, CA (base64, as in a kubeconfig), whether TLS is
-/// unverified, and a token that may list ConfigMaps in `namespace`.
-async fn api_server(cluster: &TestCluster, namespace: &str) -> (String, Option<String>, bool, String) {
-    let kubeconfig = kube::config::Kubeconfig::read_from(cluster.kubeconfig_path()).expect("the test kubeconfig");
-    let context = kubeconfig.current_context.clone().unwrap_or_default();
-    let cluster_name = kubeconfig
-        .contexts
-        .iter()
-        .find(|c| c.name == context)
-        .and_then(|c| c.context.as_ref())
-        .map(|c| c.cluster.clone())
-        .unwrap_or_default();
-    let named = kubeconfig
-        .clusters
-        .iter()
-        .find(|c| c.name == cluster_name)
-        .or_else(|| kubeconfig.clusters.first())
-        .and_then(|c| c.cluster.clone())
-        .expect("a cluster in the test kubeconfig");
-    let url = named.server.clone().expect("the cluster's server URL").trim_end_matches('/').to_owned();
-    let ca_data = named.certificate_authority_data.clone().or_else(|| {
-        let path = named.certificate_authority.as_ref()?;
-        let pem = std::fs::read(path).unwrap_or_else(|error| panic!("read {path}: {error}"));
-        serde_json::to_value(k8s_openapi::ByteString(pem)).ok()?.as_str().map(str::to_owned)
-    });
-    let rules = serde_json::json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}]);
-    let token = cluster.namespace_identity(namespace, "proxy-check", rules).await.token;
-    (url, ca_data, named.insecure_skip_tls_verify.unwrap_or(false), token)
-}
-
 #[tokio::test]
 async fn writer_checks_contact_tenant_hosts_without_proxies_from_the_environment() {
     let cluster = TestCluster::get().await;
     let namespace = cluster.namespace("proxy-check").await;
-    let (api_url, ca_data, insecure, token) = api_server(cluster, namespace.name()).await;
+    let crate::writer_connection::Server { url: api_url, ca_data, insecure, token, .. } =
+        crate::writer_connection::server(namespace.name()).await;
     let api_authority = api_url.strip_prefix("https://").expect("an https server").split('/').next().unwrap_or("");
     assert!(
         api_authority.starts_with("127.0.0.1:") || api_authority.starts_with("[::1]:"),
