@@ -24,7 +24,7 @@ use gitops_testkit::argocd::{
 };
 use gitops_testkit::cluster::{TestCluster, TestNamespace};
 use gitops_testkit::proxy::TcpProxy;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
@@ -32,7 +32,9 @@ use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::support::{eventually, intent};
+use crate::support::{
+    WATCH_RETURN_DEADLINE, api_server_address, eventually, eventually_within, intent, through_kube_proxy,
+};
 
 const INSTANCE: &str = "argocd-1";
 
@@ -173,7 +175,7 @@ impl Env {
             "spec": {
                 "project": "default",
                 "source": {"repoURL": "https://git.example.invalid/x.git", "path": "p", "targetRevision": "HEAD"},
-                "destination": {"server": "https://kubernetes.default.svc", "namespace": "x"},
+                "destination": {"server": "https://cluster.example.invalid", "namespace": "x"},
             },
         }))
         .expect("Application");
@@ -775,38 +777,6 @@ async fn agent_sweep_enqueues_a_drifted_a_missing_an_older_and_an_orphaned_objec
     );
 }
 
-/// The API server's address in `kubeconfig` (the test tiers listen on loopback).
-fn api_server_address(kubeconfig: &std::path::Path) -> std::net::SocketAddr {
-    let document = kube::config::Kubeconfig::read_from(kubeconfig).expect("read the kubeconfig");
-    let server = document.clusters.first().and_then(|c| c.cluster.as_ref()).and_then(|c| c.server.clone());
-    let (host, port) = host_and_port(&server.expect("a server"));
-    let ip: std::net::IpAddr = host.trim_start_matches('[').trim_end_matches(']').parse().expect("an IP address");
-    std::net::SocketAddr::new(ip, port)
-}
-
-/// `https://HOST:PORT/…` → (HOST, PORT).
-fn host_and_port(server: &str) -> (String, u16) {
-    let authority = server.trim_start_matches("https://").split('/').next().unwrap_or_default();
-    let (host, port) = authority.rsplit_once(':').expect("a port");
-    (host.to_owned(), port.parse().expect("a port number"))
-}
-
-/// `kubeconfig` with its server replaced by `proxy`, written next to it (JSON is YAML).
-fn through_kube_proxy(kubeconfig: &std::path::Path, proxy: &TcpProxy) -> std::path::PathBuf {
-    let mut document = kube::config::Kubeconfig::read_from(kubeconfig).expect("read the kubeconfig");
-    for named in &mut document.clusters {
-        if let Some(cluster) = named.cluster.as_mut()
-            && let Some(server) = &cluster.server
-        {
-            let (host, _) = host_and_port(server);
-            cluster.server = Some(format!("https://{host}:{}", proxy.port()));
-        }
-    }
-    let path = kubeconfig.with_extension(format!("proxied-{}", proxy.port()));
-    std::fs::write(&path, serde_json::to_vec(&document).expect("serialise")).expect("write the kubeconfig");
-    path
-}
-
 #[tokio::test]
 async fn agent_status_watch_survives_410_gone_and_acts_on_what_changed_in_the_gap() {
     let mut env = env("ar-relist").await;
@@ -823,12 +793,16 @@ async fn agent_status_watch_survives_410_gone_and_acts_on_what_changed_in_the_ga
         })
         .await;
     }
+    // Someone else's Application, written to while the agent is away.
+    env.create_app("filler", BTreeMap::new()).await;
     let relists = || agent.handle.metrics(INSTANCE).status_relists.load(Ordering::Relaxed);
     let relists_before = relists();
     let original_uid = env.object(&deleted_name).await.expect("the Application").metadata.uid;
 
     // The agent loses the API server; meanwhile one Application changes and one goes.
     proxy.cut();
+    let since =
+        env.apps().list_metadata(&ListParams::default().limit(1)).await.expect("list").metadata.resource_version;
     env.annotate(&changed_name, HEALTH_KNOB, Some("Degraded")).await;
     env.wait_object(&changed_name, "Argo CD reports it Degraded", |o| {
         o.data["status"]["health"]["status"] == "Degraded"
@@ -836,19 +810,29 @@ async fn agent_status_watch_survives_410_gone_and_acts_on_what_changed_in_the_ga
     .await;
     env.apps().delete(&deleted_name, &DeleteParams::default()).await.expect("delete");
     eventually("the Application gone", || async { env.object(&deleted_name).await.is_none().then_some(()) }).await;
-    // Its history compacted meanwhile (emulator tier): the watch resumes into 410 Gone.
-    let compacted = TestCluster::get().await.compact();
+    // The API server's history moves past where the agent's watch stopped, so the
+    // watch resumes into 410 Gone.
+    let loss = TestCluster::get()
+        .await
+        .lose_history(&env.apps(), &since.expect("a resourceVersion"), |n| {
+            let n = n.to_string();
+            let env = &env;
+            async move { env.annotate("filler", "gitops-test/write", Some(&n)).await }
+        })
+        .await;
     proxy.restore();
 
-    eventually("the change recorded", || async {
+    eventually_within(WATCH_RETURN_DEADLINE, "the change recorded", || async {
         env.state(changed).await.filter(|(_, _, health, _)| health.as_deref() == Some("Degraded"))
     })
     .await;
     env.wait_object(&deleted_name, "the deleted Application restored", |o| o.metadata.uid != original_uid).await;
-    if compacted {
-        eventually("the watch relisted after 410", || async { (relists() > relists_before).then_some(()) }).await;
-    }
+    eventually_within(WATCH_RETURN_DEADLINE, &format!("the watch relisted after 410 ({loss:?})"), || async {
+        (relists() > relists_before).then_some(())
+    })
+    .await;
     assert!(!agent.task.is_finished(), "the agent kept running through the gap");
+    assert!(env.object("filler").await.is_some(), "someone else's Application stays");
     agent.stop().await;
     let _ = std::fs::remove_file(proxied);
 }

@@ -17,18 +17,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::eventually;
 use crate::support::writer::{Env, env, manual, spec};
-
-/// The value of the sample `series` (name and labels, exactly) in a Prometheus text body.
-fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter_map(|line| line.rsplit_once(' '))
-        .find(|(name, _)| *name == series)
-        .and_then(|(_, value)| value.parse().ok())
-}
+use crate::support::{eventually, sample};
 
 #[tokio::test]
 async fn writer_e2e_deployment_becomes_an_application_and_goes_on_delete() {

@@ -20,8 +20,14 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::support::eventually;
+use std::sync::{Arc, OnceLock};
+
+use gitops_testkit::proxy::TcpProxy;
+
 use crate::support::writer::{Env, env, spec};
+use crate::support::{
+    WATCH_RETURN_DEADLINE, api_server_address, eventually, eventually_within, sample, through_kube_proxy,
+};
 
 /// The home cluster as Argo CD would reach it; never contacted by the tests.
 const HOME_URL: &str = "https://home.example.invalid";
@@ -219,6 +225,65 @@ async fn writer_tenancy_home_identity_changed_by_someone_else_is_made_again() {
         matches!(refused, Err(kube::Error::Api(status)) if status.code == 401),
         "the old token died with its ServiceAccount"
     );
+}
+
+#[tokio::test]
+async fn writer_tenancy_home_binding_deleted_while_the_watch_was_away_is_made_again() {
+    let env = env("wt-relist").await;
+    let tenant = env.tenant.name().to_owned();
+    let proxy = TcpProxy::start(api_server_address(&env.kubeconfig)).await.expect("start the proxy");
+    let proxied = through_kube_proxy(&env.kubeconfig, &proxy);
+    let address = Arc::new(OnceLock::new());
+    let _writer = env.writer_for("writer-a", vec![tenant.clone()], |c| {
+        c.home.api_url = HOME_URL.into();
+        c.kubeconfig = Some(proxied.clone());
+        c.http_address = address.clone();
+    });
+    env.create("web", spec(REPO, "apps/web")).await;
+    assert_eq!(env.condition("web").await.1, REASON_ACCEPTED);
+    let bindings: Api<RoleBinding> = Api::namespaced(env.kube.clone(), &tenant);
+    let original = eventually("the home RoleBinding", || async { bindings.get_opt(HOME_IDENTITY).await.ok()? }).await;
+    // Someone else's binding, written to while the writer is away.
+    let filler: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "filler"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+    }))
+    .expect("a RoleBinding");
+    bindings.create(&PostParams::default(), &filler).await.expect("create the filler RoleBinding");
+    let address = *address.get().expect("the endpoint is bound");
+    let relists = || async {
+        let (_, metrics) = crate::support::http_get(address, "/metrics").await;
+        sample(&metrics, "gitops_writer_watch_relists_total{watch=\"home_identity\"}").expect("the relist series")
+    };
+    let relists_before = relists().await;
+
+    // The writer loses the API server; meanwhile its binding is deleted, and the API
+    // server's history moves past where the writer's watch stopped (410 Gone).
+    proxy.cut();
+    let since = bindings.list_metadata(&ListParams::default().limit(1)).await.expect("list").metadata.resource_version;
+    bindings.delete(HOME_IDENTITY, &DeleteParams::default()).await.expect("delete the home RoleBinding");
+    let loss = TestCluster::get()
+        .await
+        .lose_history(&bindings, &since.expect("a resourceVersion"), |n| {
+            let patch = json!({"metadata": {"annotations": {"gitops-test/write": n.to_string()}}});
+            let bindings = &bindings;
+            async move {
+                bindings.patch("filler", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("write");
+            }
+        })
+        .await;
+    proxy.restore();
+
+    eventually_within(WATCH_RETURN_DEADLINE, "the home RoleBinding made again", || async {
+        let made = bindings.get_opt(HOME_IDENTITY).await.ok()??;
+        (made.metadata.uid != original.metadata.uid).then_some(())
+    })
+    .await;
+    eventually_within(WATCH_RETURN_DEADLINE, &format!("the watch relisted after 410 ({loss:?})"), || async {
+        (relists().await > relists_before).then_some(())
+    })
+    .await;
+    let _ = std::fs::remove_file(proxied);
 }
 
 #[tokio::test]

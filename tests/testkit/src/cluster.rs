@@ -106,6 +106,44 @@ pub struct NamespaceIdentity {
 
 static CLUSTER: OnceCell<TestCluster> = OnceCell::const_new();
 
+/// Writes made at least, and time let pass at least, to outlast a real API server's
+/// watch cache (see [`TestCluster::lose_history`]).
+pub const HISTORY_WRITES_MIN: usize = 200;
+pub const HISTORY_GAP_MIN: Duration = Duration::from_secs(90);
+/// The pace of those writes: about 2 a second. The watch cache doubles its capacity
+/// (from 100) whenever it is full of events younger than 75 s; at this pace it stops
+/// at 200 events, full after about 90 s, and the next writes push `since` out.
+pub const HISTORY_WRITE_EVERY: Duration = Duration::from_millis(450);
+/// When outlasting the history is given up as failed.
+const HISTORY_DEADLINE: Duration = Duration::from_secs(360);
+
+/// How a watch's place in history was lost.
+#[derive(Debug, Clone, Copy)]
+pub struct HistoryLoss {
+    /// Writes made to outlast it (none when compacted).
+    pub writes: usize,
+    pub elapsed: Duration,
+    /// Whether the history was compacted (the emulator) rather than outlasted.
+    pub compacted: bool,
+}
+
+/// Whether a watch of `api` from resourceVersion `since` is refused as too old.
+async fn gone<K>(api: &Api<K>, since: &str) -> bool
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    use futures_util::StreamExt;
+    use kube::api::{WatchEvent, WatchParams};
+    match api.watch(&WatchParams::default().timeout(1), since).await {
+        Err(kube::Error::Api(status)) => status.code == 410,
+        Err(error) => panic!("probe a watch from resourceVersion {since}: {}", chain(&error)),
+        Ok(stream) => {
+            let mut stream = std::pin::pin!(stream);
+            matches!(stream.next().await, Some(Ok(WatchEvent::Error(status))) if status.code == 410)
+        }
+    }
+}
+
 impl TestCluster {
     /// The per-process cluster: the one in `GITOPS_TEST_KUBECONFIG`, else the emulator
     /// (started on first use).
@@ -145,6 +183,43 @@ impl TestCluster {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Makes a watch of `api`'s resource resuming from `since` (a resourceVersion
+    /// taken after the watcher lost its connection) answer 410 Gone, by the means
+    /// the tier allows. The emulator is compacted. A real API server is outlasted:
+    /// its watch cache keeps at least the last 100 events of a resource and every
+    /// event of the last 75 s (kube-apiserver 1.20), so `write` (one write to the
+    /// resource per call) runs every [`HISTORY_WRITE_EVERY`] until a watch from
+    /// `since` is refused — at least [`HISTORY_WRITES_MIN`] writes over at least
+    /// [`HISTORY_GAP_MIN`], so that the window is passed by both count and age.
+    pub async fn lose_history<K, W, F>(&self, api: &Api<K>, since: &str, mut write: W) -> HistoryLoss
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+        W: FnMut(usize) -> F,
+        F: std::future::Future<Output = ()>,
+    {
+        let started = std::time::Instant::now();
+        if self.compact() {
+            return HistoryLoss { writes: 0, elapsed: started.elapsed(), compacted: true };
+        }
+        let mut writes = 0;
+        loop {
+            write(writes).await;
+            writes += 1;
+            let elapsed = started.elapsed();
+            if writes >= HISTORY_WRITES_MIN && elapsed >= HISTORY_GAP_MIN && writes % 10 == 0 && gone(api, since).await
+            {
+                // Shown with the test's output when it fails.
+                eprintln!("a watch from resourceVersion {since} is refused after {writes} writes over {elapsed:?}");
+                return HistoryLoss { writes, elapsed, compacted: false };
+            }
+            assert!(
+                elapsed < HISTORY_DEADLINE,
+                "a watch from resourceVersion {since} still resumes after {writes} writes over {elapsed:?}"
+            );
+            tokio::time::sleep(HISTORY_WRITE_EVERY).await;
         }
     }
 

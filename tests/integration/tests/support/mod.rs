@@ -20,12 +20,26 @@ use uuid::Uuid;
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
 /// Polls `check` until it returns Some or `DEADLINE` passes (then panics with `what`).
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + DEADLINE;
+    eventually_within(DEADLINE, what, check).await
+}
+
+/// How long a watch may take to come back after a long loss of the API server:
+/// kube's watcher backs off up to 30 s between failed attempts, once while
+/// reconnecting and once more after the 410 Gone that sends it to list again.
+pub const WATCH_RETURN_DEADLINE: Duration = Duration::from_secs(150);
+
+/// [`eventually`] with a deadline of its own.
+pub async fn eventually_within<T, F, Fut>(deadline: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + deadline;
     loop {
         if let Some(value) = check().await {
             return value;
@@ -445,4 +459,46 @@ pub async fn application_row(client: &tokio_postgres::Client, tenant: i64) -> i6
         .await
         .expect("application")
         .get(0)
+}
+
+/// The API server's address in `kubeconfig` (the test tiers listen on loopback).
+pub fn api_server_address(kubeconfig: &std::path::Path) -> std::net::SocketAddr {
+    let document = kube::config::Kubeconfig::read_from(kubeconfig).expect("read the kubeconfig");
+    let server = document.clusters.first().and_then(|c| c.cluster.as_ref()).and_then(|c| c.server.clone());
+    let (host, port) = host_and_port(&server.expect("a server"));
+    let ip: std::net::IpAddr = host.trim_start_matches('[').trim_end_matches(']').parse().expect("an IP address");
+    std::net::SocketAddr::new(ip, port)
+}
+
+/// `https://HOST:PORT/…` → (HOST, PORT).
+fn host_and_port(server: &str) -> (String, u16) {
+    let authority = server.trim_start_matches("https://").split('/').next().unwrap_or_default();
+    let (host, port) = authority.rsplit_once(':').expect("a port");
+    (host.to_owned(), port.parse().expect("a port number"))
+}
+
+/// `kubeconfig` with its server replaced by `proxy`, written next to it (JSON is YAML).
+pub fn through_kube_proxy(kubeconfig: &std::path::Path, proxy: &gitops_testkit::proxy::TcpProxy) -> std::path::PathBuf {
+    let mut document = kube::config::Kubeconfig::read_from(kubeconfig).expect("read the kubeconfig");
+    for named in &mut document.clusters {
+        if let Some(cluster) = named.cluster.as_mut()
+            && let Some(server) = &cluster.server
+        {
+            let (host, _) = host_and_port(server);
+            cluster.server = Some(format!("https://{host}:{}", proxy.port()));
+        }
+    }
+    let path = kubeconfig.with_extension(format!("proxied-{}", proxy.port()));
+    std::fs::write(&path, serde_json::to_vec(&document).expect("serialise")).expect("write the kubeconfig");
+    path
+}
+
+/// The value of the sample `series` (name and labels, exactly) in a Prometheus text body.
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.rsplit_once(' '))
+        .find(|(name, _)| *name == series)
+        .and_then(|(_, value)| value.parse().ok())
 }
