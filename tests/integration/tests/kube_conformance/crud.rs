@@ -207,6 +207,11 @@ async fn list_pages_with_limit_and_continue_over_one_snapshot() {
     gadgets.delete("p3", &DeleteParams::default()).await.unwrap();
     gadgets.patch("p4", &PatchParams::default(), &Patch::Merge(json!({"spec": {"size": 40}}))).await.unwrap();
 
+    // What is left is counted in the snapshot too: p3 and p4, not p5.
+    let next = gadgets.list(&ListParams::default().limit(1).continue_token(&token)).await.unwrap();
+    assert_eq!(names(&next.items), ["p2"]);
+    assert_eq!(next.metadata.remaining_item_count, Some(2), "counted at the snapshot's version");
+
     let rest = gadgets.list(&ListParams::default().limit(10).continue_token(&token)).await.unwrap();
     assert_eq!(names(&rest.items), ["p2", "p3", "p4"]);
     assert_eq!(rest.items[2].data["spec"]["size"], 4, "the page shows the snapshot's version");
@@ -232,6 +237,7 @@ async fn list_pages_with_limit_and_continue_over_one_snapshot() {
         if token.is_none() {
             break;
         }
+        assert_eq!(page.metadata.remaining_item_count, Some(5 - seen.len() as i64), "after {seen:?}");
     }
     assert_eq!(seen, ["p0", "p1", "p2", "p4", "p5"]);
 }

@@ -42,12 +42,14 @@ fn item_json(info: &ResourceInfo, rewrite: bool, table: &Table, key: &ObjectKey,
     to_json(&present(info, object))
 }
 
-fn encode_continue(rv: u64, key: &ObjectKey) -> String {
-    let token = json!({ "v": "meta.k8s.io/v1", "rv": rv, "start": [key.0, key.1] });
+/// A continue token: the snapshot's resourceVersion, the last key served, and how
+/// many items of the list came before the next page (for `remainingItemCount`).
+fn encode_continue(rv: u64, key: &ObjectKey, served: u64) -> String {
+    let token = json!({ "v": "meta.k8s.io/v1", "rv": rv, "start": [key.0, key.1], "served": served });
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token.to_string())
 }
 
-fn decode_continue(token: &str) -> Result<(u64, ObjectKey), ApiError> {
+fn decode_continue(token: &str) -> Result<(u64, ObjectKey, Option<u64>), ApiError> {
     let invalid = || {
         ApiError::new(
             400,
@@ -59,8 +61,9 @@ fn decode_continue(token: &str) -> Result<(u64, ObjectKey), ApiError> {
     let value: Value = serde_json::from_slice(&bytes).map_err(|_| invalid())?;
     let rv = value.get("rv").and_then(Value::as_u64).ok_or_else(invalid)?;
     let start = value.get("start").and_then(Value::as_array).ok_or_else(invalid)?;
+    let served = value.get("served").and_then(Value::as_u64);
     match (start.first().and_then(Value::as_str), start.get(1).and_then(Value::as_str)) {
-        (Some(ns), Some(name)) => Ok((rv, (ns.to_owned(), name.to_owned()))),
+        (Some(ns), Some(name)) => Ok((rv, (ns.to_owned(), name.to_owned()), served)),
         _ => Err(invalid()),
     }
 }
@@ -73,12 +76,12 @@ pub fn list(
     limit: Option<usize>,
     continue_token: Option<&str>,
 ) -> Result<ListPage, ApiError> {
-    let (rv, after) = match continue_token.filter(|t| !t.is_empty()) {
+    let (rv, after, served_before) = match continue_token.filter(|t| !t.is_empty()) {
         Some(token) => {
-            let (rv, key) = decode_continue(token)?;
-            (rv, Some(key))
+            let (rv, key, served) = decode_continue(token)?;
+            (rv, Some(key), served)
         }
-        None => (state.current_rv(), None),
+        None => (state.current_rv(), None, Some(0)),
     };
     let mut page = ListPage { resource_version: rv, items: Vec::new(), continue_token: None, remaining: None };
     let Some(table) = state.table_ref(&info.storage_key()) else { return Ok(page) };
@@ -108,6 +111,20 @@ pub fn list(
     let mut current = table.range(namespace, after.as_ref()).peekable();
     let limit = limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
     let count_rest = filter.labels == Default::default() && filter.fields == Default::default();
+    // Without selectors the rest is counted, not walked: the list's size at `rv`
+    // less what earlier pages and this one served.
+    let total_at_rv = served_before.filter(|_| count_rest).map(|served| {
+        let scope = |key: &ObjectKey| namespace.is_none_or(|ns| key.0 == ns);
+        let (mut created, mut deleted) = (0u64, 0u64);
+        for (key, before) in earlier.iter().filter(|(k, _)| scope(k)) {
+            match (before.is_some(), table.objects.contains_key(key)) {
+                (false, true) => created += 1,
+                (true, false) => deleted += 1,
+                _ => {}
+            }
+        }
+        (served, table.count(namespace) as u64 + deleted - created)
+    });
     let mut last_key: Option<ObjectKey> = None;
     let mut remaining = 0i64;
     loop {
@@ -136,6 +153,10 @@ pub fn list(
         }
         if page.items.len() == limit {
             remaining += 1;
+            if let Some((served, total)) = total_at_rv {
+                remaining = remaining.max(total.saturating_sub(served + page.items.len() as u64) as i64);
+                break;
+            }
             if !count_rest {
                 break;
             }
@@ -149,7 +170,8 @@ pub fn list(
         last_key = Some(key.clone());
     }
     if remaining > 0 {
-        page.continue_token = last_key.as_ref().map(|k| encode_continue(rv, k));
+        let served = served_before.unwrap_or(0) + page.items.len() as u64;
+        page.continue_token = last_key.as_ref().map(|k| encode_continue(rv, k, served));
         page.remaining = count_rest.then_some(remaining);
     }
     Ok(page)

@@ -115,6 +115,9 @@ pub struct Table {
     pub objects: BTreeMap<ObjectKey, Arc<Value>>,
     /// The JSON of each object in `objects`.
     json: HashMap<ObjectKey, Bytes>,
+    /// How many of `objects` each namespace holds (a list's `remainingItemCount`
+    /// without a walk over the rest).
+    per_namespace: HashMap<String, usize>,
     history: VecDeque<Kept>,
     /// Leading entries of `history` out of the watch window (whole no more).
     slim: usize,
@@ -133,6 +136,7 @@ impl Table {
         Table {
             objects: BTreeMap::new(),
             json: HashMap::new(),
+            per_namespace: HashMap::new(),
             history: VecDeque::new(),
             slim: 0,
             watch_floor: floor,
@@ -239,6 +243,14 @@ impl Table {
 
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
         self.sender.subscribe()
+    }
+
+    /// How many objects one namespace (or all, for `None`) holds now.
+    pub fn count(&self, namespace: Option<&str>) -> usize {
+        match namespace {
+            None => self.objects.len(),
+            Some(ns) => self.per_namespace.get(ns).copied().unwrap_or(0),
+        }
     }
 
     /// Objects of one namespace (or all, for `None`) in key order, starting after `after`.
@@ -360,6 +372,9 @@ impl State {
         let table = self.table(storage_key);
         let old_json = table.json.insert(key.clone(), json.clone());
         let old = table.objects.insert(key.clone(), object.clone());
+        if old.is_none() {
+            *table.per_namespace.entry(key.0.clone()).or_default() += 1;
+        }
         let kind = if old.is_some() { EventType::Modified } else { EventType::Added };
         let old_owners: Vec<String> =
             old.as_deref().map(|o| owner_uids(o).into_iter().map(str::to_owned).collect()).unwrap_or_default();
@@ -379,6 +394,12 @@ impl State {
         let key = (namespace.to_owned(), name.to_owned());
         let table = self.tables.get_mut(storage_key)?;
         let existing = table.objects.remove(&key)?;
+        if let Some(count) = table.per_namespace.get_mut(&key.0) {
+            *count -= 1;
+            if *count == 0 {
+                table.per_namespace.remove(&key.0);
+            }
+        }
         let old_json = table.json.remove(&key);
         let stored = (storage_key.to_owned(), key.0.clone(), key.1.clone());
         let owners: Vec<String> = owner_uids(&existing).into_iter().map(str::to_owned).collect();
