@@ -114,6 +114,8 @@ pub struct StackShape {
     /// [`DEV_INSTANCE`] over [`DEV_ARGOCD_NAMESPACE`], the next `argocd-2` over
     /// namespace `argocd-2`, and so on (see [`instance_names`]).
     pub instances: usize,
+    /// How many tenants each engine instance takes (its registered capacity).
+    pub capacity: i32,
     /// The Argo CD version each instance's stand-in plays, by instance index; an
     /// instance without one plays the stand-in options' version.
     pub versions: Vec<String>,
@@ -148,6 +150,9 @@ pub fn instance_names(index: usize) -> (String, String) {
     }
 }
 
+/// Tenants an engine instance of the local stack takes unless told otherwise.
+pub const DEV_CAPACITY: i32 = 1000;
+
 impl Default for StackShape {
     /// What `up` runs: one writer with its webhook, one agent.
     fn default() -> Self {
@@ -155,6 +160,7 @@ impl Default for StackShape {
             writers: 1,
             agents: 1,
             instances: 1,
+            capacity: DEV_CAPACITY,
             versions: Vec::new(),
             webhook: true,
             agent_lease: None,
@@ -460,7 +466,7 @@ impl DevStack {
         }
         for index in 0..shape.instances.max(1) {
             let (name, namespace) = shape.instance(index);
-            engine_instance_add(&self.client, &name, &namespace, 1000)
+            engine_instance_add(&self.client, &name, &namespace, shape.capacity)
                 .await
                 .map_err(|source| DevError::Db { action: "register the engine instance", source })?;
         }

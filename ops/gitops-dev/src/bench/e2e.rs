@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::cpu::{CpuSeconds, own_s, process_s, tree_s};
-use crate::up::{DEV_ARGOCD_NAMESPACE, DevError, DevStack};
+use crate::up::{DEV_ARGOCD_NAMESPACE, DEV_CAPACITY, DevError, DevStack, StackShape};
 
 /// The repository every deployment names; the stand-in never fetches it.
 const REPO_URL: &str = "https://git.example.invalid/bench/repo.git";
@@ -171,7 +171,12 @@ pub async fn e2e_bench(config: &E2eBenchConfig) -> Result<E2eBenchReport, E2eBen
         return Err(E2eBenchError::Usage("--noisy needs a second (quiet) tenant"));
     }
     let options = StandinOptions { resync: Duration::ZERO, ..StandinOptions::default() };
-    let mut stack = DevStack::start(&config.dir, options).await.map_err(|source| E2eBenchError::Start { source })?;
+    // One instance takes every tenant: the benchmark measures the service at scale,
+    // not its refusal of tenants beyond an instance's capacity.
+    let capacity = i32::try_from(config.tenants).unwrap_or(i32::MAX).max(DEV_CAPACITY);
+    let shape = StackShape { capacity, ..StackShape::default() };
+    let mut stack =
+        DevStack::start_shaped(&config.dir, options, &shape).await.map_err(|source| E2eBenchError::Start { source })?;
     eprintln!("service up; run directory {}", stack.info.dir.display());
     let cancel = CancellationToken::new();
     let mut stages = Stages::default();
