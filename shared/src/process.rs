@@ -55,6 +55,15 @@ impl ProcessStats {
     }
 }
 
+/// Starts process `pid`'s ("self" for this one) peak resident memory afresh from
+/// its resident memory now (`/proc/PID/clear_refs`, Linux 4.0 on), so that the next
+/// reading's peak is the largest since this call: a process whose memory rises and
+/// falls between readings is judged by its real maximum, not by where the readings
+/// happened to fall.
+pub fn reset_peak_resident(pid: &str) -> std::io::Result<()> {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5")
+}
+
 /// The number of a `/proc/*/status` line (kB for memory lines).
 fn status_kb(status: &str, key: &str) -> Option<u64> {
     let rest = status.lines().find_map(|line| line.strip_prefix(key))?;
@@ -104,5 +113,19 @@ mod tests {
         let mut out = String::new();
         stats.render(&mut out);
         assert!(out.is_empty(), "{out}");
+    }
+
+    #[test]
+    fn a_reset_peak_starts_again_from_the_resident_memory() {
+        // Touch 64 MB, give it back, and the peak stays up until it is reset.
+        let block = vec![1u8; 64 << 20];
+        assert!(block.iter().step_by(4096).all(|b| *b == 1));
+        drop(block);
+        let before = ProcessStats::of_pid("self").peak_resident_bytes.expect("VmHWM");
+        reset_peak_resident("self").expect("clear_refs");
+        let after = ProcessStats::of_pid("self");
+        let peak = after.peak_resident_bytes.expect("VmHWM");
+        assert!(peak + (32 << 20) < before, "peak {peak} after the reset, {before} before");
+        assert!(peak >= after.resident_bytes.expect("VmRSS") / 2, "{after:?}");
     }
 }

@@ -4,13 +4,15 @@
 //! GitOpsDeployments; once every one is Ready, tenants keep working through the
 //! Kubernetes API for M minutes — C path changes every few seconds, R deletions
 //! each with a new deployment in its place every minute — while every sample
-//! interval records each process's resident memory (now and peak), heap in use
+//! interval records each process's resident memory (now, and its peak since the
+//! previous sample: the peak is reset after each reading), heap in use
 //! (the allocator's statistics), threads and open files, the operation queue by
 //! state and the sizes of the service's tables. Then the service must converge
 //! (every deployment Ready with its Application at the wanted path, nothing
 //! failed, nothing queued).
 //!
-//! The verdict per process: the largest resident memory in each sweep interval,
+//! The verdict per process: the largest resident memory in each sweep interval
+//! (the peaks since each previous sample, so a rise between two samples counts),
 //! from the one that starts once the service settled (minute 5, or a quarter of a
 //! shorter run) to the last; memory is flat when the last grew at most 10% over
 //! the first. The local stack (this process) is judged the same way.
@@ -20,7 +22,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use futures_util::{StreamExt, TryStreamExt, stream};
-use gitops_shared::process::ProcessStats;
+use gitops_shared::process::{ProcessStats, reset_peak_resident};
 use gitops_testkit::argocd::StandinOptions;
 use gitops_testkit::random::Random;
 use gitops_writer::api::GitOpsDeployment;
@@ -84,7 +86,8 @@ pub enum SoakBenchError {
 #[derive(Debug, Clone, Serialize)]
 pub struct ProcessSample {
     pub resident_mb: Option<f64>,
-    pub peak_resident_mb: Option<f64>,
+    /// The largest resident memory since the previous sample.
+    pub peak_since_last_sample_mb: Option<f64>,
     pub heap_mb: Option<f64>,
     pub threads: Option<u64>,
     pub open_fds: Option<u64>,
@@ -111,6 +114,7 @@ pub struct MemoryVerdict {
     /// Growth of the last interval's maximum over the settled one's (0.05 = 5%).
     pub growth: Option<f64>,
     pub flat: bool,
+    /// The largest resident memory of the whole run.
     pub peak_resident_mb: Option<f64>,
     pub last_heap_mb: Option<f64>,
 }
@@ -324,7 +328,7 @@ fn mb(bytes: Option<u64>) -> Option<f64> {
 fn process_sample(stats: ProcessStats) -> ProcessSample {
     ProcessSample {
         resident_mb: mb(stats.resident_bytes),
-        peak_resident_mb: mb(stats.peak_resident_bytes),
+        peak_since_last_sample_mb: mb(stats.peak_resident_bytes),
         heap_mb: mb(stats.heap_allocated_bytes),
         threads: stats.threads,
         open_fds: stats.open_fds,
@@ -339,9 +343,13 @@ async fn sample(
 ) -> Sample {
     let mut processes = BTreeMap::new();
     processes.insert("stack".to_owned(), process_sample(ProcessStats::current()));
+    // Each peak is read, then started afresh: the next sample's is the largest since.
+    // (Where it cannot be reset, the peak is the run's so far.)
+    let _ = reset_peak_resident("self");
     for binary in ["gitops-writer", "gitops-agent"] {
         let Some(pid) = stack.pid(binary) else { continue };
         let mut stats = ProcessStats::of_pid(&pid.to_string());
+        let _ = reset_peak_resident(&pid.to_string());
         if let Some((_, url)) = metrics.iter().find(|(name, _)| name.starts_with(binary)) {
             stats.heap_allocated_bytes = scrape(url, "process_heap_allocated_bytes").await.map(|v| v as u64);
         }
@@ -403,6 +411,15 @@ async fn queued(database: &tokio_postgres::Client, deadline: Duration) -> i64 {
     }
 }
 
+/// The largest resident memory a sample saw: its peak since the previous sample, or
+/// the reading itself.
+fn largest(process: &ProcessSample) -> Option<f64> {
+    match (process.resident_mb, process.peak_since_last_sample_mb) {
+        (Some(now), Some(peak)) => Some(now.max(peak)),
+        (now, peak) => now.or(peak),
+    }
+}
+
 /// Process `name`'s memory over the run: the largest resident memory of each sweep
 /// interval from `settled` on, and whether the last grew at most [`FLAT_GROWTH`].
 pub fn verdict(samples: &[Sample], name: &str, settled: Duration, interval: Duration) -> MemoryVerdict {
@@ -410,7 +427,8 @@ pub fn verdict(samples: &[Sample], name: &str, settled: Duration, interval: Dura
     let mut windows: BTreeMap<u64, (f64, usize)> = BTreeMap::new();
     let (settled_s, interval_s) = (settled.as_secs_f64(), interval.as_secs_f64().max(1e-3));
     for sample in samples.iter().filter(|s| s.t_s >= settled_s) {
-        let Some(rss) = sample.processes.get(name).and_then(|p| p.resident_mb) else { continue };
+        let Some(process) = sample.processes.get(name) else { continue };
+        let Some(rss) = largest(process) else { continue };
         let window = ((sample.t_s - settled_s) / interval_s) as u64;
         let (max, count) = windows.entry(window).or_insert((rss, 0));
         *max = max.max(rss);
@@ -428,11 +446,12 @@ pub fn verdict(samples: &[Sample], name: &str, settled: Duration, interval: Dura
         _ => None,
     };
     let last = samples.iter().rev().find_map(|s| s.processes.get(name));
+    let peak = samples.iter().filter_map(|s| s.processes.get(name).and_then(largest)).reduce(f64::max);
     MemoryVerdict {
         flat: growth.is_some_and(|g| g <= FLAT_GROWTH),
         growth,
         max_resident_per_interval_mb: per_interval,
-        peak_resident_mb: last.and_then(|p| p.peak_resident_mb),
+        peak_resident_mb: peak,
         last_heap_mb: last.and_then(|p| p.heap_mb),
     }
 }
@@ -444,7 +463,7 @@ mod tests {
     fn at(t_s: f64, rss: f64) -> Sample {
         let process = ProcessSample {
             resident_mb: Some(rss),
-            peak_resident_mb: Some(rss),
+            peak_since_last_sample_mb: Some(rss),
             heap_mb: None,
             threads: None,
             open_fds: None,
@@ -494,5 +513,23 @@ mod tests {
         assert!(verdict.flat, "8% growth: {verdict:?}");
         let one = super::verdict(&growing[..1], "agent", Duration::ZERO, minute);
         assert_eq!((one.growth, one.flat), (None, false), "one interval judges nothing");
+    }
+
+    #[test]
+    fn a_rise_between_two_samples_counts_in_its_interval() {
+        let minute = Duration::from_secs(60);
+        // Every interval rises to 60 MB between its samples; only the peaks say so.
+        let mut samples: Vec<Sample> = [(0.0, 30.0), (30.0, 31.0), (60.0, 30.0), (90.0, 31.0), (120.0, 30.0)]
+            .into_iter()
+            .map(|(t, rss)| at(t, rss))
+            .collect();
+        for (index, sample) in samples.iter_mut().enumerate() {
+            let agent = sample.processes.get_mut("agent").expect("the agent");
+            agent.peak_since_last_sample_mb = Some(if index % 2 == 1 { 60.0 } else { 58.0 });
+        }
+        let verdict = verdict(&samples, "agent", Duration::ZERO, minute);
+        assert_eq!(verdict.max_resident_per_interval_mb, [60.0, 60.0]);
+        assert_eq!(verdict.peak_resident_mb, Some(60.0));
+        assert!(verdict.flat);
     }
 }
