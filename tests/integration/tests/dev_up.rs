@@ -17,22 +17,22 @@ use tokio::process::{Child, Command};
 /// How long a stack may take to print `ready` (PostgreSQL, emulator, children).
 const READY_DEADLINE: Duration = Duration::from_secs(240);
 
-fn binary_dir() -> PathBuf {
+pub(crate) fn binary_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
     // target/<profile>/deps/integration-… → target/<profile>
     exe.parent().and_then(Path::parent).expect("the target directory").to_owned()
 }
 
-struct Stack {
+pub(crate) struct Stack {
     child: Child,
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
     summary: Vec<String>,
 }
 
 impl Stack {
     /// SIGTERM, then its exit status (it stops its children, the emulator and
     /// PostgreSQL first).
-    async fn stop(&mut self) -> std::process::ExitStatus {
+    pub(crate) async fn stop(&mut self) -> std::process::ExitStatus {
         let pid = self.child.id().expect("running").to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status().await;
         tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await.expect("stops in time").expect("wait")
@@ -51,7 +51,7 @@ impl Drop for Stack {
 
 /// Starts `gitops-dev up` in a fresh directory and reads its stdout up to the end of
 /// the ready summary.
-async fn start_stack(bin: &Path, name: &str) -> Stack {
+pub(crate) async fn start_stack(bin: &Path, name: &str) -> Stack {
     let dir = std::env::temp_dir().join(format!("gitops-dev-up-{name}-{}", uuid::Uuid::new_v4().simple()));
     let mut child = Command::new(bin.join("gitops-dev"))
         .args(["up", "--dir"])
@@ -85,7 +85,7 @@ async fn start_stack(bin: &Path, name: &str) -> Stack {
 }
 
 /// The `NAME=value` lines of the env file.
-fn env_file(path: &Path) -> HashMap<String, String> {
+pub(crate) fn env_file(path: &Path) -> HashMap<String, String> {
     std::fs::read_to_string(path)
         .expect("read the env file")
         .lines()
@@ -120,7 +120,12 @@ async fn kubectl(
     )
 }
 
-async fn kubectl_ok(env: &HashMap<String, String>, cache: &Path, args: &[&str], stdin: Option<&str>) -> String {
+pub(crate) async fn kubectl_ok(
+    env: &HashMap<String, String>,
+    cache: &Path,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> String {
     let (ok, stdout, stderr) = kubectl(env, cache, args, stdin).await;
     assert!(ok, "kubectl {args:?} failed: {stderr}\n{stdout}");
     stdout

@@ -14,6 +14,7 @@ mod appstudio_kube;
 mod crypto_store;
 mod db_tls;
 mod dev_up;
+mod dev_up_appstudio;
 mod fleet_balance;
 mod fleet_epoch;
 mod fleet_placement;
