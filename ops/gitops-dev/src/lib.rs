@@ -27,46 +27,23 @@ pub enum DevToolError {
     SoakBench { source: bench::soak::SoakBenchError },
     #[error("the local service failed")]
     Up { source: up::DevError },
+    #[error("interrupted by a signal; the benchmark's processes were stopped")]
+    Interrupted,
 }
 
 /// Runs one command; returns what to print on stdout.
 pub async fn run(command: Command) -> Result<String, DevToolError> {
     match command {
-        Command::Bench(args) => match args.command {
-            BenchCommand::Queue(args) => {
-                let report = bench::queue::queue_bench(&args.into())
-                    .await
-                    .map_err(|source| DevToolError::QueueBench { source })?;
-                Ok(format!("{}\n", report.to_json()))
+        Command::Bench(args) => {
+            // SIGTERM or SIGINT drops the benchmark, and with it its stack: the writer
+            // and agent children are killed and PostgreSQL stopped, never left behind.
+            let signalled = tokio_util::sync::CancellationToken::new();
+            tokio::spawn(gitops_shared::serve::cancel_on_signal(signalled.clone()));
+            tokio::select! {
+                result = bench(args.command) => result,
+                () = signalled.cancelled() => Err(DevToolError::Interrupted),
             }
-            BenchCommand::Kube(args) => {
-                let report =
-                    bench::kube::kube_bench(&args.into()).await.map_err(|source| DevToolError::KubeBench { source })?;
-                Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
-            }
-            BenchCommand::E2e(args) => {
-                let report =
-                    bench::e2e::e2e_bench(&args.into()).await.map_err(|source| DevToolError::E2eBench { source })?;
-                Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
-            }
-            BenchCommand::Chaos(args) => {
-                let report = bench::chaos::chaos_bench(&args.into())
-                    .await
-                    .map_err(|source| DevToolError::ChaosBench { source })?;
-                Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
-            }
-            BenchCommand::Soak(args) => {
-                let report =
-                    bench::soak::soak_bench(&args.into()).await.map_err(|source| DevToolError::SoakBench { source })?;
-                Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
-            }
-            BenchCommand::Failover(args) => {
-                let report = bench::failover::failover_bench(&args.into())
-                    .await
-                    .map_err(|source| DevToolError::FailoverBench { source })?;
-                Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
-            }
-        },
+        }
         Command::Up(args) => {
             let log = args.log_file();
             up::up(&args.dir, &args.shape(), |info| {
@@ -78,6 +55,43 @@ pub async fn run(command: Command) -> Result<String, DevToolError> {
             .await
             .map_err(|source| DevToolError::Up { source })?;
             Ok(String::new())
+        }
+    }
+}
+
+/// Runs one benchmark; returns its JSON.
+async fn bench(command: BenchCommand) -> Result<String, DevToolError> {
+    match command {
+        BenchCommand::Queue(args) => {
+            let report =
+                bench::queue::queue_bench(&args.into()).await.map_err(|source| DevToolError::QueueBench { source })?;
+            Ok(format!("{}\n", report.to_json()))
+        }
+        BenchCommand::Kube(args) => {
+            let report =
+                bench::kube::kube_bench(&args.into()).await.map_err(|source| DevToolError::KubeBench { source })?;
+            Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
+        }
+        BenchCommand::E2e(args) => {
+            let report =
+                bench::e2e::e2e_bench(&args.into()).await.map_err(|source| DevToolError::E2eBench { source })?;
+            Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
+        }
+        BenchCommand::Chaos(args) => {
+            let report =
+                bench::chaos::chaos_bench(&args.into()).await.map_err(|source| DevToolError::ChaosBench { source })?;
+            Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
+        }
+        BenchCommand::Soak(args) => {
+            let report =
+                bench::soak::soak_bench(&args.into()).await.map_err(|source| DevToolError::SoakBench { source })?;
+            Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
+        }
+        BenchCommand::Failover(args) => {
+            let report = bench::failover::failover_bench(&args.into())
+                .await
+                .map_err(|source| DevToolError::FailoverBench { source })?;
+            Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
         }
     }
 }
