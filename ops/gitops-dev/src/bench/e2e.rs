@@ -47,10 +47,9 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// last few events of its resource (a kube watcher resumes from its last event or
 /// bookmark, so a handful covers a stream that ended; one that fell a whole
 /// broadcast channel behind relists instead). Lists keep 10 s: a `continue` token
-/// must outlive one paged list (the service's watchers list 500 a page; 25,000
-/// objects are 50 pages, served in a few seconds even under load), or the list
-/// answers 410 and starts over. [`E2eBenchReport::expired`] shows whether it
-/// was enough: every 410 is counted.
+/// must outlive one paged list (the service's watchers list 500 a page, so 25,000
+/// objects are 50 pages), or the list answers 410 and starts over.
+/// [`E2eBenchReport::expired`] shows whether that was enough: every 410 is counted.
 pub const MINIMAL_HISTORY: HistoryWindows =
     HistoryWindows { watch_age: Duration::ZERO, watch_events: 8, list_age: Duration::from_secs(10) };
 
@@ -245,6 +244,7 @@ pub async fn e2e_bench(config: &E2eBenchConfig) -> Result<E2eBenchReport, E2eBen
     let stack_rss_mb = peak_rss_mb(std::process::id());
     let stack_heap_mb = mb(gitops_shared::process::ProcessStats::current().heap_allocated_bytes);
     let expired = stack.expired_answers().unwrap_or_default();
+    crate::heap_profile::dump(&config.dir, "end");
     cancel.cancel();
     stack.stop().await;
     let (apply_to_argocd_s, apply_to_status_s, quiet_tenant_latency_ms) = outcome?;
