@@ -6,6 +6,7 @@
 
 pub mod bench;
 pub mod cli;
+pub mod heap_profile;
 pub mod up;
 
 use cli::{BenchCommand, Command};

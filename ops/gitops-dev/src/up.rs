@@ -22,7 +22,7 @@ use gitops_shared::db;
 use gitops_shared::db::engine_instance::engine_instance_add;
 use gitops_testkit::admission;
 use gitops_testkit::argocd::{self, ForeignCrds, StandinOptions};
-use gitops_testkit::kube_emulator::{EmulatorOptions, KubeEmulator};
+use gitops_testkit::kube_emulator::{EmulatorOptions, ExpiredAnswers, HistoryWindows, KubeEmulator};
 use gitops_testkit::{PgCluster, PgOptions};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -36,6 +36,8 @@ use tokio_util::sync::CancellationToken;
 pub const DEV_INSTANCE: &str = "argocd-1";
 /// Where the stand-in (Argo CD) reads its Applications.
 pub const DEV_ARGOCD_NAMESPACE: &str = "argocd";
+/// Tenants an engine instance takes unless the shape says otherwise (the schema's default).
+pub const DEFAULT_INSTANCE_CAPACITY: i32 = 1000;
 /// The database `dev` creates and migrates.
 const DEV_DATABASE: &str = "gitops";
 /// The id of the generated key.
@@ -114,8 +116,6 @@ pub struct StackShape {
     /// [`DEV_INSTANCE`] over [`DEV_ARGOCD_NAMESPACE`], the next `argocd-2` over
     /// namespace `argocd-2`, and so on (see [`instance_names`]).
     pub instances: usize,
-    /// How many tenants each engine instance takes (its registered capacity).
-    pub capacity: i32,
     /// The Argo CD version each instance's stand-in plays, by instance index; an
     /// instance without one plays the stand-in options' version.
     pub versions: Vec<String>,
@@ -138,6 +138,12 @@ pub struct StackShape {
     pub standin: bool,
     /// The first engine instance's Argo CD namespace (default [`DEV_ARGOCD_NAMESPACE`]).
     pub argocd_namespace: Option<String>,
+    /// Tenants each engine instance takes (the schema's default, 1,000); a benchmark
+    /// with more tenants on one instance raises it, or the rest are never placed.
+    pub instance_capacity: i32,
+    /// How long the emulator keeps watch and list history (the API server's windows
+    /// by default; a benchmark shortens them to measure the live objects alone).
+    pub history: HistoryWindows,
 }
 
 /// The engine instance and Argo CD namespace of instance `index` of a stack.
@@ -150,9 +156,6 @@ pub fn instance_names(index: usize) -> (String, String) {
     }
 }
 
-/// Tenants an engine instance of the local stack takes unless told otherwise.
-pub const DEV_CAPACITY: i32 = 1000;
-
 impl Default for StackShape {
     /// What `up` runs: one writer with its webhook, one agent.
     fn default() -> Self {
@@ -160,7 +163,6 @@ impl Default for StackShape {
             writers: 1,
             agents: 1,
             instances: 1,
-            capacity: DEV_CAPACITY,
             versions: Vec::new(),
             webhook: true,
             agent_lease: None,
@@ -170,6 +172,8 @@ impl Default for StackShape {
             kubeconfig: None,
             standin: true,
             argocd_namespace: None,
+            instance_capacity: DEFAULT_INSTANCE_CAPACITY,
+            history: HistoryWindows::default(),
         }
     }
 }
@@ -387,6 +391,7 @@ impl DevStack {
                 let emulator = KubeEmulator::start(EmulatorOptions {
                     kubeconfig: Some(kubeconfig.clone()),
                     tls: true,
+                    history: shape.history,
                     ..Default::default()
                 })
                 .await
@@ -466,7 +471,7 @@ impl DevStack {
         }
         for index in 0..shape.instances.max(1) {
             let (name, namespace) = shape.instance(index);
-            engine_instance_add(&self.client, &name, &namespace, shape.capacity)
+            engine_instance_add(&self.client, &name, &namespace, shape.instance_capacity)
                 .await
                 .map_err(|source| DevError::Db { action: "register the engine instance", source })?;
         }
@@ -604,6 +609,11 @@ impl DevStack {
     /// The process id of a running child (`gitops-writer` or `gitops-agent`).
     pub fn pid(&self, binary: &str) -> Option<u32> {
         self.children.iter().find(|child| child.spec.binary == binary).and_then(|child| child.child.id())
+    }
+
+    /// The emulator's 410 answers so far (`None` on an existing cluster).
+    pub fn expired_answers(&self) -> Option<ExpiredAnswers> {
+        self.emulator.as_ref().map(KubeEmulator::expired_answers)
     }
 
     /// The PostgreSQL server's postmaster process id.

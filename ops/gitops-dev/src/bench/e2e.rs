@@ -8,6 +8,12 @@
 //! children's peak RSS closes the report, with each component's CPU seconds (see
 //! `cpu`) in total and per stage (create, until every Application, until every
 //! status, the noisy phase), so the next bottleneck shows.
+//!
+//! The stack's own peak RSS (the emulator, the stand-in and the benchmark's
+//! clients) is reported with the history the emulator kept. With
+//! `--minimal-history` the emulator keeps as little as its clients can work with
+//! ([`MINIMAL_HISTORY`]), so the same run measures the live objects' footprint;
+//! the ratio of the two runs' stack RSS is what history costs.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -15,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::{StreamExt, TryStreamExt, stream};
 use gitops_testkit::argocd::{StandinOptions, application_resource};
+use gitops_testkit::kube_emulator::{ExpiredAnswers, HistoryWindows};
 use gitops_writer::api::GitOpsDeployment;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
@@ -24,7 +31,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::cpu::{CpuSeconds, own_s, process_s, tree_s};
-use crate::up::{DEV_ARGOCD_NAMESPACE, DEV_CAPACITY, DevError, DevStack, StackShape};
+use crate::up::{DEFAULT_INSTANCE_CAPACITY, DEV_ARGOCD_NAMESPACE, DevError, DevStack, StackShape};
 
 /// The repository every deployment names; the stand-in never fetches it.
 const REPO_URL: &str = "https://git.example.invalid/bench/repo.git";
@@ -34,6 +41,17 @@ const QUIET_CHANGES_MIN: usize = 100;
 const QUIET_DEADLINE: Duration = Duration::from_secs(60);
 /// How often progress is printed while waiting.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// The least history the service's clients work with, so a run measures what
+/// the live objects cost. No watch window by age: a watch resumes only from the
+/// last few events of its resource (a kube watcher resumes from its last event or
+/// bookmark, so a handful covers a stream that ended; one that fell a whole
+/// broadcast channel behind relists instead). Lists keep 10 s: a `continue` token
+/// must outlive one paged list (the service's watchers list 500 a page, so 25,000
+/// objects are 50 pages), or the list answers 410 and starts over.
+/// [`E2eBenchReport::expired`] shows whether that was enough: every 410 is counted.
+pub const MINIMAL_HISTORY: HistoryWindows =
+    HistoryWindows { watch_age: Duration::ZERO, watch_events: 8, list_age: Duration::from_secs(10) };
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -48,6 +66,8 @@ pub struct E2eBenchConfig {
     pub deadline: Duration,
     /// The run directory: kubeconfig, env file, the children's logs.
     pub dir: PathBuf,
+    /// Keep only [`MINIMAL_HISTORY`] in the emulator (default: the API server's windows).
+    pub minimal_history: bool,
 }
 
 /// Why the benchmark stopped.
@@ -89,12 +109,43 @@ pub struct E2eBenchReport {
     pub quiet_tenant_latency_ms: Option<Latency>,
     pub writer_rss_mb: f64,
     pub agent_rss_mb: f64,
+    /// Peak RSS of this process: the emulator, the stand-in and the benchmark's clients.
+    pub stack_rss_mb: f64,
+    /// The heap this process held at the end, before the stack stopped (jemalloc's
+    /// `stats.allocated`).
+    pub stack_heap_mb: f64,
+    /// The history the emulator kept.
+    pub history: HistoryReport,
+    /// Watches and paged lists the emulator answered 410 Gone: history too short
+    /// for its clients (each costs a relist).
+    pub expired: ExpiredAnswers,
     /// CPU seconds per component from the first create to the end.
     pub cpu_s: CpuSeconds,
     /// Wall and CPU seconds per stage, in order.
     pub stages: Vec<Stage>,
     /// What counts as a deployment's status being back ([`STATUS_COUNTED_BY`]).
     pub status_counted_by: &'static str,
+}
+
+/// The emulator's history windows, as the report shows them.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HistoryReport {
+    /// `api-server` (the API server's windows) or `minimal` ([`MINIMAL_HISTORY`]).
+    pub name: &'static str,
+    pub watch_age_s: f64,
+    pub watch_events: usize,
+    pub list_age_s: f64,
+}
+
+impl HistoryReport {
+    fn of(name: &'static str, windows: &HistoryWindows) -> HistoryReport {
+        HistoryReport {
+            name,
+            watch_age_s: windows.watch_age.as_secs_f64(),
+            watch_events: windows.watch_events,
+            list_age_s: windows.list_age.as_secs_f64(),
+        }
+    }
 }
 
 /// One stage of the run: how long it took and where the CPU time went.
@@ -171,10 +222,17 @@ pub async fn e2e_bench(config: &E2eBenchConfig) -> Result<E2eBenchReport, E2eBen
         return Err(E2eBenchError::Usage("--noisy needs a second (quiet) tenant"));
     }
     let options = StandinOptions { resync: Duration::ZERO, ..StandinOptions::default() };
-    // One instance takes every tenant: the benchmark measures the service at scale,
-    // not its refusal of tenants beyond an instance's capacity.
-    let capacity = i32::try_from(config.tenants).unwrap_or(i32::MAX).max(DEV_CAPACITY);
-    let shape = StackShape { capacity, ..StackShape::default() };
+    let history = if config.minimal_history {
+        HistoryReport::of("minimal", &MINIMAL_HISTORY)
+    } else {
+        HistoryReport::of("api-server", &HistoryWindows::default())
+    };
+    let shape = StackShape {
+        // One instance takes every tenant of the run, however many.
+        instance_capacity: i32::try_from(config.tenants).unwrap_or(i32::MAX).max(DEFAULT_INSTANCE_CAPACITY),
+        history: if config.minimal_history { MINIMAL_HISTORY } else { HistoryWindows::default() },
+        ..StackShape::default()
+    };
     let mut stack =
         DevStack::start_shaped(&config.dir, options, &shape).await.map_err(|source| E2eBenchError::Start { source })?;
     eprintln!("service up; run directory {}", stack.info.dir.display());
@@ -183,6 +241,10 @@ pub async fn e2e_bench(config: &E2eBenchConfig) -> Result<E2eBenchReport, E2eBen
     let outcome = measure(config, &mut stack, &cancel, &mut stages).await;
     let writer_rss_mb = stack.pid("gitops-writer").map(peak_rss_mb).unwrap_or_default();
     let agent_rss_mb = stack.pid("gitops-agent").map(peak_rss_mb).unwrap_or_default();
+    let stack_rss_mb = peak_rss_mb(std::process::id());
+    let stack_heap_mb = mb(gitops_shared::process::ProcessStats::current().heap_allocated_bytes);
+    let expired = stack.expired_answers().unwrap_or_default();
+    crate::heap_profile::dump(&config.dir, "end");
     cancel.cancel();
     stack.stop().await;
     let (apply_to_argocd_s, apply_to_status_s, quiet_tenant_latency_ms) = outcome?;
@@ -195,6 +257,10 @@ pub async fn e2e_bench(config: &E2eBenchConfig) -> Result<E2eBenchReport, E2eBen
         quiet_tenant_latency_ms,
         writer_rss_mb,
         agent_rss_mb,
+        stack_rss_mb,
+        stack_heap_mb,
+        history,
+        expired,
         cpu_s: stages.total(),
         stages: stages.stages(),
         status_counted_by: STATUS_COUNTED_BY,
@@ -466,8 +532,12 @@ pub(crate) async fn set_path(
 
 /// Peak resident set size (VmHWM) of a process, in MiB; 0 if unreadable.
 fn peak_rss_mb(pid: u32) -> f64 {
-    let stats = gitops_shared::process::ProcessStats::of_pid(&pid.to_string());
-    stats.peak_resident_bytes.map_or(0.0, |bytes| bytes as f64 / (1024.0 * 1024.0))
+    mb(gitops_shared::process::ProcessStats::of_pid(&pid.to_string()).peak_resident_bytes)
+}
+
+/// Bytes in MiB; 0 if unknown.
+fn mb(bytes: Option<u64>) -> f64 {
+    bytes.map_or(0.0, |bytes| bytes as f64 / (1024.0 * 1024.0))
 }
 
 #[cfg(test)]

@@ -50,8 +50,8 @@ use tokio::task::JoinHandle;
 
 use self::auth::TokenBook;
 use self::router::Shared;
-pub use self::store::HistoryWindows;
 use self::store::State;
+pub use self::store::{ExpiredAnswers, HistoryWindows};
 
 /// How to run the emulator.
 #[derive(Debug, Clone)]
@@ -198,6 +198,12 @@ impl KubeEmulator {
 
     pub fn admin_token(&self) -> &str {
         &self.admin_token
+    }
+
+    /// How often watches and paged lists were answered 410 Gone so far: whether
+    /// the history windows were long enough for the clients.
+    pub fn expired_answers(&self) -> ExpiredAnswers {
+        router::lock(&self.state).expired_answers()
     }
 
     /// A handle to compact this emulator's history.

@@ -88,7 +88,10 @@ pub fn list(
     let rewrite = info.storage_api_version() != info.api_version();
     // Later pages show the list as it was at the first page's resourceVersion.
     let earlier = if rv < state.current_rv() {
-        table.changed_since(rv).map_err(|_| ApiError::new(410, "Expired", CONTINUE_EXPIRED))?
+        table.changed_since(rv).map_err(|_| {
+            state.count_expired_list();
+            ApiError::new(410, "Expired", CONTINUE_EXPIRED)
+        })?
     } else {
         Default::default()
     };

@@ -15,6 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -40,6 +41,15 @@ impl Default for HistoryWindows {
     fn default() -> Self {
         HistoryWindows { watch_age: Duration::from_secs(75), watch_events: 100, list_age: Duration::from_secs(300) }
     }
+}
+
+/// How often the history was too short: 410 answers since the emulator started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ExpiredAnswers {
+    /// Watches that could not resume (a kube watcher relists after one).
+    pub watches: u64,
+    /// `continue` tokens past the list window (the paged list starts over).
+    pub lists: u64,
 }
 /// Live events a slow watcher may fall behind before it replays from history.
 const BROADCAST_CAPACITY: usize = 4_096;
@@ -286,6 +296,10 @@ pub struct State {
     dependents: HashMap<String, std::collections::BTreeSet<StoredKey>>,
     /// uid → where the object with it is stored (stale entries are checked on read).
     uids: HashMap<String, StoredKey>,
+    /// 410 answers to watches and to `continue` tokens (counted under a shared
+    /// borrow: a list holds only that).
+    expired_watches: AtomicU64,
+    expired_lists: AtomicU64,
 }
 
 impl Default for State {
@@ -307,6 +321,26 @@ impl State {
             registry: Registry::new(),
             dependents: HashMap::new(),
             uids: HashMap::new(),
+            expired_watches: AtomicU64::new(0),
+            expired_lists: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts a watch answered 410 (its resourceVersion out of the watch window).
+    pub fn count_expired_watch(&self) {
+        self.expired_watches.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a `continue` token answered 410 (out of the list window).
+    pub fn count_expired_list(&self) {
+        self.expired_lists.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The 410 answers so far.
+    pub fn expired_answers(&self) -> ExpiredAnswers {
+        ExpiredAnswers {
+            watches: self.expired_watches.load(Ordering::Relaxed),
+            lists: self.expired_lists.load(Ordering::Relaxed),
         }
     }
 

@@ -141,7 +141,12 @@ async fn watch_replays_resumes_and_reports_expired() {
     }
     assert!(saw_bookmark);
 
-    // A resourceVersion older than the watch window: ERROR event with 410 Expired.
+    // A resourceVersion older than the watch window: ERROR event with 410 Expired;
+    // a `continue` token older than the list window: 410 too. Both are counted.
+    maps.create(&PostParams::default(), &config_map("w3", json!({}))).await.expect("create");
+    let page = maps.list(&ListParams::default().limit(1)).await.expect("page 1");
+    let token = page.metadata.continue_.clone().expect("a continue token");
+    assert_eq!(emulator.expired_answers(), super::ExpiredAnswers::default());
     {
         let mut state = super::router::lock(&emulator.state);
         state.set_history(super::HistoryWindows {
@@ -159,6 +164,11 @@ async fn watch_replays_resumes_and_reports_expired() {
         Some(WatchEvent::Error(error)) => assert_eq!((error.code, error.reason.as_str()), (410, "Expired")),
         other => panic!("expected 410 Expired, got {other:?}"),
     }
+    match maps.list(&ListParams::default().limit(1).continue_token(&token)).await {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 410),
+        other => panic!("expected 410 Expired, got {other:?}"),
+    }
+    assert_eq!(emulator.expired_answers(), super::ExpiredAnswers { watches: 1, lists: 1 });
 }
 
 fn widget_crd(status_subresource: bool) -> CustomResourceDefinition {

@@ -141,7 +141,10 @@ fn resume(state: &Mutex<State>, spec: &WatchSpec, since: u64) -> Start {
             let lines = events.iter().filter_map(|e| spec.render(e)).collect();
             Start::Lines(lines, since.max(current), table.subscribe())
         }
-        Err(oldest) => Start::Expired(line("ERROR", &ApiError::expired(since, oldest).status())),
+        Err(oldest) => {
+            guard.count_expired_watch();
+            Start::Expired(line("ERROR", &ApiError::expired(since, oldest).status()))
+        }
     }
 }
 
