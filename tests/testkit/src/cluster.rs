@@ -502,7 +502,7 @@ mod emulator {
                 // kubectl (client-go) sends credentials only over TLS, as it
                 // does with a real cluster.
                 tls: true,
-                history: Default::default(),
+                ..EmulatorOptions::default()
             };
             match KubeEmulator::start(options).await {
                 Ok(emulator) => {

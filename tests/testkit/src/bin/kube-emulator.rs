@@ -34,6 +34,9 @@ struct Args {
     /// Seconds continue tokens and lists at an old resourceVersion are served (etcd compaction: 300).
     #[arg(long, env = "KUBE_EMULATOR_LIST_HISTORY_SECONDS", default_value_t = 300)]
     list_history_seconds: u64,
+    /// Seconds an Event lives after its last write (kube-apiserver's --event-ttl: 3600).
+    #[arg(long, env = "KUBE_EMULATOR_EVENT_TTL_SECONDS", default_value_t = 3600)]
+    event_ttl_seconds: u64,
 }
 
 #[tokio::main]
@@ -53,6 +56,7 @@ async fn main() -> anyhow::Result<()> {
             watch_events: args.watch_history_events,
             list_age: Duration::from_secs(args.list_history_seconds),
         },
+        event_ttl: Duration::from_secs(args.event_ttl_seconds),
     })
     .await?;
     println!("{}", emulator.url());

@@ -44,6 +44,7 @@ mod write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::watch as signal;
 use tokio::task::JoinHandle;
@@ -66,7 +67,13 @@ pub struct EmulatorOptions {
     pub tls: bool,
     /// How long watch and list history is kept (the API server's defaults).
     pub history: HistoryWindows,
+    /// How long an Event lives after its last write (kube-apiserver's `--event-ttl`,
+    /// 1 h by default); without it, Events accumulate for as long as the emulator runs.
+    pub event_ttl: Duration,
 }
+
+/// kube-apiserver's default `--event-ttl`.
+pub const DEFAULT_EVENT_TTL: Duration = Duration::from_secs(3600);
 
 impl Default for EmulatorOptions {
     fn default() -> Self {
@@ -76,6 +83,7 @@ impl Default for EmulatorOptions {
             tokens: None,
             tls: false,
             history: HistoryWindows::default(),
+            event_ttl: DEFAULT_EVENT_TTL,
         }
     }
 }
@@ -171,7 +179,8 @@ impl KubeEmulator {
         let shared =
             Arc::new(Shared { state: state.clone(), book, server_address: addr.to_string(), stop: stop_rx.clone() });
         let acceptor = material.as_ref().map(|m| tokio_rustls::TlsAcceptor::from(m.server_config.clone()));
-        let task = tokio::spawn(server::serve(listener, acceptor, shared, stop_rx));
+        let task = tokio::spawn(server::serve(listener, acceptor, shared, stop_rx.clone()));
+        tokio::spawn(expire_events(state.clone(), options.event_ttl, stop_rx));
 
         let ca_pem = material.map(|m| m.ca_pem);
         let (kubeconfig_path, temp_dir) = match &options.kubeconfig {
@@ -258,3 +267,22 @@ impl Drop for KubeEmulator {
 mod tests;
 #[cfg(test)]
 mod tests_admission;
+
+/// Deletes expired Events every so often (a tenth of the TTL, 1 to 60 s) until the
+/// emulator stops.
+async fn expire_events(state: Arc<Mutex<State>>, ttl: Duration, mut stop: signal::Receiver<bool>) {
+    let every = (ttl / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
+            return;
+        }
+        let expired = router::lock(&state).expire_events(std::time::Instant::now(), ttl);
+        if expired > 0 {
+            tracing::debug!(expired, "Events past their TTL deleted");
+        }
+    }
+}

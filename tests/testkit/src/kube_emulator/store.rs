@@ -300,6 +300,14 @@ pub struct State {
     /// borrow: a list holds only that).
     expired_watches: AtomicU64,
     expired_lists: AtomicU64,
+    /// When each Event (of either events API) was last written: Events expire that
+    /// long after it ([`State::expire_events`]), as the API server's `--event-ttl`.
+    events_written: HashMap<StoredKey, Instant>,
+}
+
+/// Whether a table holds Events (core or `events.k8s.io`).
+fn is_event_table(storage_key: &str) -> bool {
+    storage_key == "/events" || storage_key == "events.k8s.io/events"
 }
 
 impl Default for State {
@@ -323,7 +331,24 @@ impl State {
             uids: HashMap::new(),
             expired_watches: AtomicU64::new(0),
             expired_lists: AtomicU64::new(0),
+            events_written: HashMap::new(),
         }
+    }
+
+    /// Deletes the Events last written longer than `ttl` before `now` (each with its
+    /// DELETED watch event), as kube-apiserver's `--event-ttl` (1 h by default)
+    /// expires them; returns how many went.
+    pub fn expire_events(&mut self, now: Instant, ttl: Duration) -> usize {
+        let due: Vec<StoredKey> = self
+            .events_written
+            .iter()
+            .filter(|(_, written)| now.saturating_duration_since(**written) >= ttl)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for (storage_key, namespace, name) in &due {
+            self.remove(storage_key, namespace, name);
+        }
+        due.len()
     }
 
     /// Counts a watch answered 410 (its resourceVersion out of the watch window).
@@ -413,6 +438,9 @@ impl State {
         let old_owners: Vec<String> =
             old.as_deref().map(|o| owner_uids(o).into_iter().map(str::to_owned).collect()).unwrap_or_default();
         table.record(Event { rv, kind, object: object.clone(), json, old, old_json }, key, &windows);
+        if is_event_table(storage_key) {
+            self.events_written.insert(stored.clone(), Instant::now());
+        }
         self.unindex_owners(&stored, &old_owners);
         for owner in new_owners {
             self.dependents.entry(owner).or_default().insert(stored.clone());
@@ -436,6 +464,7 @@ impl State {
         }
         let old_json = table.json.remove(&key);
         let stored = (storage_key.to_owned(), key.0.clone(), key.1.clone());
+        self.events_written.remove(&stored);
         let owners: Vec<String> = owner_uids(&existing).into_iter().map(str::to_owned).collect();
         self.unindex_owners(&stored, &owners);
         self.uids.remove(meta::uid(&existing));
@@ -557,5 +586,30 @@ mod tests {
         let table = state.table_ref("/configmaps").expect("table");
         assert!(table.changed_since(first).is_err());
         assert_eq!(table.history_len(), 3, "only the watch window's count is left");
+    }
+
+    #[test]
+    fn events_expire_a_ttl_after_their_last_write_and_nothing_else_does() {
+        let mut state = State::new();
+        let event = |name: &str| serde_json::json!({"metadata": {"name": name, "namespace": "ns"}, "reason": "Ready"});
+        state.put("events.k8s.io/events", "ns", event("old"));
+        state.put("/events", "ns", event("core"));
+        state.put("/configmaps", "ns", event("not-an-event"));
+        let later = Instant::now() + Duration::from_secs(3600);
+        state.put("events.k8s.io/events", "ns", event("fresh"));
+        assert_eq!(state.expire_events(Instant::now(), Duration::from_secs(3600)), 0, "none is an hour old yet");
+        // An hour after the first two were written, the one written after them is not due.
+        let before = state.current_rv();
+        assert_eq!(state.expire_events(later, Duration::from_secs(3600)), 2, "old and core");
+        assert!(state.get("events.k8s.io/events", "ns", "fresh").is_some(), "written later: not due yet");
+        assert!(state.get("events.k8s.io/events", "ns", "old").is_none());
+        assert!(state.get("/events", "ns", "core").is_none());
+        assert!(state.get("/configmaps", "ns", "not-an-event").is_some(), "other kinds never expire");
+        let deleted = state.table_ref("events.k8s.io/events").expect("table").events_after(before).expect("history");
+        assert!(deleted.iter().any(|e| e.kind == EventType::Deleted), "watchers see the expiry as a deletion");
+        // A rewrite starts its TTL again.
+        state.put("events.k8s.io/events", "ns", event("again"));
+        state.put("events.k8s.io/events", "ns", event("again"));
+        assert_eq!(state.expire_events(Instant::now() + Duration::from_secs(59), Duration::from_secs(60)), 0);
     }
 }
