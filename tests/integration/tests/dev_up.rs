@@ -23,6 +23,17 @@ pub(crate) fn binary_dir() -> PathBuf {
     exe.parent().and_then(Path::parent).expect("the target directory").to_owned()
 }
 
+/// Fails, saying what to run, unless the stack's binaries are built in `bin`.
+pub(crate) fn assert_binaries_built(bin: &Path) {
+    for binary in ["gitops-dev", "gitops-writer", "gitops-agent", "gitops-appstudio"] {
+        assert!(
+            bin.join(binary).is_file(),
+            "{binary} is not built in {}: run `cargo build --bins` first",
+            bin.display()
+        );
+    }
+}
+
 pub(crate) struct Stack {
     child: Child,
     pub(crate) dir: PathBuf,
@@ -189,13 +200,7 @@ async fn dev_up_runs_side_by_side_and_answers_the_readme_walkthrough() {
         return;
     }
     let bin = binary_dir();
-    for binary in ["gitops-dev", "gitops-writer", "gitops-agent", "gitops-appstudio"] {
-        assert!(
-            bin.join(binary).is_file(),
-            "{binary} is not built in {}: run `cargo build --bins` first",
-            bin.display()
-        );
-    }
+    assert_binaries_built(&bin);
     let (first, second) = tokio::join!(start_stack(&bin, "a"), start_stack(&bin, "b"));
     let mut first = first;
 

@@ -14,7 +14,7 @@ use std::path::Path;
 use gitops_testkit::argocd::fake_revision;
 use serde_json::Value;
 
-use crate::dev_up::{binary_dir, env_file, kubectl_ok, start_stack};
+use crate::dev_up::{assert_binaries_built, binary_dir, env_file, kubectl_ok, start_stack};
 
 const NAMESPACE: &str = "team-b";
 
@@ -137,13 +137,7 @@ async fn dev_up_walks_an_environment_to_a_promoted_snapshot() {
         Some(_) => {}
     }
     let bin = binary_dir();
-    for binary in ["gitops-dev", "gitops-writer", "gitops-agent", "gitops-appstudio"] {
-        assert!(
-            bin.join(binary).is_file(),
-            "{binary} is not built in {}: run `cargo build --bins` first",
-            bin.display()
-        );
-    }
+    assert_binaries_built(&bin);
     let mut stack = start_stack(&bin, "appstudio").await;
     let env = env_file(&stack.dir.join("env"));
     let cache = stack.dir.join("kubectl-cache");
