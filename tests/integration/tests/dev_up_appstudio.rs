@@ -191,7 +191,9 @@ async fn dev_up_walks_an_environment_to_a_promoted_snapshot() {
         &cache,
         &[
             "wait",
-            "--for=jsonpath={.status.componentDeploymentConditions[0].status}=True",
+            // A filter, not `[0]`: kubectl fails at once on an index into the empty list
+            // the binding shows while its components are not reported yet.
+            r#"--for=jsonpath={.status.componentDeploymentConditions[?(@.type=="AllComponentsDeployed")].status}=True"#,
             "snapshotenvironmentbinding/shop-development",
             "-n",
             NAMESPACE,

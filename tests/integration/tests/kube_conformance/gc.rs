@@ -63,3 +63,21 @@ async fn deleting_an_owner_collects_its_sole_dependents_and_orphan_keeps_them() 
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_dependent_written_after_its_owner_went_is_collected() {
+    let env = Env::new("gc-late").await;
+    let api = env.namespaced::<ConfigMap>();
+    let post = PostParams::default();
+    let owner = api.create(&post, &config_map("owner", &[])).await.unwrap();
+    api.delete("owner", &DeleteParams::background()).await.unwrap();
+    eventually("the owner gone", || async { api.get_opt("owner").await.expect("get").is_none().then_some(()) }).await;
+    // A controller that read the owner just before it went writes a dependent now.
+    api.create(&post, &config_map("late", &[&owner])).await.unwrap();
+    api.create(&post, &config_map("unowned", &[])).await.unwrap();
+    eventually("the late dependent collected", || async {
+        api.get_opt("late").await.expect("get").is_none().then_some(())
+    })
+    .await;
+    assert!(api.get_opt("unowned").await.expect("get").is_some(), "an object without owners stays");
+}

@@ -51,6 +51,27 @@ pub fn collect(state: &mut State, owner_uid: &str) {
     }
 }
 
+/// A new object all of whose owners are gone already (each of a kind this server
+/// serves, none with its uid): deleted, as the collector deletes a dependent whose
+/// owners it cannot find (for instance one written by a controller just after its
+/// owner was deleted). Owners of kinds nobody serves are left to whoever wrote them.
+pub fn collect_if_orphaned(state: &mut State, info: &ResourceInfo, namespace: &str, object: &Value) {
+    let Some(owners) = object.pointer("/metadata/ownerReferences").and_then(Value::as_array) else { return };
+    if owners.is_empty() {
+        return;
+    }
+    let all_gone = owners.iter().all(|owner| {
+        let field = |name: &str| owner.get(name).and_then(Value::as_str).unwrap_or_default();
+        let (group, version) = field("apiVersion").rsplit_once('/').unwrap_or(("", field("apiVersion")));
+        let served = state.registry.resources_of(group, version).iter().any(|r| r.kind == field("kind"));
+        served && !state.uid_exists(field("uid"))
+    });
+    if all_gone && !meta::is_deleting(object) {
+        let now = meta::now_rfc3339();
+        let _ = delete::delete(state, info, namespace, meta::name(object), &DeleteOptions::default(), &now);
+    }
+}
+
 /// `propagationPolicy: Orphan`: the dependents of `owner_uid` lose their reference to it.
 pub fn orphan(state: &mut State, owner_uid: &str) {
     let now = meta::now_rfc3339();

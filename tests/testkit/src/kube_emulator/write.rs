@@ -338,6 +338,9 @@ pub fn commit(state: &mut State, info: &ResourceInfo, namespace: &str, object: V
         }
         _ => {}
     }
+    if created {
+        super::gc::collect_if_orphaned(state, info, namespace, &stored);
+    }
     stored
 }
 
