@@ -126,14 +126,8 @@ pub fn fixture_crds() -> Vec<CustomResourceDefinition> {
     vec![Application::crd(), Component::crd()]
 }
 
-/// Why the CRD YAML could not be rendered.
-#[derive(Debug, thiserror::Error)]
-pub enum CrdRenderError {
-    #[error("could not render CustomResourceDefinition {name} as YAML")]
-    Yaml { name: String, source: serde_saphyr::SerializeError },
-    #[error("could not write {path}")]
-    Write { path: std::path::PathBuf, source: std::io::Error },
-}
+/// Why the CRD YAML could not be rendered or written (the core's: both are rendered alike).
+pub use gitops_writer::api::CrdRenderError;
 
 /// The first line of every generated file.
 pub const CRD_FILE_HEADER: &str = "# Generated from appstudio/src/api by `gitopsctl crds`; do not edit.\n";
@@ -145,14 +139,7 @@ pub const FIXTURE_CRD_SUBDIR: &str = "appstudio-fixtures";
 
 /// `crds` as files: (`<plural>.<group>.yaml`, YAML text).
 pub fn render_crd_files(crds: Vec<CustomResourceDefinition>) -> Result<Vec<(String, String)>, CrdRenderError> {
-    crds.into_iter()
-        .map(|crd| {
-            let name = crd.metadata.name.clone().unwrap_or_default();
-            let yaml =
-                serde_saphyr::to_string(&crd).map_err(|source| CrdRenderError::Yaml { name: name.clone(), source })?;
-            Ok((format!("{name}.yaml"), format!("{CRD_FILE_HEADER}{yaml}")))
-        })
-        .collect()
+    gitops_writer::api::render_crd_files(crds, CRD_FILE_HEADER)
 }
 
 /// Writes [`crds`] into `<dir>/appstudio` and [`fixture_crds`] into
@@ -160,13 +147,7 @@ pub fn render_crd_files(crds: Vec<CustomResourceDefinition>) -> Result<Vec<(Stri
 pub fn write_crd_files(dir: &std::path::Path) -> Result<Vec<std::path::PathBuf>, CrdRenderError> {
     let mut written = Vec::new();
     for (subdir, crds) in [(CRD_SUBDIR, crds()), (FIXTURE_CRD_SUBDIR, fixture_crds())] {
-        let dir = dir.join(subdir);
-        std::fs::create_dir_all(&dir).map_err(|source| CrdRenderError::Write { path: dir.clone(), source })?;
-        for (name, yaml) in render_crd_files(crds)? {
-            let path = dir.join(name);
-            std::fs::write(&path, yaml).map_err(|source| CrdRenderError::Write { path: path.clone(), source })?;
-            written.push(path);
-        }
+        written.extend(gitops_writer::api::write_files(&dir.join(subdir), render_crd_files(crds)?)?);
     }
     Ok(written)
 }

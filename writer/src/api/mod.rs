@@ -136,13 +136,21 @@ pub const CRD_FILE_HEADER: &str = "# Generated from writer/src/api by `gitopsctl
 
 /// The CRDs as files: (`<plural>.<group>.yaml`, YAML text), in [`crds`] order.
 pub fn crd_files() -> Result<Vec<(String, String)>, CrdRenderError> {
-    crds()
-        .into_iter()
+    render_crd_files(crds(), CRD_FILE_HEADER)
+}
+
+/// `crds` as files: (`<plural>.<group>.yaml`, `header` then the YAML text), in order.
+/// Shared with the AppStudio layer, whose CRDs are rendered the same way.
+pub fn render_crd_files(
+    crds: Vec<CustomResourceDefinition>,
+    header: &str,
+) -> Result<Vec<(String, String)>, CrdRenderError> {
+    crds.into_iter()
         .map(|crd| {
             let name = crd.metadata.name.clone().unwrap_or_default();
             let yaml =
                 serde_saphyr::to_string(&crd).map_err(|source| CrdRenderError::Yaml { name: name.clone(), source })?;
-            Ok((format!("{name}.yaml"), format!("{CRD_FILE_HEADER}{yaml}")))
+            Ok((format!("{name}.yaml"), format!("{header}{yaml}")))
         })
         .collect()
 }
@@ -157,7 +165,14 @@ fn preserve_unknown_object(_: &mut schemars::SchemaGenerator) -> schemars::Schem
 
 /// Writes [`crd_files`] into `dir` (created if missing); returns the paths written.
 pub fn write_crd_files(dir: &std::path::Path) -> Result<Vec<std::path::PathBuf>, CrdRenderError> {
-    let files = crd_files()?;
+    write_files(dir, crd_files()?)
+}
+
+/// Writes rendered CRD `files` into `dir` (created if missing); returns the paths written.
+pub fn write_files(
+    dir: &std::path::Path,
+    files: Vec<(String, String)>,
+) -> Result<Vec<std::path::PathBuf>, CrdRenderError> {
     std::fs::create_dir_all(dir).map_err(|source| CrdRenderError::Write { path: dir.to_owned(), source })?;
     files
         .into_iter()
