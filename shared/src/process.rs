@@ -74,9 +74,18 @@ fn status_kb(status: &str, key: &str) -> Option<u64> {
 static ON_JEMALLOC: AtomicBool = AtomicBool::new(false);
 
 /// Called first thing by a binary whose global allocator is jemalloc: its heap
-/// figure is then read from jemalloc's statistics.
+/// figure is then read from jemalloc's statistics, and one background thread
+/// returns freed pages to the system once they have been unused for jemalloc's
+/// decay time (10 s). Without it, pages are purged only when the process happens
+/// to allocate again, so a burst (a sweep's page of objects) followed by a quiet
+/// spell leaves the resident size at the burst's height.
 pub fn heap_statistics_from_jemalloc() {
     ON_JEMALLOC.store(true, Ordering::Relaxed);
+    let purging = tikv_jemalloc_ctl::max_background_threads::write(1)
+        .and_then(|()| tikv_jemalloc_ctl::background_thread::write(true));
+    if let Err(error) = purging {
+        tracing::debug!(%error, "jemalloc's background purging is unavailable");
+    }
 }
 
 /// jemalloc's `stats.allocated`, refreshed first (its statistics are cached per
