@@ -59,6 +59,22 @@ pub struct RunArgs {
     /// How often every object is reconciled again whatever happened, e.g. 10m.
     #[arg(long, env = "GITOPS_APPSTUDIO_RESYNC_INTERVAL", value_parser = parse_duration, default_value = "10m")]
     pub resync_interval: Duration,
+    /// Accept loopback, link-local and cloud metadata addresses as the API URL of
+    /// Environments and DeploymentTargets: set it exactly when the writer has
+    /// `--api-url-allow-private` (single-tenant or test installations only).
+    #[arg(long, env = "GITOPS_APPSTUDIO_API_URL_ALLOW_PRIVATE")]
+    pub api_url_allow_private: bool,
+    /// PEM certificate (chain) of the admission webhook's HTTPS server; read again
+    /// when it changes. Without it the webhook is not served and the controllers'
+    /// own checks are the only ones.
+    #[arg(long, env = "GITOPS_APPSTUDIO_WEBHOOK_CERT_FILE", requires = "webhook_key_file")]
+    pub webhook_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of the admission webhook's HTTPS server.
+    #[arg(long, env = "GITOPS_APPSTUDIO_WEBHOOK_KEY_FILE", requires = "webhook_cert_file")]
+    pub webhook_key_file: Option<std::path::PathBuf>,
+    /// Address the admission webhook listens on.
+    #[arg(long, env = "GITOPS_APPSTUDIO_WEBHOOK_ADDRESS", default_value = "0.0.0.0:9443")]
+    pub webhook_address: std::net::SocketAddr,
 }
 
 /// Why the layer stopped.
@@ -72,6 +88,8 @@ pub enum AppStudioError {
     KubeClient { source: kube::Error },
     #[error("could not listen on {address}")]
     Bind { address: std::net::SocketAddr, source: std::io::Error },
+    #[error("could not start the admission webhook: {message}")]
+    Webhook { message: String },
 }
 
 /// Every environment variable `gitops-appstudio run` reads (manifests are checked
@@ -116,8 +134,18 @@ impl HealthEndpoints for Endpoints {
 
 /// Runs the controllers until SIGTERM or Ctrl-C.
 pub async fn run(args: RunArgs) -> Result<(), AppStudioError> {
-    let RunArgs { kubeconfig, namespace, metrics_address, orphan_binding_delay, promotion_timeout, resync_interval } =
-        args;
+    let RunArgs {
+        kubeconfig,
+        namespace,
+        metrics_address,
+        orphan_binding_delay,
+        promotion_timeout,
+        resync_interval,
+        api_url_allow_private,
+        webhook_cert_file,
+        webhook_key_file,
+        webhook_address,
+    } = args;
     let config = match kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(&path)
@@ -129,8 +157,23 @@ pub async fn run(args: RunArgs) -> Result<(), AppStudioError> {
         None => kube::Config::infer().await.map_err(|source| AppStudioError::InferKube { source })?,
     };
     let client = kube::Client::try_from(config).map_err(|source| AppStudioError::KubeClient { source })?;
-    let settings =
-        Settings { orphan_binding_delay, promotion_timeout, resync_interval, namespace, ..Settings::default() };
+    let settings = Settings {
+        orphan_binding_delay,
+        promotion_timeout,
+        resync_interval,
+        namespace,
+        api_url_allow_private,
+        ..Settings::default()
+    };
+    let webhook = match webhook_cert_file.zip(webhook_key_file) {
+        Some((cert_file, key_file)) => {
+            let settings = gitops_writer::webhook::WebhookSettings { address: webhook_address, cert_file, key_file };
+            Some(gitops_writer::webhook::bind(&settings).await.map_err(|source| AppStudioError::Webhook {
+                message: gitops_shared::telemetry::error_chain(&source),
+            })?)
+        }
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(metrics_address)
         .await
         .map_err(|source| AppStudioError::Bind { address: metrics_address, source })?;
@@ -140,9 +183,22 @@ pub async fn run(args: RunArgs) -> Result<(), AppStudioError> {
     let metrics = Arc::new(Metrics::default());
     let endpoints = Endpoints { metrics: metrics.clone(), client: client.clone() };
     let http = tokio::spawn(serve_health(listener, endpoints, cancel.clone()));
+    let webhook = webhook.map(|(socket, acceptor)| {
+        tracing::info!(%webhook_address, "admission webhook serving");
+        let reviewer = crate::webhook::Reviewer {
+            client: client.clone(),
+            allow_private: settings.api_url_allow_private,
+            namespace: settings.namespace.clone(),
+            metrics: metrics.clone(),
+        };
+        tokio::spawn(gitops_writer::webhook::serve(socket, acceptor, Arc::new(reviewer), cancel.clone()))
+    });
     crate::run::run_with_metrics(client, settings, metrics, cancel.clone()).await;
     cancel.cancel();
     let _ = http.await;
+    if let Some(webhook) = webhook {
+        let _ = webhook.await;
+    }
     tracing::info!("gitops-appstudio stopped");
     Ok(())
 }

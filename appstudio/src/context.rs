@@ -18,6 +18,8 @@ pub struct Settings {
     pub promotion_poll: Duration,
     /// Serve only this namespace (default: all).
     pub namespace: Option<String>,
+    /// Loopback and link-local API URLs are accepted (`--api-url-allow-private`).
+    pub api_url_allow_private: bool,
 }
 
 impl Default for Settings {
@@ -29,6 +31,7 @@ impl Default for Settings {
             promotion_timeout: Duration::from_secs(600),
             promotion_poll: Duration::from_secs(15),
             namespace: None,
+            api_url_allow_private: false,
         }
     }
 }

@@ -15,3 +15,4 @@ pub mod names;
 pub mod promotion;
 pub mod run;
 pub mod target;
+pub mod webhook;

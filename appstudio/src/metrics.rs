@@ -1,5 +1,5 @@
 //! The layer's counters, rendered as Prometheus text on `/metrics`: reconciles and
-//! failed reconciles per controller.
+//! failed reconciles per controller, and the webhook's reviews per kind and outcome.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -7,11 +7,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const CONTROLLERS: [&str; 6] =
     ["environment", "environment_legacy_owner", "binding", "promotion", "claim", "target"];
 
-/// Counters per controller (indexed as [`CONTROLLERS`]).
+/// The kinds the webhook judges, as the `kind` label names them (and `other`).
+pub const ADMISSION_KINDS: [&str; 6] =
+    ["Environment", "SnapshotEnvironmentBinding", "Snapshot", "PromotionRun", "DeploymentTarget", "other"];
+/// A review's outcomes, as the `outcome` label names them.
+pub const ADMISSION_OUTCOMES: [&str; 3] = ["allowed", "denied", "error"];
+
+/// Counters per controller (indexed as [`CONTROLLERS`]), and admission reviews
+/// (indexed as [`ADMISSION_KINDS`] × [`ADMISSION_OUTCOMES`]).
 #[derive(Debug, Default)]
 pub struct Metrics {
     reconciles: [AtomicU64; 6],
     failures: [AtomicU64; 6],
+    admission: [[AtomicU64; 3]; 6],
 }
 
 impl Metrics {
@@ -22,6 +30,14 @@ impl Metrics {
             if failed {
                 self.failures[index].fetch_add(1, Ordering::Relaxed);
             }
+        }
+    }
+
+    /// Counts one admission review of `kind` that ended `outcome`.
+    pub fn admission_reviewed(&self, kind: &str, outcome: &str) {
+        let kind = ADMISSION_KINDS.iter().position(|k| *k == kind).unwrap_or(ADMISSION_KINDS.len() - 1);
+        if let Some(outcome) = ADMISSION_OUTCOMES.iter().position(|o| *o == outcome) {
+            self.admission[kind][outcome].fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -42,6 +58,16 @@ impl Metrics {
                 "gitops_appstudio_reconcile_failures_total{{controller=\"{controller}\"}} {value}\n"
             ));
         }
+        out.push_str("# HELP gitops_appstudio_admission_reviews_total Admission reviews the layer's webhook answered, by kind and outcome.\n");
+        out.push_str("# TYPE gitops_appstudio_admission_reviews_total counter\n");
+        for (k, kind) in ADMISSION_KINDS.iter().enumerate() {
+            for (o, outcome) in ADMISSION_OUTCOMES.iter().enumerate() {
+                let value = self.admission[k][o].load(Ordering::Relaxed);
+                out.push_str(&format!(
+                    "gitops_appstudio_admission_reviews_total{{kind=\"{kind}\",outcome=\"{outcome}\"}} {value}\n"
+                ));
+            }
+        }
         out
     }
 }
@@ -56,7 +82,17 @@ mod tests {
         metrics.reconciled("binding", false);
         metrics.reconciled("binding", true);
         metrics.reconciled("unknown", true);
+        metrics.admission_reviewed("Environment", "denied");
+        metrics.admission_reviewed("Unknown", "allowed");
         let text = metrics.render();
+        assert!(
+            text.contains("gitops_appstudio_admission_reviews_total{kind=\"Environment\",outcome=\"denied\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gitops_appstudio_admission_reviews_total{kind=\"other\",outcome=\"allowed\"} 1\n"),
+            "{text}"
+        );
         assert!(text.contains("gitops_appstudio_reconciles_total{controller=\"binding\"} 2\n"), "{text}");
         assert!(text.contains("gitops_appstudio_reconcile_failures_total{controller=\"binding\"} 1\n"), "{text}");
         assert!(text.contains("gitops_appstudio_reconciles_total{controller=\"claim\"} 0\n"), "{text}");

@@ -183,7 +183,12 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
             let _ = config.webhook_address.set(address);
             tracing::info!(%address, "serving the admission webhook");
         }
-        tasks.spawn(crate::webhook::serve(socket, acceptor, ctx.clone(), cancel.clone()));
+        tasks.spawn(crate::webhook::serve(
+            socket,
+            acceptor,
+            crate::webhook::writer_reviewer(ctx.clone()),
+            cancel.clone(),
+        ));
     } else if config.allow_unverified_home {
         tracing::warn!(
             "no admission webhook: deployments into tenants' own namespaces are accepted without checking who asked"

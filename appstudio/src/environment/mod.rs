@@ -3,7 +3,8 @@
 //! mode, or DeploymentTargetClaim mode with an Opaque Secret copied to
 //! `managed-environment-secret-<env>`). A tenant's mistake becomes the pair of
 //! conditions `ErrorOccurred`/`Reconciled`; an Environment that never failed has no
-//! condition at all, as in the original.
+//! condition at all, as in the original. The admission webhook's rules on names and
+//! API URLs (`crate::webhook::rules`) are checked again here, as `InvalidEnvironment`.
 //!
 //! The ManagedEnvironment is owned by the Environment (a correct
 //! `appstudio.redhat.com` owner reference, so Kubernetes collects it); those the
@@ -35,6 +36,7 @@ use crate::names::{
     managed_environment_secret_name,
 };
 use crate::target::{self, Bound, PHASE_BOUND};
+use crate::webhook::rules;
 use desired::{Mode, Refusal};
 
 pub const CLAIM_NOT_FOUND: &str = "DeploymentTargetClaimNotFound";
@@ -138,9 +140,16 @@ async fn reconcile(env: Arc<Environment>, ctx: Arc<Context>) -> Result<Action, R
     if env.metadata.deletion_timestamp.is_some() || namespace_terminating(&ctx.client, &namespace).await? {
         return Ok(Action::await_change());
     }
-    let outcome = match desired::mode(&env.spec) {
+    // The webhook's rules again, for installations without it: nothing is made
+    // for an Environment it would have refused.
+    let checked = rules::environment_name(&env.name_any())
+        .and_then(|()| rules::environment(&env.spec, ctx.settings.api_url_allow_private));
+    let outcome = match checked.map_err(|message| Refusal { reason: desired::INVALID_ENVIRONMENT, message }) {
         Err(refusal) => Outcome::Refused(refusal),
-        Ok(mode) => converge(&ctx, &env, &namespace, mode).await?,
+        Ok(()) => match desired::mode(&env.spec) {
+            Err(refusal) => Outcome::Refused(refusal),
+            Ok(mode) => converge(&ctx, &env, &namespace, mode).await?,
+        },
     };
     let mut conditions = env.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
     let now = now_rfc3339();
@@ -193,6 +202,10 @@ async fn converge(
                     return Ok(refused(TARGET_NOT_FOUND, TARGET_NOT_FOUND_MESSAGE.to_owned()));
                 }
             };
+            if let Err(message) = rules::deployment_target(&target.spec, ctx.settings.api_url_allow_private) {
+                let message = format!("DeploymentTarget {}: {message}", target.name_any());
+                return Ok(refused(desired::INVALID_ENVIRONMENT, message));
+            }
             let secret = target.spec.kubernetes_credentials.cluster_credentials_secret.clone();
             (desired::from_target(&target, &secret), Some(secret))
         }

@@ -54,6 +54,8 @@ const HEARTBEAT_FRESH: &str = "30 seconds";
 const FIELD_MANAGER: &str = "gitops-dev";
 /// The ValidatingWebhookConfiguration of the writer's webhook.
 const DEV_WEBHOOK: &str = "gitops-service";
+/// The AppStudio layer's webhook configuration in the local stack.
+const DEV_APPSTUDIO_WEBHOOK: &str = "gitops-appstudio";
 
 const WRITER_READY: &str = "SELECT EXISTS (SELECT 1 FROM writer_shard WHERE lease_expires_at > now())";
 const AGENT_READY: &str =
@@ -488,6 +490,7 @@ impl DevStack {
         // The webhook's address is the first writer's only.
         let mut writer_env: Vec<(String, String)> = Vec::new();
         let mut first_writer_env: Vec<(String, String)> = Vec::new();
+        let mut appstudio_env: Vec<(String, String)> = Vec::new();
         // Tenants' home deployments go to this API server (loopback for the emulator).
         writer_env.push(("GITOPS_WRITER_HOME_API_URL".to_owned(), self.info.api_server.clone()));
         if shape.webhook && shape.kubeconfig.is_none() {
@@ -510,6 +513,25 @@ impl DevStack {
                 ("GITOPS_WRITER_WEBHOOK_KEY_FILE".to_owned(), cert.key_file.display().to_string()),
                 ("GITOPS_WRITER_WEBHOOK_ADDRESS".to_owned(), webhook_address),
             ]);
+            if appstudio_bin.is_some() {
+                // The AppStudio layer's webhook likewise, with the same loopback certificate.
+                let address = format!("127.0.0.1:{}", free_port()?);
+                let configuration = admission::appstudio_configuration(
+                    DEV_APPSTUDIO_WEBHOOK,
+                    &format!("https://{address}/validate"),
+                    &cert.ca_pem,
+                    None,
+                );
+                admission::register(&self.kube, &configuration).await.map_err(|source| DevError::Kube {
+                    action: "register the AppStudio admission webhook".to_owned(),
+                    source,
+                })?;
+                appstudio_env.extend([
+                    ("GITOPS_APPSTUDIO_WEBHOOK_CERT_FILE".to_owned(), cert.cert_file.display().to_string()),
+                    ("GITOPS_APPSTUDIO_WEBHOOK_KEY_FILE".to_owned(), cert.key_file.display().to_string()),
+                    ("GITOPS_APPSTUDIO_WEBHOOK_ADDRESS".to_owned(), address),
+                ]);
+            }
         } else {
             // Nobody verifies who asks: deployments into a tenant's own namespace are
             // taken as they come (a development-only setting).
@@ -556,7 +578,9 @@ impl DevStack {
             }
         }
         if let Some(path) = appstudio_bin {
-            let extra = vec![("GITOPS_APPSTUDIO_METRICS_ADDRESS".to_owned(), format!("127.0.0.1:{}", free_port()?))];
+            let mut extra =
+                vec![("GITOPS_APPSTUDIO_METRICS_ADDRESS".to_owned(), format!("127.0.0.1:{}", free_port()?))];
+            extra.extend(appstudio_env);
             let name = "gitops-appstudio".to_owned();
             let spec = ChildSpec { binary: "gitops-appstudio", name, path: path.to_owned(), env: env.clone(), extra };
             self.children.push(spec.spawn(&dir, 0)?);

@@ -104,7 +104,7 @@ pub(crate) fn env_file(path: &Path) -> HashMap<String, String> {
         .collect()
 }
 
-async fn kubectl(
+pub(crate) async fn kubectl(
     env: &HashMap<String, String>,
     cache: &Path,
     args: &[&str],

@@ -315,6 +315,26 @@ async fn dev_up_walks_an_environment_to_a_promoted_snapshot() {
     assert_eq!(names(&deployments), expected, "{deployments}");
     wait_for_applications(&env, &cache, &expected).await;
 
+    // The layer's admission webhook is in the stack: a PromotionRun's spec is fixed.
+    let (ok, _, stderr) = crate::dev_up::kubectl(
+        &env,
+        &cache,
+        &[
+            "patch",
+            "promotionrun",
+            "shop-2-to-production",
+            "-n",
+            NAMESPACE,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"snapshot":"shop-1"}}"#,
+        ],
+        None,
+    )
+    .await;
+    assert!(!ok, "a PromotionRun's spec was changed");
+    assert!(stderr.contains("spec cannot be updated to {Snapshot:shop-1 Application:shop"), "{stderr}");
+
     let status = stack.stop().await;
     assert!(status.success(), "gitops-dev up exited with {status}");
     let _ = std::fs::remove_dir_all(&stack.dir);

@@ -60,6 +60,52 @@ pub fn configuration(
     ca_pem: &str,
     selector: Option<(&str, &str)>,
 ) -> ValidatingWebhookConfiguration {
+    let rules = Rules {
+        webhook: "tenant-resources.managed-gitops.redhat.com",
+        group: "managed-gitops.redhat.com",
+        resources: &[
+            "gitopsdeployments",
+            "gitopsdeploymentsyncruns",
+            "gitopsdeploymentmanagedenvironments",
+            "gitopsdeploymentrepositorycredentials",
+        ],
+        side_effects: "NoneOnDryRun",
+    };
+    webhook_configuration(name, url, ca_pem, selector, &rules)
+}
+
+/// The AppStudio layer's configuration (`ops/deploy/appstudio/webhook.yaml` with a
+/// URL): Environments, bindings, Snapshots, PromotionRuns and DeploymentTargets.
+pub fn appstudio_configuration(
+    name: &str,
+    url: &str,
+    ca_pem: &str,
+    selector: Option<(&str, &str)>,
+) -> ValidatingWebhookConfiguration {
+    let rules = Rules {
+        webhook: "appstudio-resources.appstudio.redhat.com",
+        group: "appstudio.redhat.com",
+        resources: &["environments", "snapshotenvironmentbindings", "snapshots", "promotionruns", "deploymenttargets"],
+        side_effects: "None",
+    };
+    webhook_configuration(name, url, ca_pem, selector, &rules)
+}
+
+/// What one configuration's single webhook judges.
+struct Rules {
+    webhook: &'static str,
+    group: &'static str,
+    resources: &'static [&'static str],
+    side_effects: &'static str,
+}
+
+fn webhook_configuration(
+    name: &str,
+    url: &str,
+    ca_pem: &str,
+    selector: Option<(&str, &str)>,
+    rules: &Rules,
+) -> ValidatingWebhookConfiguration {
     let bundle = base64::engine::general_purpose::STANDARD.encode(ca_pem);
     let namespace_selector = match selector {
         Some((key, value)) => serde_json::json!({"matchLabels": {key: value}}),
@@ -70,23 +116,18 @@ pub fn configuration(
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": name},
         "webhooks": [{
-            "name": "tenant-resources.managed-gitops.redhat.com",
+            "name": rules.webhook,
             "clientConfig": {"url": url, "caBundle": bundle},
             "rules": [{
-                "apiGroups": ["managed-gitops.redhat.com"],
+                "apiGroups": [rules.group],
                 "apiVersions": ["v1alpha1"],
                 "operations": ["CREATE", "UPDATE"],
-                "resources": [
-                    "gitopsdeployments",
-                    "gitopsdeploymentsyncruns",
-                    "gitopsdeploymentmanagedenvironments",
-                    "gitopsdeploymentrepositorycredentials"
-                ],
+                "resources": rules.resources,
                 "scope": "Namespaced"
             }],
             "namespaceSelector": namespace_selector,
             "failurePolicy": "Fail",
-            "sideEffects": "NoneOnDryRun",
+            "sideEffects": rules.side_effects,
             "admissionReviewVersions": ["v1"],
             "timeoutSeconds": 5
         }]

@@ -3,6 +3,9 @@
 //! with an `admission.k8s.io/v1` AdmissionReview, answered by `review`. Every
 //! writer replica answers, whatever shards it owns. The API server calls it for
 //! CREATE and UPDATE of the tenant resources (`ops/deploy/writer/webhook.yaml`).
+//!
+//! The server is not the writer's alone: [`bind`] and [`serve`] answer with any
+//! [`Review`], and the AppStudio layer serves its own rules with them.
 
 pub mod escalation;
 pub mod review;
@@ -32,6 +35,37 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::WriterContext;
 use review::Reviewer;
+
+/// The verdict of one webhook on one admission request, and the count of it.
+pub trait Review: Send + Sync + 'static {
+    /// Allows or refuses `request` (a refusal's message is what the client prints).
+    fn review<'a>(
+        &'a self,
+        request: &'a AdmissionRequest<DynamicObject>,
+    ) -> futures_util::future::BoxFuture<'a, AdmissionResponse>;
+
+    /// Counts one review: the request (None: not an AdmissionReview) and its
+    /// outcome, `allowed`, `denied` or `error`.
+    fn count(&self, request: Option<&AdmissionRequest<DynamicObject>>, outcome: &'static str);
+}
+
+impl Review for Reviewer {
+    fn review<'a>(
+        &'a self,
+        request: &'a AdmissionRequest<DynamicObject>,
+    ) -> futures_util::future::BoxFuture<'a, AdmissionResponse> {
+        Box::pin(Reviewer::review(self, request))
+    }
+
+    fn count(&self, request: Option<&AdmissionRequest<DynamicObject>>, outcome: &'static str) {
+        self.ctx.metrics.admission_reviewed(request.map_or("other", review::kind_label), outcome);
+    }
+}
+
+/// The writer's reviewer: its rules, the tenancy checks and the approvals.
+pub fn writer_reviewer(ctx: Arc<WriterContext>) -> Arc<dyn Review> {
+    Arc::new(Reviewer { escalation: escalation::Escalation::new(ctx.kube.clone()), ctx })
+}
 
 /// Largest AdmissionReview body read (the API server's own request limit is 3 MiB).
 const MAX_BODY: usize = 3 * 1024 * 1024;
@@ -141,14 +175,13 @@ pub async fn bind(settings: &WebhookSettings) -> Result<(TcpListener, tokio_rust
     Ok((listener, tokio_rustls::TlsAcceptor::from(Arc::new(config))))
 }
 
-/// Answers admission reviews until `cancel`.
+/// Answers admission reviews with `reviewer` until `cancel`.
 pub async fn serve(
     listener: TcpListener,
     acceptor: tokio_rustls::TlsAcceptor,
-    ctx: Arc<WriterContext>,
+    reviewer: Arc<dyn Review>,
     cancel: CancellationToken,
 ) {
-    let reviewer = Arc::new(Reviewer { escalation: escalation::Escalation::new(ctx.kube.clone()), ctx });
     let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok(permit) = connections.clone().acquire_owned().await else { return };
@@ -198,7 +231,7 @@ fn reply(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
     response
 }
 
-async fn respond(reviewer: &Reviewer, request: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn respond(reviewer: &Arc<dyn Review>, request: Request<Incoming>) -> Response<Full<Bytes>> {
     if request.method() != Method::POST || request.uri().path() != "/validate" {
         return reply(StatusCode::NOT_FOUND, b"{\"message\":\"not found\"}".to_vec());
     }
@@ -206,17 +239,15 @@ async fn respond(reviewer: &Reviewer, request: Request<Incoming>) -> Response<Fu
         Ok(body) => body.to_bytes(),
         Err(_) => return reply(StatusCode::PAYLOAD_TOO_LARGE, b"{\"message\":\"request too large\"}".to_vec()),
     };
-    let metrics = &reviewer.ctx.metrics;
     let review: Result<AdmissionReview<DynamicObject>, _> = serde_json::from_slice(&body);
     let request: Option<AdmissionRequest<DynamicObject>> = review.ok().and_then(|r| r.try_into().ok());
     let response = match request {
         Some(request) => {
-            let kind = review::kind_label(&request);
             let response = reviewer.review(&request).await;
-            metrics.admission_reviewed(kind, if response.allowed { "allowed" } else { "denied" });
+            reviewer.count(Some(&request), if response.allowed { "allowed" } else { "denied" });
             if !response.allowed {
                 tracing::info!(
-                    kind,
+                    kind = %request.kind.kind,
                     tenant.ns = request.namespace.as_deref().unwrap_or_default(),
                     object = %request.name,
                     user = request.user_info.username.as_deref().unwrap_or_default(),
@@ -226,7 +257,7 @@ async fn respond(reviewer: &Reviewer, request: Request<Incoming>) -> Response<Fu
             response
         }
         None => {
-            metrics.admission_reviewed("other", "error");
+            reviewer.count(None, "error");
             AdmissionResponse::invalid("the request is not an admission.k8s.io/v1 AdmissionReview")
         }
     };

@@ -8,15 +8,17 @@ use gitops_appstudio::api::{
     DeploymentTargetKubernetesClusterCredentials, DeploymentTargetSpec, Environment, EnvironmentSpec,
     KubernetesClusterCredentials, UnstableEnvironmentConfiguration,
 };
+use gitops_appstudio::environment::desired::INVALID_ENVIRONMENT;
 use gitops_appstudio::environment::{CLAIM_NOT_FOUND, CLAIM_NOT_FOUND_MESSAGE, MANAGED_ENVIRONMENT_REFUSED};
 use gitops_appstudio::names::{ANN_BIND_COMPLETED, ENVIRONMENT_SECRET_LABEL, MANAGED_ENVIRONMENT_SECRET_TYPE};
+use gitops_appstudio::webhook::rules;
 use gitops_writer::api::GitOpsDeploymentManagedEnvironment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 
-use super::{Ground, ground};
+use super::{Ground, ground, ground_strict};
 use crate::support::eventually;
 
 pub(crate) const API_URL: &str = "https://127.0.0.1:6443";
@@ -331,14 +333,53 @@ async fn an_unbound_claim_waits_without_a_condition_and_an_empty_namespace_gives
 async fn a_refused_managed_environment_is_shown_on_the_environment() {
     let g = ground("as-env-refused").await;
     g.secret("creds", MANAGED_ENVIRONMENT_SECRET_TYPE, "k").await;
+    // Nothing the layer's own rules look at, but the core's schema refuses it.
     let mut creds = credentials("creds", "team");
-    creds.api_url = "http://cluster.example.invalid:6443".into();
-    g.create(&credentials_env("plain-http", creds)).await;
-    let conditions = env_conditions_where(&g, "plain-http", "the refusal", |c| find(c, "Reconciled").is_some()).await;
+    creds.namespaces = vec!["Not_A_Namespace".into()];
+    g.create(&credentials_env("bad-namespaces", creds)).await;
+    let conditions =
+        env_conditions_where(&g, "bad-namespaces", "the refusal", |c| find(c, "Reconciled").is_some()).await;
     let reconciled = find(&conditions, "Reconciled").expect("Reconciled");
     assert_eq!(reconciled.reason, MANAGED_ENVIRONMENT_REFUSED);
-    assert!(reconciled.message.contains("managed-environment-plain-http"), "{}", reconciled.message);
-    assert!(reconciled.message.contains("apiURL"), "names the field: {}", reconciled.message);
+    assert!(reconciled.message.contains("managed-environment-bad-namespaces"), "{}", reconciled.message);
+    assert!(reconciled.message.contains("namespaces"), "names the field: {}", reconciled.message);
+}
+
+/// Where no webhook is installed, the controller applies its rules: an API URL
+/// that is not `https`, or (without `--api-url-allow-private`) points at loopback,
+/// and a DeploymentTarget's likewise, become `InvalidEnvironment`, and no
+/// ManagedEnvironment is made for them.
+#[tokio::test]
+async fn the_controller_refuses_what_the_webhook_would_without_making_a_managed_environment() {
+    let g = ground_strict("as-env-rules").await;
+    g.secret("creds", MANAGED_ENVIRONMENT_SECRET_TYPE, "k").await;
+    let mut plain = credentials("creds", "team");
+    plain.api_url = "http://cluster.example.invalid:6443".into();
+    g.create(&credentials_env("plain-http", plain)).await;
+    // Loopback: fine in the other tests' settings, refused in these.
+    g.create(&credentials_env("loopback", credentials("creds", "team"))).await;
+    let mut public = credentials("creds", "team");
+    public.api_url = "https://cluster.example.invalid:6443".into();
+    g.create(&credentials_env("public", public)).await;
+    g.secret("target-creds", "Opaque", "k").await;
+    bound_pair(&g, "claim", "target", "team", "target-creds").await;
+    g.create(&claim_env("by-target", "claim")).await;
+    for (env, says) in [
+        ("plain-http", rules::API_URL_SENTENCE),
+        ("loopback", rules::API_URL_SENTENCE),
+        ("by-target", "DeploymentTarget target: "),
+    ] {
+        let conditions = env_conditions_where(&g, env, "the refusal", |c| find(c, "Reconciled").is_some()).await;
+        let reconciled = find(&conditions, "Reconciled").expect("Reconciled");
+        assert_eq!(reconciled.reason, INVALID_ENVIRONMENT, "{env}");
+        assert!(reconciled.message.contains(says), "{env}: {}", reconciled.message);
+    }
+    // The valid one is made; it is the witness that the controller ran on all four.
+    managed_env_where(&g, "public", "the public Environment's ManagedEnvironment", |_| true).await;
+    for env in ["plain-http", "loopback", "by-target"] {
+        let name = format!("managed-environment-{env}");
+        assert!(g.get::<GitOpsDeploymentManagedEnvironment>(&name).await.is_none(), "{name} was made");
+    }
 }
 
 #[tokio::test]

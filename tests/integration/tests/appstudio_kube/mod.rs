@@ -11,6 +11,7 @@ mod claim;
 mod crds;
 mod environment;
 mod promotion;
+mod webhook;
 
 use std::time::Duration;
 
@@ -40,7 +41,19 @@ pub(crate) async fn ground(purpose: &str) -> Ground {
     ground_with(purpose, Settings::default()).await
 }
 
+/// Loopback API URLs are the tests' clusters, so the grounds accept them
+/// (`--api-url-allow-private`), but for [`ground_strict`].
 pub(crate) async fn ground_with(purpose: &str, mut settings: Settings) -> Ground {
+    settings.api_url_allow_private = true;
+    start(purpose, settings).await
+}
+
+/// A ground whose controllers refuse private API URLs, as a production install does.
+pub(crate) async fn ground_strict(purpose: &str) -> Ground {
+    start(purpose, Settings::default()).await
+}
+
+async fn start(purpose: &str, mut settings: Settings) -> Ground {
     let cluster = TestCluster::get().await;
     cluster.install_crds(gitops_writer::api::crds()).await.expect("install the core CRDs");
     cluster.install_crds(api::crds()).await.expect("install the AppStudio CRDs");
