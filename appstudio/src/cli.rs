@@ -75,6 +75,19 @@ pub struct RunArgs {
     /// Address the admission webhook listens on.
     #[arg(long, env = "GITOPS_APPSTUDIO_WEBHOOK_ADDRESS", default_value = "0.0.0.0:9443")]
     pub webhook_address: std::net::SocketAddr,
+    /// The ClusterRole Argo CD acts with in a tenant's own namespace (the writer's
+    /// `--home-cluster-role`): the webhook lets only who could grant it there make
+    /// deployments go home.
+    #[arg(long, env = "GITOPS_APPSTUDIO_HOME_CLUSTER_ROLE", default_value = "admin")]
+    pub home_cluster_role: String,
+    /// The layer's own username (the writer's `--appstudio-identity`): the bindings
+    /// its promotions make are not checked again.
+    #[arg(
+        long,
+        env = "GITOPS_APPSTUDIO_IDENTITY",
+        default_value = "system:serviceaccount:gitops-service:gitops-appstudio"
+    )]
+    pub identity: String,
 }
 
 /// Why the layer stopped.
@@ -145,6 +158,8 @@ pub async fn run(args: RunArgs) -> Result<(), AppStudioError> {
         webhook_cert_file,
         webhook_key_file,
         webhook_address,
+        home_cluster_role,
+        identity,
     } = args;
     let config = match kubeconfig {
         Some(path) => {
@@ -190,6 +205,7 @@ pub async fn run(args: RunArgs) -> Result<(), AppStudioError> {
             allow_private: settings.api_url_allow_private,
             namespace: settings.namespace.clone(),
             metrics: metrics.clone(),
+            home: crate::webhook::HomeCheck::new(client.clone(), home_cluster_role, identity),
         };
         tokio::spawn(gitops_writer::webhook::serve(socket, acceptor, Arc::new(reviewer), cancel.clone()))
     });

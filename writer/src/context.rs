@@ -40,6 +40,9 @@ pub struct WriterContext {
     /// The operator's opt-out: home deployments are accepted without an approval
     /// of the admission webhook (without knowing who asked).
     pub allow_unverified_home: bool,
+    /// The AppStudio layer's username (`--appstudio-identity`): its home
+    /// deployments are approved when a binding its own webhook checked owns them.
+    pub appstudio_identity: Option<String>,
     /// Kubernetes Events on the tenant resources.
     pub events: Arc<crate::events::TenantEvents>,
 }

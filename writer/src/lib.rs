@@ -213,6 +213,14 @@ pub struct TenancyArgs {
     /// Only for clusters where everyone who may create GitOpsDeployments is trusted.
     #[arg(long, env = "GITOPS_WRITER_ALLOW_UNVERIFIED_HOME_DEPLOYMENTS")]
     pub allow_unverified_home_deployments: bool,
+    /// The AppStudio layer's username, e.g.
+    /// `system:serviceaccount:gitops-service:gitops-appstudio`. A home deployment
+    /// it creates or changes is approved when its controlling owner is a
+    /// SnapshotEnvironmentBinding of the namespace: the layer's webhook checked
+    /// whoever made that binding (and its Environment) go home. Set it only with the
+    /// layer's webhook installed.
+    #[arg(long, env = "GITOPS_WRITER_APPSTUDIO_IDENTITY")]
+    pub appstudio_identity: Option<String>,
 }
 
 /// The automatic scale-up (off unless --scale-up-below is set): the writers
@@ -505,6 +513,7 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
         home_cluster_role,
         home_namespace,
         allow_unverified_home_deployments,
+        appstudio_identity,
     } = tenancy;
     let mut service: std::collections::BTreeSet<String> = service_namespaces.into_iter().collect();
     service.extend(pod_namespace.filter(|ns| !ns.is_empty()));
@@ -518,6 +527,7 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
     config.home.cluster_role = home_cluster_role;
     config.home.namespace = home_namespace;
     config.allow_unverified_home = allow_unverified_home_deployments;
+    config.appstudio_identity = appstudio_identity.filter(|name| !name.is_empty());
     let WebhookArgs { webhook_cert_file, webhook_key_file, webhook_address } = webhook;
     config.webhook = webhook_cert_file.zip(webhook_key_file).map(|(cert_file, key_file)| webhook::WebhookSettings {
         address: webhook_address,

@@ -76,6 +76,9 @@ pub struct WriterConfig {
     pub webhook: Option<WebhookSettings>,
     /// Accept home deployments without a verified requester.
     pub allow_unverified_home: bool,
+    /// The AppStudio layer's username, whose home deployments owned by a binding
+    /// are approved (`--appstudio-identity`).
+    pub appstudio_identity: Option<String>,
     /// How often the home role and namespace (and the webhook registration) are checked.
     pub home_check_every: std::time::Duration,
     /// Set to the webhook's bound address (tests use port 0).
@@ -109,6 +112,7 @@ impl WriterConfig {
             tenancy: TenancySettings::default(),
             webhook: None,
             allow_unverified_home: false,
+            appstudio_identity: None,
             home_check_every: std::time::Duration::from_secs(10),
             webhook_address: Arc::new(OnceLock::new()),
         }
@@ -154,6 +158,7 @@ pub async fn run_writer(config: WriterConfig, cancel: CancellationToken) -> Resu
         served: served.clone(),
         home_status: home_status.clone(),
         allow_unverified_home: config.allow_unverified_home,
+        appstudio_identity: config.appstudio_identity.clone(),
     });
     let listen_url = config.listen_database_url.as_deref().unwrap_or(&config.database_url);
     let listener = Listener::start(listen_url, &[Signal::status()], cancel.clone())

@@ -9,6 +9,18 @@
 //! Two checks read other objects and so race (two creates can both pass): one
 //! binding per (application, environment) and no cycle of `parentEnvironment`.
 //! The controllers check both again and report them as conditions.
+//!
+//! **Home deployments.** An Environment without a cluster makes its bindings'
+//! GitOpsDeployments go to the namespace itself, where Argo CD acts with the home
+//! role. The core lets only who could grant that role there deploy so; the layer
+//! holds no such right, so its webhook asks the same question (the core's
+//! `escalation` check) of whoever makes something go home — creates an Environment
+//! without a cluster or changes one to have none, creates or changes a binding of
+//! such an Environment (or of one that does not exist yet), or creates a
+//! PromotionRun into one — and the core's webhook approves the layer's home
+//! deployments only when a binding of the namespace owns them
+//! (`--appstudio-identity` on the writer). The layer's own requests (bindings a
+//! promotion makes) are not asked again: the PromotionRun was.
 
 pub mod rules;
 
@@ -19,6 +31,9 @@ use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+
+use gitops_writer::webhook::escalation::Escalation;
+use k8s_openapi::api::rbac::v1::ClusterRole;
 
 use crate::api::{DeploymentTarget, Environment, PromotionRun, Snapshot, SnapshotEnvironmentBinding};
 use crate::metrics::Metrics;
@@ -34,6 +49,40 @@ pub struct Reviewer {
     /// Serve only this namespace (None: all), as the controllers do.
     pub namespace: Option<String>,
     pub metrics: Arc<Metrics>,
+    /// Who may make things go home, and as whom the layer itself asks.
+    pub home: HomeCheck,
+}
+
+/// The home-role check: the ClusterRole Argo CD acts with in a tenant's own
+/// namespace (the writer's `--home-cluster-role`), the core's escalation checker,
+/// and the layer's own username, whose requests are not checked.
+pub struct HomeCheck {
+    pub cluster_role: String,
+    pub escalation: Escalation,
+    pub own_identity: String,
+}
+
+impl HomeCheck {
+    pub fn new(client: kube::Client, cluster_role: String, own_identity: String) -> HomeCheck {
+        HomeCheck { cluster_role, escalation: Escalation::new(client), own_identity }
+    }
+}
+
+/// A refusal of the webhook: 422 for a rule, 403 for the home-role check.
+enum Verdict {
+    Invalid(String),
+    Forbidden(String),
+}
+
+impl From<String> for Verdict {
+    fn from(message: String) -> Verdict {
+        Verdict::Invalid(message)
+    }
+}
+
+/// Whether an Environment's spec has no cluster: its bindings' deployments go home.
+fn home_mode(spec: &crate::api::EnvironmentSpec) -> bool {
+    spec.claim_name().is_none() && spec.unstable_configuration_fields.is_none()
 }
 
 /// The typed object of a request (`old`: the object before an update).
@@ -48,8 +97,84 @@ fn spec(object: Option<&DynamicObject>) -> Option<&Value> {
 }
 
 impl Reviewer {
-    /// The verdict on one request: Ok allows it.
-    pub async fn verdict(&self, request: &AdmissionRequest<DynamicObject>) -> Result<(), String> {
+    /// The verdict on one request: the rules, then the home-role check.
+    async fn verdict(&self, request: &AdmissionRequest<DynamicObject>) -> Result<(), Verdict> {
+        self.rules(request).await?;
+        let Some(namespace) = self.judged(request) else { return Ok(()) };
+        if request.user_info.username.as_deref() == Some(self.home.own_identity.as_str()) {
+            return Ok(());
+        }
+        let goes_home = self.goes_home(request, namespace).await?;
+        if !goes_home {
+            return Ok(());
+        }
+        let roles: Api<ClusterRole> = Api::all(self.client.clone());
+        let role = match roles.get_opt(&self.home.cluster_role).await {
+            Ok(Some(role)) => role,
+            Ok(None) => {
+                return Err(Verdict::Forbidden(format!(
+                    "the GitOps service's home role {} does not exist, so nothing may deploy into this namespace \
+                     itself; ask the operator",
+                    self.home.cluster_role
+                )));
+            }
+            Err(error) => return Err(Verdict::Forbidden(unavailable(error))),
+        };
+        self.home.escalation.may_grant(&request.user_info, namespace, &role).await.map_err(|refusal| {
+            Verdict::Forbidden(format!(
+                "{} {} makes deployments go into this namespace itself, with the role {}: {}",
+                request.kind.kind, request.name, self.home.cluster_role, refusal.0
+            ))
+        })
+    }
+
+    /// The namespace of a request this webhook judges: a created object, or a
+    /// changed spec, of the group, in a served namespace.
+    fn judged<'a>(&self, request: &'a AdmissionRequest<DynamicObject>) -> Option<&'a str> {
+        if request.kind.group != GROUP || request.sub_resource.is_some() {
+            return None;
+        }
+        let changes = match request.operation {
+            Operation::Create => true,
+            Operation::Update => spec(request.object.as_ref()) != spec(request.old_object.as_ref()),
+            _ => false,
+        };
+        let namespace = request.namespace.as_deref().filter(|_| changes)?;
+        self.namespace.as_deref().is_none_or(|served| served == namespace).then_some(namespace)
+    }
+
+    /// Whether the request makes deployments go home (see the module's docs).
+    async fn goes_home(&self, request: &AdmissionRequest<DynamicObject>, namespace: &str) -> Result<bool, Verdict> {
+        let (new, old) = (request.object.as_ref(), request.old_object.as_ref());
+        let environment = match request.kind.kind.as_str() {
+            "Environment" => {
+                let Some(env) = typed::<Environment>(new)? else { return Ok(false) };
+                let was_home = typed::<Environment>(old)?.is_some_and(|old| home_mode(&old.spec));
+                return Ok(home_mode(&env.spec) && !was_home);
+            }
+            "SnapshotEnvironmentBinding" => match typed::<SnapshotEnvironmentBinding>(new)? {
+                Some(binding) => binding.spec.environment,
+                None => return Ok(false),
+            },
+            "PromotionRun" if request.operation == Operation::Create => match typed::<PromotionRun>(new)? {
+                Some(run) if !run.spec.manual_promotion.target_environment.is_empty() => {
+                    run.spec.manual_promotion.target_environment
+                }
+                _ => return Ok(false),
+            },
+            _ => return Ok(false),
+        };
+        let envs = Api::<Environment>::namespaced(self.client.clone(), namespace);
+        match envs.get_opt(&environment).await {
+            Ok(Some(env)) => Ok(home_mode(&env.spec)),
+            // Not there yet: it may come without a cluster.
+            Ok(None) => Ok(true),
+            Err(error) => Err(Verdict::Forbidden(unavailable(error))),
+        }
+    }
+
+    /// The rules of [`rules`]: Ok allows the request.
+    pub async fn rules(&self, request: &AdmissionRequest<DynamicObject>) -> Result<(), String> {
         if request.kind.group != GROUP || request.sub_resource.is_some() {
             return Ok(());
         }
@@ -145,15 +270,15 @@ impl gitops_writer::webhook::Review for Reviewer {
     fn review<'a>(&'a self, request: &'a AdmissionRequest<DynamicObject>) -> BoxFuture<'a, AdmissionResponse> {
         Box::pin(async move {
             let allow = AdmissionResponse::from(request);
-            match self.verdict(request).await {
-                Ok(()) => allow,
-                Err(message) => {
-                    let mut response = allow.deny(message);
-                    response.result.code = 422;
-                    response.result.reason = "Invalid".to_owned();
-                    response
-                }
-            }
+            let (code, reason, message) = match self.verdict(request).await {
+                Ok(()) => return allow,
+                Err(Verdict::Invalid(message)) => (422, "Invalid", message),
+                Err(Verdict::Forbidden(message)) => (403, "Forbidden", message),
+            };
+            let mut response = allow.deny(message);
+            response.result.code = code;
+            response.result.reason = reason.to_owned();
+            response
         })
     }
 

@@ -522,6 +522,99 @@ async fn writer_boundary_webhook_lets_in_only_who_could_grant_the_home_role() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The AppStudio layer's home deployments (`--appstudio-identity`): approved when a
+/// binding of the namespace controls them — the layer's webhook checked whoever
+/// made that binding go home — and judged like anyone's otherwise.
+#[tokio::test]
+async fn writer_boundary_webhook_approves_the_appstudio_layer_only_for_its_bindings() {
+    let env = env("wb-appstudio").await;
+    let cluster = TestCluster::get().await;
+    cluster.install_crds(gitops_appstudio::api::crds()).await.expect("install the AppStudio CRDs");
+    let tenant = env.tenant.name().to_owned();
+    let marker = format!("wb-appstudio-{}", short_id());
+    label_namespace(&env.kube, &tenant, "gitops-test/webhook", Some(&marker)).await;
+    let dir = std::env::temp_dir().join(format!("gitops-webhook-{}", short_id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let cert = admission::serving_cert(&dir).expect("a certificate");
+    let bound = Arc::new(std::sync::OnceLock::new());
+    let identity = format!("system:serviceaccount:{tenant}:layer");
+    let _writer = env.writer_for("writer-a", vec![tenant.clone()], |c| {
+        c.home.api_url = HOME_URL.into();
+        c.allow_unverified_home = false;
+        c.appstudio_identity = Some(identity.clone());
+        c.webhook = Some(WebhookSettings {
+            address: "127.0.0.1:0".parse().expect("address"),
+            cert_file: cert.cert_file.clone(),
+            key_file: cert.key_file.clone(),
+        });
+        c.webhook_address = bound.clone();
+    });
+    let address = eventually("the webhook listening", || async { bound.get().copied() }).await;
+    // The layer and a tenant's editor both hold `edit`, not the home role.
+    let layer = person(&env, "layer", "edit").await;
+    let editor = person(&env, "editor", "edit").await;
+    let url = format!("https://{address}/validate");
+    let configuration = admission::configuration(&marker, &url, &cert.ca_pem, Some(("gitops-test/webhook", &marker)));
+    admission::register(&env.kube, &configuration).await.expect("register the webhook");
+    let deployments: Api<GitOpsDeployment> = Api::namespaced(env.kube.clone(), &tenant);
+    eventually("the webhook in effect", || async {
+        match create_in(&editor, &tenant, "probe", spec(REPO, "apps/probe")).await {
+            Ok(_) => {
+                let strip = json!({"metadata": {"finalizers": null}});
+                let _ = deployments.patch("probe", &PatchParams::default(), &Patch::Merge(&strip)).await;
+                let _ = deployments.delete("probe", &Default::default()).await;
+                None
+            }
+            Err(kube::Error::Api(status)) if status.code == 403 && status.message.contains("may not grant") => Some(()),
+            Err(_) => None,
+        }
+    })
+    .await;
+
+    let binding: gitops_appstudio::api::SnapshotEnvironmentBinding = serde_json::from_value(json!({
+        "apiVersion": "appstudio.redhat.com/v1alpha1", "kind": "SnapshotEnvironmentBinding",
+        "metadata": {"name": "shop-development"},
+        "spec": {"application": "shop", "environment": "development", "snapshot": "s1", "components": []},
+    }))
+    .expect("a binding");
+    let binding = Api::<gitops_appstudio::api::SnapshotEnvironmentBinding>::namespaced(env.kube.clone(), &tenant)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("the binding (its creator checked by the layer's webhook)");
+    let uid = binding.metadata.uid.clone().expect("a uid");
+    let owned = |name: &str, uid: &str| -> GitOpsDeployment {
+        serde_json::from_value(json!({
+            "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeployment",
+            "metadata": {"name": name, "ownerReferences": [{
+                "apiVersion": "appstudio.redhat.com/v1alpha1", "kind": "SnapshotEnvironmentBinding",
+                "name": "shop-development", "uid": uid, "controller": true}]},
+            "spec": spec(REPO, &format!("apps/{name}")),
+        }))
+        .expect("GitOpsDeployment")
+    };
+    let as_layer: Api<GitOpsDeployment> = Api::namespaced(layer.clone(), &tenant);
+    as_layer.create(&PostParams::default(), &owned("by-layer", &uid)).await.expect("the layer's deployment");
+    assert_eq!(env.condition("by-layer").await.1, REASON_ACCEPTED, "approved, so the writer takes it");
+    let patch = json!({"spec": {"source": {"path": "apps/by-layer-2"}}});
+    as_layer.patch("by-layer", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("the layer's change");
+
+    // Not owned by a binding, owned by one that is not there, or asked by someone
+    // else: judged like anyone's.
+    let refused = create_in(&layer, &tenant, "layer-unowned", spec(REPO, "apps/u")).await;
+    assert!(forbidden_with(refused, "may not grant"), "an unowned deployment of the layer's");
+    let stranger = Uuid::new_v4().to_string();
+    let refused = as_layer.create(&PostParams::default(), &owned("layer-stale", &stranger)).await;
+    assert!(forbidden_with(refused, "may not grant"), "owned by another binding of that name");
+    let as_editor: Api<GitOpsDeployment> = Api::namespaced(editor.clone(), &tenant);
+    let refused = as_editor.create(&PostParams::default(), &owned("editor-owned", &uid)).await;
+    assert!(forbidden_with(refused, "may not grant"), "the editor claiming the binding's ownership");
+    let theirs = json!({"spec": {"source": {"path": "apps/editors-choice"}}});
+    let refused = as_editor.patch("by-layer", &PatchParams::default(), &Patch::Merge(&theirs)).await;
+    assert!(forbidden_with(refused, "may not grant"), "the editor changing the layer's deployment");
+    admission::unregister(&env.kube, &marker).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test]
 async fn writer_boundary_edit_in_the_tenant_namespace_cannot_act_as_the_home_identity() {
     let env = env("wb-steal").await;

@@ -88,6 +88,7 @@ impl Env {
             served: gitops_writer::tenancy::ServedNamespaces::new(Default::default()),
             home_status: gitops_writer::controller::HomeStatus::new(),
             allow_unverified_home: false,
+            appstudio_identity: None,
             events: Arc::new(gitops_writer::events::TenantEvents::new(self.kube.clone(), WRITER)),
         })
     }

@@ -15,6 +15,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DynamicObject};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use serde_json::Value;
@@ -30,6 +31,19 @@ use crate::webhook::spec_check;
 pub struct Reviewer {
     pub ctx: Arc<WriterContext>,
     pub escalation: Escalation,
+}
+
+/// The AppStudio layer's group and its binding kind.
+const APPSTUDIO_GROUP: &str = "appstudio.redhat.com";
+const BINDING_KIND: &str = "SnapshotEnvironmentBinding";
+
+/// The controlling owner reference of `object` when it is an AppStudio binding.
+pub fn appstudio_binding_owner(object: &DynamicObject) -> Option<&OwnerReference> {
+    object.metadata.owner_references.as_deref()?.iter().find(|owner| {
+        owner.controller == Some(true)
+            && owner.kind == BINDING_KIND
+            && owner.api_version.split('/').next() == Some(APPSTUDIO_GROUP)
+    })
 }
 
 /// The metric label of a request's kind.
@@ -91,6 +105,9 @@ impl Reviewer {
         if !must_check {
             return allow;
         }
+        if kind == ApprovedKind::Deployment && self.made_by_appstudio_for_a_binding(request, namespace).await {
+            return self.approve(allow, request, kind).await;
+        }
         let Some(role) = self.ctx.home_status.role() else {
             return deny(
                 allow,
@@ -109,6 +126,41 @@ impl Reviewer {
                 allow
             }
             Err(refusal) => deny(allow, refusal.0),
+        }
+    }
+
+    /// Whether the AppStudio layer (`--appstudio-identity`) asks for a deployment
+    /// whose controlling owner is a SnapshotEnvironmentBinding that exists in the
+    /// namespace with that UID: the layer's own webhook checked whoever made the
+    /// binding, and its Environment, go home. Anyone else, a deployment of the
+    /// layer's without such an owner, or an owner that cannot be read, is judged
+    /// as any requester is.
+    async fn made_by_appstudio_for_a_binding(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+        namespace: &str,
+    ) -> bool {
+        let Some(identity) = self.ctx.appstudio_identity.as_deref() else { return false };
+        if request.user_info.username.as_deref() != Some(identity) {
+            return false;
+        }
+        let Some(owner) = request.object.as_ref().and_then(appstudio_binding_owner) else { return false };
+        let resource = kube::api::ApiResource {
+            group: APPSTUDIO_GROUP.into(),
+            version: "v1alpha1".into(),
+            api_version: format!("{APPSTUDIO_GROUP}/v1alpha1"),
+            kind: BINDING_KIND.into(),
+            plural: "snapshotenvironmentbindings".into(),
+        };
+        let api: Api<DynamicObject> = Api::namespaced_with(self.ctx.kube.clone(), namespace, &resource);
+        match api.get_opt(&owner.name).await {
+            Ok(Some(binding)) => binding.metadata.uid.as_deref() == Some(owner.uid.as_str()),
+            Ok(None) => false,
+            Err(error) => {
+                tracing::warn!(tenant.ns = %namespace, binding = %owner.name, error = %error,
+                    "could not read the binding that owns an AppStudio deployment");
+                false
+            }
         }
     }
 
@@ -205,7 +257,29 @@ fn deny(response: AdmissionResponse, message: String) -> AdmissionResponse {
 mod tests {
     use serde_json::json;
 
-    use super::goes_home;
+    use super::{appstudio_binding_owner, goes_home};
+
+    #[test]
+    fn only_a_controlling_appstudio_binding_is_the_layers_owner() {
+        let object = |owners: serde_json::Value| -> kube::api::DynamicObject {
+            serde_json::from_value(json!({
+                "apiVersion": "managed-gitops.redhat.com/v1alpha1", "kind": "GitOpsDeployment",
+                "metadata": {"name": "d", "ownerReferences": owners}
+            }))
+            .expect("an object")
+        };
+        let owner = |api_version: &str, kind: &str, controller: bool| json!({"apiVersion": api_version, "kind": kind, "name": "b", "uid": "u", "controller": controller});
+        let found = object(json!([owner("appstudio.redhat.com/v1alpha1", "SnapshotEnvironmentBinding", true)]));
+        assert_eq!(appstudio_binding_owner(&found).map(|o| o.uid.as_str()), Some("u"));
+        for owners in [
+            json!([owner("appstudio.redhat.com/v1alpha1", "SnapshotEnvironmentBinding", false)]),
+            json!([owner("example.invalid/v1alpha1", "SnapshotEnvironmentBinding", true)]),
+            json!([owner("appstudio.redhat.com/v1alpha1", "Environment", true)]),
+            json!([]),
+        ] {
+            assert!(appstudio_binding_owner(&object(owners.clone())).is_none(), "{owners}");
+        }
+    }
 
     #[test]
     fn a_deployment_without_an_environment_goes_home() {

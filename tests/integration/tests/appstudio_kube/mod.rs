@@ -11,6 +11,7 @@ mod claim;
 mod crds;
 mod environment;
 mod promotion;
+mod tenancy;
 mod webhook;
 
 use std::time::Duration;

@@ -12,7 +12,7 @@ use gitops_appstudio::api::{
     SnapshotEnvironmentBinding, SnapshotEnvironmentBindingSpec, SnapshotSpec,
 };
 use gitops_appstudio::metrics::Metrics;
-use gitops_appstudio::webhook::{Reviewer, rules};
+use gitops_appstudio::webhook::{HomeCheck, Reviewer, rules};
 use gitops_testkit::admission;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Resource;
@@ -82,9 +82,26 @@ fn binding(name: &str, application: &str, environment: &str) -> SnapshotEnvironm
     )
 }
 
-#[tokio::test]
-async fn the_webhook_refuses_in_the_originals_words_and_fails_closed() {
-    let g = ground("as-webhook").await;
+/// The layer's webhook served for one ground's namespace; `stop` ends it.
+pub(crate) struct Served {
+    pub(crate) marker: String,
+    pub(crate) stop: CancellationToken,
+    pub(crate) server: tokio::task::JoinHandle<()>,
+    pub(crate) metrics: Arc<Metrics>,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Serves the webhook (loopback API URLs refused, home role `admin`, the layer's
+/// own identity a name nobody in the tests has) and registers it for `g`'s
+/// namespace; returns once the API server calls it.
+pub(crate) async fn serve_webhook(g: &Ground) -> Served {
     let marker = format!("as-webhook-{}", short_id());
     let patch = json!({"metadata": {"labels": {"gitops-test/appstudio-webhook": marker}}});
     Api::<Namespace>::all(g.client.clone())
@@ -103,8 +120,9 @@ async fn the_webhook_refuses_in_the_originals_words_and_fails_closed() {
     let address = socket.local_addr().expect("its address");
     let metrics = Arc::new(Metrics::default());
     // Loopback API URLs stay refused: the webhook runs as a production install's.
+    let home = HomeCheck::new(g.client.clone(), "admin".into(), "system:serviceaccount:gitops-service:nobody".into());
     let reviewer =
-        Reviewer { client: g.client.clone(), allow_private: false, namespace: None, metrics: metrics.clone() };
+        Reviewer { client: g.client.clone(), allow_private: false, namespace: None, metrics: metrics.clone(), home };
     let stop = CancellationToken::new();
     let server = tokio::spawn(gitops_writer::webhook::serve(socket, acceptor, Arc::new(reviewer), stop.clone()));
     let configuration = admission::appstudio_configuration(
@@ -131,6 +149,13 @@ async fn the_webhook_refuses_in_the_originals_words_and_fails_closed() {
         message.contains(&format!("invalid environment name: {long_name}, an environment resource name")),
         "{message}"
     );
+    Served { marker, stop, server, metrics, dir }
+}
+
+#[tokio::test]
+async fn the_webhook_refuses_in_the_originals_words_and_fails_closed() {
+    let g = ground("as-webhook").await;
+    let mut served = serve_webhook(&g).await;
 
     // Environments: the API URL on create and on update, the ingress domain.
     let mut bad_url = credentials("creds", "team");
@@ -254,7 +279,7 @@ async fn the_webhook_refuses_in_the_originals_words_and_fails_closed() {
     let staging = g.get::<Environment>("staging").await.expect("staging");
     assert_eq!(staging.spec.display_name, "Staging");
     assert!(g.get::<SnapshotEnvironmentBinding>("second").await.is_none(), "the duplicate was not stored");
-    let rendered = metrics.render();
+    let rendered = served.metrics.render();
     assert!(
         rendered.lines().any(|line| line.starts_with(
             "gitops_appstudio_admission_reviews_total{kind=\"SnapshotEnvironmentBinding\",outcome=\"denied\"} "
@@ -263,7 +288,9 @@ async fn the_webhook_refuses_in_the_originals_words_and_fails_closed() {
     );
 
     // Fails closed: with nobody answering, nothing of these kinds is stored.
-    stop.cancel();
+    served.stop.cancel();
+    let marker = served.marker.clone();
+    let server = std::mem::replace(&mut served.server, tokio::spawn(async {}));
     let _ = server.await;
     let message = eventually("the webhook unreachable", || async {
         match try_create(&g, &named_env("after", None)).await {
@@ -279,5 +306,4 @@ async fn the_webhook_refuses_in_the_originals_words_and_fails_closed() {
     assert!(message.contains("appstudio-resources.appstudio.redhat.com"), "{message}");
     admission::unregister(&g.client, &marker).await;
     assert!(g.get::<Environment>("after").await.is_none());
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -269,7 +269,8 @@ pub fn writer_rbac_rules() -> serde_json::Value {
         {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["get", "list", "watch", "delete"]},
         {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["get", "bind"], "resourceNames": ["admin"]},
         {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
-        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": ["appstudio.redhat.com"], "resources": ["snapshotenvironmentbindings"], "verbs": ["get"]}
     ])
 }
 

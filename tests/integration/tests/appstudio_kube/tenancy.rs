@@ -1,0 +1,158 @@
+//! The layer's side of the home-role hand-off: its webhook lets only who could grant
+//! the home role (`admin`) make deployments go into the namespace itself — an
+//! Environment without a cluster, a binding or PromotionRun into one — and lets
+//! anyone with the AppStudio rights do the rest.
+
+use gitops_appstudio::api::{
+    Environment, EnvironmentSpec, ManualPromotionConfiguration, PromotionRun, PromotionRunSpec,
+    SnapshotEnvironmentBinding, SnapshotEnvironmentBindingSpec,
+};
+use gitops_testkit::cluster::TestCluster;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::Resource;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use super::environment::{credentials, credentials_env};
+use super::webhook::serve_webhook;
+use super::{Ground, ground};
+use crate::support::eventually;
+
+/// A ServiceAccount of the ground's namespace with the AppStudio rights and
+/// `cluster_role` bound there; its client.
+async fn person(g: &Ground, name: &str, cluster_role: &str) -> kube::Client {
+    let cluster = TestCluster::get().await;
+    let rules = json!([{
+        "apiGroups": ["appstudio.redhat.com"],
+        "resources": ["environments", "snapshotenvironmentbindings", "promotionruns", "snapshots"],
+        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]
+    }]);
+    let identity = cluster.namespace_identity(g.ns(), name, rules).await;
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": format!("{name}-{cluster_role}")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": g.ns()}]
+    }))
+    .expect("RoleBinding");
+    g.api::<RoleBinding>().create(&PostParams::default(), &binding).await.expect("bind the cluster role");
+    let client = cluster.client_with_token(&identity.token).await;
+    // A real API server's authorizer sees a new binding a moment later.
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), g.ns());
+    eventually("the cluster role in effect", || async { configmaps.list(&ListParams::default()).await.ok() }).await;
+    client
+}
+
+async fn create_as<K>(client: &kube::Client, g: &Ground, object: &K) -> Result<K, kube::Error>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    Api::<K>::namespaced(client.clone(), g.ns()).create(&PostParams::default(), object).await
+}
+
+/// Whether `result` is the home-role refusal.
+fn refused_home<T: std::fmt::Debug>(result: Result<T, kube::Error>, case: &str) -> String {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 403 && status.message.contains("may not grant") => {
+            status.message
+        }
+        other => panic!("{case}: expected the home-role refusal, got {other:?}"),
+    }
+}
+
+fn home_env(name: &str) -> Environment {
+    Environment::new(
+        name,
+        EnvironmentSpec {
+            display_name: name.into(),
+            deployment_strategy: "Manual".into(),
+            ..EnvironmentSpec::default()
+        },
+    )
+}
+
+fn binding(name: &str, environment: &str) -> SnapshotEnvironmentBinding {
+    SnapshotEnvironmentBinding::new(
+        name,
+        SnapshotEnvironmentBindingSpec {
+            application: "app".into(),
+            environment: environment.into(),
+            snapshot: "s1".into(),
+            ..SnapshotEnvironmentBindingSpec::default()
+        },
+    )
+}
+
+fn promotion(name: &str, target: &str) -> PromotionRun {
+    PromotionRun::new(
+        name,
+        PromotionRunSpec {
+            snapshot: "s1".into(),
+            application: "app".into(),
+            manual_promotion: ManualPromotionConfiguration { target_environment: target.into() },
+            ..PromotionRunSpec::default()
+        },
+    )
+}
+
+#[tokio::test]
+async fn only_who_could_grant_the_home_role_makes_appstudio_deployments_go_home() {
+    let g = ground("as-tenancy").await;
+    let _served = serve_webhook(&g).await;
+    let editor = person(&g, "editor", "edit").await;
+    let owner = person(&g, "owner", "admin").await;
+
+    // An Environment without a cluster: the owner may, the editor may not.
+    let message = refused_home(create_as(&editor, &g, &home_env("home")).await, "the editor's home Environment");
+    assert!(message.contains("Environment home makes deployments go into this namespace itself"), "{message}");
+    create_as(&owner, &g, &home_env("home")).await.expect("the owner's home Environment");
+    // With a cluster, anyone with the AppStudio rights.
+    let mut remote = credentials("creds", "team");
+    remote.api_url = "https://api.example.invalid:6443".into();
+    create_as(&editor, &g, &credentials_env("remote", remote)).await.expect("the editor's remote Environment");
+
+    // Bindings: into the remote Environment anyone; into the home one, or one that
+    // does not exist yet (it may come without a cluster), only the owner.
+    create_as(&editor, &g, &binding("to-remote", "remote")).await.expect("a binding to the remote Environment");
+    refused_home(create_as(&editor, &g, &binding("to-home", "home")).await, "the editor's home binding");
+    refused_home(create_as(&editor, &g, &binding("to-later", "later")).await, "a binding to a missing Environment");
+    create_as(&owner, &g, &binding("to-home", "home")).await.expect("the owner's home binding");
+    let bindings: Api<SnapshotEnvironmentBinding> = Api::namespaced(editor.clone(), g.ns());
+    let repoint = json!({"spec": {"snapshot": "s2"}});
+    refused_home(
+        bindings.patch("to-home", &PatchParams::default(), &Patch::Merge(&repoint)).await,
+        "the editor re-pointing a home binding",
+    );
+    bindings
+        .patch("to-remote", &PatchParams::default(), &Patch::Merge(&repoint))
+        .await
+        .expect("the editor re-points a remote binding");
+    // Its status is not a spec change: whoever writes it (the repository generator).
+    g.patch_status::<SnapshotEnvironmentBinding>("to-home", json!({"gitopsRepoConditions": []})).await;
+
+    // PromotionRuns likewise, by their target.
+    refused_home(create_as(&editor, &g, &promotion("editor-home", "home")).await, "the editor's promotion home");
+    create_as(&editor, &g, &promotion("editor-remote", "remote")).await.expect("the editor's remote promotion");
+    create_as(&owner, &g, &promotion("owner-home", "home")).await.expect("the owner's home promotion");
+
+    // Taking the cluster away sends the remote bindings home: the owner's to do.
+    let environments: Api<Environment> = Api::namespaced(editor.clone(), g.ns());
+    let drop_cluster = json!({"spec": {"unstableConfigurationFields": null}});
+    refused_home(
+        environments.patch("remote", &PatchParams::default(), &Patch::Merge(&drop_cluster)).await,
+        "the editor taking the cluster away",
+    );
+    environments
+        .patch("remote", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"displayName": "Remote"}})))
+        .await
+        .expect("other changes are the editor's");
+    let remote = g.get::<Environment>("remote").await.expect("remote");
+    assert!(remote.spec.unstable_configuration_fields.is_some(), "the cluster is still there");
+    assert!(g.get::<SnapshotEnvironmentBinding>("to-later").await.is_none());
+}
