@@ -135,7 +135,7 @@ pub(crate) async fn serve_webhook(g: &Ground) -> Served {
     // A real API server calls a new webhook a moment after it is registered.
     let long_name = "e".repeat(64);
     let message = eventually("the webhook in effect", || async {
-        match try_create(&g, &named_env(&long_name, None)).await {
+        match try_create(g, &named_env(&long_name, None)).await {
             Ok(_) => {
                 let _ = g.api::<Environment>().delete(&long_name, &Default::default()).await;
                 None
