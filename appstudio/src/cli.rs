@@ -88,6 +88,17 @@ pub struct RunArgs {
         default_value = "system:serviceaccount:gitops-service:gitops-appstudio"
     )]
     pub identity: String,
+    /// Run the controllers only while holding the Lease `--lease-name` in
+    /// `--lease-namespace`, so replicas take turns (the webhook and probes are
+    /// served by every replica). Off: this process runs them at once.
+    #[arg(long, env = "GITOPS_APPSTUDIO_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// The namespace of the leader Lease (the pod's own, from the downward API).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "gitops-service")]
+    pub lease_namespace: String,
+    /// The leader Lease's name.
+    #[arg(long, env = "GITOPS_APPSTUDIO_LEASE_NAME", default_value = "gitops-appstudio")]
+    pub lease_name: String,
 }
 
 /// Why the layer stopped.
@@ -103,6 +114,8 @@ pub enum AppStudioError {
     Bind { address: std::net::SocketAddr, source: std::io::Error },
     #[error("could not start the admission webhook: {message}")]
     Webhook { message: String },
+    #[error("stopped leading")]
+    Leader { source: crate::leader::LeaderError },
 }
 
 /// Every environment variable `gitops-appstudio run` reads (manifests are checked
@@ -160,6 +173,9 @@ pub async fn run(args: RunArgs) -> Result<(), AppStudioError> {
         webhook_address,
         home_cluster_role,
         identity,
+        leader_elect,
+        lease_namespace,
+        lease_name,
     } = args;
     let config = match kubeconfig {
         Some(path) => {
@@ -209,12 +225,25 @@ pub async fn run(args: RunArgs) -> Result<(), AppStudioError> {
         };
         tokio::spawn(gitops_writer::webhook::serve(socket, acceptor, Arc::new(reviewer), cancel.clone()))
     });
-    crate::run::run_with_metrics(client, settings, metrics, cancel.clone()).await;
+    let led = if leader_elect {
+        let election = crate::leader::LeaderSettings::new(lease_namespace, lease_name, crate::leader::identity());
+        let elector = crate::leader::Elector::new(client.clone(), election);
+        let leading = metrics.leading.clone();
+        let (client, metrics) = (client.clone(), metrics.clone());
+        elector
+            .lead(cancel.clone(), leading, move |stop| crate::run::run_with_metrics(client, settings, metrics, stop))
+            .await
+    } else {
+        metrics.leading.store(true, std::sync::atomic::Ordering::Relaxed);
+        crate::run::run_with_metrics(client, settings, metrics.clone(), cancel.clone()).await;
+        Ok(())
+    };
     cancel.cancel();
     let _ = http.await;
     if let Some(webhook) = webhook {
         let _ = webhook.await;
     }
+    led.map_err(|source| AppStudioError::Leader { source })?;
     tracing::info!("gitops-appstudio stopped");
     Ok(())
 }

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod condition;
 pub mod context;
 pub mod environment;
+pub mod leader;
 pub mod metrics;
 pub mod names;
 pub mod promotion;

@@ -20,6 +20,8 @@ pub struct Metrics {
     reconciles: [AtomicU64; 6],
     failures: [AtomicU64; 6],
     admission: [[AtomicU64; 3]; 6],
+    /// Whether this replica runs the controllers (holds the leader Lease).
+    pub leading: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Metrics {
@@ -58,6 +60,11 @@ impl Metrics {
                 "gitops_appstudio_reconcile_failures_total{{controller=\"{controller}\"}} {value}\n"
             ));
         }
+        out.push_str(
+            "# HELP gitops_appstudio_leader 1 while this replica runs the controllers (holds the leader lease).\n",
+        );
+        out.push_str("# TYPE gitops_appstudio_leader gauge\n");
+        out.push_str(&format!("gitops_appstudio_leader {}\n", u8::from(self.leading.load(Ordering::Relaxed))));
         out.push_str("# HELP gitops_appstudio_admission_reviews_total Admission reviews the layer's webhook answered, by kind and outcome.\n");
         out.push_str("# TYPE gitops_appstudio_admission_reviews_total counter\n");
         for (k, kind) in ADMISSION_KINDS.iter().enumerate() {

@@ -10,6 +10,7 @@ mod binding;
 mod claim;
 mod crds;
 mod environment;
+mod leader;
 mod promotion;
 mod tenancy;
 mod webhook;

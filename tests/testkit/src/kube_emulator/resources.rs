@@ -125,6 +125,7 @@ pub const CRD_GROUP: &str = "apiextensions.k8s.io";
 pub const ADMISSION_GROUP: &str = "admissionregistration.k8s.io";
 pub const AUTHORIZATION_GROUP: &str = "authorization.k8s.io";
 pub const EVENTS_GROUP: &str = "events.k8s.io";
+pub const COORDINATION_GROUP: &str = "coordination.k8s.io";
 pub const APPS_GROUP: &str = "apps";
 
 /// The built-in resources, in the order kube-apiserver lists them.
@@ -195,6 +196,7 @@ pub fn builtins() -> Vec<ResourceInfo> {
         builtin(RBAC_GROUP, "roles", "Role", true, &[], NameRule::PathSegment),
         webhooks,
         crds,
+        builtin(COORDINATION_GROUP, "leases", "Lease", true, &[], NameRule::Subdomain),
         builtin(EVENTS_GROUP, "events", "Event", true, &["ev"], NameRule::Subdomain),
         statefulsets,
     ]
