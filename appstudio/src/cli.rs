@@ -99,6 +99,22 @@ pub struct RunArgs {
     /// The leader Lease's name.
     #[arg(long, env = "GITOPS_APPSTUDIO_LEASE_NAME", default_value = "gitops-appstudio")]
     pub lease_name: String,
+    /// Serve only namespaces whose labels match this selector: the writer's setting,
+    /// so the layer makes nothing where the core serves nobody. Default: any labels.
+    #[arg(long, env = "GITOPS_TENANT_NAMESPACE_SELECTOR")]
+    pub tenant_namespace_selector: Option<gitops_shared::tenancy::LabelSelector>,
+    /// Serve only namespaces whose names match one of these patterns (the writer's
+    /// setting; comma-separated, `*` matches any run). Default: any name.
+    #[arg(long, env = "GITOPS_TENANT_NAMESPACES", value_delimiter = ',')]
+    pub tenant_namespaces: Vec<gitops_shared::tenancy::NamePattern>,
+    /// More namespaces that are never tenants (the writer's setting), besides
+    /// `kube-*`, `default` and the service's own.
+    #[arg(long, env = "GITOPS_RESERVED_NAMESPACES", value_delimiter = ',')]
+    pub reserved_namespaces: Vec<gitops_shared::tenancy::NamePattern>,
+    /// The namespaces the service's components run in (the writer's setting; the
+    /// layer's own and the default home namespace are always included).
+    #[arg(long, env = "GITOPS_SERVICE_NAMESPACES", value_delimiter = ',')]
+    pub service_namespaces: Vec<String>,
 }
 
 /// Why the layer stopped.
@@ -176,7 +192,19 @@ pub async fn run(args: RunArgs) -> Result<(), AppStudioError> {
         leader_elect,
         lease_namespace,
         lease_name,
+        tenant_namespace_selector,
+        tenant_namespaces,
+        reserved_namespaces,
+        service_namespaces,
     } = args;
+    let mut service: std::collections::BTreeSet<String> = service_namespaces.into_iter().collect();
+    service.insert(lease_namespace.clone());
+    service.insert(gitops_writer::controller::DEFAULT_HOME_NAMESPACE.to_owned());
+    let tenancy = gitops_shared::tenancy::NamespacePolicy {
+        selector: tenant_namespace_selector,
+        patterns: tenant_namespaces,
+        reserved: gitops_shared::tenancy::Reserved { service, extra: reserved_namespaces, engines: Default::default() },
+    };
     let config = match kubeconfig {
         Some(path) => {
             let file = kube::config::Kubeconfig::read_from(&path)
@@ -194,6 +222,7 @@ pub async fn run(args: RunArgs) -> Result<(), AppStudioError> {
         resync_interval,
         namespace,
         api_url_allow_private,
+        tenancy,
         ..Settings::default()
     };
     let webhook = match webhook_cert_file.zip(webhook_key_file) {
@@ -222,6 +251,7 @@ pub async fn run(args: RunArgs) -> Result<(), AppStudioError> {
             namespace: settings.namespace.clone(),
             metrics: metrics.clone(),
             home: crate::webhook::HomeCheck::new(client.clone(), home_cluster_role, identity),
+            tenancy: settings.tenancy.clone(),
         };
         tokio::spawn(gitops_writer::webhook::serve(socket, acceptor, Arc::new(reviewer), cancel.clone()))
     });

@@ -20,6 +20,9 @@ pub struct Settings {
     pub namespace: Option<String>,
     /// Loopback and link-local API URLs are accepted (`--api-url-allow-private`).
     pub api_url_allow_private: bool,
+    /// Which namespaces are tenants: the core's selection (selector, name patterns,
+    /// reserved namespaces), so the layer makes nothing where the core serves nobody.
+    pub tenancy: gitops_shared::tenancy::NamespacePolicy,
 }
 
 impl Default for Settings {
@@ -32,6 +35,7 @@ impl Default for Settings {
             promotion_poll: Duration::from_secs(15),
             namespace: None,
             api_url_allow_private: false,
+            tenancy: gitops_shared::tenancy::NamespacePolicy::default(),
         }
     }
 }
@@ -81,11 +85,27 @@ pub fn deleted<T>(result: Result<T, kube::Error>, action: &'static str) -> Resul
     found(result, action).map(|_| ())
 }
 
-/// Whether namespace `name` is being deleted (then nothing is written into it).
-pub async fn namespace_terminating(client: &kube::Client, name: &str) -> Result<bool, ReconcileError> {
-    let namespaces = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
-    match namespaces.get_opt(name).await {
-        Ok(namespace) => Ok(namespace.is_some_and(|ns| ns.metadata.deletion_timestamp.is_some())),
-        Err(source) => Err(ReconcileError::Kube { action: "read the namespace", source }),
+/// What keeps the layer from acting in a namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Closed {
+    /// Gone or being deleted: nothing is written into it.
+    Terminating,
+    /// Not a tenant namespace: the reason and message the object's condition gets.
+    NotServed(&'static str, String),
+}
+
+/// Whether the layer may act in `name`: it exists, is not being deleted, and the
+/// tenancy policy serves it.
+pub async fn namespace_closed(ctx: &Context, name: &str) -> Result<Option<Closed>, ReconcileError> {
+    let namespaces = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(ctx.client.clone());
+    let namespace = match namespaces.get_opt(name).await {
+        Ok(Some(namespace)) => namespace,
+        Ok(None) => return Ok(Some(Closed::Terminating)),
+        Err(source) => return Err(ReconcileError::Kube { action: "read the namespace", source }),
+    };
+    if namespace.metadata.deletion_timestamp.is_some() {
+        return Ok(Some(Closed::Terminating));
     }
+    let labels = namespace.metadata.labels.unwrap_or_default();
+    Ok(ctx.settings.tenancy.serves(name, &labels).err().map(|not| Closed::NotServed(not.reason(), not.message(name))))
 }

@@ -30,7 +30,7 @@ use crate::api::{
     SnapshotEnvironmentBindingStatus,
 };
 use crate::condition::{self, ERROR_OCCURRED, FALSE, RECONCILED, TRUE, now_rfc3339};
-use crate::context::{Context, ReconcileError, deleted, found, namespace_terminating};
+use crate::context::{Closed, Context, ReconcileError, deleted, found, namespace_closed};
 use crate::names::{APPLICATION_LABEL, FIELD_MANAGER};
 use crate::target::{self, Bound};
 
@@ -104,8 +104,17 @@ enum Report {
 
 async fn reconcile(binding: Arc<SnapshotEnvironmentBinding>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let namespace = binding.namespace().ok_or(ReconcileError::Incomplete("namespace"))?;
-    if binding.metadata.deletion_timestamp.is_some() || namespace_terminating(&ctx.client, &namespace).await? {
+    if binding.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
+    }
+    match namespace_closed(&ctx, &namespace).await? {
+        Some(Closed::Terminating) => return Ok(Action::await_change()),
+        Some(Closed::NotServed(reason, message)) => {
+            write_status(&ctx, &binding, &namespace, Report::Error(reason, message), None).await?;
+            // It may become one (a label): look again from time to time.
+            return Ok(Action::requeue(ctx.settings.user_error_requeue));
+        }
+        None => {}
     }
     let name = binding.name_any();
     let applications = Api::<Application>::namespaced(ctx.client.clone(), &namespace);

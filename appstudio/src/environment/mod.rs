@@ -30,7 +30,7 @@ use serde_json::json;
 
 use crate::api::{DeploymentTarget, DeploymentTargetClaim, Environment};
 use crate::condition::{self, now_rfc3339};
-use crate::context::{Context, ReconcileError, deleted, found, namespace_terminating};
+use crate::context::{Closed, Context, ReconcileError, deleted, found, namespace_closed};
 use crate::names::{
     ENVIRONMENT_SECRET_LABEL, FIELD_MANAGER, MANAGED_ENVIRONMENT_SECRET_TYPE, managed_environment_name,
     managed_environment_secret_name,
@@ -137,14 +137,25 @@ enum Outcome {
 
 async fn reconcile(env: Arc<Environment>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let namespace = env.namespace().ok_or(ReconcileError::Incomplete("namespace"))?;
-    if env.metadata.deletion_timestamp.is_some() || namespace_terminating(&ctx.client, &namespace).await? {
+    if env.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
+    let closed = match namespace_closed(&ctx, &namespace).await? {
+        Some(Closed::Terminating) => return Ok(Action::await_change()),
+        Some(Closed::NotServed(reason, message)) => Some(Refusal { reason, message }),
+        None => None,
+    };
     // The webhook's rules again, for installations without it: nothing is made
     // for an Environment it would have refused.
     let checked = rules::environment_name(&env.name_any())
         .and_then(|()| rules::environment(&env.spec, ctx.settings.api_url_allow_private));
-    let outcome = match checked.map_err(|message| Refusal { reason: desired::INVALID_ENVIRONMENT, message }) {
+    // A namespace not served may become one (a label): look again from time to time.
+    let not_served = closed.is_some();
+    let checked = match closed {
+        Some(refusal) => Err(refusal),
+        None => checked.map_err(|message| Refusal { reason: desired::INVALID_ENVIRONMENT, message }),
+    };
+    let outcome = match checked {
         Err(refusal) => Outcome::Refused(refusal),
         Ok(()) => match desired::mode(&env.spec) {
             Err(refusal) => Outcome::Refused(refusal),
@@ -168,6 +179,7 @@ async fn reconcile(env: Arc<Environment>, ctx: Arc<Context>) -> Result<Action, R
     }
     Ok(match outcome {
         Outcome::Done => Action::requeue(ctx.settings.resync_interval),
+        Outcome::Refused(_) if not_served => Action::requeue(ctx.settings.user_error_requeue),
         Outcome::Waiting | Outcome::Refused(_) => Action::await_change(),
     })
 }

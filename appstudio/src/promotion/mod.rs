@@ -27,7 +27,7 @@ use crate::api::{
     PromotionRunStatus, Snapshot, SnapshotEnvironmentBinding, SnapshotEnvironmentBindingSpec,
 };
 use crate::condition::{ERROR_OCCURRED, FALSE, TRUE, now_rfc3339};
-use crate::context::{Context, ReconcileError, found, namespace_terminating};
+use crate::context::{Context, ReconcileError, found, namespace_closed};
 use crate::names::sha256_hex;
 use progress::Progress;
 
@@ -157,7 +157,7 @@ async fn reconcile(run: Arc<PromotionRun>, ctx: Arc<Context>) -> Result<Action, 
     let namespace = run.namespace().ok_or(ReconcileError::Incomplete("namespace"))?;
     if complete(&run)
         || run.metadata.deletion_timestamp.is_some()
-        || namespace_terminating(&ctx.client, &namespace).await?
+        || namespace_closed(&ctx, &namespace).await?.is_some()
     {
         return Ok(Action::await_change());
     }

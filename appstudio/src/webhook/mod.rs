@@ -10,6 +10,9 @@
 //! binding per (application, environment) and no cycle of `parentEnvironment`.
 //! The controllers check both again and report them as conditions.
 //!
+//! Objects in namespaces the tenancy policy (the core's selection) does not serve
+//! are refused first, with the core's message.
+//!
 //! **Home deployments.** An Environment without a cluster makes its bindings'
 //! GitOpsDeployments go to the namespace itself, where Argo CD acts with the home
 //! role. The core lets only who could grant that role there deploy so; the layer
@@ -51,6 +54,8 @@ pub struct Reviewer {
     pub metrics: Arc<Metrics>,
     /// Who may make things go home, and as whom the layer itself asks.
     pub home: HomeCheck,
+    /// The tenant namespaces (the core's selection): objects elsewhere are refused.
+    pub tenancy: gitops_shared::tenancy::NamespacePolicy,
 }
 
 /// The home-role check: the ClusterRole Argo CD acts with in a tenant's own
@@ -99,8 +104,9 @@ fn spec(object: Option<&DynamicObject>) -> Option<&Value> {
 impl Reviewer {
     /// The verdict on one request: the rules, then the home-role check.
     async fn verdict(&self, request: &AdmissionRequest<DynamicObject>) -> Result<(), Verdict> {
-        self.rules(request).await?;
         let Some(namespace) = self.judged(request) else { return Ok(()) };
+        self.served(namespace).await?;
+        self.rules(request).await?;
         if request.user_info.username.as_deref() == Some(self.home.own_identity.as_str()) {
             return Ok(());
         }
@@ -126,6 +132,16 @@ impl Reviewer {
                 request.kind.kind, request.name, self.home.cluster_role, refusal.0
             ))
         })
+    }
+
+    /// Refuses a namespace the tenancy policy does not serve (403, the core's words).
+    async fn served(&self, namespace: &str) -> Result<(), Verdict> {
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
+        let labels = match namespaces.get_opt(namespace).await {
+            Ok(found) => found.and_then(|ns| ns.metadata.labels).unwrap_or_default(),
+            Err(error) => return Err(Verdict::Forbidden(unavailable(error))),
+        };
+        self.tenancy.serves(namespace, &labels).map_err(|not| Verdict::Forbidden(not.message(namespace)))
     }
 
     /// The namespace of a request this webhook judges: a created object, or a

@@ -366,8 +366,8 @@ async fn the_controller_refuses_what_the_webhook_would_without_making_a_managed_
     g.create(&claim_env("by-target", "claim")).await;
     for (env, says) in [
         ("plain-http", rules::API_URL_SENTENCE),
-        ("loopback", rules::API_URL_SENTENCE),
-        ("by-target", "DeploymentTarget target: "),
+        ("loopback", "apiURL points at a loopback"),
+        ("by-target", "DeploymentTarget target: spec.kubernetesCredentials.apiURL points at a loopback"),
     ] {
         let conditions = env_conditions_where(&g, env, "the refusal", |c| find(c, "Reconciled").is_some()).await;
         let reconciled = find(&conditions, "Reconciled").expect("Reconciled");

@@ -7,8 +7,12 @@ use gitops_appstudio::api::{
     Environment, EnvironmentSpec, ManualPromotionConfiguration, PromotionRun, PromotionRunSpec,
     SnapshotEnvironmentBinding, SnapshotEnvironmentBindingSpec,
 };
+use gitops_appstudio::context::Settings;
+use gitops_appstudio::names::MANAGED_ENVIRONMENT_SECRET_TYPE;
+use gitops_shared::tenancy::{NamespacePolicy, REASON_NAMESPACE_NOT_SERVED};
 use gitops_testkit::cluster::TestCluster;
-use k8s_openapi::api::core::v1::ConfigMap;
+use gitops_writer::api::GitOpsDeploymentManagedEnvironment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::Resource;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -17,8 +21,8 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::environment::{credentials, credentials_env};
-use super::webhook::serve_webhook;
-use super::{Ground, ground};
+use super::webhook::{serve_webhook, serve_webhook_with};
+use super::{Ground, ground, ground_with};
 use crate::support::eventually;
 
 /// A ServiceAccount of the ground's namespace with the AppStudio rights and
@@ -155,4 +159,61 @@ async fn only_who_could_grant_the_home_role_makes_appstudio_deployments_go_home(
     let remote = g.get::<Environment>("remote").await.expect("remote");
     assert!(remote.spec.unstable_configuration_fields.is_some(), "the cluster is still there");
     assert!(g.get::<SnapshotEnvironmentBinding>("to-later").await.is_none());
+}
+
+/// A namespace the core does not serve (here: without the selector's label) gets
+/// nothing from the layer: its objects are refused at apply time with the core's
+/// words, and those that got in before get the core's condition and nothing else —
+/// until the namespace is selected.
+#[tokio::test]
+async fn namespaces_the_core_does_not_serve_get_nothing_from_the_layer() {
+    let tenancy = NamespacePolicy {
+        selector: Some("gitops-test/appstudio-tenant=yes".parse().expect("a selector")),
+        ..NamespacePolicy::default()
+    };
+    let settings = Settings { tenancy: tenancy.clone(), ..Settings::default() };
+    let g = ground_with("as-unserved", settings).await;
+    g.secret("creds", MANAGED_ENVIRONMENT_SECRET_TYPE, "k").await;
+    g.create(&credentials_env("early", credentials("creds", "team"))).await;
+    g.create(&binding("early-binding", "early")).await;
+    let reason = eventually("the Environment's condition", || async {
+        let env = g.get::<Environment>("early").await?;
+        let conditions = env.status?.conditions;
+        conditions.into_iter().find(|c| c.type_ == "Reconciled").map(|c| (c.reason, c.message))
+    })
+    .await;
+    assert_eq!(reason.0, REASON_NAMESPACE_NOT_SERVED);
+    assert!(reason.1.contains("not one of the GitOps service's tenant namespaces"), "{}", reason.1);
+    let reason = eventually("the binding's condition", || async {
+        let binding = g.get::<SnapshotEnvironmentBinding>("early-binding").await?;
+        let conditions = binding.status?.binding_conditions;
+        conditions.into_iter().find(|c| c.type_ == "Reconciled").map(|c| c.reason)
+    })
+    .await;
+    assert_eq!(reason, REASON_NAMESPACE_NOT_SERVED);
+    assert!(g.get::<GitOpsDeploymentManagedEnvironment>("managed-environment-early").await.is_none());
+
+    let served = serve_webhook_with(&g, tenancy).await;
+    assert!(
+        served.first_refusal.contains("not one of the GitOps service's tenant namespaces"),
+        "{}",
+        served.first_refusal
+    );
+    let mut public = credentials("creds", "team");
+    public.api_url = "https://api.example.invalid:6443".into();
+    let late = credentials_env("late", public);
+    let refused = g.api::<Environment>().create(&PostParams::default(), &late).await;
+    assert!(matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403), "{refused:?}");
+
+    // Selected: the layer takes the namespace up by itself.
+    let label = json!({"metadata": {"labels": {"gitops-test/appstudio-tenant": "yes"}}});
+    Api::<Namespace>::all(g.client.clone())
+        .patch(g.ns(), &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .expect("select the namespace");
+    eventually("the ManagedEnvironment made", || async {
+        g.get::<GitOpsDeploymentManagedEnvironment>("managed-environment-early").await
+    })
+    .await;
+    g.create(&late).await;
 }

@@ -13,6 +13,7 @@ use gitops_appstudio::api::{
 };
 use gitops_appstudio::metrics::Metrics;
 use gitops_appstudio::webhook::{HomeCheck, Reviewer, rules};
+use gitops_shared::tenancy::NamespacePolicy;
 use gitops_testkit::admission;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Resource;
@@ -89,6 +90,8 @@ pub(crate) struct Served {
     pub(crate) server: tokio::task::JoinHandle<()>,
     pub(crate) metrics: Arc<Metrics>,
     dir: std::path::PathBuf,
+    /// What the webhook said to the probe (a 64-character Environment name).
+    pub(crate) first_refusal: String,
 }
 
 impl Drop for Served {
@@ -102,6 +105,11 @@ impl Drop for Served {
 /// own identity a name nobody in the tests has) and registers it for `g`'s
 /// namespace; returns once the API server calls it.
 pub(crate) async fn serve_webhook(g: &Ground) -> Served {
+    serve_webhook_with(g, NamespacePolicy::default()).await
+}
+
+/// As [`serve_webhook`], serving the namespaces `tenancy` selects.
+pub(crate) async fn serve_webhook_with(g: &Ground, tenancy: NamespacePolicy) -> Served {
     let marker = format!("as-webhook-{}", short_id());
     let patch = json!({"metadata": {"labels": {"gitops-test/appstudio-webhook": marker}}});
     Api::<Namespace>::all(g.client.clone())
@@ -121,8 +129,14 @@ pub(crate) async fn serve_webhook(g: &Ground) -> Served {
     let metrics = Arc::new(Metrics::default());
     // Loopback API URLs stay refused: the webhook runs as a production install's.
     let home = HomeCheck::new(g.client.clone(), "admin".into(), "system:serviceaccount:gitops-service:nobody".into());
-    let reviewer =
-        Reviewer { client: g.client.clone(), allow_private: false, namespace: None, metrics: metrics.clone(), home };
+    let reviewer = Reviewer {
+        client: g.client.clone(),
+        allow_private: false,
+        namespace: None,
+        metrics: metrics.clone(),
+        home,
+        tenancy,
+    };
     let stop = CancellationToken::new();
     let server = tokio::spawn(gitops_writer::webhook::serve(socket, acceptor, Arc::new(reviewer), stop.clone()));
     let configuration = admission::appstudio_configuration(
@@ -140,22 +154,27 @@ pub(crate) async fn serve_webhook(g: &Ground) -> Served {
                 let _ = g.api::<Environment>().delete(&long_name, &Default::default()).await;
                 None
             }
-            Err(kube::Error::Api(status)) if status.code == 422 => Some(status.message),
-            Err(other) => panic!("not a refusal: {other:?}"),
+            // Refused by this webhook, for its name or for its namespace.
+            Err(kube::Error::Api(status)) if status.message.contains("appstudio-resources.appstudio.redhat.com") => {
+                Some(status.message)
+            }
+            Err(other) => panic!("not this webhook's refusal: {other:?}"),
         }
     })
     .await;
-    assert!(
-        message.contains(&format!("invalid environment name: {long_name}, an environment resource name")),
-        "{message}"
-    );
-    Served { marker, stop, server, metrics, dir }
+    Served { marker, stop, server, metrics, dir, first_refusal: message }
 }
 
 #[tokio::test]
 async fn the_webhook_refuses_in_the_originals_words_and_fails_closed() {
     let g = ground("as-webhook").await;
     let mut served = serve_webhook(&g).await;
+    let long_name = "e".repeat(64);
+    let message = &served.first_refusal;
+    assert!(
+        message.contains(&format!("invalid environment name: {long_name}, an environment resource name")),
+        "{message}"
+    );
 
     // Environments: the API URL on create and on update, the ingress domain.
     let mut bad_url = credentials("creds", "team");
@@ -163,7 +182,7 @@ async fn the_webhook_refuses_in_the_originals_words_and_fails_closed() {
     let message = refused(try_create(&g, &credentials_env("relative", bad_url)).await, "a relative API URL");
     assert!(message.contains(rules::API_URL_SENTENCE), "{message}");
     let message = refused(try_create(&g, &credentials_env("loopback", credentials("creds", "team"))).await, "loopback");
-    assert!(message.contains(rules::API_URL_SENTENCE), "{message}");
+    assert!(message.contains("spec.unstableConfigurationFields.apiURL points at a loopback"), "{message}");
     let mut public = credentials("creds", "team");
     public.api_url = "https://api.example.invalid:6443".into();
     try_create(&g, &credentials_env("staging", public)).await.expect("a valid Environment is accepted");
