@@ -4,8 +4,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The controllers, as the `controller` label names them.
-pub const CONTROLLERS: [&str; 6] =
-    ["environment", "environment_legacy_owner", "binding", "promotion", "claim", "target"];
+pub const CONTROLLERS: [&str; 7] =
+    ["environment", "environment_legacy_owner", "binding", "promotion", "claim", "target", "spacerequest"];
 
 /// The kinds the webhook judges, as the `kind` label names them (and `other`).
 pub const ADMISSION_KINDS: [&str; 6] =
@@ -17,8 +17,8 @@ pub const ADMISSION_OUTCOMES: [&str; 3] = ["allowed", "denied", "error"];
 /// (indexed as [`ADMISSION_KINDS`] × [`ADMISSION_OUTCOMES`]).
 #[derive(Debug, Default)]
 pub struct Metrics {
-    reconciles: [AtomicU64; 6],
-    failures: [AtomicU64; 6],
+    reconciles: [AtomicU64; 7],
+    failures: [AtomicU64; 7],
     admission: [[AtomicU64; 3]; 6],
     /// Whether this replica runs the controllers (holds the leader Lease).
     pub leading: std::sync::Arc<std::sync::atomic::AtomicBool>,

@@ -32,5 +32,6 @@ pub async fn run_with_metrics(
         promotion::run(ctx.clone(), stop()),
         claim::run(ctx.clone(), stop()),
         claim::reclaim::run(ctx.clone(), stop()),
+        claim::provision::run(ctx.clone(), stop()),
     );
 }

@@ -10,9 +10,9 @@
 //! `rename`, because the original's are not consistently camelCase (`apiURL`,
 //! `commitID`, `gitopsRepository`, `syncStatus`, …).
 //!
-//! Application and Component belong to the repository generator, which installs
-//! their CRDs; [`fixture_crds`] holds reduced versions for development and tests
-//! only, never to be applied over the real ones (a reduced schema would prune their
+//! Application and Component belong to the repository generator, SpaceRequest to
+//! the sandbox operator, which install their CRDs; [`fixture_crds`] holds reduced
+//! versions for development and tests only, never to be applied over the real ones (a reduced schema would prune their
 //! fields).
 
 mod application;
@@ -20,6 +20,7 @@ mod binding;
 mod environment;
 mod promotion;
 mod snapshot;
+mod space_request;
 mod target;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -47,6 +48,7 @@ pub use promotion::{
 pub use snapshot::{
     ComponentSource, GitSource, Snapshot, SnapshotArtifacts, SnapshotComponent, SnapshotSpec, SnapshotStatus,
 };
+pub use space_request::{NamespaceAccess, SpaceRequest, SpaceRequestSpec, SpaceRequestStatus};
 pub use target::{
     DeploymentTarget, DeploymentTargetClaim, DeploymentTargetClaimSpec, DeploymentTargetClaimStatus,
     DeploymentTargetClass, DeploymentTargetClassSpec, DeploymentTargetClassStatus,
@@ -121,9 +123,10 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     ]
 }
 
-/// Reduced CRDs of Application and Component, for development and tests only.
+/// Reduced CRDs of Application, Component (the repository generator's) and
+/// SpaceRequest (the sandbox operator's), for development and tests only.
 pub fn fixture_crds() -> Vec<CustomResourceDefinition> {
-    vec![Application::crd(), Component::crd()]
+    vec![Application::crd(), Component::crd(), SpaceRequest::crd()]
 }
 
 /// Why the CRD YAML could not be rendered or written (the core's: both are rendered alike).

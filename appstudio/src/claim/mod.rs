@@ -9,10 +9,12 @@
 //! releases its target: `Delete` classes delete it, `Retain` classes keep it
 //! `Released` with no claim.
 //!
-//! Dynamic provisioning itself (the dev-sandbox SpaceRequest provisioner) is not
-//! built yet: a marked claim waits for a target reserved for it.
+//! A marked claim is then handed to its class's provisioner ([`provision`]; the
+//! dev sandbox's asks for a namespace with a SpaceRequest), and binds the target
+//! made for it once there is one.
 
 pub mod matching;
+pub mod provision;
 pub mod reclaim;
 
 use std::collections::BTreeMap;
@@ -127,7 +129,10 @@ async fn reconcile(claim: Arc<DeploymentTargetClaim>, ctx: Arc<Context>) -> Resu
             .await
             .map_err(|source| ReconcileError::Kube { action: "add the claim's finalizer", source })?;
     }
-    let (phase, error) = bind(&claim, &claims, &targets).await?;
+    let (phase, mut error) = bind(&claim, &claims, &targets).await?;
+    if phase == PHASE_PENDING && error.is_none() {
+        error = provision::provision_for(&ctx, &claim).await?;
+    }
     let status = claim.status.clone().unwrap_or_default();
     let conditions = outcome_conditions(&status.conditions, error.as_deref());
     if status.phase.as_deref() != Some(phase) || conditions != status.conditions {

@@ -2,21 +2,24 @@
 //! `dt.appstudio.redhat.com/finalizer` (so a claim's release can still find it), a
 //! target of a `Retain` class whose claim is gone is `Released` and free of it, and a
 //! class that is missing or has an unknown reclaim policy is reported on the target
-//! (the original ignored a missing class silently).
+//! (the original ignored a missing class silently). A target being deleted whose
+//! class says `Delete` takes its SpaceRequest (a provisioned namespace) along and
+//! goes once that is gone.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use serde_json::json;
 
+use super::provision::{LABEL_DT, LABEL_DTC, space_requests_of};
 use super::{PHASE_RELEASED, RECLAIM_DELETE, RECLAIM_RETAIN, outcome_conditions};
-use crate::api::{DeploymentTarget, DeploymentTargetClaim, DeploymentTargetClass};
+use crate::api::{DeploymentTarget, DeploymentTargetClaim, DeploymentTargetClass, SpaceRequest};
 use crate::context::{Context, ReconcileError, deleted, found};
 use crate::names::FINALIZER_DT;
 
@@ -58,6 +61,42 @@ fn error_policy(_: Arc<DeploymentTarget>, error: &ReconcileError, _: Arc<Context
     Action::requeue(Duration::from_secs(5))
 }
 
+/// How often a target being deleted looks whether its SpaceRequest is gone.
+const SPACE_REQUEST_POLL: Duration = Duration::from_secs(2);
+
+/// Whether `target` (being deleted) still has a SpaceRequest to wait for: with a
+/// `Delete` class, its SpaceRequest (labelled with the target, else with its claim)
+/// is deleted and waited for; with `Retain`, or none, there is nothing to wait for.
+async fn space_request_remains(
+    ctx: &Context,
+    target: &DeploymentTarget,
+    namespace: &str,
+) -> Result<bool, ReconcileError> {
+    let requests = Api::<SpaceRequest>::namespaced(ctx.client.clone(), namespace);
+    let mut found_requests = space_requests_of(&requests, LABEL_DT, &target.name_any()).await?;
+    if found_requests.is_empty()
+        && let Some(claim) = target.spec.claim_ref.as_deref().filter(|c| !c.is_empty())
+    {
+        found_requests = space_requests_of(&requests, LABEL_DTC, claim).await?;
+    }
+    if found_requests.is_empty() {
+        return Ok(false);
+    }
+    let class_name = &target.spec.deployment_target_class_name;
+    let classes = Api::<DeploymentTargetClass>::all(ctx.client.clone());
+    let class = found(classes.get(class_name).await, "read the DeploymentTargetClass")?;
+    if reclaim_policy(class_name, class.as_ref()).as_deref() != Ok(RECLAIM_DELETE) {
+        return Ok(false);
+    }
+    for request in found_requests.iter().filter(|r| r.metadata.deletion_timestamp.is_none()) {
+        deleted(
+            requests.delete(&request.name_any(), &DeleteParams::default()).await,
+            "delete the target's SpaceRequest",
+        )?;
+    }
+    Ok(true)
+}
+
 /// What the class says about reclaiming, or why it cannot say.
 pub fn reclaim_policy(class_name: &str, class: Option<&DeploymentTargetClass>) -> Result<String, String> {
     let Some(class) = class else {
@@ -77,7 +116,11 @@ async fn reconcile(target: Arc<DeploymentTarget>, ctx: Arc<Context>) -> Result<A
     let name = target.name_any();
     let has_finalizer = target.finalizers().iter().any(|f| f == FINALIZER_DT);
     if target.metadata.deletion_timestamp.is_some() {
-        // Nothing provisioned to tear down (no provisioner yet): let it go.
+        // A namespace provisioned for it goes with it when its class says Delete;
+        // the target waits until the SpaceRequest is gone.
+        if has_finalizer && space_request_remains(&ctx, &target, &namespace).await? {
+            return Ok(Action::requeue(SPACE_REQUEST_POLL));
+        }
         if has_finalizer {
             let finalizers: Vec<String> = target.finalizers().iter().filter(|f| *f != FINALIZER_DT).cloned().collect();
             deleted(

@@ -1,16 +1,19 @@
 //! DeploymentTargetClaims and DeploymentTargets, ported from the original's binder
-//! cases (static binding; the dev-sandbox provisioner is not built yet), plus the
-//! fixes: binding sets the target's claimRef, and a missing class is reported.
+//! and dev-sandbox provisioner cases (the test plays the sandbox operator by writing
+//! SpaceRequest status), plus the fixes: binding sets the target's claimRef, and a
+//! missing class is reported.
 
 use gitops_appstudio::api::{
     DeploymentTarget, DeploymentTargetClaim, DeploymentTargetClaimSpec, DeploymentTargetClass,
-    DeploymentTargetClassSpec, DeploymentTargetKubernetesClusterCredentials, DeploymentTargetSpec,
+    DeploymentTargetClassSpec, DeploymentTargetKubernetesClusterCredentials, DeploymentTargetSpec, SpaceRequest,
 };
+use gitops_appstudio::claim::provision::{ANN_PROVISIONED_BY, DEVSANDBOX, LABEL_DT, LABEL_DTC, TIER};
 use gitops_appstudio::names::{
     ANN_BIND_COMPLETED, ANN_BOUND_BY_CONTROLLER, ANN_DT_PROVISIONER, FINALIZER_BINDER, FINALIZER_DT,
 };
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
 
 use gitops_testkit::cluster::TestCluster;
 
@@ -235,4 +238,103 @@ async fn deleting_claims_releases_or_deletes_their_targets_and_a_lost_target_sho
         .then_some(())
     })
     .await;
+}
+
+/// The original's SpaceRequest cases end to end: a claim no target matches gets
+/// one SpaceRequest; Ready (written here, as the sandbox operator would) it becomes
+/// the target `<claim>-dt`, which the claim binds and an Environment uses; deleting
+/// the claim of a Delete class takes target and SpaceRequest along.
+#[tokio::test]
+async fn a_claim_is_provisioned_a_sandbox_namespace_and_gives_it_back() {
+    let g = ground("as-claim-sandbox").await;
+    let class = class(&g, "Delete").await;
+    g.create(&claim("dtc", &class.name, None)).await;
+    let requests: Api<SpaceRequest> = g.api();
+    let by_claim = ListParams::default().labels(&format!("{LABEL_DTC}=dtc"));
+    let request =
+        eventually("the SpaceRequest", || async { requests.list(&by_claim).await.ok()?.items.into_iter().next() })
+            .await;
+    let name = request.metadata.name.clone().expect("a name");
+    assert!(name.starts_with("dtc-"), "generated from the claim's name: {name}");
+    assert_eq!(request.spec.tier_name, TIER);
+    assert!(request.spec.target_cluster_roles.is_empty());
+    let claimed =
+        claim_where(&g, "dtc", "the claim marked", |c| c.annotations().contains_key(ANN_DT_PROVISIONER)).await;
+    assert_eq!(claim_phase(&claimed), "Pending");
+    // Nudge the binder (a label): it must not ask twice.
+    g.patch::<DeploymentTargetClaim>("dtc", json!({"metadata": {"labels": {"nudge": "1"}}})).await;
+    claim_where(&g, "dtc", "the claim reconciled again", |c| c.labels().contains_key("nudge")).await;
+
+    // The sandbox operator's part: the namespace and its Secret, then Ready.
+    g.secret("sandbox-secret", "Opaque", "sandbox-kubeconfig").await;
+    let status = json!({"status": {
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Provisioned", "message": "",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        "targetClusterURL": "https://127.0.0.1:7443",
+        "namespaceAccess": [{"name": "team-sandbox", "secretRef": "sandbox-secret"}],
+    }});
+    requests.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await.expect("Ready");
+    assert_bound(&g, "dtc", "dtc-dt", true).await;
+    let target = g.get::<DeploymentTarget>("dtc-dt").await.expect("the target");
+    assert_eq!(target.annotations().get(ANN_PROVISIONED_BY).map(String::as_str), Some(DEVSANDBOX));
+    assert_eq!(target.spec.deployment_target_class_name, class.name);
+    let credentials = &target.spec.kubernetes_credentials;
+    assert_eq!(
+        (
+            credentials.default_namespace.as_str(),
+            credentials.api_url.as_str(),
+            credentials.cluster_credentials_secret.as_str()
+        ),
+        ("team-sandbox", "https://127.0.0.1:7443", "sandbox-secret")
+    );
+    eventually("the SpaceRequest labelled with its target", || async {
+        let request = requests.get(&name).await.ok()?;
+        (request.labels().get(LABEL_DT).map(String::as_str) == Some("dtc-dt")).then_some(())
+    })
+    .await;
+    assert_eq!(requests.list(&by_claim).await.expect("list").items.len(), 1, "one SpaceRequest per claim");
+
+    // An Environment on the claim deploys to the sandbox namespace, with a copy of
+    // its Opaque Secret.
+    g.create(&super::environment::claim_env("sandbox", "dtc")).await;
+    let managed = eventually("the ManagedEnvironment", || async {
+        g.get::<gitops_writer::api::GitOpsDeploymentManagedEnvironment>("managed-environment-sandbox").await
+    })
+    .await;
+    assert_eq!(managed.spec.api_url, "https://127.0.0.1:7443");
+    assert_eq!(managed.spec.credentials_secret, "managed-environment-secret-sandbox");
+    assert_eq!(managed.spec.namespaces.as_deref(), Some(&["team-sandbox".to_owned()][..]));
+
+    // A Delete class: the claim's deletion takes the target and the SpaceRequest along.
+    g.api::<gitops_appstudio::api::Environment>().delete("sandbox", &DeleteParams::default()).await.expect("delete");
+    g.api::<DeploymentTargetClaim>().delete("dtc", &DeleteParams::default()).await.expect("delete the claim");
+    eventually("claim, target and SpaceRequest gone", || async {
+        let claim = g.get::<DeploymentTargetClaim>("dtc").await;
+        let target = g.get::<DeploymentTarget>("dtc-dt").await;
+        let request = requests.get_opt(&name).await.ok()?;
+        (claim.is_none() && target.is_none() && request.is_none()).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_claim_of_a_missing_class_says_so_and_asks_for_nothing() {
+    let g = ground("as-claim-noclass").await;
+    let missing = format!("{}-missing", g.ns());
+    g.create(&claim("dtc", &missing, None)).await;
+    let claim = claim_where(&g, "dtc", "the error condition", |c| {
+        c.status.iter().flat_map(|s| &s.conditions).any(|c| c.type_ == "ErrorOccurred" && c.status == "True")
+    })
+    .await;
+    let message = &claim.status.as_ref().expect("status").conditions[0].message;
+    assert_eq!(
+        message,
+        &format!(
+            "unable to handle provisioning of SpaceRequest: DeploymentTargetClaim dtc does not have a matching \
+             DeploymentTargetClass {missing}: the resource could not be found on the cluster"
+        )
+    );
+    assert_eq!(claim_phase(&claim), "Pending");
+    let requests: Api<SpaceRequest> = g.api();
+    assert!(requests.list(&ListParams::default()).await.expect("list").items.is_empty());
 }
