@@ -1,7 +1,12 @@
-//! The PromotionRun controller, manual promotion: locate (or create) the binding of
+//! The PromotionRun controller. Manual promotion: locate (or create) the binding of
 //! the Application and the target Environment, point it at the Snapshot, and wait
 //! until every GitOpsDeployment of the binding is Synced and Healthy at the commit the
-//! repository generator reported — or fail after a time limit.
+//! repository generator reported — or fail after a time limit. Automated promotion
+//! (which the original refused) does the same for each step of its plan
+//! ([`automated`]: the initial Environment, then its `AppStudioAutomated`
+//! descendants a generation at a time, siblings together), each step with the whole
+//! time limit, stopping at the first step that fails; `environmentStatus` has one
+//! entry per Environment with its step's number.
 //!
 //! A binding the controller creates carries the label
 //! `appstudio.redhat.com/generated-by-promotion-run` and no owner reference: deleting
@@ -9,6 +14,7 @@
 //! Bindings are watched, so a run moves on as soon as its binding's status changes.
 //! Only one run per application and namespace is active at a time (the oldest).
 
+pub mod automated;
 pub mod progress;
 
 use std::sync::Arc;
@@ -23,7 +29,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::api::{
-    BindingComponent, Component, PromotionRun, PromotionRunCondition, PromotionRunEnvironmentStatus,
+    BindingComponent, Component, Environment, PromotionRun, PromotionRunCondition, PromotionRunEnvironmentStatus,
     PromotionRunStatus, Snapshot, SnapshotEnvironmentBinding, SnapshotEnvironmentBindingSpec,
 };
 use crate::condition::{ERROR_OCCURRED, FALSE, TRUE, now_rfc3339};
@@ -40,7 +46,6 @@ pub const STATUS_SUCCESS: &str = "Success";
 pub const STATUS_IN_PROGRESS: &str = "In Progress";
 pub const STATUS_FAILED: &str = "Failed";
 pub const ALL_SYNCED_HEALTHY: &str = "All GitOpsDeployments are Synced/Healthy";
-pub const AUTOMATED_NOT_SUPPORTED: &str = "Automated promotion are not yet supported.";
 pub const TARGET_INVALID: &str = "Target Environment has invalid value.";
 pub const ACTIVE_PROMOTION_EXISTS: &str = "Error occurred while checking for existing active promotions.";
 pub const WAITING_FOR_DEPLOYMENTS: &str =
@@ -75,7 +80,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         .watches(ctx.served::<SnapshotEnvironmentBinding>(), config.clone(), move |binding| {
             runs(&by_binding, binding.namespace().as_deref(), |run| {
                 run.spec.application == binding.spec.application
-                    && run.spec.manual_promotion.target_environment == binding.spec.environment
+                    && (run.spec.manual_promotion.target_environment == binding.spec.environment
+                        || !run.spec.automated_promotion.initial_environment.is_empty())
             })
         })
         .watches(ctx.served::<Snapshot>(), config, move |snapshot| {
@@ -190,108 +196,197 @@ async fn step(
         user_error(status, ACTIVE_PROMOTION_EXISTS);
         return Ok(Action::requeue(ctx.settings.promotion_poll));
     }
-    if !run.spec.automated_promotion.initial_environment.is_empty() {
-        user_error(status, AUTOMATED_NOT_SUPPORTED);
-        return Ok(Action::await_change());
-    }
-    let target = run.spec.manual_promotion.target_environment.as_str();
-    if target.is_empty() {
-        user_error(status, TARGET_INVALID);
-        return Ok(Action::await_change());
-    }
-    let binding = match locate_or_create_binding(ctx, run, namespace, target).await? {
-        Ok(binding) => binding,
-        Err(message) => {
-            user_error(status, &message);
-            return Ok(Action::requeue(ctx.settings.user_error_requeue));
+    let steps = if run.spec.automated_promotion.initial_environment.is_empty() {
+        let target = run.spec.manual_promotion.target_environment.as_str();
+        if target.is_empty() {
+            user_error(status, TARGET_INVALID);
+            return Ok(Action::await_change());
+        }
+        vec![vec![target.to_owned()]]
+    } else {
+        match plan_in(ctx, namespace, &run.spec.automated_promotion.initial_environment).await? {
+            Ok(steps) => steps,
+            Err(message) => {
+                user_error(status, &message);
+                return Ok(Action::requeue(ctx.settings.user_error_requeue));
+            }
         }
     };
-    let binding_name = binding.name_any();
+    let snapshots = Api::<Snapshot>::namespaced(ctx.client.clone(), namespace);
+    let snapshot_exists = found(snapshots.get_metadata(&run.spec.snapshot).await, "read the Snapshot")?.is_some();
     if status.state.is_empty() {
         status.state = STATE_ACTIVE.to_owned();
     }
-    if status.active_bindings.first().is_some_and(|active| *active != binding_name) {
-        let message = format!(
-            "The binding changed after the PromotionRun first start: it was {}, it is now {binding_name}.",
-            status.active_bindings[0]
-        );
-        user_error(status, &message);
-        return Ok(Action::await_change());
-    }
-    let snapshots = Api::<Snapshot>::namespaced(ctx.client.clone(), namespace);
-    if found(snapshots.get_metadata(&run.spec.snapshot).await, "read the Snapshot")?.is_none() {
-        let message = format!("Snapshot: {} referred in Binding: {binding_name} does not exist.", run.spec.snapshot);
-        user_error(status, &message);
-        return Ok(Action::await_change());
-    }
-    if binding.spec.snapshot != run.spec.snapshot || status.active_bindings.is_empty() {
-        if binding.spec.snapshot != run.spec.snapshot {
-            let api = Api::<SnapshotEnvironmentBinding>::namespaced(ctx.client.clone(), namespace);
-            api.patch(
-                &binding_name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": {"snapshot": run.spec.snapshot}})),
-            )
-            .await
-            .map_err(|source| ReconcileError::Kube { action: "point the binding at the Snapshot", source })?;
-        }
-        status.promotion_start_time.get_or_insert_with(|| now.clone());
-        status.active_bindings = vec![binding_name.clone()];
-        // The binding's status still speaks of the old Snapshot: look again once it changes.
-        set_condition(status, no_error_condition(&now));
-        set_environment_status(status, target, STATUS_IN_PROGRESS, WAITING_FOR_DEPLOYMENTS);
-        return Ok(Action::requeue(ctx.settings.promotion_poll));
-    }
-    let binding_status = binding.status.clone().unwrap_or_default();
-    let elapsed = status
-        .promotion_start_time
-        .as_deref()
-        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
-        .and_then(|started| Duration::try_from(k8s_openapi::jiff::Timestamp::now().duration_since(started)).ok())
-        .unwrap_or(Duration::ZERO);
+    status.promotion_start_time.get_or_insert_with(|| now.clone());
     let limit = ctx.settings.promotion_timeout;
-    let poll = ctx.settings.promotion_poll.min(limit.saturating_sub(elapsed) + Duration::from_secs(1));
-    match progress::progress(
-        binding.spec.components.len(),
-        &binding_status.components,
-        &binding_status.gitops_deployments,
-        elapsed,
-        limit,
-    ) {
-        Progress::Creating => {
-            set_environment_status(status, target, STATUS_IN_PROGRESS, WAITING_FOR_DEPLOYMENTS);
-            Ok(Action::requeue(poll))
+    for (index, environments) in steps.iter().enumerate() {
+        let number = i64::try_from(index).unwrap_or(i64::MAX - 1) + 1;
+        if environments.iter().all(|env| environment_state(status, env) == Some(STATUS_SUCCESS)) {
+            continue;
         }
-        Progress::Waiting(names) => {
-            status.state = STATE_WAITING.to_owned();
-            let message = format!("Waiting for following GitOpsDeployments to be Synced/Healthy: {}", names.join(", "));
-            set_environment_status(status, target, STATUS_IN_PROGRESS, &message);
-            set_condition(status, no_error_condition(&now));
-            Ok(Action::requeue(poll))
+        let started = step_started(ctx, run, namespace, number, status).await?;
+        let elapsed =
+            Duration::try_from(k8s_openapi::jiff::Timestamp::now().duration_since(started)).unwrap_or(Duration::ZERO);
+        let poll = ctx.settings.promotion_poll.min(limit.saturating_sub(elapsed) + Duration::from_secs(1));
+        let mut bindings = Vec::new();
+        let mut all_done = true;
+        for environment in environments {
+            let binding = match locate_or_create_binding(ctx, run, namespace, environment).await? {
+                Ok(binding) => binding,
+                Err(message) => {
+                    user_error(status, &message);
+                    return Ok(Action::requeue(ctx.settings.user_error_requeue));
+                }
+            };
+            let binding_name = binding.name_any();
+            if !snapshot_exists {
+                let message =
+                    format!("Snapshot: {} referred in Binding: {binding_name} does not exist.", run.spec.snapshot);
+                user_error(status, &message);
+                return Ok(Action::await_change());
+            }
+            bindings.push(binding_name.clone());
+            let known = status.active_bindings.contains(&binding_name);
+            if steps.len() == 1 && status.active_bindings.first().is_some_and(|active| *active != binding_name) {
+                let message = format!(
+                    "The binding changed after the PromotionRun first start: it was {}, it is now {binding_name}.",
+                    status.active_bindings[0]
+                );
+                user_error(status, &message);
+                return Ok(Action::await_change());
+            }
+            if binding.spec.snapshot != run.spec.snapshot || !known {
+                if binding.spec.snapshot != run.spec.snapshot {
+                    let api = Api::<SnapshotEnvironmentBinding>::namespaced(ctx.client.clone(), namespace);
+                    api.patch(
+                        &binding_name,
+                        &PatchParams::default(),
+                        &Patch::Merge(&json!({"spec": {"snapshot": run.spec.snapshot}})),
+                    )
+                    .await
+                    .map_err(|source| ReconcileError::Kube { action: "point the binding at the Snapshot", source })?;
+                }
+                // The binding's status still speaks of the old Snapshot: look again once it changes.
+                set_environment_status(status, number, environment, STATUS_IN_PROGRESS, WAITING_FOR_DEPLOYMENTS);
+                all_done = false;
+                continue;
+            }
+            let binding_status = binding.status.clone().unwrap_or_default();
+            match progress::progress(
+                binding.spec.components.len(),
+                &binding_status.components,
+                &binding_status.gitops_deployments,
+                elapsed,
+                limit,
+            ) {
+                Progress::Creating => {
+                    set_environment_status(status, number, environment, STATUS_IN_PROGRESS, WAITING_FOR_DEPLOYMENTS);
+                    all_done = false;
+                }
+                Progress::Waiting(names) => {
+                    status.state = STATE_WAITING.to_owned();
+                    let message =
+                        format!("Waiting for following GitOpsDeployments to be Synced/Healthy: {}", names.join(", "));
+                    set_environment_status(status, number, environment, STATUS_IN_PROGRESS, &message);
+                    all_done = false;
+                }
+                Progress::TimedOut => {
+                    status.state = STATE_COMPLETE.to_owned();
+                    status.completion_result = Some(RESULT_FAILURE.to_owned());
+                    let message =
+                        format!("Promotion Failed. Could not be completed in {}.", progress::limit_text(limit));
+                    set_environment_status(status, number, environment, STATUS_FAILED, &message);
+                    status.active_bindings = bindings;
+                    user_error(status, &message);
+                    return Ok(Action::await_change());
+                }
+                Progress::Done => {
+                    set_environment_status(status, number, environment, STATUS_SUCCESS, ALL_SYNCED_HEALTHY);
+                }
+            }
         }
-        Progress::TimedOut => {
-            status.state = STATE_COMPLETE.to_owned();
-            status.completion_result = Some(RESULT_FAILURE.to_owned());
-            let message = format!("Promotion Failed. Could not be completed in {}.", progress::limit_text(limit));
-            set_environment_status(status, target, STATUS_FAILED, &message);
-            user_error(status, &message);
-            Ok(Action::await_change())
-        }
-        Progress::Done => {
-            status.state = STATE_COMPLETE.to_owned();
-            status.completion_result = Some(RESULT_SUCCESS.to_owned());
-            status.active_bindings = vec![binding_name];
-            set_environment_status(status, target, STATUS_SUCCESS, ALL_SYNCED_HEALTHY);
-            set_condition(status, no_error_condition(&now));
-            Ok(Action::await_change())
+        status.active_bindings = bindings;
+        set_condition(status, no_error_condition(&now));
+        if !all_done {
+            return Ok(Action::requeue(poll));
         }
     }
+    status.state = STATE_COMPLETE.to_owned();
+    status.completion_result = Some(RESULT_SUCCESS.to_owned());
+    set_condition(status, no_error_condition(&now));
+    Ok(Action::await_change())
 }
 
-/// The entry of `environment` (step 1: a manual promotion has one).
-fn set_environment_status(status: &mut PromotionRunStatus, environment: &str, state: &str, display: &str) {
+/// The state of `environment`'s entry, if it has one.
+fn environment_state<'a>(status: &'a PromotionRunStatus, environment: &str) -> Option<&'a str> {
+    status.environment_status.iter().find(|e| e.environment_name == environment).map(|e| e.status.as_str())
+}
+
+/// On an automated PromotionRun: `<step> <RFC 3339 time>`, when its current step
+/// started (each step has the whole time limit).
+pub const STEP_STARTED_ANNOTATION: &str = "appstudio.redhat.com/promotion-step-started";
+
+/// When step `number` started: a manual promotion's one step when the run did; an
+/// automated one's as the run's annotation says, recorded now when it names
+/// another step.
+async fn step_started(
+    ctx: &Context,
+    run: &PromotionRun,
+    namespace: &str,
+    number: i64,
+    status: &PromotionRunStatus,
+) -> Result<k8s_openapi::jiff::Timestamp, ReconcileError> {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    if run.spec.automated_promotion.initial_environment.is_empty() {
+        return Ok(status.promotion_start_time.as_deref().and_then(|t| t.parse().ok()).unwrap_or(now));
+    }
+    let recorded = run.annotations().get(STEP_STARTED_ANNOTATION).and_then(|value| {
+        let (step, at) = value.split_once(' ')?;
+        (step.parse::<i64>().ok()? == number).then(|| at.parse::<k8s_openapi::jiff::Timestamp>().ok()).flatten()
+    });
+    if let Some(started) = recorded {
+        return Ok(started);
+    }
+    let value = format!("{number} {}", now.strftime("%Y-%m-%dT%H:%M:%SZ"));
+    let api = Api::<PromotionRun>::namespaced(ctx.client.clone(), namespace);
+    api.patch(
+        &run.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"metadata": {"annotations": {STEP_STARTED_ANNOTATION: value}}})),
+    )
+    .await
+    .map_err(|source| ReconcileError::Kube { action: "record the promotion step's start", source })?;
+    Ok(now)
+}
+
+/// The plan of an automated promotion over the namespace's Environments.
+async fn plan_in(
+    ctx: &Context,
+    namespace: &str,
+    initial: &str,
+) -> Result<Result<Vec<Vec<String>>, String>, ReconcileError> {
+    let environments = Api::<Environment>::namespaced(ctx.client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| ReconcileError::Kube { action: "list the Environments", source })?;
+    let nodes = environments
+        .items
+        .into_iter()
+        .map(|env| {
+            let node = automated::Node {
+                parent: env.spec.parent_environment.clone(),
+                strategy: env.spec.deployment_strategy.clone(),
+            };
+            (env.name_any(), node)
+        })
+        .collect();
+    Ok(automated::plan(initial, &nodes))
+}
+
+/// The entry of `environment` at step `step`.
+fn set_environment_status(status: &mut PromotionRunStatus, step: i64, environment: &str, state: &str, display: &str) {
     let entry = PromotionRunEnvironmentStatus {
-        step: 1,
+        step,
         environment_name: environment.to_owned(),
         status: state.to_owned(),
         display_status: display.to_owned(),

@@ -173,6 +173,9 @@ impl Reviewer {
                 None => return Ok(false),
             },
             "PromotionRun" if request.operation == Operation::Create => match typed::<PromotionRun>(new)? {
+                Some(run) if !run.spec.automated_promotion.initial_environment.is_empty() => {
+                    return self.automated_goes_home(namespace, &run.spec.automated_promotion.initial_environment).await;
+                }
                 Some(run) if !run.spec.manual_promotion.target_environment.is_empty() => {
                     run.spec.manual_promotion.target_environment
                 }
@@ -187,6 +190,29 @@ impl Reviewer {
             Ok(None) => Ok(true),
             Err(error) => Err(Verdict::Forbidden(unavailable(error))),
         }
+    }
+
+    /// Whether an automated promotion from `initial` reaches an Environment without
+    /// a cluster (or its plan cannot be made: then it is refused as the controller
+    /// would report it).
+    async fn automated_goes_home(&self, namespace: &str, initial: &str) -> Result<bool, Verdict> {
+        let envs = Api::<Environment>::namespaced(self.client.clone(), namespace);
+        let list = envs.list(&ListParams::default()).await.map_err(|e| Verdict::Forbidden(unavailable(e)))?;
+        let nodes: std::collections::BTreeMap<String, crate::promotion::automated::Node> = list
+            .items
+            .iter()
+            .filter_map(|env| {
+                let node = crate::promotion::automated::Node {
+                    parent: env.spec.parent_environment.clone(),
+                    strategy: env.spec.deployment_strategy.clone(),
+                };
+                Some((env.metadata.name.clone()?, node))
+            })
+            .collect();
+        let steps = crate::promotion::automated::plan(initial, &nodes).map_err(Verdict::Invalid)?;
+        Ok(steps.iter().flatten().any(|name| {
+            list.items.iter().find(|env| env.metadata.name.as_deref() == Some(name.as_str())).is_none_or(|env| home_mode(&env.spec))
+        }))
     }
 
     /// The rules of [`rules`]: Ok allows the request.

@@ -12,6 +12,7 @@ mod crds;
 mod environment;
 mod leader;
 mod promotion;
+mod promotion_automated;
 mod tenancy;
 mod webhook;
 
