@@ -39,6 +39,11 @@ pub const WAITING_FOR_COMPONENT_STATUS: &str = "WaitingForComponentStatus";
 pub const DUPLICATE_COMPONENTS: &str = "DuplicateComponents";
 pub const ERROR_GENERATING: &str = "ErrorGeneratingGitOpsDeployment";
 pub const DUPLICATE_BINDING: &str = "DuplicateBinding";
+/// A binding whose application or environment changed after it first acted.
+pub const IMMUTABLE_FIELD_CHANGED: &str = "ImmutableFieldChanged";
+/// On a binding: the `<application>/<environment>` it first acted for (the
+/// webhook keeps them fixed; this is the controller's check where none runs).
+pub const BOUND_TO_ANNOTATION: &str = "appstudio.redhat.com/bound-to";
 
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
@@ -117,6 +122,10 @@ async fn reconcile(binding: Arc<SnapshotEnvironmentBinding>, ctx: Arc<Context>) 
         None => {}
     }
     let name = binding.name_any();
+    if let Some(message) = moved(&ctx, &binding, &namespace).await? {
+        write_status(&ctx, &binding, &namespace, Report::Error(IMMUTABLE_FIELD_CHANGED, message), None).await?;
+        return Ok(Action::await_change());
+    }
     let applications = Api::<Application>::namespaced(ctx.client.clone(), &namespace);
     if found(applications.get_metadata(&binding.spec.application).await, "read the Application")?.is_none() {
         return orphaned(&ctx, &binding, &namespace).await;
@@ -134,6 +143,37 @@ async fn reconcile(binding: Arc<SnapshotEnvironmentBinding>, ctx: Arc<Context>) 
     } else {
         Action::requeue(ctx.settings.resync_interval)
     })
+}
+
+/// The webhook's refusal of a changed application or environment, when the binding
+/// was first acted on for others (recorded then in [`BOUND_TO_ANNOTATION`]).
+async fn moved(
+    ctx: &Context,
+    binding: &SnapshotEnvironmentBinding,
+    namespace: &str,
+) -> Result<Option<String>, ReconcileError> {
+    let current = format!("{}/{}", binding.spec.application, binding.spec.environment);
+    let Some(recorded) = binding.annotations().get(BOUND_TO_ANNOTATION) else {
+        let api = Api::<SnapshotEnvironmentBinding>::namespaced(ctx.client.clone(), namespace);
+        let patch = json!({"metadata": {"annotations": {BOUND_TO_ANNOTATION: current}}});
+        deleted(
+            api.patch(&binding.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await,
+            "record what the binding is for",
+        )?;
+        return Ok(None);
+    };
+    let Some((application, environment)) = recorded.split_once('/') else { return Ok(None) };
+    let old = crate::api::SnapshotEnvironmentBindingSpec {
+        application: application.to_owned(),
+        environment: environment.to_owned(),
+        ..binding.spec.clone()
+    };
+    Ok(crate::webhook::rules::binding_update(&old, &binding.spec).err().map(|refusal| {
+        format!(
+            "{refusal}; the binding acts for application {application} and environment {environment} only: \
+                 change them back, or make a new binding"
+        )
+    }))
 }
 
 /// A binding whose Application does not exist: deleted once older than the delay.

@@ -174,7 +174,9 @@ impl Reviewer {
             },
             "PromotionRun" if request.operation == Operation::Create => match typed::<PromotionRun>(new)? {
                 Some(run) if !run.spec.automated_promotion.initial_environment.is_empty() => {
-                    return self.automated_goes_home(namespace, &run.spec.automated_promotion.initial_environment).await;
+                    return self
+                        .automated_goes_home(namespace, &run.spec.automated_promotion.initial_environment)
+                        .await;
                 }
                 Some(run) if !run.spec.manual_promotion.target_environment.is_empty() => {
                     run.spec.manual_promotion.target_environment
@@ -211,7 +213,10 @@ impl Reviewer {
             .collect();
         let steps = crate::promotion::automated::plan(initial, &nodes).map_err(Verdict::Invalid)?;
         Ok(steps.iter().flatten().any(|name| {
-            list.items.iter().find(|env| env.metadata.name.as_deref() == Some(name.as_str())).is_none_or(|env| home_mode(&env.spec))
+            list.items
+                .iter()
+                .find(|env| env.metadata.name.as_deref() == Some(name.as_str()))
+                .is_none_or(|env| home_mode(&env.spec))
         }))
     }
 

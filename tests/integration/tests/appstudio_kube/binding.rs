@@ -9,6 +9,7 @@ use gitops_appstudio::api::{
     Application, ApplicationSpec, BindingComponent, BindingStatusGitOpsDeployment, Condition,
     SnapshotEnvironmentBinding, SnapshotEnvironmentBindingSpec,
 };
+use gitops_appstudio::binding::{BOUND_TO_ANNOTATION, IMMUTABLE_FIELD_CHANGED};
 use gitops_appstudio::context::Settings;
 use gitops_appstudio::names::sha256_hex;
 use gitops_writer::api::GitOpsDeployment;
@@ -459,4 +460,40 @@ async fn orphaned_bindings_go_after_the_delay_and_only_the_oldest_duplicate_acts
     );
     assert!(g.get::<GitOpsDeployment>("second-new-demo-app-staging-component-a").await.is_none());
     assert!(g.get::<SnapshotEnvironmentBinding>("first").await.is_some(), "a binding of an existing Application stays");
+}
+
+/// Where no webhook keeps a binding's application and environment fixed, the
+/// controller does: a binding moved to another environment gets the webhook's words
+/// as a condition and generates nothing there, its deployments stay, and moving it
+/// back resumes it.
+#[tokio::test]
+async fn a_binding_moved_to_another_environment_is_refused_by_the_controller() {
+    let g = ground("as-seb-moved").await;
+    plain_env(&g, "staging").await;
+    plain_env(&g, "prod").await;
+    application(&g, APP).await;
+    binding(&g, "appa-binding", APP, "staging", &["component-a"]).await;
+    generator_writes(&g, "appa-binding", &[("component-a", &overlay("component-a", "staging"))]).await;
+    let staging = "appa-binding-new-demo-app-staging-component-a";
+    deployment_where(&g, staging, "the staging deployment", |_| true).await;
+    binding_where(&g, "appa-binding", "what the binding is for recorded", |b| {
+        b.annotations().get(BOUND_TO_ANNOTATION).map(String::as_str) == Some("new-demo-app/staging")
+    })
+    .await;
+
+    g.patch::<SnapshotEnvironmentBinding>("appa-binding", json!({"spec": {"environment": "prod"}})).await;
+    let moved = binding_where(&g, "appa-binding", "the move refused", |b| {
+        binding_condition(b, "Reconciled").is_some_and(|c| c.reason == IMMUTABLE_FIELD_CHANGED)
+    })
+    .await;
+    let message = binding_condition(&moved, "Reconciled").expect("Reconciled").message;
+    assert!(message.starts_with("environment field cannot be updated to prod"), "{message}");
+    assert!(g.get::<GitOpsDeployment>(staging).await.is_some(), "the staging deployment stays");
+    assert!(g.get::<GitOpsDeployment>("appa-binding-new-demo-app-prod-component-a").await.is_none());
+
+    g.patch::<SnapshotEnvironmentBinding>("appa-binding", json!({"spec": {"environment": "staging"}})).await;
+    binding_where(&g, "appa-binding", "the binding resumed", |b| {
+        binding_condition(b, "Reconciled").is_some_and(|c| c.reason != IMMUTABLE_FIELD_CHANGED)
+    })
+    .await;
 }
