@@ -99,22 +99,10 @@ pub struct RunArgs {
     /// The leader Lease's name.
     #[arg(long, env = "GITOPS_APPSTUDIO_LEASE_NAME", default_value = "gitops-appstudio")]
     pub lease_name: String,
-    /// Serve only namespaces whose labels match this selector: the writer's setting,
-    /// so the layer makes nothing where the core serves nobody. Default: any labels.
-    #[arg(long, env = "GITOPS_TENANT_NAMESPACE_SELECTOR")]
-    pub tenant_namespace_selector: Option<gitops_shared::tenancy::LabelSelector>,
-    /// Serve only namespaces whose names match one of these patterns (the writer's
-    /// setting; comma-separated, `*` matches any run). Default: any name.
-    #[arg(long, env = "GITOPS_TENANT_NAMESPACES", value_delimiter = ',')]
-    pub tenant_namespaces: Vec<gitops_shared::tenancy::NamePattern>,
-    /// More namespaces that are never tenants (the writer's setting), besides
-    /// `kube-*`, `default` and the service's own.
-    #[arg(long, env = "GITOPS_RESERVED_NAMESPACES", value_delimiter = ',')]
-    pub reserved_namespaces: Vec<gitops_shared::tenancy::NamePattern>,
-    /// The namespaces the service's components run in (the writer's setting; the
-    /// layer's own and the default home namespace are always included).
-    #[arg(long, env = "GITOPS_SERVICE_NAMESPACES", value_delimiter = ',')]
-    pub service_namespaces: Vec<String>,
+    /// The tenant namespaces: the writer's selection, given the same values, so the
+    /// layer makes nothing where the core serves nobody.
+    #[command(flatten)]
+    pub namespaces: gitops_writer::NamespaceSelectionArgs,
 }
 
 /// Why the layer stopped.
@@ -192,10 +180,13 @@ pub async fn run(args: RunArgs) -> Result<(), AppStudioError> {
         leader_elect,
         lease_namespace,
         lease_name,
-        tenant_namespace_selector,
-        tenant_namespaces,
-        reserved_namespaces,
-        service_namespaces,
+        namespaces:
+            gitops_writer::NamespaceSelectionArgs {
+                tenant_namespace_selector,
+                tenant_namespaces,
+                reserved_namespaces,
+                service_namespaces,
+            },
     } = args;
     let mut service: std::collections::BTreeSet<String> = service_namespaces.into_iter().collect();
     service.insert(lease_namespace.clone());

@@ -178,9 +178,10 @@ pub struct RunArgs {
     pub scale_up: ScaleUpArgs,
 }
 
-/// Who is a tenant, and what the service does in a tenant's own namespace.
+/// Which namespaces are tenants: the operator's selection, shared by the writer and
+/// the AppStudio layer (same flags, same variables), so both serve the same ones.
 #[derive(Debug, Clone, Args)]
-pub struct TenancyArgs {
+pub struct NamespaceSelectionArgs {
     /// Serve only namespaces whose labels match this selector (e.g.
     /// `gitops.example.com/tenant=true`). Default: any labels.
     #[arg(long, env = "GITOPS_TENANT_NAMESPACE_SELECTOR")]
@@ -194,9 +195,16 @@ pub struct TenancyArgs {
     #[arg(long, env = "GITOPS_RESERVED_NAMESPACES", value_delimiter = ',')]
     pub reserved_namespaces: Vec<gitops_shared::tenancy::NamePattern>,
     /// The namespaces the service's own components run in (comma-separated; the
-    /// writer's own, from POD_NAMESPACE, and the home namespace are always included).
+    /// process's own, from POD_NAMESPACE, and the home namespace are always included).
     #[arg(long, env = "GITOPS_SERVICE_NAMESPACES", value_delimiter = ',')]
     pub service_namespaces: Vec<String>,
+}
+
+/// Who is a tenant, and what the service does in a tenant's own namespace.
+#[derive(Debug, Clone, Args)]
+pub struct TenancyArgs {
+    #[command(flatten)]
+    pub namespaces: NamespaceSelectionArgs,
     /// The writer's own namespace (set from the downward API); never a tenant.
     #[arg(long, env = "POD_NAMESPACE", hide = true)]
     pub pod_namespace: Option<String>,
@@ -505,10 +513,8 @@ pub async fn run(args: RunArgs) -> Result<(), WriterError> {
     config.connection_check = connection_check.then_some(egress);
     config.api_url_allow_private = api_url_allow_private;
     let TenancyArgs {
-        tenant_namespace_selector,
-        tenant_namespaces,
-        reserved_namespaces,
-        service_namespaces,
+        namespaces:
+            NamespaceSelectionArgs { tenant_namespace_selector, tenant_namespaces, reserved_namespaces, service_namespaces },
         pod_namespace,
         home_cluster_role,
         home_namespace,

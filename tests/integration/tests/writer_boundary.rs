@@ -355,6 +355,29 @@ async fn person(env: &Env, name: &str, cluster_role: &str) -> kube::Client {
     client
 }
 
+/// Waits until the registered webhook refuses `editor` (who holds `edit`) a home
+/// deployment. A real API server calls a new webhook a moment after it is
+/// registered: until it does, what the editor creates is let in (and taken away
+/// again here).
+async fn until_the_webhook_refuses(env: &Env, tenant: &str, editor: &kube::Client) {
+    let deployments: Api<GitOpsDeployment> = Api::namespaced(env.kube.clone(), tenant);
+    eventually("the webhook in effect", || async {
+        match create_in(editor, tenant, "probe", spec(REPO, "apps/probe")).await {
+            Ok(_) => {
+                let strip = json!({"metadata": {"finalizers": null}});
+                let _ = deployments.patch("probe", &PatchParams::default(), &Patch::Merge(&strip)).await;
+                let _ = deployments.delete("probe", &Default::default()).await;
+                None
+            }
+            // In effect once it refuses the editor; anything else (the last probe still
+            // going, a call that timed out on a busy machine) is looked at again.
+            Err(kube::Error::Api(status)) if status.code == 403 && status.message.contains("may not grant") => Some(()),
+            Err(_) => None,
+        }
+    })
+    .await;
+}
+
 fn forbidden_with<T: std::fmt::Debug>(result: Result<T, kube::Error>, needle: &str) -> bool {
     match result {
         Err(kube::Error::Api(status)) => {
@@ -408,24 +431,7 @@ async fn writer_boundary_webhook_lets_in_only_who_could_grant_the_home_role() {
     let url = format!("https://{address}/validate");
     let configuration = admission::configuration(&marker, &url, &cert.ca_pem, Some(("gitops-test/webhook", &marker)));
     admission::register(&env.kube, &configuration).await.expect("register the webhook");
-    // A real API server calls a new webhook a moment after it is registered: until
-    // it does, what the editor creates is let in (and taken away again here).
-    let deployments: Api<GitOpsDeployment> = Api::namespaced(env.kube.clone(), &tenant);
-    eventually("the webhook in effect", || async {
-        match create_in(&editor, &tenant, "probe", spec(REPO, "apps/probe")).await {
-            Ok(_) => {
-                let strip = json!({"metadata": {"finalizers": null}});
-                let _ = deployments.patch("probe", &PatchParams::default(), &Patch::Merge(&strip)).await;
-                let _ = deployments.delete("probe", &Default::default()).await;
-                None
-            }
-            // In effect once it refuses the editor; anything else (the last probe still
-            // going, a call that timed out on a busy machine) is looked at again.
-            Err(kube::Error::Api(status)) if status.code == 403 && status.message.contains("may not grant") => Some(()),
-            Err(_) => None,
-        }
-    })
-    .await;
+    until_the_webhook_refuses(&env, &tenant, &editor).await;
 
     // Someone holding `edit` may not deploy with the home role (`admin`).
     let refused = create_in(&editor, &tenant, "by-editor", spec(REPO, "apps/e")).await;
@@ -556,20 +562,7 @@ async fn writer_boundary_webhook_approves_the_appstudio_layer_only_for_its_bindi
     let url = format!("https://{address}/validate");
     let configuration = admission::configuration(&marker, &url, &cert.ca_pem, Some(("gitops-test/webhook", &marker)));
     admission::register(&env.kube, &configuration).await.expect("register the webhook");
-    let deployments: Api<GitOpsDeployment> = Api::namespaced(env.kube.clone(), &tenant);
-    eventually("the webhook in effect", || async {
-        match create_in(&editor, &tenant, "probe", spec(REPO, "apps/probe")).await {
-            Ok(_) => {
-                let strip = json!({"metadata": {"finalizers": null}});
-                let _ = deployments.patch("probe", &PatchParams::default(), &Patch::Merge(&strip)).await;
-                let _ = deployments.delete("probe", &Default::default()).await;
-                None
-            }
-            Err(kube::Error::Api(status)) if status.code == 403 && status.message.contains("may not grant") => Some(()),
-            Err(_) => None,
-        }
-    })
-    .await;
+    until_the_webhook_refuses(&env, &tenant, &editor).await;
 
     let binding: gitops_appstudio::api::SnapshotEnvironmentBinding = serde_json::from_value(json!({
         "apiVersion": "appstudio.redhat.com/v1alpha1", "kind": "SnapshotEnvironmentBinding",

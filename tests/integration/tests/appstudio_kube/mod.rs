@@ -82,6 +82,18 @@ impl Ground {
         Api::namespaced(self.client.clone(), self.ns())
     }
 
+    /// Creates `object` in the ground's namespace as `client`'s user, which may be refused.
+    pub(crate) async fn try_create_as<K>(&self, client: &kube::Client, object: &K) -> Result<K, kube::Error>
+    where
+        K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::Serialize
+            + DeserializeOwned
+            + std::fmt::Debug,
+    {
+        Api::<K>::namespaced(client.clone(), self.ns()).create(&PostParams::default(), object).await
+    }
+
     /// Creates `object` in the ground's namespace.
     pub(crate) async fn create<K>(&self, object: &K) -> K
     where

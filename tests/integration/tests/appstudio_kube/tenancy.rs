@@ -14,10 +14,7 @@ use gitops_testkit::cluster::TestCluster;
 use gitops_writer::api::GitOpsDeploymentManagedEnvironment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::api::rbac::v1::RoleBinding;
-use kube::Resource;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::environment::{credentials, credentials_env};
@@ -47,17 +44,6 @@ async fn person(g: &Ground, name: &str, cluster_role: &str) -> kube::Client {
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), g.ns());
     eventually("the cluster role in effect", || async { configmaps.list(&ListParams::default()).await.ok() }).await;
     client
-}
-
-async fn create_as<K>(client: &kube::Client, g: &Ground, object: &K) -> Result<K, kube::Error>
-where
-    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + Serialize
-        + DeserializeOwned
-        + std::fmt::Debug,
-{
-    Api::<K>::namespaced(client.clone(), g.ns()).create(&PostParams::default(), object).await
 }
 
 /// Whether `result` is the home-role refusal.
@@ -113,20 +99,20 @@ async fn only_who_could_grant_the_home_role_makes_appstudio_deployments_go_home(
     let owner = person(&g, "owner", "admin").await;
 
     // An Environment without a cluster: the owner may, the editor may not.
-    let message = refused_home(create_as(&editor, &g, &home_env("home")).await, "the editor's home Environment");
+    let message = refused_home(g.try_create_as(&editor, &home_env("home")).await, "the editor's home Environment");
     assert!(message.contains("Environment home makes deployments go into this namespace itself"), "{message}");
-    create_as(&owner, &g, &home_env("home")).await.expect("the owner's home Environment");
+    g.try_create_as(&owner, &home_env("home")).await.expect("the owner's home Environment");
     // With a cluster, anyone with the AppStudio rights.
     let mut remote = credentials("creds", "team");
     remote.api_url = "https://api.example.invalid:6443".into();
-    create_as(&editor, &g, &credentials_env("remote", remote)).await.expect("the editor's remote Environment");
+    g.try_create_as(&editor, &credentials_env("remote", remote)).await.expect("the editor's remote Environment");
 
     // Bindings: into the remote Environment anyone; into the home one, or one that
     // does not exist yet (it may come without a cluster), only the owner.
-    create_as(&editor, &g, &binding("to-remote", "remote")).await.expect("a binding to the remote Environment");
-    refused_home(create_as(&editor, &g, &binding("to-home", "home")).await, "the editor's home binding");
-    refused_home(create_as(&editor, &g, &binding("to-later", "later")).await, "a binding to a missing Environment");
-    create_as(&owner, &g, &binding("to-home", "home")).await.expect("the owner's home binding");
+    g.try_create_as(&editor, &binding("to-remote", "remote")).await.expect("a binding to the remote Environment");
+    refused_home(g.try_create_as(&editor, &binding("to-home", "home")).await, "the editor's home binding");
+    refused_home(g.try_create_as(&editor, &binding("to-later", "later")).await, "a binding to a missing Environment");
+    g.try_create_as(&owner, &binding("to-home", "home")).await.expect("the owner's home binding");
     let bindings: Api<SnapshotEnvironmentBinding> = Api::namespaced(editor.clone(), g.ns());
     let repoint = json!({"spec": {"snapshot": "s2"}});
     refused_home(
@@ -141,9 +127,9 @@ async fn only_who_could_grant_the_home_role_makes_appstudio_deployments_go_home(
     g.patch_status::<SnapshotEnvironmentBinding>("to-home", json!({"gitopsRepoConditions": []})).await;
 
     // PromotionRuns likewise, by their target.
-    refused_home(create_as(&editor, &g, &promotion("editor-home", "home")).await, "the editor's promotion home");
-    create_as(&editor, &g, &promotion("editor-remote", "remote")).await.expect("the editor's remote promotion");
-    create_as(&owner, &g, &promotion("owner-home", "home")).await.expect("the owner's home promotion");
+    refused_home(g.try_create_as(&editor, &promotion("editor-home", "home")).await, "the editor's promotion home");
+    g.try_create_as(&editor, &promotion("editor-remote", "remote")).await.expect("the editor's remote promotion");
+    g.try_create_as(&owner, &promotion("owner-home", "home")).await.expect("the owner's home promotion");
 
     // Taking the cluster away sends the remote bindings home: the owner's to do.
     let environments: Api<Environment> = Api::namespaced(editor.clone(), g.ns());

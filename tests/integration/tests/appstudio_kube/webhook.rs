@@ -17,8 +17,7 @@ use gitops_shared::tenancy::NamespacePolicy;
 use gitops_testkit::admission;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Resource;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use serde::Serialize;
+use kube::api::{Api, Patch, PatchParams};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -36,17 +35,6 @@ fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>, case: &str) -> St
         }
         other => panic!("{case}: expected a refusal, got {other:?}"),
     }
-}
-
-async fn try_create<K>(g: &Ground, object: &K) -> Result<K, kube::Error>
-where
-    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + Serialize
-        + DeserializeOwned
-        + std::fmt::Debug,
-{
-    g.api::<K>().create(&PostParams::default(), object).await
 }
 
 async fn try_patch<K>(g: &Ground, name: &str, patch: serde_json::Value) -> Result<K, kube::Error>
@@ -149,7 +137,7 @@ pub(crate) async fn serve_webhook_with(g: &Ground, tenancy: NamespacePolicy) -> 
     // A real API server calls a new webhook a moment after it is registered.
     let long_name = "e".repeat(64);
     let message = eventually("the webhook in effect", || async {
-        match try_create(g, &named_env(&long_name, None)).await {
+        match g.try_create_as(&g.client, &named_env(&long_name, None)).await {
             Ok(_) => {
                 let _ = g.api::<Environment>().delete(&long_name, &Default::default()).await;
                 None
@@ -179,13 +167,17 @@ async fn the_webhook_refuses_in_the_originals_words_and_fails_closed() {
     // Environments: the API URL on create and on update, the ingress domain.
     let mut bad_url = credentials("creds", "team");
     bad_url.api_url = "api/test-url.com:6443".into();
-    let message = refused(try_create(&g, &credentials_env("relative", bad_url)).await, "a relative API URL");
+    let message =
+        refused(g.try_create_as(&g.client, &credentials_env("relative", bad_url)).await, "a relative API URL");
     assert!(message.contains(rules::API_URL_SENTENCE), "{message}");
-    let message = refused(try_create(&g, &credentials_env("loopback", credentials("creds", "team"))).await, "loopback");
+    let message = refused(
+        g.try_create_as(&g.client, &credentials_env("loopback", credentials("creds", "team"))).await,
+        "loopback",
+    );
     assert!(message.contains("spec.unstableConfigurationFields.apiURL points at a loopback"), "{message}");
     let mut public = credentials("creds", "team");
     public.api_url = "https://api.example.invalid:6443".into();
-    try_create(&g, &credentials_env("staging", public)).await.expect("a valid Environment is accepted");
+    g.try_create_as(&g.client, &credentials_env("staging", public)).await.expect("a valid Environment is accepted");
     let patch = json!({"spec": {"unstableConfigurationFields": {"apiURL": "http://api.example.invalid:6443"}}});
     let message = refused(try_patch::<Environment>(&g, "staging", patch).await, "http on update");
     assert!(message.contains(rules::API_URL_SENTENCE), "{message}");
@@ -197,8 +189,8 @@ async fn the_webhook_refuses_in_the_originals_words_and_fails_closed() {
         .expect("other fields change freely");
 
     // parentEnvironment: a chain is fine, a cycle through the changed Environment is not.
-    try_create(&g, &named_env("dev", None)).await.expect("dev");
-    try_create(&g, &named_env("qa", Some("dev"))).await.expect("qa after dev");
+    g.try_create_as(&g.client, &named_env("dev", None)).await.expect("dev");
+    g.try_create_as(&g.client, &named_env("qa", Some("dev"))).await.expect("qa after dev");
     let message = refused(
         try_patch::<Environment>(&g, "dev", json!({"spec": {"parentEnvironment": "qa"}})).await,
         "a parent cycle",
@@ -221,20 +213,21 @@ async fn the_webhook_refuses_in_the_originals_words_and_fails_closed() {
             },
         )
     };
-    let message = refused(try_create(&g, &target("http://api.example.invalid")).await, "an http target");
+    let message = refused(g.try_create_as(&g.client, &target("http://api.example.invalid")).await, "an http target");
     assert!(message.contains(rules::API_URL_SENTENCE), "{message}");
-    try_create(&g, &target("https://api.example.invalid")).await.expect("an https target");
+    g.try_create_as(&g.client, &target("https://api.example.invalid")).await.expect("an https target");
 
     // Bindings: one per (application, environment); application and environment fixed.
-    try_create(&g, &binding("first", "app", "staging")).await.expect("the first binding");
-    let message = refused(try_create(&g, &binding("second", "app", "staging")).await, "a duplicate binding");
+    g.try_create_as(&g.client, &binding("first", "app", "staging")).await.expect("the first binding");
+    let message =
+        refused(g.try_create_as(&g.client, &binding("second", "app", "staging")).await, "a duplicate binding");
     assert_eq!(
         message,
         "admission webhook \"appstudio-resources.appstudio.redhat.com\" denied the request: invalid \
          SnapshotEnvironmentBinding: duplicate combination of Application (app) and Environment (staging). \
          Duplicated by: first"
     );
-    try_create(&g, &binding("other-app", "app2", "staging")).await.expect("another application's binding");
+    g.try_create_as(&g.client, &binding("other-app", "app2", "staging")).await.expect("another application's binding");
     let message = refused(
         try_patch::<SnapshotEnvironmentBinding>(&g, "first", json!({"spec": {"application": "app3"}})).await,
         "a new application",
@@ -263,7 +256,7 @@ async fn the_webhook_refuses_in_the_originals_words_and_fails_closed() {
             ..SnapshotSpec::default()
         },
     );
-    try_create(&g, &snapshot).await.expect("a Snapshot");
+    g.try_create_as(&g.client, &snapshot).await.expect("a Snapshot");
     let image = json!({"spec": {"components": [{"name": "c1", "containerImage": "quay.invalid/c1:2"}]}});
     let message = refused(try_patch::<Snapshot>(&g, "snap", image).await, "a new image");
     assert!(
@@ -285,7 +278,7 @@ async fn the_webhook_refuses_in_the_originals_words_and_fails_closed() {
             ..PromotionRunSpec::default()
         },
     );
-    try_create(&g, &run).await.expect("a PromotionRun");
+    g.try_create_as(&g.client, &run).await.expect("a PromotionRun");
     let patch = json!({"spec": {"manualPromotion": {"targetEnvironment": "prod"}}});
     let message = refused(try_patch::<PromotionRun>(&g, "promote", patch).await, "a new target");
     assert!(
@@ -312,7 +305,7 @@ async fn the_webhook_refuses_in_the_originals_words_and_fails_closed() {
     let server = std::mem::replace(&mut served.server, tokio::spawn(async {}));
     let _ = server.await;
     let message = eventually("the webhook unreachable", || async {
-        match try_create(&g, &named_env("after", None)).await {
+        match g.try_create_as(&g.client, &named_env("after", None)).await {
             Ok(_) => {
                 let _ = g.api::<Environment>().delete("after", &Default::default()).await;
                 None
