@@ -7,8 +7,10 @@
 //! changed for `lease_duration` as the candidate's own clock measures it (so clocks
 //! need not agree). Every write is a replace at the resourceVersion read, so of
 //! candidates racing for one record exactly one wins. A leader that cannot renew
-//! for `lease_duration`, or finds another holder, stops its controllers and
-//! returns [`LeaderError::Lost`] (the process exits and is restarted as a
+//! for `renew_deadline` (well under `lease_duration`, and each attempt's calls are
+//! limited in time), or finds another holder, stops its controllers — aborting them
+//! if they do not stop before a candidate could take over — and returns
+//! [`LeaderError::Lost`] (the process exits and is restarted as a
 //! candidate); on shutdown it stops them, then releases the Lease so a successor
 //! need not wait.
 
@@ -30,13 +32,18 @@ pub struct LeaderSettings {
     pub identity: String,
     /// How long a record may stay unchanged before candidates take the Lease.
     pub lease_duration: Duration,
-    /// How often the leader renews (well under `lease_duration`).
+    /// How often the leader renews (well under `lease_duration`); also the limit
+    /// of one attempt's API calls.
     pub renew_every: Duration,
+    /// How long a leader keeps leading without a successful renewal. Well under
+    /// `lease_duration`, so it has stopped its controllers before a candidate can
+    /// take the Lease.
+    pub renew_deadline: Duration,
 }
 
 impl LeaderSettings {
     /// The defaults client-go's controllers use: 15 s leases renewed every 2 s
-    /// (its retry period; renewals give up at 10 s).
+    /// (its retry period), leadership given up after 10 s without a renewal.
     pub fn new(namespace: String, lease_name: String, identity: String) -> LeaderSettings {
         LeaderSettings {
             namespace,
@@ -44,6 +51,7 @@ impl LeaderSettings {
             identity,
             lease_duration: Duration::from_secs(15),
             renew_every: Duration::from_secs(2),
+            renew_deadline: Duration::from_secs(10),
         }
     }
 }
@@ -92,6 +100,16 @@ impl Elector {
 
     fn duration_seconds(&self) -> i32 {
         i32::try_from(self.settings.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX)
+    }
+
+    /// [`Self::try_acquire_or_renew`] within `renew_every` (at least a second): a
+    /// call that hangs counts as a failed attempt.
+    async fn attempt(&mut self) -> Result<bool, String> {
+        let limit = self.settings.renew_every.max(Duration::from_secs(1));
+        match tokio::time::timeout(limit, self.try_acquire_or_renew()).await {
+            Ok(result) => result.map_err(|error| error.to_string()),
+            Err(_) => Err(format!("no answer within {limit:?}")),
+        }
     }
 
     /// One attempt to take or renew the Lease: whether this candidate holds it now.
@@ -160,7 +178,7 @@ impl Elector {
     {
         let lease = format!("{}/{}", self.settings.namespace, self.settings.lease_name);
         loop {
-            match self.try_acquire_or_renew().await {
+            match self.attempt().await {
                 Ok(true) => break,
                 Ok(false) => {}
                 Err(error) => tracing::warn!(%lease, %error, "could not read or write the leader lease"),
@@ -185,18 +203,29 @@ impl Elector {
                 }
                 () = tokio::time::sleep(self.settings.renew_every) => {}
             }
-            match self.try_acquire_or_renew().await {
+            match self.attempt().await {
                 Ok(true) => renewed = Instant::now(),
                 Ok(false) => break Err("another replica holds it".to_owned()),
-                Err(error) if renewed.elapsed() >= self.settings.lease_duration => {
-                    break Err(format!("not renewed for {:?}: {error}", self.settings.lease_duration));
+                Err(error) if renewed.elapsed() >= self.settings.renew_deadline => {
+                    break Err(format!("not renewed for {:?}: {error}", self.settings.renew_deadline));
                 }
                 Err(error) => tracing::warn!(%lease, %error, "could not renew the leader lease; trying again"),
             }
         };
         stop.cancel();
         if !finished {
-            let _ = running.await;
+            if outcome.is_ok() {
+                // Shutting down: nobody takes over before the release below.
+                let _ = running.await;
+            } else {
+                // Lost: a candidate may take the Lease once the record has been still
+                // for lease_duration; the controllers must be gone by then.
+                let grace = self.settings.lease_duration.saturating_sub(self.settings.renew_deadline) / 2;
+                if tokio::time::timeout(grace, &mut running).await.is_err() {
+                    running.abort();
+                    let _ = running.await;
+                }
+            }
         }
         leading.store(false, std::sync::atomic::Ordering::Relaxed);
         match outcome {

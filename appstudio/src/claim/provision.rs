@@ -194,9 +194,23 @@ async fn reconcile(request: Arc<SpaceRequest>, ctx: Arc<Context>) -> Result<Acti
             .map_err(|source| ReconcileError::Kube { action: "list classes", source })?;
         let ours: Vec<&DeploymentTargetClass> =
             list.items.iter().filter(|c| c.spec.provisioner == DEVSANDBOX).collect();
+        // Its class is its target's when it has one; else it is deleted only when
+        // every class of the provisioner would.
+        let target_class = match request.labels().get(LABEL_DT) {
+            Some(target) => found(
+                Api::<DeploymentTarget>::namespaced(ctx.client.clone(), &namespace).get(target).await,
+                "read the SpaceRequest's target",
+            )?
+            .map(|t| t.spec.deployment_target_class_name),
+            None => None,
+        };
+        let delete = match target_class {
+            Some(class) => ours.iter().any(|c| c.name_any() == class && c.spec.reclaim_policy == super::RECLAIM_DELETE),
+            None => ours.iter().all(|c| c.spec.reclaim_policy == super::RECLAIM_DELETE),
+        };
         if ours.is_empty() {
             tracing::warn!(tenant.ns = %namespace, request = %name, "no DeploymentTargetClass of the dev sandbox provisioner: the orphaned SpaceRequest is kept");
-        } else if ours.iter().any(|c| c.spec.reclaim_policy == super::RECLAIM_DELETE) {
+        } else if delete {
             deleted(requests.delete(&name, &DeleteParams::default()).await, "delete the orphaned SpaceRequest")?;
         }
         return Ok(Action::await_change());

@@ -77,7 +77,9 @@ async fn space_request_remains(
     if found_requests.is_empty()
         && let Some(claim) = target.spec.claim_ref.as_deref().filter(|c| !c.is_empty())
     {
+        // Only those not made into another target already.
         found_requests = space_requests_of(&requests, LABEL_DTC, claim).await?;
+        found_requests.retain(|request| !request.labels().contains_key(LABEL_DT));
     }
     if found_requests.is_empty() {
         return Ok(false);

@@ -207,8 +207,12 @@ async fn step(
         match plan_in(ctx, namespace, &run.spec.automated_promotion.initial_environment).await? {
             Ok(steps) => steps,
             Err(message) => {
+                // No plan (a cycle, a missing initial Environment): the run ends, so
+                // it does not hold up the application's later runs.
+                status.state = STATE_COMPLETE.to_owned();
+                status.completion_result = Some(RESULT_FAILURE.to_owned());
                 user_error(status, &message);
-                return Ok(Action::requeue(ctx.settings.user_error_requeue));
+                return Ok(Action::await_change());
             }
         }
     };
@@ -230,9 +234,23 @@ async fn step(
         let poll = ctx.settings.promotion_poll.min(limit.saturating_sub(elapsed) + Duration::from_secs(1));
         let mut bindings = Vec::new();
         let mut all_done = true;
+        // The step's time limit holds whatever keeps it from progressing (a binding
+        // that cannot be made, one whose Snapshot keeps being changed back).
+        let timed_out = |status: &mut PromotionRunStatus, environment: &str| {
+            status.state = STATE_COMPLETE.to_owned();
+            status.completion_result = Some(RESULT_FAILURE.to_owned());
+            let message = format!("Promotion Failed. Could not be completed in {}.", progress::limit_text(limit));
+            set_environment_status(status, number, environment, STATUS_FAILED, &message);
+            set_condition(status, error_condition(&message, &now));
+        };
         for environment in environments {
             let binding = match locate_or_create_binding(ctx, run, namespace, environment).await? {
                 Ok(binding) => binding,
+                Err(message) if elapsed > limit => {
+                    timed_out(status, environment);
+                    tracing::info!(tenant.ns = %namespace, run = %run.name_any(), %message, "promotion step timed out");
+                    return Ok(Action::await_change());
+                }
                 Err(message) => {
                     user_error(status, &message);
                     return Ok(Action::requeue(ctx.settings.user_error_requeue));
@@ -256,6 +274,11 @@ async fn step(
                 return Ok(Action::await_change());
             }
             if binding.spec.snapshot != run.spec.snapshot || !known {
+                if elapsed > limit {
+                    status.active_bindings = bindings;
+                    timed_out(status, environment);
+                    return Ok(Action::await_change());
+                }
                 if binding.spec.snapshot != run.spec.snapshot {
                     let api = Api::<SnapshotEnvironmentBinding>::namespaced(ctx.client.clone(), namespace);
                     api.patch(

@@ -104,14 +104,45 @@ fn spec(object: Option<&DynamicObject>) -> Option<&Value> {
 impl Reviewer {
     /// The verdict on one request: the rules, then the home-role check.
     async fn verdict(&self, request: &AdmissionRequest<DynamicObject>) -> Result<(), Verdict> {
+        if let Some(namespace) = self.generator_report(request) {
+            // What a home binding deploys is what its status says: whoever writes
+            // that is checked as whoever points the binding.
+            let binding = typed::<SnapshotEnvironmentBinding>(request.object.as_ref())?;
+            let Some(binding) = binding else { return Ok(()) };
+            let goes_home = self.environment_goes_home(namespace, &binding.spec.environment).await?;
+            return self.home_check(request, namespace, goes_home).await;
+        }
         let Some(namespace) = self.judged(request) else { return Ok(()) };
         self.served(namespace).await?;
         self.rules(request).await?;
-        if request.user_info.username.as_deref() == Some(self.home.own_identity.as_str()) {
-            return Ok(());
-        }
         let goes_home = self.goes_home(request, namespace).await?;
-        if !goes_home {
+        self.home_check(request, namespace, goes_home).await
+    }
+
+    /// The namespace of a binding status update that changes `status.components`
+    /// (the repository generator's report: the repository, path and commit each
+    /// deployment takes).
+    fn generator_report<'a>(&self, request: &'a AdmissionRequest<DynamicObject>) -> Option<&'a str> {
+        let components = |object: Option<&DynamicObject>| {
+            object.and_then(|o| o.data.get("status")).and_then(|s| s.get("components")).cloned()
+        };
+        let relevant = request.kind.group == GROUP
+            && request.kind.kind == "SnapshotEnvironmentBinding"
+            && request.sub_resource.as_deref() == Some("status")
+            && request.operation == Operation::Update
+            && components(request.object.as_ref()) != components(request.old_object.as_ref());
+        let namespace = request.namespace.as_deref().filter(|_| relevant)?;
+        self.namespace.as_deref().is_none_or(|served| served == namespace).then_some(namespace)
+    }
+
+    /// The home-role check of a request that `goes_home`; the layer's own pass.
+    async fn home_check(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+        namespace: &str,
+        goes_home: bool,
+    ) -> Result<(), Verdict> {
+        if !goes_home || request.user_info.username.as_deref() == Some(self.home.own_identity.as_str()) {
             return Ok(());
         }
         let roles: Api<ClusterRole> = Api::all(self.client.clone());
@@ -165,8 +196,13 @@ impl Reviewer {
         let environment = match request.kind.kind.as_str() {
             "Environment" => {
                 let Some(env) = typed::<Environment>(new)? else { return Ok(false) };
-                let was_home = typed::<Environment>(old)?.is_some_and(|old| home_mode(&old.spec));
-                return Ok(home_mode(&env.spec) && !was_home);
+                // Becoming home, or, being home, joining or leaving the automated
+                // promotion graph (its parent or strategy), which decides whose runs
+                // deploy into it.
+                let Some(old) = typed::<Environment>(old)? else { return Ok(home_mode(&env.spec)) };
+                let moved = old.spec.parent_environment != env.spec.parent_environment
+                    || old.spec.deployment_strategy != env.spec.deployment_strategy;
+                return Ok(home_mode(&env.spec) && (!home_mode(&old.spec) || moved));
             }
             "SnapshotEnvironmentBinding" => match typed::<SnapshotEnvironmentBinding>(new)? {
                 Some(binding) => binding.spec.environment,
@@ -185,10 +221,15 @@ impl Reviewer {
             },
             _ => return Ok(false),
         };
+        self.environment_goes_home(namespace, &environment).await
+    }
+
+    /// Whether the Environment `name` has no cluster, or does not exist yet (it may
+    /// come without one).
+    async fn environment_goes_home(&self, namespace: &str, name: &str) -> Result<bool, Verdict> {
         let envs = Api::<Environment>::namespaced(self.client.clone(), namespace);
-        match envs.get_opt(&environment).await {
+        match envs.get_opt(name).await {
             Ok(Some(env)) => Ok(home_mode(&env.spec)),
-            // Not there yet: it may come without a cluster.
             Ok(None) => Ok(true),
             Err(error) => Err(Verdict::Forbidden(unavailable(error))),
         }

@@ -85,7 +85,14 @@ pub fn appstudio_configuration(
     let rules = Rules {
         webhook: "appstudio-resources.appstudio.redhat.com",
         group: "appstudio.redhat.com",
-        resources: &["environments", "snapshotenvironmentbindings", "snapshots", "promotionruns", "deploymenttargets"],
+        resources: &[
+            "environments",
+            "snapshotenvironmentbindings",
+            "snapshotenvironmentbindings/status",
+            "snapshots",
+            "promotionruns",
+            "deploymenttargets",
+        ],
         side_effects: "None",
     };
     webhook_configuration(name, url, ca_pem, selector, &rules)

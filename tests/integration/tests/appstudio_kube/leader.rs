@@ -34,8 +34,11 @@ struct Candidate {
 
 fn candidate(client: &kube::Client, namespace: &str, lease: &str, identity: &str, work: &Arc<Work>) -> Candidate {
     let mut settings = LeaderSettings::new(namespace.to_owned(), lease.to_owned(), identity.to_owned());
-    settings.lease_duration = Duration::from_secs(2);
-    settings.renew_every = Duration::from_millis(200);
+    // Short, with client-go's proportions (a leader gives up renewing well before a
+    // candidate may take over).
+    settings.lease_duration = Duration::from_secs(6);
+    settings.renew_deadline = Duration::from_secs(4);
+    settings.renew_every = Duration::from_millis(400);
     let elector = Elector::new(client.clone(), settings);
     let cancel = CancellationToken::new();
     let leading = Arc::new(AtomicBool::new(false));

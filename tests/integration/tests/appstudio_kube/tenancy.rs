@@ -28,7 +28,8 @@ async fn person(g: &Ground, name: &str, cluster_role: &str) -> kube::Client {
     let cluster = TestCluster::get().await;
     let rules = json!([{
         "apiGroups": ["appstudio.redhat.com"],
-        "resources": ["environments", "snapshotenvironmentbindings", "promotionruns", "snapshots"],
+        "resources": ["environments", "snapshotenvironmentbindings", "snapshotenvironmentbindings/status",
+                      "promotionruns", "snapshots"],
         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]
     }]);
     let identity = cluster.namespace_identity(g.ns(), name, rules).await;
@@ -123,8 +124,29 @@ async fn only_who_could_grant_the_home_role_makes_appstudio_deployments_go_home(
         .patch("to-remote", &PatchParams::default(), &Patch::Merge(&repoint))
         .await
         .expect("the editor re-points a remote binding");
-    // Its status is not a spec change: whoever writes it (the repository generator).
-    g.patch_status::<SnapshotEnvironmentBinding>("to-home", json!({"gitopsRepoConditions": []})).await;
+    // The repository generator's report says what a home binding deploys: writing it
+    // is the owner's (or a generator's that could grant the role); the rest of the
+    // status, and a remote binding's report, anyone's.
+    let report = json!({"status": {"components": [{"name": "c", "gitopsRepository": {
+        "url": "https://git.example.invalid/evil.git", "branch": "main", "path": "p",
+        "generatedResources": [], "commitID": "c1"}}]}});
+    refused_home(
+        bindings.patch_status("to-home", &PatchParams::default(), &Patch::Merge(&report)).await,
+        "the editor writing a home binding's report",
+    );
+    bindings
+        .patch_status("to-remote", &PatchParams::default(), &Patch::Merge(&report))
+        .await
+        .expect("the editor writes a remote binding's report");
+    let conditions = json!({"status": {"gitopsRepoConditions": []}});
+    bindings
+        .patch_status("to-home", &PatchParams::default(), &Patch::Merge(&conditions))
+        .await
+        .expect("other status fields are not the home role's business");
+    Api::<SnapshotEnvironmentBinding>::namespaced(owner.clone(), g.ns())
+        .patch_status("to-home", &PatchParams::default(), &Patch::Merge(&report))
+        .await
+        .expect("the owner writes a home binding's report");
 
     // PromotionRuns likewise, by their target.
     refused_home(g.try_create_as(&editor, &promotion("editor-home", "home")).await, "the editor's promotion home");
@@ -142,6 +164,13 @@ async fn only_who_could_grant_the_home_role_makes_appstudio_deployments_go_home(
         .patch("remote", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"displayName": "Remote"}})))
         .await
         .expect("other changes are the editor's");
+    // A home Environment joining the automated promotion graph decides whose runs
+    // deploy into it: the owner's to do too.
+    let join = json!({"spec": {"parentEnvironment": "remote", "deploymentStrategy": "AppStudioAutomated"}});
+    refused_home(
+        environments.patch("home", &PatchParams::default(), &Patch::Merge(&join)).await,
+        "the editor attaching a home Environment to the graph",
+    );
     let remote = g.get::<Environment>("remote").await.expect("remote");
     assert!(remote.spec.unstable_configuration_fields.is_some(), "the cluster is still there");
     assert!(g.get::<SnapshotEnvironmentBinding>("to-later").await.is_none());
