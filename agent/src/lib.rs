@@ -108,7 +108,7 @@ pub struct RunArgs {
     #[arg(long, env = "GITOPS_AGENT_SWEEP_MAX_DELETIONS", default_value_t = 50)]
     pub sweep_max_deletions: usize,
     /// Objects a sweep lists (and holds) at a time: its memory is a page, not the instance.
-    #[arg(long, env = "GITOPS_AGENT_SWEEP_PAGE_SIZE", default_value_t = 500)]
+    #[arg(long, env = "GITOPS_AGENT_SWEEP_PAGE_SIZE", default_value_t = crate::sweep::PAGE_SIZE)]
     pub sweep_page_size: u32,
     /// Sweeps only report what they would enqueue.
     #[arg(long, env = "GITOPS_AGENT_SWEEP_DRY_RUN")]
