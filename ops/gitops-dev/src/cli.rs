@@ -123,6 +123,11 @@ pub enum BenchCommand {
     /// to Argo CD Applications and back to a sync status, and, with `--noisy`,
     /// quiet tenants' latency while one tenant floods updates.
     E2e(E2eBenchArgs),
+    /// Measure the AppStudio layer: bindings of many namespaces to every component
+    /// deployed, then simultaneous promotions (the benchmark plays the repository
+    /// generator); with the layer's peak memory.
+    #[command(name = "appstudio")]
+    AppStudio(AppStudioBenchArgs),
     /// Measure the service under faults: writers and agents killed at random and
     /// PostgreSQL stopped once while tenants work; prints takeover times, how soon
     /// status is current after the database returns, convergence, and anything
@@ -137,6 +142,51 @@ pub enum BenchCommand {
     /// deployments for M minutes while each process's memory, heap, threads and open
     /// files, the queue and the tables are sampled; then convergence is checked.
     Soak(SoakBenchArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AppStudioBenchArgs {
+    /// Namespaces, each with one Application.
+    #[arg(long, env = "GITOPS_BENCH_NAMESPACES", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub namespaces: u64,
+    /// Components of each Application.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=50))]
+    pub components: u64,
+    /// Environments of each namespace, each with a binding of the Application.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=20))]
+    pub environments: u64,
+    /// Namespaces that promote a second Snapshot into their last Environment at once.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    pub promotions: u64,
+    /// Requests in flight while creating.
+    #[arg(long, env = "GITOPS_BENCH_CONCURRENCY", default_value_t = 32,
+          value_parser = clap::value_parser!(u64).range(1..=512))]
+    pub concurrency: u64,
+    /// Seconds to wait for every binding, and again for every promotion.
+    #[arg(long, env = "GITOPS_BENCH_DEADLINE", default_value_t = 900,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub deadline_s: u64,
+    /// Run directory: kubeconfig, env file and the children's logs (default:
+    /// gitops-bench-appstudio in the temp directory).
+    #[arg(long, env = "GITOPS_BENCH_DIR", default_value_os_t = std::env::temp_dir().join("gitops-bench-appstudio"))]
+    pub dir: std::path::PathBuf,
+}
+
+impl From<AppStudioBenchArgs> for crate::bench::appstudio::AppStudioBenchConfig {
+    fn from(args: AppStudioBenchArgs) -> Self {
+        // Bounded by the parsers above.
+        let size = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
+        crate::bench::appstudio::AppStudioBenchConfig {
+            namespaces: size(args.namespaces),
+            components: size(args.components),
+            environments: size(args.environments),
+            promotions: size(args.promotions),
+            concurrency: size(args.concurrency),
+            deadline: std::time::Duration::from_secs(args.deadline_s),
+            dir: args.dir,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Args)]

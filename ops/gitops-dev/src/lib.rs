@@ -20,6 +20,8 @@ pub enum DevToolError {
     KubeBench { source: bench::kube::KubeBenchError },
     #[error("the end-to-end benchmark failed")]
     E2eBench { source: bench::e2e::E2eBenchError },
+    #[error("the AppStudio benchmark failed")]
+    AppStudioBench { source: bench::appstudio::AppStudioBenchError },
     #[error("the chaos benchmark failed")]
     ChaosBench { source: bench::chaos::ChaosBenchError },
     #[error("the failover benchmark failed")]
@@ -76,6 +78,12 @@ async fn bench(command: BenchCommand) -> Result<String, DevToolError> {
         BenchCommand::E2e(args) => {
             let report =
                 bench::e2e::e2e_bench(&args.into()).await.map_err(|source| DevToolError::E2eBench { source })?;
+            Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
+        }
+        BenchCommand::AppStudio(args) => {
+            let report = bench::appstudio::appstudio_bench(&args.into())
+                .await
+                .map_err(|source| DevToolError::AppStudioBench { source })?;
             Ok(format!("{}\n", serde_json::to_string(&report).unwrap_or_default()))
         }
         BenchCommand::Chaos(args) => {
