@@ -56,6 +56,20 @@ pub struct RunArgs {
     /// before it fails, e.g. 10m.
     #[arg(long, env = "GITOPS_APPSTUDIO_PROMOTION_TIMEOUT", value_parser = parse_duration, default_value = "10m")]
     pub promotion_timeout: Duration,
+    /// How long the SpaceRequest of a deleted DeploymentTarget (of a `Delete` class)
+    /// may be terminating while it reports `UnableToTerminate` before the target's
+    /// phase becomes `Failed`, e.g. 2m.
+    #[arg(
+        long,
+        env = "GITOPS_APPSTUDIO_SPACE_REQUEST_TERMINATION_TIMEOUT",
+        value_parser = parse_duration,
+        default_value = "2m"
+    )]
+    pub space_request_termination_timeout: Duration,
+    /// How often a deleted DeploymentTarget looks again whether its SpaceRequest is
+    /// gone, and a deleted claim whether its target is (changes wake them sooner), e.g. 30s.
+    #[arg(long, env = "GITOPS_APPSTUDIO_RECLAIM_POLL", value_parser = parse_duration, default_value = "30s")]
+    pub reclaim_poll: Duration,
     /// How often every object is reconciled again whatever happened, e.g. 10m.
     #[arg(long, env = "GITOPS_APPSTUDIO_RESYNC_INTERVAL", value_parser = parse_duration, default_value = "10m")]
     pub resync_interval: Duration,
@@ -170,6 +184,8 @@ pub async fn run(args: RunArgs) -> Result<(), AppStudioError> {
         metrics_address,
         orphan_binding_delay,
         promotion_timeout,
+        space_request_termination_timeout,
+        reclaim_poll,
         resync_interval,
         api_url_allow_private,
         webhook_cert_file,
@@ -210,6 +226,8 @@ pub async fn run(args: RunArgs) -> Result<(), AppStudioError> {
     let settings = Settings {
         orphan_binding_delay,
         promotion_timeout,
+        space_request_termination_timeout,
+        reclaim_poll,
         resync_interval,
         namespace,
         api_url_allow_private,
@@ -282,18 +300,24 @@ mod tests {
             "90",
             "--promotion-timeout",
             "2m",
+            "--space-request-termination-timeout",
+            "5s",
         ])
         .expect("parses");
         let Command::Run(args) = cli.command;
         assert_eq!(args.orphan_binding_delay, Duration::from_secs(90));
         assert_eq!(args.promotion_timeout, Duration::from_secs(120));
         assert_eq!(args.resync_interval, Duration::from_secs(600));
+        assert_eq!(args.space_request_termination_timeout, Duration::from_secs(5));
+        assert_eq!(args.reclaim_poll, Duration::from_secs(30), "the original's 30 seconds by default");
         let names = run_env_vars();
         for name in [
             "GITOPS_KUBECONFIG",
             "GITOPS_APPSTUDIO_NAMESPACE",
             "GITOPS_APPSTUDIO_METRICS_ADDRESS",
             "GITOPS_APPSTUDIO_PROMOTION_TIMEOUT",
+            "GITOPS_APPSTUDIO_SPACE_REQUEST_TERMINATION_TIMEOUT",
+            "GITOPS_APPSTUDIO_RECLAIM_POLL",
         ] {
             assert!(names.iter().any(|n| n == name), "{name} missing from {names:?}");
         }

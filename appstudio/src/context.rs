@@ -16,6 +16,13 @@ pub struct Settings {
     pub promotion_timeout: Duration,
     /// How often a waiting promotion looks again (changes of its binding wake it sooner).
     pub promotion_poll: Duration,
+    /// How often a DeploymentTarget being deleted looks again whether its SpaceRequest
+    /// is gone, and a deleted claim whether its target is (their watches wake them
+    /// sooner). The original's 30 seconds.
+    pub reclaim_poll: Duration,
+    /// How long the SpaceRequest of a deleted target may be terminating while it
+    /// reports `UnableToTerminate` before the target is `Failed`. The original's 2 minutes.
+    pub space_request_termination_timeout: Duration,
     /// Serve only this namespace (default: all).
     pub namespace: Option<String>,
     /// Loopback and link-local API URLs are accepted (`--api-url-allow-private`).
@@ -33,6 +40,8 @@ impl Default for Settings {
             resync_interval: Duration::from_secs(600),
             promotion_timeout: Duration::from_secs(600),
             promotion_poll: Duration::from_secs(15),
+            reclaim_poll: Duration::from_secs(30),
+            space_request_termination_timeout: Duration::from_secs(120),
             namespace: None,
             api_url_allow_private: false,
             tenancy: gitops_shared::tenancy::NamespacePolicy::default(),

@@ -6,8 +6,10 @@
 //! so a statically matched target is reserved on both sides. A claim no target
 //! matches is marked for a provisioner (`dt-provisioner: <class>`) and stays
 //! `Pending`. A bound claim whose target disappears is `Lost`. Deleting a bound claim
-//! releases its target: `Delete` classes delete it, `Retain` classes keep it
-//! `Released` with no claim.
+//! releases its target: `Delete` classes delete it, and the claim stays until the
+//! target (and the namespace provisioned for it, see [`reclaim`]) is gone; `Retain`
+//! classes keep it `Released` with no claim. [`bound_claim_phase`] and
+//! [`release_step`] are these rules without I/O.
 //!
 //! A marked claim is then handed to its class's provisioner ([`provision`]; the
 //! dev sandbox's asks for a namespace with a SpaceRequest), and binds the target
@@ -38,6 +40,7 @@ pub const PHASE_PENDING: &str = "Pending";
 pub const PHASE_BOUND: &str = "Bound";
 pub const PHASE_LOST: &str = "Lost";
 pub const PHASE_RELEASED: &str = "Released";
+pub const PHASE_FAILED: &str = "Failed";
 pub const REASON_SUCCESS: &str = "Success";
 pub const ALREADY_CLAIMED: &str = "DeploymentTargetClaim wants to claim a DeploymentTarget that is already claimed";
 pub const RECLAIM_DELETE: &str = "Delete";
@@ -111,7 +114,11 @@ async fn reconcile(claim: Arc<DeploymentTargetClaim>, ctx: Arc<Context>) -> Resu
     let targets = Api::<DeploymentTarget>::namespaced(ctx.client.clone(), &namespace);
     let name = claim.name_any();
     if claim.metadata.deletion_timestamp.is_some() {
-        release(&ctx, &claim, &targets).await?;
+        if !release(&ctx, &claim, &targets).await? {
+            // A Delete class: the claim stays until its target is gone (the target's
+            // deletion wakes it sooner).
+            return Ok(Action::requeue(ctx.settings.reclaim_poll));
+        }
         let finalizers: Vec<String> = claim.finalizers().iter().filter(|f| *f != FINALIZER_BINDER).cloned().collect();
         deleted(
             claims
@@ -155,17 +162,12 @@ async fn bind(
     let annotations = claim.annotations();
     if annotations.get(ANN_BIND_COMPLETED).is_some_and(|v| v == "true") {
         let target_name = claim.spec.target_name.clone().unwrap_or_default();
-        let Some(target) = found(targets.get(&target_name).await, "read the bound DeploymentTarget")? else {
-            return Ok((PHASE_LOST, Some(format!("DeploymentTarget {target_name} bound to the claim does not exist"))));
-        };
-        if target.metadata.deletion_timestamp.is_some() {
-            return Ok((
-                PHASE_LOST,
-                Some(format!("DeploymentTarget {target_name} bound to the claim is being deleted")),
-            ));
+        let target = found(targets.get(&target_name).await, "read the bound DeploymentTarget")?;
+        let (phase, error) = bound_claim_phase(&target_name, target.as_ref());
+        if let Some(target) = target.filter(|_| phase == PHASE_BOUND) {
+            set_target_phase(targets, &target, PHASE_BOUND).await?;
         }
-        set_target_phase(targets, &target, PHASE_BOUND).await?;
-        return Ok((PHASE_BOUND, None));
+        return Ok((phase, error));
     }
     let list = targets
         .list(&ListParams::default())
@@ -237,31 +239,160 @@ async fn set_target_phase(
     )
 }
 
-/// A bound claim is being deleted: its target is deleted (`Delete` class) or kept
-/// `Released` without a claim (`Retain`).
+/// The phase of a claim whose binding is complete, and the error to report, given
+/// its target as it is now: `Bound` while the target lives, `Lost` once it is gone
+/// or going.
+pub fn bound_claim_phase(target_name: &str, target: Option<&DeploymentTarget>) -> (&'static str, Option<String>) {
+    match target {
+        None => (PHASE_LOST, Some(format!("DeploymentTarget {target_name} bound to the claim does not exist"))),
+        Some(target) if target.metadata.deletion_timestamp.is_some() => {
+            (PHASE_LOST, Some(format!("DeploymentTarget {target_name} bound to the claim is being deleted")))
+        }
+        Some(_) => (PHASE_BOUND, None),
+    }
+}
+
+/// What deleting a claim does to its target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Release {
+    /// The claim was not bound, or its target is gone: the claim may go.
+    Done,
+    /// `Retain` (or a class that says nothing usable): the target stays, without a
+    /// claim, `Released`; then the claim goes.
+    Keep,
+    /// `Delete`: the target is deleted (`delete`: not asked yet; a `Bound` one is
+    /// `Released` meanwhile) and the claim waits until it is gone.
+    Delete { delete: bool },
+}
+
+/// The release step of a claim being deleted, `bound` or not, given its target as
+/// it is now and its class's reclaim policy.
+pub fn release_step(bound: bool, target: Option<&DeploymentTarget>, policy: &str) -> Release {
+    match target {
+        Some(target) if bound => match policy {
+            RECLAIM_DELETE => Release::Delete { delete: target.metadata.deletion_timestamp.is_none() },
+            _ => Release::Keep,
+        },
+        _ => Release::Done,
+    }
+}
+
+/// A claim is being deleted: its target is deleted (`Delete` class) or kept
+/// `Released` without a claim (`Retain`). Whether the claim may go now.
 async fn release(
     ctx: &Context,
     claim: &DeploymentTargetClaim,
     targets: &Api<DeploymentTarget>,
-) -> Result<(), ReconcileError> {
+) -> Result<bool, ReconcileError> {
     let bound = claim.annotations().get(ANN_BIND_COMPLETED).is_some_and(|v| v == "true")
         && phase_of_claim(claim) == PHASE_BOUND;
-    let Some(target_name) = claim.spec.target_name.clone().filter(|_| bound) else { return Ok(()) };
-    let Some(target) = found(targets.get(&target_name).await, "read the bound DeploymentTarget")? else {
-        return Ok(());
+    let Some(target_name) = claim.spec.target_name.clone().filter(|_| bound) else { return Ok(true) };
+    let target = found(targets.get(&target_name).await, "read the bound DeploymentTarget")?;
+    let policy = match &target {
+        Some(target) => {
+            let classes = Api::<DeploymentTargetClass>::all(ctx.client.clone());
+            let class =
+                found(classes.get(&target.spec.deployment_target_class_name).await, "read the DeploymentTargetClass")?;
+            class.map(|c| c.spec.reclaim_policy).unwrap_or_default()
+        }
+        None => String::new(),
     };
-    let classes = Api::<DeploymentTargetClass>::all(ctx.client.clone());
-    let class = found(classes.get(&target.spec.deployment_target_class_name).await, "read the DeploymentTargetClass")?;
-    let policy = class.map(|c| c.spec.reclaim_policy).unwrap_or_default();
-    if policy == RECLAIM_DELETE {
-        deleted(targets.delete(&target_name, &DeleteParams::default()).await, "delete the released DeploymentTarget")?;
+    let ns = claim.namespace().unwrap_or_default();
+    match (release_step(bound, target.as_ref(), &policy), target) {
+        (Release::Done, _) | (_, None) => Ok(true),
+        (Release::Delete { delete }, Some(target)) => {
+            if delete {
+                deleted(
+                    targets.delete(&target_name, &DeleteParams::default()).await,
+                    "delete the released DeploymentTarget",
+                )?;
+                tracing::info!(tenant.ns = %ns, claim = %claim.name_any(), target = %target_name, %policy, "target of a deleted claim deleted");
+            }
+            if phase_of_target(&target) == PHASE_BOUND {
+                set_target_phase(targets, &target, PHASE_RELEASED).await?;
+            }
+            Ok(false)
+        }
+        (Release::Keep, Some(target)) => {
+            let patch = json!({"spec": {"claimRef": null}});
+            deleted(
+                targets.patch(&target_name, &PatchParams::default(), &Patch::Merge(&patch)).await,
+                "clear the released DeploymentTarget's claim",
+            )?;
+            set_target_phase(targets, &target, PHASE_RELEASED).await?;
+            tracing::info!(tenant.ns = %ns, claim = %claim.name_any(), target = %target_name, %policy, "target released");
+            Ok(true)
+        }
     }
-    let patch = json!({"spec": {"claimRef": null}});
-    deleted(
-        targets.patch(&target_name, &PatchParams::default(), &Patch::Merge(&patch)).await,
-        "clear the released DeploymentTarget's claim",
-    )?;
-    set_target_phase(targets, &target, PHASE_RELEASED).await?;
-    tracing::info!(tenant.ns = %claim.namespace().unwrap_or_default(), claim = %claim.name_any(), target = %target_name, %policy, "target released");
-    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{
+        DeploymentTargetClaimSpec, DeploymentTargetKubernetesClusterCredentials, DeploymentTargetSpec,
+        DeploymentTargetStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn target(phase: Option<&str>, claim: Option<&str>) -> DeploymentTarget {
+        let mut target = DeploymentTarget::new(
+            "dt",
+            DeploymentTargetSpec {
+                deployment_target_class_name: "cls".into(),
+                kubernetes_credentials: DeploymentTargetKubernetesClusterCredentials {
+                    api_url: "https://127.0.0.1:6443".into(),
+                    cluster_credentials_secret: "s".into(),
+                    ..Default::default()
+                },
+                claim_ref: claim.map(str::to_owned),
+            },
+        );
+        target.status = Some(DeploymentTargetStatus { phase: phase.map(str::to_owned), conditions: vec![] });
+        target
+    }
+
+    fn deleting(mut target: DeploymentTarget) -> DeploymentTarget {
+        target.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        target
+    }
+
+    /// One claim and its target through their lives: Pending while nothing matches,
+    /// Bound to an Available target, Lost when the target goes; deleted, Retain keeps
+    /// the target Released, Delete deletes it once and waits until it is gone.
+    #[test]
+    fn a_claim_and_its_target_walk_through_their_phases() {
+        let claim = DeploymentTargetClaim::new(
+            "dtc",
+            DeploymentTargetClaimSpec { deployment_target_class_name: "cls".into(), target_name: None },
+        );
+        // Pending: a target of another claim does not match; a provisioned one
+        // (Available, reserved) does.
+        let other = target(Some(matching::PHASE_AVAILABLE), Some("someone"));
+        assert!(matching::choose(&claim, std::slice::from_ref(&other), false).is_none(), "stays Pending");
+        let provisioned = target(Some(matching::PHASE_AVAILABLE), Some("dtc"));
+        assert!(matching::choose(&claim, std::slice::from_ref(&provisioned), true).is_some(), "binds");
+
+        // Bound while the target lives; Lost once it is going or gone.
+        let bound = target(Some(PHASE_BOUND), Some("dtc"));
+        assert_eq!(bound_claim_phase("dt", Some(&bound)), (PHASE_BOUND, None));
+        let (phase, error) = bound_claim_phase("dt", Some(&deleting(bound.clone())));
+        assert_eq!(phase, PHASE_LOST);
+        assert_eq!(error.as_deref(), Some("DeploymentTarget dt bound to the claim is being deleted"));
+        let (phase, error) = bound_claim_phase("dt", None);
+        assert_eq!(phase, PHASE_LOST);
+        assert_eq!(error.as_deref(), Some("DeploymentTarget dt bound to the claim does not exist"));
+
+        // Deleting the claim.
+        assert_eq!(release_step(true, Some(&bound), RECLAIM_RETAIN), Release::Keep);
+        assert_eq!(release_step(true, Some(&bound), ""), Release::Keep, "no usable class: the target is kept");
+        assert_eq!(release_step(true, Some(&bound), RECLAIM_DELETE), Release::Delete { delete: true });
+        assert_eq!(
+            release_step(true, Some(&deleting(bound.clone())), RECLAIM_DELETE),
+            Release::Delete { delete: false },
+            "asked once, then waited for"
+        );
+        assert_eq!(release_step(true, None, RECLAIM_DELETE), Release::Done, "the target is gone: the claim goes");
+        assert_eq!(release_step(false, Some(&bound), RECLAIM_DELETE), Release::Done, "an unbound claim owns nothing");
+    }
 }

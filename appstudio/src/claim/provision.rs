@@ -35,6 +35,13 @@ pub const LABEL_DTC: &str = "appstudio.openshift.io/dtc";
 pub const LABEL_DT: &str = "appstudio.openshift.io/dt";
 /// The SpaceRequest tier the layer asks for.
 pub const TIER: &str = "appstudio-env";
+/// The sandbox operator's finalizer, which the reclaimer also puts on a SpaceRequest
+/// before deleting it, so the request stays until the operator has let go of it.
+pub const FINALIZER_TOOLCHAIN: &str = "finalizer.toolchain.dev.openshift.com";
+/// The SpaceRequest condition the sandbox operator reports on.
+pub const CONDITION_READY: &str = "Ready";
+/// The `Ready` reason of a SpaceRequest the operator failed to delete.
+pub const REASON_UNABLE_TO_TERMINATE: &str = "UnableToTerminate";
 /// On a provisioned target: who made it.
 pub const ANN_PROVISIONED_BY: &str = "provisioner.appstudio.redhat.com/provisioned-by";
 /// The phase of a target ready to be bound.
@@ -126,7 +133,7 @@ pub async fn provision_for(ctx: &Context, claim: &DeploymentTargetClaim) -> Resu
 /// The target a Ready SpaceRequest with one namespace gives `claim`.
 pub fn target_from(request: &SpaceRequest, claim: &DeploymentTargetClaim) -> Option<DeploymentTarget> {
     let status = request.status.as_ref()?;
-    let ready = status.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+    let ready = status.conditions.iter().any(|c| c.type_ == CONDITION_READY && c.status == "True");
     let [access] = status.namespace_access.as_slice() else { return None };
     if !ready {
         return None;

@@ -21,8 +21,8 @@ use super::{Ground, ground};
 use crate::support::eventually;
 
 /// A class of the test's own (classes are cluster-scoped); deleted when dropped.
-struct Class {
-    name: String,
+pub(super) struct Class {
+    pub(super) name: String,
 }
 
 impl Drop for Class {
@@ -41,13 +41,18 @@ impl Drop for Class {
     }
 }
 
-async fn class(g: &Ground, policy: &str) -> Class {
-    let name = format!("{}-{}", g.ns(), policy.to_lowercase());
+pub(super) async fn class(g: &Ground, policy: &str) -> Class {
+    class_of(g, &policy.to_lowercase(), DEVSANDBOX, policy).await
+}
+
+/// A class `<namespace>-<suffix>` of `provisioner`.
+pub(super) async fn class_of(g: &Ground, suffix: &str, provisioner: &str, policy: &str) -> Class {
+    let name = format!("{}-{suffix}", g.ns());
     let api = Api::<DeploymentTargetClass>::all(g.client.clone());
     let class = DeploymentTargetClass::new(
         &name,
         DeploymentTargetClassSpec {
-            provisioner: "appstudio.redhat.com/devsandbox".into(),
+            provisioner: provisioner.into(),
             reclaim_policy: policy.into(),
             ..DeploymentTargetClassSpec::default()
         },
@@ -56,7 +61,7 @@ async fn class(g: &Ground, policy: &str) -> Class {
     Class { name }
 }
 
-fn target(name: &str, class: &str, claim: Option<&str>) -> DeploymentTarget {
+pub(super) fn target(name: &str, class: &str, claim: Option<&str>) -> DeploymentTarget {
     DeploymentTarget::new(
         name,
         DeploymentTargetSpec {
@@ -72,7 +77,7 @@ fn target(name: &str, class: &str, claim: Option<&str>) -> DeploymentTarget {
     )
 }
 
-fn claim(name: &str, class: &str, target: Option<&str>) -> DeploymentTargetClaim {
+pub(super) fn claim(name: &str, class: &str, target: Option<&str>) -> DeploymentTargetClaim {
     DeploymentTargetClaim::new(
         name,
         DeploymentTargetClaimSpec {
@@ -82,15 +87,15 @@ fn claim(name: &str, class: &str, target: Option<&str>) -> DeploymentTargetClaim
     )
 }
 
-fn claim_phase(claim: &DeploymentTargetClaim) -> &str {
+pub(super) fn claim_phase(claim: &DeploymentTargetClaim) -> &str {
     claim.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default()
 }
 
-fn target_phase(target: &DeploymentTarget) -> &str {
+pub(super) fn target_phase(target: &DeploymentTarget) -> &str {
     target.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default()
 }
 
-async fn claim_where(
+pub(super) async fn claim_where(
     g: &Ground,
     name: &str,
     what: &str,
@@ -99,7 +104,7 @@ async fn claim_where(
     eventually(what, || async { g.get::<DeploymentTargetClaim>(name).await.filter(|c| check(c)) }).await
 }
 
-async fn target_where(
+pub(super) async fn target_where(
     g: &Ground,
     name: &str,
     what: &str,
@@ -113,7 +118,7 @@ fn success(conditions: Option<&Vec<gitops_appstudio::api::Condition>>) -> bool {
 }
 
 /// Waits until claim and target are bound to each other, and checks the marks.
-async fn assert_bound(g: &Ground, claim_name: &str, target_name: &str, by_controller: bool) {
+pub(super) async fn assert_bound(g: &Ground, claim_name: &str, target_name: &str, by_controller: bool) {
     let claim = claim_where(g, claim_name, "the claim Bound", |c| {
         claim_phase(c) == "Bound" && c.annotations().contains_key(ANN_BIND_COMPLETED)
     })
@@ -305,9 +310,18 @@ async fn a_claim_is_provisioned_a_sandbox_namespace_and_gives_it_back() {
     assert_eq!(managed.spec.credentials_secret, "managed-environment-secret-sandbox");
     assert_eq!(managed.spec.namespaces.as_deref(), Some(&["team-sandbox".to_owned()][..]));
 
-    // A Delete class: the claim's deletion takes the target and the SpaceRequest along.
+    // A Delete class: the claim's deletion takes the target and the SpaceRequest along,
+    // once the sandbox operator lets go of the request (its finalizer).
     g.api::<gitops_appstudio::api::Environment>().delete("sandbox", &DeleteParams::default()).await.expect("delete");
     g.api::<DeploymentTargetClaim>().delete("dtc", &DeleteParams::default()).await.expect("delete the claim");
+    eventually("the SpaceRequest being deleted", || async {
+        requests.get_opt(&name).await.ok()?.filter(|r| r.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    requests
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"finalizers": []}})))
+        .await
+        .expect("the operator lets go");
     eventually("claim, target and SpaceRequest gone", || async {
         let claim = g.get::<DeploymentTargetClaim>("dtc").await;
         let target = g.get::<DeploymentTarget>("dtc-dt").await;

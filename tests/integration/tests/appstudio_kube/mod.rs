@@ -8,6 +8,7 @@
 
 mod binding;
 mod claim;
+mod claim_dynamic;
 mod crds;
 mod environment;
 mod leader;
