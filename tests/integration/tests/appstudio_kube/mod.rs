@@ -4,7 +4,9 @@
 //! (writing binding status) and the core (writing GitOpsDeployment status). "kube"
 //! in the module's name puts these tests in the real-Kubernetes tier of ops/test.
 //! Ported from the original service's end-to-end cases; the original's minutes of
-//! waiting are settings here.
+//! waiting are settings here. `promotion_core` runs the layer on the real core
+//! instead (writer, agent and the Argo CD stand-in), the test playing only the
+//! repository generator.
 
 mod binding;
 mod claim;
@@ -14,13 +16,16 @@ mod environment;
 mod leader;
 mod promotion;
 mod promotion_automated;
+mod promotion_core;
 mod tenancy;
 mod webhook;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use gitops_appstudio::api;
 use gitops_appstudio::context::Settings;
+use gitops_appstudio::metrics::Metrics;
 use gitops_testkit::cluster::{TestCluster, TestNamespace};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Resource;
@@ -28,11 +33,19 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
+use crate::support::writer::Env;
+
 /// A namespace with the layer's controllers serving it; they stop when dropped.
 pub(crate) struct Ground {
     pub(crate) client: kube::Client,
-    pub(crate) namespace: TestNamespace,
+    namespace: Held,
     cancel: CancellationToken,
+}
+
+/// The namespace a ground serves: its own, or the tenant namespace of a core.
+enum Held {
+    Own(TestNamespace),
+    Core(Box<Env>),
 }
 
 impl Drop for Ground {
@@ -57,23 +70,51 @@ pub(crate) async fn ground_strict(purpose: &str) -> Ground {
     start(purpose, Settings::default()).await
 }
 
-async fn start(purpose: &str, mut settings: Settings) -> Ground {
+async fn start(purpose: &str, settings: Settings) -> Ground {
     let cluster = TestCluster::get().await;
+    install_crds(cluster).await;
+    let namespace = cluster.namespace(purpose).await;
+    serve(cluster.admin().await, Held::Own(namespace), settings, Arc::default())
+}
+
+/// A ground on the tenant namespace of `core` (a writer, its agent and the Argo CD
+/// stand-in; start the writer with `core.writer`), counting the layer's reconciles
+/// into `metrics`. Loopback API URLs are accepted, as in [`ground_with`].
+pub(crate) async fn ground_on_core(core: Env, mut settings: Settings, metrics: Arc<Metrics>) -> Ground {
+    settings.api_url_allow_private = true;
+    install_crds(TestCluster::get().await).await;
+    serve(core.kube.clone(), Held::Core(Box::new(core)), settings, metrics)
+}
+
+async fn install_crds(cluster: &TestCluster) {
     cluster.install_crds(gitops_writer::api::crds()).await.expect("install the core CRDs");
     cluster.install_crds(api::crds()).await.expect("install the AppStudio CRDs");
     cluster.install_crds(api::fixture_crds()).await.expect("install the fixture CRDs");
-    let namespace = cluster.namespace(purpose).await;
-    let client = cluster.admin().await;
-    settings.namespace = Some(namespace.name().to_owned());
+}
+
+fn serve(client: kube::Client, namespace: Held, mut settings: Settings, metrics: Arc<Metrics>) -> Ground {
+    let ground = Ground { client, namespace, cancel: CancellationToken::new() };
+    settings.namespace = Some(ground.ns().to_owned());
     settings.user_error_requeue = Duration::from_millis(500);
-    let cancel = CancellationToken::new();
-    tokio::spawn(gitops_appstudio::run::run_controllers(client.clone(), settings, cancel.clone()));
-    Ground { client, namespace, cancel }
+    let client = ground.client.clone();
+    tokio::spawn(gitops_appstudio::run::run_with_metrics(client, settings, metrics, ground.cancel.clone()));
+    ground
 }
 
 impl Ground {
     pub(crate) fn ns(&self) -> &str {
-        self.namespace.name()
+        match &self.namespace {
+            Held::Own(namespace) => namespace.name(),
+            Held::Core(core) => core.tenant.name(),
+        }
+    }
+
+    /// The core under a ground made by [`ground_on_core`].
+    pub(crate) fn core(&self) -> Option<&Env> {
+        match &self.namespace {
+            Held::Own(_) => None,
+            Held::Core(core) => Some(core),
+        }
     }
 
     pub(crate) fn api<K>(&self) -> Api<K>

@@ -1,6 +1,6 @@
 //! The stand-in's Kubernetes side: a `kube::runtime::Controller` over the
-//! Applications of one namespace (re-triggered when an AppProject or a repository
-//! Secret changes) that
+//! Applications of one namespace (re-triggered when an AppProject, a repository
+//! Secret or a branch head's ConfigMap changes) that
 //! reads each Application and its project, asks `status::plan` what Argo CD would
 //! write, and writes it as one JSON merge patch on the main resource, as Argo CD
 //! does. Deletion removes Argo CD's resources finalizer. Only ordinary client
@@ -25,6 +25,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::application::AppSpec;
 use super::destination::{Destinations, PROBE_TTL, loopback_address, unreachable_message};
+use super::heads::{HEAD_LABEL, Head, HeadStore};
 use super::knobs::DESTINATION as DESTINATION_KNOB;
 use super::knobs::Knobs;
 use super::live;
@@ -34,7 +35,7 @@ use super::project_index::ProjectIndex;
 use super::repository::{REPOSITORY_SELECTOR, Repositories, RepositoryCredential, source_error};
 use super::status::{PlanInput, deletion_held_patch, plan};
 use super::{StandinError, StandinOptions};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
 /// Argo CD's finalizer: delete the Application's resources before the Application.
 pub const RESOURCES_FINALIZER: &str = "resources-finalizer.argocd.argoproj.io";
@@ -83,6 +84,12 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
+    #[error("list the branch heads for Application {name}")]
+    Heads {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("Application {name} still conflicted after {CONFLICT_ATTEMPTS} attempts")]
     Conflicts { name: String },
     #[error("{action} the live object of Application {name}")]
@@ -112,6 +119,7 @@ struct Context {
     loop_guard: LoopGuard,
     destinations: Destinations,
     repositories: Arc<Repositories>,
+    heads: Arc<HeadStore>,
     /// Which Applications name which project (for project events).
     index: Arc<ProjectIndex>,
     /// The controller's view of the Applications (to drop what went away).
@@ -191,6 +199,8 @@ pub(super) async fn run_controller(
     let store = controller.store();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let repositories = Arc::new(Repositories::new(secrets.clone()));
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let heads = Arc::new(HeadStore::new(config_maps.clone()));
     let index = Arc::new(ProjectIndex::default());
     let context = Arc::new(Context {
         client,
@@ -201,12 +211,15 @@ pub(super) async fn run_controller(
         loop_guard: LoopGuard::default(),
         destinations: Destinations::default(),
         repositories: repositories.clone(),
+        heads: heads.clone(),
         index: index.clone(),
         store: store.clone(),
         app_resource: app_resource.clone(),
     });
     let repository_store = store.clone();
     let repository_resource = app_resource.clone();
+    let head_store = store.clone();
+    let head_resource = app_resource.clone();
     let app_namespace = namespace.to_owned();
     controller
         .watches(secrets, watcher::Config::default().labels(REPOSITORY_SELECTOR), move |secret: Secret| {
@@ -219,6 +232,18 @@ pub(super) async fn run_controller(
                 .into_iter()
                 .filter(|app| !url.is_empty() && normalize_repo_url(&source_of(app)) == url)
                 .map(|app| ObjectRef::from_obj_with(app.as_ref(), repository_resource.clone()))
+                .collect::<Vec<_>>()
+        })
+        .watches(config_maps, watcher::Config::default().labels(HEAD_LABEL), move |config_map: ConfigMap| {
+            // A branch head moved (or came, or went): the Applications of its
+            // repository resolve their branch again, by a fresh list.
+            heads.touched();
+            let url = Head::from_config_map(&config_map).map(|head| head.url).unwrap_or_default();
+            head_store
+                .state()
+                .into_iter()
+                .filter(|app| !url.is_empty() && normalize_repo_url(&source_of(app)) == url)
+                .map(|app| ObjectRef::from_obj_with(app.as_ref(), head_resource.clone()))
                 .collect::<Vec<_>>()
         })
         .watches_with(projects, app_project_resource(), watcher::Config::default(), move |project: DynamicObject| {
@@ -329,6 +354,7 @@ async fn reconcile_object(app: &DynamicObject, context: &Context) -> Result<Acti
         .await
         .map_err(|source| ReconcileError::Repositories { name: name.clone(), source })?;
     let source_error = source_error(&credentials, &spec.source.repo_url, &spec.project);
+    let heads = context.heads.current().await.map_err(|source| ReconcileError::Heads { name: name.clone(), source })?;
     let plan = plan(&PlanInput {
         object: &object,
         annotations: &annotations,
@@ -338,6 +364,7 @@ async fn reconcile_object(app: &DynamicObject, context: &Context) -> Result<Acti
         resync: context.options.resync,
         destination_error: destination_error.as_deref(),
         source_error: source_error.as_deref(),
+        heads: &heads,
     });
     if !plan.unknown_knobs.is_empty() {
         warn!(knobs = ?plan.unknown_knobs, "ignoring stand-in knob annotations it does not know");

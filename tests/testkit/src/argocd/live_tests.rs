@@ -31,6 +31,77 @@ async fn standin_against_live_api_server() {
     exercise(client, &namespace.name).await;
 }
 
+/// Branch heads through the API: a test's push (a ConfigMap) moves the Applications
+/// of that repository and branch, automated ones to a sync at the new commit,
+/// manual ones to OutOfSync there; an Application of another branch stays at its
+/// made-up commit; deleting the head returns the branch to it.
+#[tokio::test]
+async fn standin_follows_branch_heads_against_live_api_server() {
+    let path = crate::cluster::TestCluster::get().await.kubeconfig_path().to_owned();
+    let client = client_from_kubeconfig(&path).await.expect("client from the test cluster's kubeconfig");
+    install_crds(&client, ForeignCrds::Keep, Duration::from_secs(60)).await.expect("install the CRDs");
+    let namespace = TestNamespace::create(&client, &path).await;
+    let ns = namespace.name.as_str();
+    let apps: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &application_resource());
+    let projects: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &app_project_resource());
+    create(
+        &projects,
+        json!({"metadata": {"name": "tenant"}, "spec": {
+            "sourceRepos": ["*"], "destinations": [{"server": "*", "namespace": "*"}],
+        }}),
+    )
+    .await;
+    let (x, y) = ("1111111111111111111111111111111111111111", "2222222222222222222222222222222222222222");
+    // The repository as the test's pusher spells it: the stand-in compares it normalised.
+    let pushed_as = "https://git.example.invalid/Team/App.git";
+    push_head(&client, ns, pushed_as, "main", x).await.expect("push x");
+    let cancel = CancellationToken::new();
+    let standin = tokio::spawn({
+        let (client, namespace, cancel) = (client.clone(), ns.to_owned(), cancel.clone());
+        async move { run(client, &namespace, StandinOptions::default(), cancel).await }
+    });
+    let automated = json!({"spec": {"syncPolicy": {"automated": {}}}});
+    create(&apps, app("follows", &[], automated.clone())).await;
+    create(&apps, app("manual", &[], json!({"operation": {"sync": {}}}))).await;
+    let mut other_branch = automated.clone();
+    other_branch["spec"]["source"] = json!({"targetRevision": "v2"});
+    create(&apps, app("other-branch", &[], other_branch)).await;
+
+    let at = |revision: &'static str| move |app: &Value| sync_status(app) == "Synced" && sync_revision(app) == revision;
+    wait_for(&apps, "follows", "Synced at x", at(x)).await;
+    wait_for(&apps, "manual", "Synced at x", at(x)).await;
+    let other = wait_for(&apps, "other-branch", "Synced", |app| sync_status(app) == "Synced").await;
+    let v2 = fake_revision(REPO, "apps/web", "v2");
+    assert_eq!(sync_revision(&other), v2, "another branch keeps its made-up commit");
+
+    push_head(&client, ns, pushed_as, "main", y).await.expect("push y");
+    let followed = wait_for(&apps, "follows", "Synced at y", at(y)).await;
+    assert_eq!(followed["status"]["operationState"]["operation"]["initiatedBy"]["automated"], true);
+    let history: Vec<&str> = followed["status"]["history"]
+        .as_array()
+        .map(|entries| entries.iter().filter_map(|entry| entry["revision"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(history, [x, y]);
+    wait_for(&apps, "manual", "OutOfSync at y", |app| sync_status(app) == "OutOfSync" && sync_revision(app) == y).await;
+    merge(&apps, "manual", json!({"operation": {"sync": {}}})).await;
+    wait_for(&apps, "manual", "Synced at y after a sync", at(y)).await;
+    let other = serde_json::to_value(apps.get("other-branch").await.expect("get")).expect("serialise");
+    assert_eq!(sync_revision(&other), v2, "a push to main leaves v2 alone");
+
+    // The head goes: the branch is at its made-up commit again.
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), ns);
+    config_maps.delete(&head_name(pushed_as, "main"), &DeleteParams::default()).await.expect("delete the head");
+    let main = fake_revision(REPO, "apps/web", "main");
+    wait_for(&apps, "follows", "Synced at the made-up commit", |app| {
+        sync_status(app) == "Synced" && sync_revision(app) == main
+    })
+    .await;
+
+    cancel.cancel();
+    let result = tokio::time::timeout(DEADLINE, standin).await.expect("the stand-in stops when cancelled");
+    result.expect("the stand-in task").expect("the stand-in ends without error");
+}
+
 /// Every behaviour of the stand-in, in `namespace`: the caller installs the CRDs
 /// (`install_crds`) and creates the namespace; the stand-in runs inside and is
 /// stopped before this returns. For any API server (the emulator tier calls it
@@ -309,6 +380,10 @@ async fn wait_gone(api: &Api<DynamicObject>, name: &str) {
 
 fn sync_status(app: &Value) -> &str {
     str_at(app, "/status/sync/status")
+}
+
+fn sync_revision(app: &Value) -> &str {
+    str_at(app, "/status/sync/revision")
 }
 
 fn health(app: &Value) -> &str {

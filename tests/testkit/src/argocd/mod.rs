@@ -12,7 +12,8 @@
 //! - **Status** (on the main resource — Argo CD's CRD has no status subresource —
 //!   as one JSON merge patch, only when something changed): `sync` (`status`,
 //!   `revision`: a fake 40-hex commit from repoURL + path + revision, see
-//!   [`fake_revision`]; `comparedTo`), `health`, `resources` (one Deployment named
+//!   [`fake_revision`], or the branch's head when a test set one, see below;
+//!   `comparedTo`), `health`, `resources` (one Deployment named
 //!   after the last path segment), `reconciledAt`, `sourceType: Directory`,
 //!   `controllerNamespace`, `conditions`, `history` after each successful sync. A
 //!   valid manual Application is `OutOfSync` and `Healthy` until its first
@@ -67,11 +68,32 @@
 //! | `standin.gitops.test/finalizer` | `hang` | the resources finalizer is never removed; condition `DeletionError` says why; removing the annotation releases it |
 //!
 //! Unknown knob values are ignored with a warning.
+//!
+//! # Branch heads (a ConfigMap in the stand-in's namespace)
+//! A test playing whoever pushes to a repository moves a branch with a ConfigMap
+//! labelled [`HEAD_LABEL`] (`standin.gitops.test/head`, any value) whose data says
+//! `url` (the repository, compared as project rules compare it: case, a trailing
+//! `/` and `.git` do not matter), `branch` (matched with the Application's
+//! `targetRevision` as written; empty or absent: `HEAD`) and `commit` (40 hex
+//! digits). Every Application of that repository and branch, whatever its path,
+//! resolves the branch to `commit` (`status.sync.revision`, the revision of its
+//! syncs). Changing `commit` is a push: automated Applications are `OutOfSync` at
+//! the new commit while the controller's sync runs, then `Synced` there; manual
+//! ones are `OutOfSync` at it until a sync. [`push_head`] applies the ConfigMap
+//! (named by [`head_name`]); deleting it returns the branch to its made-up commit.
+//! Of two ConfigMaps for one branch the first by name wins; one that does not say a
+//! head is ignored with a warning; a ConfigMap whose `url` is changed to another
+//! repository leaves the first repository's Applications alone until they are
+//! looked at again (delete it and make another instead). Without such a ConfigMap
+//! nothing changes. A ConfigMap rather than an annotation: a head belongs to a
+//! repository, not to one Application, and it works the same on any API server
+//! (the stand-in lists and watches ConfigMaps of its namespace by that label).
 
 mod application;
 mod controller;
 mod crds;
 mod destination;
+mod heads;
 mod install;
 mod knobs;
 pub mod live;
@@ -98,6 +120,7 @@ use tokio_util::sync::CancellationToken;
 pub use application::str_at;
 pub use controller::{FIELD_MANAGER, RESOURCES_FINALIZER, ReconcileError, app_project_resource, application_resource};
 pub use crds::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, app_project_crd, application_crd};
+pub use heads::{HEAD_LABEL, head_name, push as push_head};
 pub use install::{CrdOutcome, ForeignCrds, install_crds};
 pub use knobs::{
     COMPARISON_ERROR as COMPARISON_ERROR_KNOB, DESTINATION as DESTINATION_KNOB, FINALIZER as FINALIZER_KNOB,

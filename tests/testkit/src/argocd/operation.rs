@@ -13,10 +13,10 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
 use super::application::{AppSpec, str_at};
+use super::heads::Heads;
 use super::knobs::{Knobs, SYNC, SyncKnob};
 use super::project::NOT_VALID_MESSAGE;
 use super::retry::{Strategy, due_in};
-use super::revision::fake_revision;
 
 pub const RUNNING: &str = "Running";
 pub const TERMINATING: &str = "Terminating";
@@ -36,6 +36,8 @@ pub const RUNNING_MESSAGE: &str = "one or more tasks are running";
 pub struct OperationInput<'a> {
     pub spec: &'a AppSpec,
     pub knobs: &'a Knobs,
+    /// The branch heads tests set (see `heads`); empty: none.
+    pub heads: &'a Heads,
     /// InvalidSpecError messages: a running sync fails with them.
     pub spec_errors: &'a [String],
     /// Comparison failed: a running sync fails with this message.
@@ -159,7 +161,7 @@ fn finish(input: &OperationInput<'_>, state: Option<&Value>, phase: &str, messag
         next.insert("startedAt".to_owned(), json!(input.now));
     }
     if !next.contains_key("syncResult") {
-        let revision = sync_revision(input.spec, next.get("operation").unwrap_or(&Value::Null));
+        let revision = sync_revision(input.spec, next.get("operation").unwrap_or(&Value::Null), input.heads);
         next.insert("syncResult".to_owned(), json!({"revision": revision, "source": input.spec.source_json}));
     }
     next.insert("phase".to_owned(), json!(phase));
@@ -175,7 +177,7 @@ fn finish(input: &OperationInput<'_>, state: Option<&Value>, phase: &str, messag
 
 /// Starts `operation`: phase Running, with the revision it will sync to.
 fn start(input: &OperationInput<'_>, operation: Value) -> OperationStep {
-    let revision = sync_revision(input.spec, &operation);
+    let revision = sync_revision(input.spec, &operation, input.heads);
     let mut state = Map::new();
     state.insert("operation".to_owned(), operation);
     state.insert("phase".to_owned(), json!(RUNNING));
@@ -186,18 +188,18 @@ fn start(input: &OperationInput<'_>, operation: Value) -> OperationStep {
 }
 
 /// The commit a sync operation deploys: `operation.sync.revision`, or the
-/// target revision, resolved as Argo CD would (see `fake_revision`).
-pub fn sync_revision(spec: &AppSpec, operation: &Value) -> String {
+/// target revision, resolved as Argo CD would (see `Heads::resolve`).
+pub fn sync_revision(spec: &AppSpec, operation: &Value, heads: &Heads) -> String {
     let revision = match str_at(operation, "/sync/revision") {
         "" => spec.source.target_revision.as_str(),
         revision => revision,
     };
-    fake_revision(&spec.source.repo_url, &spec.source.path, revision)
+    heads.resolve(&spec.source.repo_url, &spec.source.path, revision)
 }
 
 /// The commit the spec's target revision resolves to.
-pub fn target_revision(spec: &AppSpec) -> String {
-    fake_revision(&spec.source.repo_url, &spec.source.path, &spec.source.target_revision)
+pub fn target_revision(spec: &AppSpec, heads: &Heads) -> String {
+    heads.resolve(&spec.source.repo_url, &spec.source.path, &spec.source.target_revision)
 }
 
 /// Argo CD's automated sync: an automated, valid Application whose last attempt
@@ -211,7 +213,7 @@ fn automated_sync(input: &OperationInput<'_>, state: Option<&Value>) -> Option<V
     if !spec.automated || !input.spec_errors.is_empty() || input.comparison_error.is_some() {
         return None;
     }
-    let target = target_revision(spec);
+    let target = target_revision(spec, input.heads);
     if let Some(state) = state {
         let result = state.get("syncResult").unwrap_or(&Value::Null);
         if str_at(result, "/revision") == target && result.get("source") == Some(&spec.source_json) {
@@ -233,6 +235,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::argocd::revision::fake_revision;
+
+    static NO_HEADS: Heads = Heads::NONE;
 
     fn spec(automated: bool) -> AppSpec {
         let mut app = json!({"spec": {
@@ -255,6 +260,7 @@ mod tests {
         OperationInput {
             spec,
             knobs,
+            heads: &NO_HEADS,
             spec_errors: &[],
             comparison_error: None,
             sync_refusal: None,

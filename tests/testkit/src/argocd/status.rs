@@ -16,6 +16,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{Map, Value, json};
 
 use super::application::{AppSpec, str_at};
+use super::heads::Heads;
 use super::knobs::{FINALIZER, Knobs, SyncKnob};
 use super::operation::{self, ERROR, FAILED, OperationInput, SUCCEEDED};
 use super::project::{INVALID_SPEC_ERROR, ProjectRules, spec_errors, sync_refusal};
@@ -47,6 +48,8 @@ pub struct PlanInput<'a> {
     pub destination_error: Option<&'a str>,
     /// Why the source cannot be read (see `repository`); `None`: it can.
     pub source_error: Option<&'a str>,
+    /// The branch heads tests set (see `heads`); empty: none.
+    pub heads: &'a Heads,
     /// Argo CD's reconciliation timeout: `reconciledAt` older than this is
     /// refreshed. Zero: never.
     pub resync: Duration,
@@ -92,6 +95,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     let step = operation::step(&OperationInput {
         spec: &spec,
         knobs: &knobs,
+        heads: input.heads,
         spec_errors: &errors,
         comparison_error,
         sync_refusal: sync_refusal.as_deref(),
@@ -109,7 +113,8 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
         }
     }
     let operation_state = desired.get("operationState").cloned().unwrap_or(Value::Null);
-    let target = operation::target_revision(&spec);
+    let target = operation::target_revision(&spec, input.heads);
+    let tracks_head = input.heads.head(&spec.source.repo_url, &spec.source.target_revision).is_some();
 
     let mut conditions: Vec<(&str, String)> =
         errors.iter().map(|message| (INVALID_SPEC_ERROR, message.clone())).collect();
@@ -126,7 +131,7 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             conditions.push((COMPARISON_ERROR, message.to_owned()));
             (json!({"status": "Unknown", "comparedTo": compared_to}), health)
         } else {
-            let (status, revision) = sync_status(&spec, &knobs, &operation_state, &target);
+            let (status, revision) = sync_status(&spec, &knobs, &operation_state, &target, tracks_head);
             let health_status = str_at(&health, "/status").to_owned();
             desired.insert("resources".to_owned(), json!([resource(object, &spec, status, &health_status)]));
             desired.insert("sourceType".to_owned(), json!("Directory"));
@@ -264,8 +269,16 @@ fn health_message(knobs: &Knobs, status: &str, resource: &str) -> Option<String>
 /// stand-in has no Git: a manual Application counts as synced at its last
 /// successful sync's revision and is `OutOfSync` before any sync (nothing of it is
 /// deployed yet, as Argo CD finds); an automated one is OutOfSync until a sync at
-/// its target revision succeeded.
-fn sync_status(spec: &AppSpec, knobs: &Knobs, state: &Value, target: &str) -> (&'static str, String) {
+/// its target revision succeeded. A manual Application whose branch has a head
+/// (`tracks_head`) is compared with it as Argo CD compares with Git: `OutOfSync`
+/// at the head once the head moved past its last sync.
+fn sync_status(
+    spec: &AppSpec,
+    knobs: &Knobs,
+    state: &Value,
+    target: &str,
+    tracks_head: bool,
+) -> (&'static str, String) {
     if knobs.sync == SyncKnob::Fail {
         return ("OutOfSync", target.to_owned());
     }
@@ -273,7 +286,7 @@ fn sync_status(spec: &AppSpec, knobs: &Knobs, state: &Value, target: &str) -> (&
     let last_success = (str_at(state, "/phase") == SUCCEEDED && result.get("source") == Some(&spec.source_json))
         .then(|| str_at(result, "/revision"))
         .filter(|revision| !revision.is_empty());
-    if spec.automated {
+    if spec.automated || tracks_head {
         let status = if last_success == Some(target) { "Synced" } else { "OutOfSync" };
         (status, target.to_owned())
     } else {

@@ -9,6 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::argocd::heads::Head;
 use crate::argocd::knobs::{COMPARISON_ERROR as COMPARISON_KNOB, HEALTH, SYNC};
 use crate::argocd::operation::{RUNNING, SUCCEEDED_MESSAGE, TERMINATING};
 use crate::argocd::project::{DestinationRule, NOT_VALID_MESSAGE};
@@ -51,7 +52,19 @@ fn plan_at(object: &Value, project: Option<&ProjectRules>, now: Timestamp) -> Pl
     plan_reaching(object, project, now, None)
 }
 
+static NO_HEADS: Heads = Heads::NONE;
+
 fn plan_reaching(object: &Value, project: Option<&ProjectRules>, now: Timestamp, unreachable: Option<&str>) -> Plan {
+    plan_with_heads(object, project, now, unreachable, &NO_HEADS)
+}
+
+fn plan_with_heads(
+    object: &Value,
+    project: Option<&ProjectRules>,
+    now: Timestamp,
+    unreachable: Option<&str>,
+    heads: &Heads,
+) -> Plan {
     let annotations = annotations_of(object);
     plan(&PlanInput {
         object,
@@ -62,6 +75,7 @@ fn plan_reaching(object: &Value, project: Option<&ProjectRules>, now: Timestamp,
         resync: Duration::from_secs(180),
         destination_error: unreachable,
         source_error: None,
+        heads,
     })
 }
 
@@ -71,8 +85,13 @@ fn now() -> Timestamp {
 
 /// Applies plans until none writes; returns the object and the number of writes.
 fn converge(object: &mut Value, project: Option<&ProjectRules>) -> usize {
+    converge_with_heads(object, project, &NO_HEADS)
+}
+
+/// [`converge`] with the branch heads `heads`.
+fn converge_with_heads(object: &mut Value, project: Option<&ProjectRules>, heads: &Heads) -> usize {
     for writes in 0..10 {
-        match plan_at(object, project, now()).patch {
+        match plan_with_heads(object, project, now(), None, heads).patch {
             Some(patch) => json_patch::merge(object, &patch),
             None => return writes,
         }
@@ -299,4 +318,90 @@ fn a_cluster_scoped_resource_syncs_only_where_the_project_whitelists_it() {
     converge(&mut object, Some(&whitelisting));
     assert_eq!(object["status"]["operationState"]["phase"], "Succeeded");
     assert_eq!(object["status"]["sync"]["status"], "Synced");
+}
+
+fn heads_at(commit: &str) -> Heads {
+    Heads::new([Head { url: REPO.into(), branch: "main".into(), commit: commit.into() }])
+}
+
+#[test]
+fn an_automated_application_follows_its_branch_head() {
+    let (x, y) = ("1111111111111111111111111111111111111111", "2222222222222222222222222222222222222222");
+    let mut object = app(&[]);
+    object["spec"]["syncPolicy"] = json!({"automated": {"prune": true}});
+    assert_eq!(converge_with_heads(&mut object, Some(&project()), &heads_at(x)), 2);
+    assert_eq!(
+        (object["status"]["sync"]["status"].as_str(), object["status"]["sync"]["revision"].as_str()),
+        (Some("Synced"), Some(x))
+    );
+
+    // A push: OutOfSync at the new head while the controller's sync runs, then Synced there.
+    let pushed = heads_at(y);
+    let running = plan_with_heads(&object, Some(&project()), now(), None, &pushed);
+    assert_eq!((running.sync_status.as_str(), running.operation_phase.as_deref()), ("OutOfSync", Some(RUNNING)));
+    json_patch::merge(&mut object, &running.patch.expect("a sync starts"));
+    assert_eq!(object["status"]["sync"]["revision"], y, "Argo CD reports the revision it compares with");
+    assert_eq!(object["status"]["operationState"]["operation"]["sync"]["revision"], y);
+    assert_eq!(converge_with_heads(&mut object, Some(&project()), &pushed), 1);
+    assert_eq!(object["status"]["sync"]["status"], "Synced");
+    assert_eq!(object["status"]["sync"]["revision"], y);
+    assert_eq!(object["status"]["operationState"]["syncResult"]["revision"], y);
+    let history: Vec<&str> = object["status"]["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| entry["revision"].as_str().unwrap())
+        .collect();
+    assert_eq!(history, [x, y]);
+
+    // The head removed: back at the made-up commit of the branch, as without heads.
+    converge(&mut object, Some(&project()));
+    assert_eq!(object["status"]["sync"]["revision"], fake_revision(REPO, "apps/web", "main").as_str());
+    assert_eq!(object["status"]["sync"]["status"], "Synced");
+}
+
+#[test]
+fn a_manual_application_goes_out_of_sync_when_its_head_moves() {
+    let (x, y) = ("1111111111111111111111111111111111111111", "2222222222222222222222222222222222222222");
+    let mut object = app(&[]);
+    converge_with_heads(&mut object, Some(&project()), &heads_at(x));
+    assert_eq!(object["status"]["sync"]["status"], "OutOfSync", "never synced");
+    object["operation"] = json!({"sync": {}});
+    converge_with_heads(&mut object, Some(&project()), &heads_at(x));
+    assert_eq!(
+        (object["status"]["sync"]["status"].as_str(), object["status"]["sync"]["revision"].as_str()),
+        (Some("Synced"), Some(x))
+    );
+    // No sync of its own after a push: OutOfSync at the new head until asked.
+    assert_eq!(converge_with_heads(&mut object, Some(&project()), &heads_at(y)), 1);
+    assert_eq!(
+        (object["status"]["sync"]["status"].as_str(), object["status"]["sync"]["revision"].as_str()),
+        (Some("OutOfSync"), Some(y))
+    );
+    assert_eq!(object["status"]["operationState"]["syncResult"]["revision"], x);
+    object["operation"] = json!({"sync": {}});
+    converge_with_heads(&mut object, Some(&project()), &heads_at(y));
+    assert_eq!(
+        (object["status"]["sync"]["status"].as_str(), object["status"]["sync"]["revision"].as_str()),
+        (Some("Synced"), Some(y))
+    );
+}
+
+#[test]
+fn a_head_of_another_branch_or_repository_changes_nothing() {
+    let mut plain = app(&[]);
+    plain["spec"]["syncPolicy"] = json!({"automated": {}});
+    let mut headed = plain.clone();
+    converge(&mut plain, Some(&project()));
+    let elsewhere = Heads::new([
+        Head { url: REPO.into(), branch: "v2".into(), commit: "1111111111111111111111111111111111111111".into() },
+        Head {
+            url: "https://git.example.invalid/team/other".into(),
+            branch: "main".into(),
+            commit: "2222222222222222222222222222222222222222".into(),
+        },
+    ]);
+    converge_with_heads(&mut headed, Some(&project()), &elsewhere);
+    assert_eq!(headed["status"], plain["status"]);
+    assert_eq!(plain["status"]["sync"]["revision"], fake_revision(REPO, "apps/web", "main").as_str());
 }
