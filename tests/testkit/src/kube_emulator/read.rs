@@ -4,6 +4,7 @@
 //! first page's resourceVersion: objects changed since then are taken back to
 //! their earlier version from the resource's event history.
 
+use std::ops::Bound;
 use std::sync::Arc;
 
 use base64::Engine;
@@ -111,7 +112,28 @@ pub fn list(
     let mut replaced: Vec<(&ObjectKey, &Option<Arc<Value>>)> = earlier.iter().filter(|(k, _)| in_scope(k)).collect();
     replaced.sort_by(|a, b| a.0.cmp(b.0));
     let mut replaced = replaced.into_iter().peekable();
-    let mut current = table.range(namespace, after.as_ref()).peekable();
+    // With a `key=value` requirement, only the objects indexed under its pair can
+    // match: walk the smallest such set (in key order, as the table) instead of
+    // every object. What changed since `rv` comes from `replaced` either way.
+    let smallest = filter
+        .labels
+        .required_pairs()
+        .map(|(label, value)| table.labelled(label, value))
+        .min_by_key(|keys| keys.map_or(0, |keys| keys.len()));
+    type Objects<'a> = Box<dyn Iterator<Item = (&'a ObjectKey, &'a Arc<Value>)> + 'a>;
+    let current: Objects<'_> = match smallest {
+        None => Box::new(table.range(namespace, after.as_ref())),
+        Some(None) => Box::new(std::iter::empty()),
+        Some(Some(keys)) => {
+            let lower = after.clone().map_or(Bound::Unbounded, Bound::Excluded);
+            Box::new(
+                keys.range((lower, Bound::Unbounded))
+                    .filter(move |key| namespace.is_none_or(|ns| key.0 == ns))
+                    .filter_map(|key| table.objects.get_key_value(key)),
+            )
+        }
+    };
+    let mut current = current.peekable();
     let limit = limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
     let count_rest = filter.labels == Default::default() && filter.fields == Default::default();
     // Without selectors the rest is counted, not walked: the list's size at `rv`

@@ -100,6 +100,17 @@ impl LabelSelector {
         Ok(LabelSelector(requirements))
     }
 
+    /// The `key=value` pairs every match must carry (from `=`, `==` and a one-value
+    /// `in`): a list can start from the objects indexed under one of them instead
+    /// of walking the whole table.
+    pub fn required_pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().filter_map(|requirement| match requirement {
+            Requirement::Equals(k, v) => Some((k.as_str(), v.as_str())),
+            Requirement::In(k, set) if set.len() == 1 => Some((k.as_str(), set[0].as_str())),
+            _ => None,
+        })
+    }
+
     pub fn matches(&self, object: &Value) -> bool {
         if self.0.is_empty() {
             return true;

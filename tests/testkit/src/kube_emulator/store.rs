@@ -13,7 +13,7 @@
 //! JSON document per write in the last 5 minutes, not full objects. Older
 //! resourceVersions answer 410 Gone.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -128,6 +128,9 @@ pub struct Table {
     /// How many of `objects` each namespace holds (a list's `remainingItemCount`
     /// without a walk over the rest).
     per_namespace: HashMap<String, usize>,
+    /// Label key → value → the objects carrying that label: a label-selected list
+    /// walks the objects of its most selective `key=value` pair, not the table.
+    by_label: HashMap<String, HashMap<String, BTreeSet<ObjectKey>>>,
     history: VecDeque<Kept>,
     /// Leading entries of `history` out of the watch window (whole no more).
     slim: usize,
@@ -147,6 +150,7 @@ impl Table {
             objects: BTreeMap::new(),
             json: HashMap::new(),
             per_namespace: HashMap::new(),
+            by_label: HashMap::new(),
             history: VecDeque::new(),
             slim: 0,
             watch_floor: floor,
@@ -261,6 +265,37 @@ impl Table {
             None => self.objects.len(),
             Some(ns) => self.per_namespace.get(ns).copied().unwrap_or(0),
         }
+    }
+
+    /// Indexes `key` under the labels of `new` in place of those of `old`.
+    fn reindex_labels(&mut self, key: &ObjectKey, old: Option<&Value>, new: Option<&Value>) {
+        let pairs = |object: Option<&Value>| -> Vec<(String, String)> {
+            object
+                .and_then(meta::labels)
+                .map(|labels| labels.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned()))).collect())
+                .unwrap_or_default()
+        };
+        let (before, after) = (pairs(old), pairs(new));
+        for (label, value) in before.iter().filter(|pair| !after.contains(pair)) {
+            let Some(values) = self.by_label.get_mut(label) else { continue };
+            if let Some(keys) = values.get_mut(value) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    values.remove(value);
+                }
+            }
+            if values.is_empty() {
+                self.by_label.remove(label);
+            }
+        }
+        for (label, value) in after.into_iter().filter(|pair| !before.contains(pair)) {
+            self.by_label.entry(label).or_default().entry(value).or_default().insert(key.clone());
+        }
+    }
+
+    /// The objects labelled `label=value`, in key order (empty when none is).
+    pub fn labelled(&self, label: &str, value: &str) -> Option<&BTreeSet<ObjectKey>> {
+        self.by_label.get(label).and_then(|values| values.get(value))
     }
 
     /// Objects of one namespace (or all, for `None`) in key order, starting after `after`.
@@ -431,6 +466,7 @@ impl State {
         let table = self.table(storage_key);
         let old_json = table.json.insert(key.clone(), json.clone());
         let old = table.objects.insert(key.clone(), object.clone());
+        table.reindex_labels(&key, old.as_deref(), Some(&object));
         if old.is_none() {
             *table.per_namespace.entry(key.0.clone()).or_default() += 1;
         }
@@ -456,6 +492,7 @@ impl State {
         let key = (namespace.to_owned(), name.to_owned());
         let table = self.tables.get_mut(storage_key)?;
         let existing = table.objects.remove(&key)?;
+        table.reindex_labels(&key, Some(&existing), None);
         if let Some(count) = table.per_namespace.get_mut(&key.0) {
             *count -= 1;
             if *count == 0 {

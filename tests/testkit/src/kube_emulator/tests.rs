@@ -95,6 +95,68 @@ async fn crud_conflicts_and_selectors() {
     assert!(deleted.is_right(), "a ConfigMap without finalizers is answered with a Status");
 }
 
+/// Lists by `key=value` start from the label index: what they answer must be what
+/// a walk over every object answers, through relabels, deletions, namespaces and
+/// pages over one snapshot.
+#[tokio::test]
+async fn label_selected_lists_follow_relabels_deletions_and_snapshots() {
+    let emulator = emulator().await;
+    let client = emulator.client().await;
+    for ns in ["team-a", "team-b"] {
+        let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).expect("namespace");
+        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await.expect("namespace");
+    }
+    let a: Api<ConfigMap> = Api::namespaced(client.clone(), "team-a");
+    let b: Api<ConfigMap> = Api::namespaced(client.clone(), "team-b");
+    for i in 0..6 {
+        let tier = if i % 2 == 0 { "even" } else { "odd" };
+        let labels = json!({"owner": "svc", "tier": tier});
+        a.create(&PostParams::default(), &config_map(&format!("m{i}"), labels.clone())).await.expect("create");
+        b.create(&PostParams::default(), &config_map(&format!("m{i}"), labels)).await.expect("create");
+    }
+    let names = |list: kube::core::ObjectList<ConfigMap>| -> Vec<String> {
+        list.items
+            .into_iter()
+            .map(|c| format!("{}/{}", c.metadata.namespace.unwrap_or_default(), c.metadata.name.unwrap_or_default()))
+            .collect()
+    };
+    let all: Api<ConfigMap> = Api::all(client.clone());
+    let even = all.list(&ListParams::default().labels("owner=svc,tier==even")).await.expect("list");
+    assert_eq!(names(even), ["team-a/m0", "team-a/m2", "team-a/m4", "team-b/m0", "team-b/m2", "team-b/m4"]);
+    let in_one = a.list(&ListParams::default().labels("tier in (odd),owner=svc")).await.expect("list");
+    assert_eq!(names(in_one), ["team-a/m1", "team-a/m3", "team-a/m5"]);
+    assert!(all.list(&ListParams::default().labels("tier=none")).await.expect("list").items.is_empty());
+
+    // A page of the even ones, then m2 turns odd, m4 is deleted and m6 is created even:
+    // the later pages still show the first page's snapshot.
+    let first = all.list(&ListParams::default().labels("tier=even").limit(2)).await.expect("page 1");
+    let token = first.metadata.continue_.clone().expect("a continue token");
+    let relabel = json!({"metadata": {"labels": {"tier": "odd"}}});
+    a.patch("m2", &PatchParams::default(), &Patch::Merge(&relabel)).await.expect("relabel");
+    b.patch("m2", &PatchParams::default(), &Patch::Merge(&relabel)).await.expect("relabel");
+    b.delete("m4", &DeleteParams::default()).await.expect("delete");
+    a.create(&PostParams::default(), &config_map("m6", json!({"owner": "svc", "tier": "even"}))).await.expect("m6");
+    let mut snapshot = names(first);
+    let mut token = Some(token);
+    while let Some(next) = token.take() {
+        let page = all.list(&ListParams::default().labels("tier=even").limit(2).continue_token(&next)).await;
+        let page = page.expect("next page");
+        token = page.metadata.continue_.clone().filter(|t| !t.is_empty());
+        snapshot.extend(names(page));
+    }
+    assert_eq!(snapshot, ["team-a/m0", "team-a/m2", "team-a/m4", "team-b/m0", "team-b/m2", "team-b/m4"]);
+
+    // A fresh list sees the changes.
+    let now = all.list(&ListParams::default().labels("owner=svc,tier=even")).await.expect("list");
+    assert_eq!(names(now), ["team-a/m0", "team-a/m4", "team-a/m6", "team-b/m0"]);
+    let odd = b.list(&ListParams::default().labels("tier=odd")).await.expect("list");
+    assert_eq!(names(odd), ["team-b/m1", "team-b/m2", "team-b/m3", "team-b/m5"]);
+    let dropped = json!({"metadata": {"labels": {"tier": null}}});
+    a.patch("m0", &PatchParams::default(), &Patch::Merge(&dropped)).await.expect("drop a label");
+    let now = a.list(&ListParams::default().labels("tier=even")).await.expect("list");
+    assert_eq!(names(now), ["team-a/m4", "team-a/m6"]);
+}
+
 #[tokio::test]
 async fn secrets_fold_string_data() {
     let emulator = emulator().await;
