@@ -12,21 +12,19 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gitops_appstudio::api::{self, DeploymentTarget, DeploymentTargetClaim, SpaceRequest, SpaceRequestSpec};
+use gitops_appstudio::api::{DeploymentTarget, DeploymentTargetClaim, SpaceRequest, SpaceRequestSpec};
 use gitops_appstudio::claim::provision::{FINALIZER_TOOLCHAIN, LABEL_DT, LABEL_DTC, TIER};
 use gitops_appstudio::context::Settings;
 use gitops_appstudio::metrics::Metrics;
 use gitops_appstudio::names::ANN_DT_PROVISIONER;
-use gitops_testkit::cluster::TestCluster;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
-use super::Ground;
 use super::claim::{
     assert_bound, claim, claim_phase, claim_where, class, class_of, target, target_phase, target_where,
 };
+use super::{Ground, ground_counted, reconciles};
 use crate::support::eventually;
 
 /// How long a SpaceRequest may report `UnableToTerminate` before its target fails
@@ -36,34 +34,14 @@ const TERMINATION_TIMEOUT: Duration = Duration::from_secs(1);
 /// A ground whose controllers count their reconciles into the returned metrics, with
 /// the reclaimer's delays in fractions of a second.
 async fn counted_ground(purpose: &str) -> (Ground, Arc<Metrics>) {
-    let cluster = TestCluster::get().await;
-    cluster.install_crds(gitops_writer::api::crds()).await.expect("install the core CRDs");
-    cluster.install_crds(api::crds()).await.expect("install the AppStudio CRDs");
-    cluster.install_crds(api::fixture_crds()).await.expect("install the fixture CRDs");
-    let namespace = cluster.namespace(purpose).await;
-    let client = cluster.admin().await;
     let settings = Settings {
-        namespace: Some(namespace.name().to_owned()),
         api_url_allow_private: true,
-        user_error_requeue: Duration::from_millis(500),
         reclaim_poll: Duration::from_millis(100),
         space_request_termination_timeout: TERMINATION_TIMEOUT,
         ..Settings::default()
     };
     let metrics = Arc::new(Metrics::default());
-    let cancel = CancellationToken::new();
-    tokio::spawn(gitops_appstudio::run::run_with_metrics(client.clone(), settings, metrics.clone(), cancel.clone()));
-    (Ground { client, namespace, cancel }, metrics)
-}
-
-/// Reconciles `controller` has finished (from `/metrics`).
-fn reconciles(metrics: &Metrics, controller: &str) -> u64 {
-    let prefix = format!("gitops_appstudio_reconciles_total{{controller=\"{controller}\"}} ");
-    metrics
-        .render()
-        .lines()
-        .find_map(|line| line.strip_prefix(prefix.as_str()).and_then(|n| n.parse().ok()))
-        .unwrap_or_else(|| panic!("no reconcile count for {controller}"))
+    (ground_counted(purpose, settings, metrics.clone()).await, metrics)
 }
 
 /// Waits until `controller`, serving one object of the ground, has finished two

@@ -71,10 +71,24 @@ pub(crate) async fn ground_strict(purpose: &str) -> Ground {
 }
 
 async fn start(purpose: &str, settings: Settings) -> Ground {
+    ground_counted(purpose, settings, Arc::default()).await
+}
+
+/// A ground on a namespace of its own whose controllers count their reconciles into
+/// `metrics` (see [`reconciles`]), with `settings` as given (private API URLs only
+/// if they say so).
+pub(crate) async fn ground_counted(purpose: &str, settings: Settings, metrics: Arc<Metrics>) -> Ground {
     let cluster = TestCluster::get().await;
     install_crds(cluster).await;
     let namespace = cluster.namespace(purpose).await;
-    serve(cluster.admin().await, Held::Own(namespace), settings, Arc::default())
+    serve(cluster.admin().await, Held::Own(namespace), settings, metrics)
+}
+
+/// Reconciles `controller` has finished, from the layer's metrics.
+pub(crate) fn reconciles(metrics: &Metrics, controller: &str) -> u64 {
+    let series = format!("gitops_appstudio_reconciles_total{{controller=\"{controller}\"}}");
+    crate::support::sample(&metrics.render(), &series).unwrap_or_else(|| panic!("no reconcile count for {controller}"))
+        as u64
 }
 
 /// A ground on the tenant namespace of `core` (a writer, its agent and the Argo CD

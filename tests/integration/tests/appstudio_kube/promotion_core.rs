@@ -88,9 +88,8 @@ fn complete(run: &PromotionRun) -> bool {
     run.status.as_ref().is_some_and(|s| s.state == "Complete")
 }
 
-fn promotion_reconciles(metrics: &Metrics) -> f64 {
-    sample(&metrics.render(), "gitops_appstudio_reconciles_total{controller=\"promotion\"}")
-        .expect("the promotion controller's series")
+fn promotion_reconciles(metrics: &Metrics) -> u64 {
+    super::reconciles(metrics, "promotion")
 }
 
 #[tokio::test]
@@ -130,7 +129,7 @@ async fn automated_promotion_completes_only_at_the_commit_the_core_synced() {
     eventually("three more promotion reconciles", || async {
         let run = g.get::<PromotionRun>("auto").await.expect("the run");
         assert!(!complete(&run), "complete while the deployments are at X: {:?}", run.status);
-        (promotion_reconciles(&metrics) >= seen + 3.0).then_some(())
+        (promotion_reconciles(&metrics) >= seen + 3).then_some(())
     })
     .await;
     let waiting = g.get::<PromotionRun>("auto").await.expect("the run");
