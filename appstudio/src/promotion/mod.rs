@@ -11,7 +11,8 @@
 //! A binding the controller creates carries the label
 //! `appstudio.redhat.com/generated-by-promotion-run` and no owner reference: deleting
 //! the run must not collect the binding and every deployment of the environment.
-//! Bindings are watched, so a run moves on as soon as its binding's status changes.
+//! Bindings are watched through that label (and the run's `activeBindings`), so a
+//! run moves on as soon as its binding's status changes; the poll is a fallback.
 //! Only one run per application and namespace is active at a time (the oldest).
 
 pub mod automated;
@@ -63,6 +64,17 @@ pub fn generated_binding_name(application: &str, environment: &str) -> String {
     if name.len() > 250 { format!("generated-environment-binding-{}", sha256_hex(&name)) } else { name }
 }
 
+/// The value of [`GENERATED_BY_LABEL`] for the run `name`: the name when it fits a
+/// label value (63 characters), else its first 30 characters, `-` and 32 hex digits
+/// of its SHA-256 (a longer name would have the binding refused).
+pub fn generated_by_value(name: &str) -> String {
+    if name.len() <= 63 {
+        return name.to_owned();
+    }
+    let prefix: String = name.chars().take(30).collect();
+    format!("{prefix}-{}", &sha256_hex(name)[..32])
+}
+
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
     let config = watcher::Config::default();
@@ -77,11 +89,15 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
             }
             runs(&by_sibling, finished.namespace().as_deref(), |run| run.spec.application == finished.spec.application)
         })
+        // A binding wakes the run its label names (the one that generated it) and
+        // the runs acting on it; bindings of the same application and environment
+        // that no run uses wake nobody.
         .watches(ctx.served::<SnapshotEnvironmentBinding>(), config.clone(), move |binding| {
+            let name = binding.name_any();
+            let generated_by = binding.labels().get(GENERATED_BY_LABEL).cloned();
             runs(&by_binding, binding.namespace().as_deref(), |run| {
-                run.spec.application == binding.spec.application
-                    && (run.spec.manual_promotion.target_environment == binding.spec.environment
-                        || !run.spec.automated_promotion.initial_environment.is_empty())
+                generated_by.as_deref().is_some_and(|value| value == generated_by_value(&run.name_any()))
+                    || run.status.as_ref().is_some_and(|s| s.active_bindings.contains(&name))
             })
         })
         .watches(ctx.served::<Snapshot>(), config, move |snapshot| {
@@ -490,7 +506,7 @@ async fn locate_or_create_binding(
         [
             (APPLICATION_LABEL.to_owned(), run.spec.application.clone()),
             (ENVIRONMENT_LABEL.to_owned(), target.to_owned()),
-            (GENERATED_BY_LABEL.to_owned(), run.name_any()),
+            (GENERATED_BY_LABEL.to_owned(), generated_by_value(&run.name_any())),
         ]
         .into(),
     );
@@ -521,5 +537,15 @@ mod tests {
             generated_binding_name(&app, "prod"),
             format!("generated-environment-binding-{}", sha256_hex(&long))
         );
+    }
+
+    #[test]
+    fn the_generated_by_label_fits_a_label_value() {
+        assert_eq!(generated_by_value("promote"), "promote");
+        let long = format!("{}.promote", "r".repeat(80));
+        let value = generated_by_value(&long);
+        assert_eq!(value.len(), 63);
+        assert_eq!(value, format!("{}-{}", "r".repeat(30), &sha256_hex(&long)[..32]));
+        assert_ne!(value, generated_by_value(&format!("{}.other", "r".repeat(80))), "different runs, different labels");
     }
 }

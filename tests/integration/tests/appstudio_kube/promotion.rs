@@ -1,6 +1,7 @@
 //! PromotionRun, manual: ported from the original's promotion cases, plus the fixes
-//! (OutOfSync is not done, the timeout applies, a generated binding outlives its run,
-//! one active promotion per application and namespace).
+//! (OutOfSync is not done, the timeout applies, a generated binding outlives its run
+//! and wakes it through its label, a run without Components says so, one active
+//! promotion per application and namespace).
 
 use std::time::Duration;
 
@@ -10,9 +11,13 @@ use gitops_appstudio::api::{
 };
 use gitops_appstudio::context::Settings;
 use gitops_appstudio::names::MANAGED_ENVIRONMENT_SECRET_TYPE;
-use gitops_appstudio::promotion::{ACTIVE_PROMOTION_EXISTS, GENERATED_BY_LABEL, TARGET_INVALID};
-use kube::ResourceExt;
-use kube::api::DeleteParams;
+use gitops_appstudio::promotion::{
+    ACTIVE_PROMOTION_EXISTS, GENERATED_BY_LABEL, TARGET_INVALID, WAITING_FOR_DEPLOYMENTS,
+};
+use gitops_writer::api::GitOpsDeployment;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Resource, ResourceExt};
 
 use super::binding::{application, binding, binding_where, core_reports, deployed, generator_writes, plain_env};
 use super::environment::{credentials, credentials_env};
@@ -225,4 +230,135 @@ async fn a_binding_is_generated_only_when_none_exists_and_outlives_its_run() {
     })
     .await;
     assert!(g.get::<SnapshotEnvironmentBinding>("new-demo-app-staging-generated-binding").await.is_none());
+}
+
+const GENERATED: &str = "new-demo-app-prod-generated-binding";
+
+/// prod (the namespace itself), the application, the Snapshot and Component `comp1`:
+/// a run to prod generates its binding.
+async fn generating_ground(g: &Ground) {
+    plain_env(g, "prod").await;
+    application(g, APP).await;
+    snapshot(g).await;
+    component(g, "comp1").await;
+}
+
+/// Plays the repository generator and the core for the generated binding of prod:
+/// its one deployment is Synced and Healthy.
+async fn generated_binding_deploys(g: &Ground) -> String {
+    generator_writes(g, GENERATED, &[("comp1", "components/comp1/overlays/prod")]).await;
+    let deployment = format!("{GENERATED}-{APP}-prod-comp1");
+    eventually("the generated binding's deployment", || async { g.get::<GitOpsDeployment>(&deployment).await }).await;
+    core_reports(g, &deployment, "Synced", "Healthy").await;
+    deployment
+}
+
+fn succeeded(run: &PromotionRun) -> bool {
+    run.status.as_ref().is_some_and(|s| s.completion_result.as_deref() == Some("Success"))
+}
+
+/// The original's generated binding had no owner and its `Owns` watch never fired;
+/// a poll hid that. Here the poll (and the resync) is an hour: only the binding's
+/// watch, through the label naming the run, can bring the run on within the deadline.
+/// Deleting the run afterwards leaves the binding and its deployment.
+#[tokio::test]
+async fn the_generated_binding_wakes_its_run_through_its_label_and_outlives_it() {
+    let hour = Duration::from_secs(3600);
+    let settings = Settings { promotion_poll: hour, resync_interval: hour, ..Settings::default() };
+    let g = ground_with("as-promo-label", settings).await;
+    generating_ground(&g).await;
+    g.create(&run("promote", "prod")).await;
+    let generated =
+        eventually("the generated binding", || async { g.get::<SnapshotEnvironmentBinding>(GENERATED).await }).await;
+    assert_eq!(generated.labels().get(GENERATED_BY_LABEL).map(String::as_str), Some("promote"));
+    assert!(generated.owner_references().is_empty(), "no owner: deleting the run must not collect it");
+    run_where(&g, "promote", "the run waiting for the generator", |r| {
+        r.status.as_ref().is_some_and(|s| {
+            s.active_bindings == [GENERATED]
+                && s.environment_status.iter().any(|e| e.display_status == WAITING_FOR_DEPLOYMENTS)
+        })
+    })
+    .await;
+
+    let deployment = generated_binding_deploys(&g).await;
+    run_where(&g, "promote", "the run woken by its binding", succeeded).await;
+
+    // A dependent of the run, to know the garbage collector has acted on its deletion.
+    let run = g.get::<PromotionRun>("promote").await.expect("the run");
+    let mut owner = run.controller_owner_ref(&()).expect("an owner reference");
+    owner.controller = None;
+    owner.block_owner_deletion = Some(true);
+    let mut witness = ConfigMap::default();
+    witness.metadata.name = Some("run-dependent".into());
+    witness.metadata.owner_references = Some(vec![owner]);
+    g.api::<ConfigMap>().create(&PostParams::default(), &witness).await.expect("the run's dependent");
+    g.api::<PromotionRun>().delete("promote", &DeleteParams::foreground()).await.expect("delete the run");
+    eventually("the run and its dependent gone", || async {
+        let gone =
+            g.get::<PromotionRun>("promote").await.is_none() && g.get::<ConfigMap>("run-dependent").await.is_none();
+        gone.then_some(())
+    })
+    .await;
+    assert!(g.get::<SnapshotEnvironmentBinding>(GENERATED).await.is_some(), "the binding outlives the run");
+    assert!(g.get::<GitOpsDeployment>(&deployment).await.is_some(), "so does its deployment");
+}
+
+/// The original logged the error of a run with nothing to promote and never looked
+/// again; here the run says why, and goes on once a Component appears.
+#[tokio::test]
+async fn a_run_of_an_application_without_components_says_so_and_goes_on_once_it_has_one() {
+    let g = ground("as-promo-nocomp").await;
+    plain_env(&g, "prod").await;
+    application(&g, APP).await;
+    snapshot(&g).await;
+    g.create(&run("promote", "prod")).await;
+    let stuck = run_where(&g, "promote", "the run's condition", |r| error_message(r).is_some()).await;
+    let conditions = without_times(&stuck.status.expect("status").conditions);
+    assert_eq!(
+        conditions,
+        vec![PromotionRunCondition {
+            type_: "ErrorOccurred".into(),
+            status: "True".into(),
+            reason: Some("ErrorOccurred".into()),
+            message: Some(format!("no Components of Application {APP} to promote to Environment prod")),
+            ..Default::default()
+        }]
+    );
+    assert!(g.get::<SnapshotEnvironmentBinding>(GENERATED).await.is_none());
+
+    component(&g, "comp1").await;
+    eventually("the binding generated", || async { g.get::<SnapshotEnvironmentBinding>(GENERATED).await }).await;
+    run_where(&g, "promote", "the condition cleared", |r| {
+        r.status
+            .as_ref()
+            .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "ErrorOccurred" && c.status == "False"))
+    })
+    .await;
+}
+
+/// The original counted active promotions cluster-wide: of two namespaces with an
+/// application of the same name, one run waited for the other's. Here each namespace
+/// has its own: both runs are active at once and both complete.
+#[tokio::test]
+async fn same_named_applications_in_two_namespaces_promote_at_once() {
+    let grounds = [ground("as-promo-ns-a").await, ground("as-promo-ns-b").await];
+    for g in &grounds {
+        generating_ground(g).await;
+        g.create(&run("promote", "prod")).await;
+    }
+    // Neither can complete before the generator writes, so both are unfinished while
+    // each gets past the check.
+    for g in &grounds {
+        let active = run_where(g, "promote", "the run active", |r| {
+            r.status.as_ref().is_some_and(|s| s.active_bindings == [GENERATED] && s.state != "Complete")
+        })
+        .await;
+        assert_eq!(error_message(&active), None, "in {}", g.ns());
+    }
+    for g in &grounds {
+        generated_binding_deploys(g).await;
+    }
+    for g in &grounds {
+        run_where(g, "promote", "the run complete", succeeded).await;
+    }
 }
