@@ -14,6 +14,8 @@
 //! Bindings are watched through that label (and the run's `activeBindings`), so a
 //! run moves on as soon as its binding's status changes; the poll is a fallback.
 //! Only one run per application and namespace is active at a time (the oldest).
+//! Where no webhook keeps a run's spec fixed, the run records the spec it started
+//! with and refuses a changed one with a condition instead of following it.
 
 pub mod automated;
 pub mod progress;
@@ -53,6 +55,9 @@ pub const WAITING_FOR_DEPLOYMENTS: &str =
     "Waiting for the environment binding to create all of the expected GitOpsDeployments.";
 /// Labels on a binding the controller created.
 pub const GENERATED_BY_LABEL: &str = "appstudio.redhat.com/generated-by-promotion-run";
+/// On a run: its `spec` as JSON, as the run started with it (the webhook keeps it
+/// fixed; this is the controller's check where none runs).
+pub const SPEC_ANNOTATION: &str = "appstudio.redhat.com/promotion-spec";
 pub const APPLICATION_LABEL: &str = "appstudio.application";
 pub const ENVIRONMENT_LABEL: &str = "appstudio.environment";
 
@@ -207,6 +212,12 @@ async fn step(
     let user_error = |status: &mut PromotionRunStatus, message: &str| {
         set_condition(status, error_condition(message, &now));
     };
+    if let Some(message) = spec_changed(ctx, run, namespace).await? {
+        let mut condition = error_condition(&message, &now);
+        condition.reason = Some(crate::binding::IMMUTABLE_FIELD_CHANGED.to_owned());
+        set_condition(status, condition);
+        return Ok(Action::await_change());
+    }
     if let Some(older) = older_active_run(ctx, run, namespace).await? {
         tracing::debug!(tenant.ns = %namespace, run = %run.name_any(), %older, "another promotion of the application is active");
         user_error(status, ACTIVE_PROMOTION_EXISTS);
@@ -354,6 +365,35 @@ async fn step(
     status.completion_result = Some(RESULT_SUCCESS.to_owned());
     set_condition(status, no_error_condition(&now));
     Ok(Action::await_change())
+}
+
+/// The webhook's refusal of a changed spec, when the run started with another
+/// (recorded then in [`SPEC_ANNOTATION`]); records the spec on the first look.
+async fn spec_changed(ctx: &Context, run: &PromotionRun, namespace: &str) -> Result<Option<String>, ReconcileError> {
+    let Some(recorded) = run.annotations().get(SPEC_ANNOTATION) else {
+        let spec = serde_json::to_string(&run.spec)
+            .map_err(|source| ReconcileError::Encode { what: "the PromotionRun's spec", source })?;
+        let api = Api::<PromotionRun>::namespaced(ctx.client.clone(), namespace);
+        let patch = json!({"metadata": {"annotations": {SPEC_ANNOTATION: spec}}});
+        api.patch(&run.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|source| ReconcileError::Kube { action: "record the PromotionRun's spec", source })?;
+        return Ok(None);
+    };
+    // Not ours to read (edited by hand): nothing to compare with.
+    let Ok(old) = serde_json::from_str::<crate::api::PromotionRunSpec>(recorded) else { return Ok(None) };
+    Ok(crate::webhook::rules::promotion_update(&old, &run.spec).err().map(|refusal| {
+        format!(
+            "{refusal}; the run acts for the spec it started with only (snapshot {}, target {}): change it back, \
+             or delete the run and make a new one",
+            old.snapshot,
+            if old.automated_promotion.initial_environment.is_empty() {
+                &old.manual_promotion.target_environment
+            } else {
+                &old.automated_promotion.initial_environment
+            }
+        )
+    }))
 }
 
 /// The state of `environment`'s entry, if it has one.
