@@ -7,9 +7,13 @@
 //!
 //! Bindings of an Application that does not exist are deleted after a delay (it may
 //! be created just after the binding); of several bindings for one (application,
-//! environment) only the oldest acts (the admission check races).
+//! environment) only the oldest acts (the admission check races). Where no webhook
+//! runs, a binding moved to another application or environment, or whose Snapshot
+//! changed its application or components, reports `ImmutableFieldChanged` and
+//! generates nothing.
 
 pub mod desired;
+pub mod snapshot;
 pub mod status;
 
 use std::collections::BTreeSet;
@@ -26,7 +30,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::api::{
-    Application, DeploymentTarget, DeploymentTargetClaim, Environment, SnapshotEnvironmentBinding,
+    Application, DeploymentTarget, DeploymentTargetClaim, Environment, Snapshot, SnapshotEnvironmentBinding,
     SnapshotEnvironmentBindingStatus,
 };
 use crate::condition::{self, ERROR_OCCURRED, FALSE, RECONCILED, TRUE, now_rfc3339};
@@ -39,7 +43,8 @@ pub const WAITING_FOR_COMPONENT_STATUS: &str = "WaitingForComponentStatus";
 pub const DUPLICATE_COMPONENTS: &str = "DuplicateComponents";
 pub const ERROR_GENERATING: &str = "ErrorGeneratingGitOpsDeployment";
 pub const DUPLICATE_BINDING: &str = "DuplicateBinding";
-/// A binding whose application or environment changed after it first acted.
+/// A binding whose application or environment changed after it first acted, or
+/// whose Snapshot changed its application or components after the binding used it.
 pub const IMMUTABLE_FIELD_CHANGED: &str = "ImmutableFieldChanged";
 /// On a binding: the `<application>/<environment>` it first acted for (the
 /// webhook keeps them fixed; this is the controller's check where none runs).
@@ -50,7 +55,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     let config = watcher::Config::default();
     let controller = Controller::new(ctx.served::<SnapshotEnvironmentBinding>(), config.clone());
     let store = controller.store();
-    let (by_env, by_app, by_claim, by_target) = (store.clone(), store.clone(), store.clone(), store);
+    let (by_env, by_app, by_claim, by_target, by_snapshot) =
+        (store.clone(), store.clone(), store.clone(), store.clone(), store);
     controller
         .owns(ctx.served::<GitOpsDeployment>(), config.clone())
         .watches(ctx.served::<Environment>(), config.clone(), move |env| {
@@ -64,8 +70,13 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         .watches(ctx.served::<DeploymentTargetClaim>(), config.clone(), move |claim| {
             bindings(&by_claim, claim.namespace().as_deref(), |_| true)
         })
-        .watches(ctx.served::<DeploymentTarget>(), config, move |target| {
+        .watches(ctx.served::<DeploymentTarget>(), config.clone(), move |target| {
             bindings(&by_target, target.namespace().as_deref(), |_| true)
+        })
+        // A changed Snapshot is reported at once (see [`snapshot`]).
+        .watches(ctx.served::<Snapshot>(), config, move |snapshot| {
+            let name = snapshot.name_any();
+            bindings(&by_snapshot, snapshot.namespace().as_deref(), |b| b.spec.snapshot == name)
         })
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx.clone())
@@ -123,6 +134,10 @@ async fn reconcile(binding: Arc<SnapshotEnvironmentBinding>, ctx: Arc<Context>) 
     }
     let name = binding.name_any();
     if let Some(message) = moved(&ctx, &binding, &namespace).await? {
+        write_status(&ctx, &binding, &namespace, Report::Error(IMMUTABLE_FIELD_CHANGED, message), None).await?;
+        return Ok(Action::await_change());
+    }
+    if let Some(message) = snapshot::check(&ctx, &binding, &namespace).await? {
         write_status(&ctx, &binding, &namespace, Report::Error(IMMUTABLE_FIELD_CHANGED, message), None).await?;
         return Ok(Action::await_change());
     }

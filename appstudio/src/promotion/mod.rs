@@ -11,8 +11,11 @@
 //! A binding the controller creates carries the label
 //! `appstudio.redhat.com/generated-by-promotion-run` and no owner reference: deleting
 //! the run must not collect the binding and every deployment of the environment.
-//! Bindings are watched, so a run moves on as soon as its binding's status changes.
+//! Bindings are watched through that label (and the run's `activeBindings`), so a
+//! run moves on as soon as its binding's status changes; the poll is a fallback.
 //! Only one run per application and namespace is active at a time (the oldest).
+//! Where no webhook keeps a run's spec fixed, the run records the spec it started
+//! with and refuses a changed one with a condition instead of following it.
 
 pub mod automated;
 pub mod progress;
@@ -52,6 +55,9 @@ pub const WAITING_FOR_DEPLOYMENTS: &str =
     "Waiting for the environment binding to create all of the expected GitOpsDeployments.";
 /// Labels on a binding the controller created.
 pub const GENERATED_BY_LABEL: &str = "appstudio.redhat.com/generated-by-promotion-run";
+/// On a run: its `spec` as JSON, as the run started with it (the webhook keeps it
+/// fixed; this is the controller's check where none runs).
+pub const SPEC_ANNOTATION: &str = "appstudio.redhat.com/promotion-spec";
 pub const APPLICATION_LABEL: &str = "appstudio.application";
 pub const ENVIRONMENT_LABEL: &str = "appstudio.environment";
 
@@ -61,6 +67,17 @@ pub const ENVIRONMENT_LABEL: &str = "appstudio.environment";
 pub fn generated_binding_name(application: &str, environment: &str) -> String {
     let name = format!("{application}-{environment}-generated-binding").to_lowercase();
     if name.len() > 250 { format!("generated-environment-binding-{}", sha256_hex(&name)) } else { name }
+}
+
+/// The value of [`GENERATED_BY_LABEL`] for the run `name`: the name when it fits a
+/// label value (63 characters), else its first 30 characters, `-` and 32 hex digits
+/// of its SHA-256 (a longer name would have the binding refused).
+pub fn generated_by_value(name: &str) -> String {
+    if name.len() <= 63 {
+        return name.to_owned();
+    }
+    let prefix: String = name.chars().take(30).collect();
+    format!("{prefix}-{}", &sha256_hex(name)[..32])
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -77,11 +94,15 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
             }
             runs(&by_sibling, finished.namespace().as_deref(), |run| run.spec.application == finished.spec.application)
         })
+        // A binding wakes the run its label names (the one that generated it) and
+        // the runs acting on it; bindings of the same application and environment
+        // that no run uses wake nobody.
         .watches(ctx.served::<SnapshotEnvironmentBinding>(), config.clone(), move |binding| {
+            let name = binding.name_any();
+            let generated_by = binding.labels().get(GENERATED_BY_LABEL).cloned();
             runs(&by_binding, binding.namespace().as_deref(), |run| {
-                run.spec.application == binding.spec.application
-                    && (run.spec.manual_promotion.target_environment == binding.spec.environment
-                        || !run.spec.automated_promotion.initial_environment.is_empty())
+                generated_by.as_deref().is_some_and(|value| value == generated_by_value(&run.name_any()))
+                    || run.status.as_ref().is_some_and(|s| s.active_bindings.contains(&name))
             })
         })
         .watches(ctx.served::<Snapshot>(), config, move |snapshot| {
@@ -191,6 +212,12 @@ async fn step(
     let user_error = |status: &mut PromotionRunStatus, message: &str| {
         set_condition(status, error_condition(message, &now));
     };
+    if let Some(message) = spec_changed(ctx, run, namespace).await? {
+        let mut condition = error_condition(&message, &now);
+        condition.reason = Some(crate::binding::IMMUTABLE_FIELD_CHANGED.to_owned());
+        set_condition(status, condition);
+        return Ok(Action::await_change());
+    }
     if let Some(older) = older_active_run(ctx, run, namespace).await? {
         tracing::debug!(tenant.ns = %namespace, run = %run.name_any(), %older, "another promotion of the application is active");
         user_error(status, ACTIVE_PROMOTION_EXISTS);
@@ -338,6 +365,35 @@ async fn step(
     status.completion_result = Some(RESULT_SUCCESS.to_owned());
     set_condition(status, no_error_condition(&now));
     Ok(Action::await_change())
+}
+
+/// The webhook's refusal of a changed spec, when the run started with another
+/// (recorded then in [`SPEC_ANNOTATION`]); records the spec on the first look.
+async fn spec_changed(ctx: &Context, run: &PromotionRun, namespace: &str) -> Result<Option<String>, ReconcileError> {
+    let Some(recorded) = run.annotations().get(SPEC_ANNOTATION) else {
+        let spec = serde_json::to_string(&run.spec)
+            .map_err(|source| ReconcileError::Encode { what: "the PromotionRun's spec", source })?;
+        let api = Api::<PromotionRun>::namespaced(ctx.client.clone(), namespace);
+        let patch = json!({"metadata": {"annotations": {SPEC_ANNOTATION: spec}}});
+        api.patch(&run.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|source| ReconcileError::Kube { action: "record the PromotionRun's spec", source })?;
+        return Ok(None);
+    };
+    // Not ours to read (edited by hand): nothing to compare with.
+    let Ok(old) = serde_json::from_str::<crate::api::PromotionRunSpec>(recorded) else { return Ok(None) };
+    Ok(crate::webhook::rules::promotion_update(&old, &run.spec).err().map(|refusal| {
+        format!(
+            "{refusal}; the run acts for the spec it started with only (snapshot {}, target {}): change it back, \
+             or delete the run and make a new one",
+            old.snapshot,
+            if old.automated_promotion.initial_environment.is_empty() {
+                &old.manual_promotion.target_environment
+            } else {
+                &old.automated_promotion.initial_environment
+            }
+        )
+    }))
 }
 
 /// The state of `environment`'s entry, if it has one.
@@ -490,7 +546,7 @@ async fn locate_or_create_binding(
         [
             (APPLICATION_LABEL.to_owned(), run.spec.application.clone()),
             (ENVIRONMENT_LABEL.to_owned(), target.to_owned()),
-            (GENERATED_BY_LABEL.to_owned(), run.name_any()),
+            (GENERATED_BY_LABEL.to_owned(), generated_by_value(&run.name_any())),
         ]
         .into(),
     );
@@ -521,5 +577,15 @@ mod tests {
             generated_binding_name(&app, "prod"),
             format!("generated-environment-binding-{}", sha256_hex(&long))
         );
+    }
+
+    #[test]
+    fn the_generated_by_label_fits_a_label_value() {
+        assert_eq!(generated_by_value("promote"), "promote");
+        let long = format!("{}.promote", "r".repeat(80));
+        let value = generated_by_value(&long);
+        assert_eq!(value.len(), 63);
+        assert_eq!(value, format!("{}-{}", "r".repeat(30), &sha256_hex(&long)[..32]));
+        assert_ne!(value, generated_by_value(&format!("{}.other", "r".repeat(80))), "different runs, different labels");
     }
 }

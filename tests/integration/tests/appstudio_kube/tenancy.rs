@@ -1,23 +1,31 @@
 //! The layer's side of the home-role hand-off: its webhook lets only who could grant
 //! the home role (`admin`) make deployments go into the namespace itself — an
 //! Environment without a cluster, a binding or PromotionRun into one — and lets
-//! anyone with the AppStudio rights do the rest.
+//! anyone with the AppStudio rights do the rest. And every reference resolves in the
+//! referring object's own namespace, whatever another namespace holds of the same
+//! name.
 
 use gitops_appstudio::api::{
-    Environment, EnvironmentSpec, ManualPromotionConfiguration, PromotionRun, PromotionRunSpec,
-    SnapshotEnvironmentBinding, SnapshotEnvironmentBindingSpec,
+    DeploymentTarget, DeploymentTargetClaim, DeploymentTargetClaimSpec, Environment, EnvironmentSpec,
+    ManualPromotionConfiguration, PromotionRun, PromotionRunSpec, Snapshot, SnapshotComponent,
+    SnapshotEnvironmentBinding, SnapshotEnvironmentBindingSpec, SnapshotSpec,
 };
+use gitops_appstudio::binding::snapshot::{SNAPSHOT_USED_ANNOTATION, SnapshotUsed};
 use gitops_appstudio::context::Settings;
+use gitops_appstudio::environment::{CLAIM_NOT_FOUND, SECRET_NOT_FOUND};
 use gitops_appstudio::names::MANAGED_ENVIRONMENT_SECRET_TYPE;
 use gitops_shared::tenancy::{NamespacePolicy, REASON_NAMESPACE_NOT_SERVED};
 use gitops_testkit::cluster::TestCluster;
-use gitops_writer::api::GitOpsDeploymentManagedEnvironment;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use gitops_writer::api::{GitOpsDeployment, GitOpsDeploymentManagedEnvironment};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::environment::{credentials, credentials_env};
+use super::binding::{application, binding as binding_of, generator_writes};
+use super::environment::{bound_pair, claim_env, credentials, credentials_env};
+use super::promotion::{error_message, run, run_where};
 use super::webhook::{serve_webhook, serve_webhook_with};
 use super::{Ground, ground, ground_with};
 use crate::support::eventually;
@@ -231,4 +239,91 @@ async fn namespaces_the_core_does_not_serve_get_nothing_from_the_layer() {
     })
     .await;
     g.create(&late).await;
+}
+
+/// The Environment condition of `reason`'s `Reconciled`, once there.
+async fn environment_refused(g: &Ground, name: &str, reason: &str) -> String {
+    eventually("the Environment's condition", || async {
+        let env = g.get::<Environment>(name).await?;
+        let conditions = env.status?.conditions;
+        conditions.into_iter().find(|c| c.type_ == "Reconciled" && c.reason == reason).map(|c| c.message)
+    })
+    .await
+}
+
+/// Two namespaces holding the same names — Environment `env`, claim `claim`, target
+/// `target`, Secret `target-creds`, Snapshot `my-snapshot`, binding `binding` — each
+/// with its own values: each namespace's ManagedEnvironment, copied Secret,
+/// deployments and recorded Snapshot come from its own objects, never the other's;
+/// and a name that exists only in the other namespace is not found.
+#[tokio::test]
+async fn every_reference_resolves_in_its_own_namespace() {
+    let grounds = [ground("as-tenancy-a").await, ground("as-tenancy-b").await];
+    let sides = ["a", "b"];
+    let url = |port: u16| format!("https://127.0.0.1:{port}");
+    for ((g, side), port) in grounds.iter().zip(sides).zip([7443, 7444]) {
+        g.secret("target-creds", "Opaque", &format!("kubeconfig of {side}")).await;
+        bound_pair(g, "claim", "target", &format!("team-{side}"), "target-creds").await;
+        g.patch::<DeploymentTarget>("target", json!({"spec": {"kubernetesCredentials": {"apiURL": url(port)}}})).await;
+        g.create(&claim_env("env", "claim")).await;
+        application(g, "app").await;
+        let image = format!("registry.example.invalid/{side}:1");
+        let component = SnapshotComponent { name: "c".into(), container_image: image, source: None };
+        let spec = SnapshotSpec { application: "app".into(), components: vec![component], ..SnapshotSpec::default() };
+        g.create(&Snapshot::new("my-snapshot", spec)).await;
+        binding_of(g, "binding", "app", "env", &["c"]).await;
+        generator_writes(g, "binding", &[("c", "components/c/overlays/env")]).await;
+    }
+
+    for ((g, side), port) in grounds.iter().zip(sides).zip([7443, 7444]) {
+        let managed = eventually("the ManagedEnvironment", || async {
+            g.get::<GitOpsDeploymentManagedEnvironment>("managed-environment-env").await
+        })
+        .await;
+        assert_eq!(managed.spec.api_url, url(port), "in {side}: the target's URL is its own namespace's");
+        assert_eq!(managed.spec.credentials_secret, "managed-environment-secret-env");
+        let copy =
+            eventually("the copied Secret", || async { g.get::<Secret>("managed-environment-secret-env").await }).await;
+        let kubeconfig = copy.data.unwrap_or_default().get("kubeconfig").map(|b| b.0.clone());
+        assert_eq!(kubeconfig, Some(format!("kubeconfig of {side}").into_bytes()), "in {side}: its own credentials");
+        let deployment =
+            eventually("the binding's deployment", || async { g.get::<GitOpsDeployment>("binding-app-env-c").await })
+                .await;
+        assert_eq!(deployment.spec.destination.namespace, Some(format!("team-{side}")), "in {side}");
+        assert_eq!(deployment.spec.destination.environment.as_deref(), Some("managed-environment-env"));
+        let used = eventually("the binding's Snapshot recorded", || async {
+            let binding = g.get::<SnapshotEnvironmentBinding>("binding").await?;
+            serde_json::from_str::<SnapshotUsed>(binding.annotations().get(SNAPSHOT_USED_ANNOTATION)?).ok()
+        })
+        .await;
+        let snapshot = g.get::<Snapshot>("my-snapshot").await.expect("the Snapshot");
+        assert_eq!(Some(used.uid), snapshot.uid(), "in {side}: the binding's Snapshot is its own namespace's");
+        assert_eq!(used.components[0].container_image, format!("registry.example.invalid/{side}:1"));
+    }
+
+    // Names that exist only in b are not found from a.
+    let [a, b] = &grounds;
+    b.create(&DeploymentTargetClaim::new(
+        "claim-of-b",
+        DeploymentTargetClaimSpec { deployment_target_class_name: "test-class".into(), target_name: None },
+    ))
+    .await;
+    b.secret("secret-of-b", MANAGED_ENVIRONMENT_SECRET_TYPE, "kubeconfig of b").await;
+    b.create(&Snapshot::new("snapshot-of-b", SnapshotSpec { application: "app".into(), ..SnapshotSpec::default() }))
+        .await;
+    a.create(&claim_env("claims-from-b", "claim-of-b")).await;
+    environment_refused(a, "claims-from-b", CLAIM_NOT_FOUND).await;
+    a.create(&credentials_env("creds-from-b", credentials("secret-of-b", "team"))).await;
+    let message = environment_refused(a, "creds-from-b", SECRET_NOT_FOUND).await;
+    assert!(message.contains("secret-of-b"), "{message}");
+    assert!(a.get::<GitOpsDeploymentManagedEnvironment>("managed-environment-creds-from-b").await.is_none());
+    let mut promotion = run("promote", "env");
+    promotion.spec.application = "app".into();
+    promotion.spec.snapshot = "snapshot-of-b".into();
+    a.create(&promotion).await;
+    let refused = run_where(a, "promote", "the Snapshot not found", |r| error_message(r).is_some()).await;
+    assert_eq!(
+        error_message(&refused).as_deref(),
+        Some("Snapshot: snapshot-of-b referred in Binding: binding does not exist.")
+    );
 }
