@@ -67,6 +67,10 @@ pub async fn check(
     binding: &SnapshotEnvironmentBinding,
     namespace: &str,
 ) -> Result<Option<String>, ReconcileError> {
+    if binding.spec.snapshot.is_empty() {
+        // No name to read (the client refuses an empty one): nothing to check yet.
+        return Ok(None);
+    }
     let snapshots = Api::<Snapshot>::namespaced(ctx.client.clone(), namespace);
     let Some(live) = found(snapshots.get(&binding.spec.snapshot).await, "read the Snapshot")? else {
         return Ok(None);

@@ -30,7 +30,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::cpu::process_s;
-use super::e2e::create_namespace;
+use super::e2e::{create_namespace, peak_rss_mb, percentile};
 use crate::up::{DEFAULT_INSTANCE_CAPACITY, DevError, DevStack, StackShape};
 
 /// The GitOps repository every binding's components live in; never fetched.
@@ -69,6 +69,8 @@ pub enum AppStudioBenchError {
     NoLayer,
     #[error("a child process stopped")]
     Child { source: DevError },
+    #[error("could not build an AppStudio object")]
+    Object(#[source] serde_json::Error),
     #[error("Kubernetes request failed: {step}")]
     Kube { step: &'static str, source: kube::Error },
     #[error("could not create {step}")]
@@ -121,14 +123,7 @@ pub struct Percentiles {
 impl Percentiles {
     fn of(mut values: Vec<f64>) -> Percentiles {
         values.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            if values.is_empty() {
-                return 0.0;
-            }
-            let rank = (q * values.len() as f64).ceil() as usize;
-            values[rank.clamp(1, values.len()) - 1]
-        };
-        Percentiles { p50: at(0.50), p99: at(0.99), max: values.last().copied().unwrap_or(0.0) }
+        Percentiles { p50: percentile(&values, 0.50), p99: percentile(&values, 0.99), max: percentile(&values, 1.0) }
     }
 }
 
@@ -329,6 +324,11 @@ async fn wait(
     }
 }
 
+/// `namespace/name` of an object, as the report keys them.
+fn key(meta: &kube::core::ObjectMeta) -> String {
+    format!("{}/{}", meta.namespace.as_deref().unwrap_or_default(), meta.name.as_deref().unwrap_or_default())
+}
+
 fn appstudio_resource(kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("appstudio.redhat.com", "v1alpha1", kind), plural)
 }
@@ -341,7 +341,7 @@ async fn create(
     object: Value,
 ) -> Result<(), AppStudioBenchError> {
     let resource = appstudio_resource(kind, plural);
-    let mut object: DynamicObject = serde_json::from_value(object).map_err(|_| AppStudioBenchError::Usage("object"))?;
+    let mut object: DynamicObject = serde_json::from_value(object).map_err(AppStudioBenchError::Object)?;
     object.types = Some(kube::core::TypeMeta { api_version: resource.api_version.clone(), kind: kind.to_owned() });
     Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource)
         .create(&PostParams::default(), &object)
@@ -502,14 +502,11 @@ async fn watch_bindings(
                     })
                 });
                 if deployed && binding.spec.snapshot == FIRST_SNAPSHOT {
-                    let key = format!(
-                        "{}/{}",
-                        binding.metadata.namespace.as_deref().unwrap_or_default(),
-                        binding.metadata.name.as_deref().unwrap_or_default()
-                    );
+                    let key = key(&binding.metadata);
                     seen.send_if_modified(|s| s.deployed.insert(key));
                 }
-                // One at a time in its own task: a slow patch does not hold the watch.
+                // In a task of its own, so a slow patch does not hold the watch; a
+                // second event for the binding may overlap it, and the later patch wins.
                 let generator = generator.clone();
                 tokio::spawn(async move {
                     if let Err(error) = generator.answer(&binding).await {
@@ -537,11 +534,7 @@ async fn watch_promotions(client: kube::Client, seen: Arc<watch::Sender<Seen>>, 
                 if status.state != gitops_appstudio::promotion::STATE_COMPLETE {
                     continue;
                 }
-                let key = format!(
-                    "{}/{}",
-                    run.metadata.namespace.as_deref().unwrap_or_default(),
-                    run.metadata.name.as_deref().unwrap_or_default()
-                );
+                let key = key(&run.metadata);
                 let success = status.completion_result.as_deref() == Some(gitops_appstudio::promotion::RESULT_SUCCESS);
                 let now = Instant::now();
                 seen.send_if_modified(|s| {
@@ -552,13 +545,6 @@ async fn watch_promotions(client: kube::Client, seen: Arc<watch::Sender<Seen>>, 
             None => return,
         }
     }
-}
-
-/// Peak resident set size (VmHWM) of a process, in MiB; 0 if unreadable.
-fn peak_rss_mb(pid: u32) -> f64 {
-    gitops_shared::process::ProcessStats::of_pid(&pid.to_string())
-        .peak_resident_bytes
-        .map_or(0.0, |bytes| bytes as f64 / (1024.0 * 1024.0))
 }
 
 #[cfg(test)]

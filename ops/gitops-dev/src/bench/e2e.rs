@@ -422,7 +422,7 @@ async fn noisy_phase(
 }
 
 /// Nearest-rank percentile of sorted values.
-fn percentile(sorted: &[f64], q: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -531,7 +531,7 @@ pub(crate) async fn set_path(
 }
 
 /// Peak resident set size (VmHWM) of a process, in MiB; 0 if unreadable.
-fn peak_rss_mb(pid: u32) -> f64 {
+pub(crate) fn peak_rss_mb(pid: u32) -> f64 {
     mb(gitops_shared::process::ProcessStats::of_pid(&pid.to_string()).peak_resident_bytes)
 }
 

@@ -145,13 +145,15 @@ async fn a_missing_claim_and_both_modes_are_reported_with_the_originals_conditio
     );
     assert!(g.get::<GitOpsDeploymentManagedEnvironment>("managed-environment-both").await.is_none());
 
-    // Fixing it resolves the conditions (they stay, flipped, with empty messages).
+    // Fixing it resolves the conditions (they stay, flipped, with empty messages). The
+    // Secret comes first: a reconcile between the fix and a later Secret would report
+    // the missing Secret, and its resolution, instead.
+    g.secret("creds", MANAGED_ENVIRONMENT_SECRET_TYPE, "kubeconfig-text").await;
     g.patch::<Environment>(
         "both",
         json!({"spec": {"configuration": {"target": {"deploymentTargetClaim": {"claimName": ""}}}}}),
     )
     .await;
-    g.secret("creds", MANAGED_ENVIRONMENT_SECRET_TYPE, "kubeconfig-text").await;
     managed_env_where(&g, "both", "the ManagedEnvironment once valid", |_| true).await;
     let conditions = env_conditions_where(&g, "both", "resolved conditions", |c| {
         find(c, "Reconciled").is_some_and(|r| r.status == "True")

@@ -23,8 +23,8 @@ use serde_json::json;
 use super::binding::{application, binding_where};
 use super::promotion::{APP, component, run, run_where, snapshot};
 use super::{Ground, ground_on_core};
+use crate::support::eventually;
 use crate::support::writer::env;
-use crate::support::{eventually, sample};
 
 const REPOSITORY: &str = "https://git.example.invalid/org/gitops.git";
 const BRANCH: &str = "main";

@@ -125,10 +125,14 @@ pub fn list(
         None => Box::new(table.range(namespace, after.as_ref())),
         Some(None) => Box::new(std::iter::empty()),
         Some(Some(keys)) => {
-            let lower = after.clone().map_or(Bound::Unbounded, Bound::Excluded);
+            let lower = match (&after, namespace) {
+                (Some(key), _) => Bound::Excluded(key.clone()),
+                (None, Some(ns)) => Bound::Included((ns.to_owned(), String::new())),
+                (None, None) => Bound::Unbounded,
+            };
             Box::new(
                 keys.range((lower, Bound::Unbounded))
-                    .filter(move |key| namespace.is_none_or(|ns| key.0 == ns))
+                    .take_while(move |key| namespace.is_none_or(|ns| key.0 == ns))
                     .filter_map(|key| table.objects.get_key_value(key)),
             )
         }

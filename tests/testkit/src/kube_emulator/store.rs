@@ -269,6 +269,9 @@ impl Table {
 
     /// Indexes `key` under the labels of `new` in place of those of `old`.
     fn reindex_labels(&mut self, key: &ObjectKey, old: Option<&Value>, new: Option<&Value>) {
+        if old.is_some() && new.is_some() && old.and_then(meta::labels) == new.and_then(meta::labels) {
+            return;
+        }
         let pairs = |object: Option<&Value>| -> Vec<(String, String)> {
             object
                 .and_then(meta::labels)
