@@ -1,7 +1,8 @@
 //! SnapshotEnvironmentBinding → one GitOpsDeployment per component, ported from the
 //! original's binding end-to-end cases. The test plays the repository generator
 //! (writing `status.components` and `gitopsRepoConditions`) and the core (writing
-//! the GitOpsDeployments' sync and health).
+//! the GitOpsDeployments' sync and health); `binding_core` has the case that needs
+//! the real core (a component at a path the repository lacks).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,7 +61,7 @@ pub(crate) async fn binding(
     .await
 }
 
-fn overlay(component: &str, env: &str) -> String {
+pub(crate) fn overlay(component: &str, env: &str) -> String {
     format!("components/{component}/overlays/{env}")
 }
 
@@ -189,20 +190,6 @@ async fn deployments_follow_the_component_status_and_report_back() {
     assert_eq!(status.component_deployment_conditions.len(), 1);
     let condition = &status.component_deployment_conditions[0];
     assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("True", "CommitsSynced"));
-
-    // One component out of sync (the original pointed it at a missing path): 1 of 2.
-    core_reports(&g, b, "OutOfSync", "Missing").await;
-    let unsynced = binding_where(&g, "appa-staging-binding", "1 of 2 components deployed", |b| {
-        deployed(b).is_some_and(|c| c.message == "1 of 2 components deployed")
-    })
-    .await;
-    let condition = deployed(&unsynced).expect("condition");
-    assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("False", "CommitsUnsynced"));
-    core_reports(&g, b, "Synced", "Healthy").await;
-    binding_where(&g, "appa-staging-binding", "2 of 2 again", |b| {
-        deployed(b).is_some_and(|c| c.status == "True" && c.message == "2 of 2 components deployed")
-    })
-    .await;
 
     // The repository generator moves component-a: its deployment follows.
     generator_writes(

@@ -4,11 +4,12 @@
 //! (writing binding status) and the core (writing GitOpsDeployment status). "kube"
 //! in the module's name puts these tests in the real-Kubernetes tier of ops/test.
 //! Ported from the original service's end-to-end cases; the original's minutes of
-//! waiting are settings here. `promotion_core` runs the layer on the real core
-//! instead (writer, agent and the Argo CD stand-in), the test playing only the
-//! repository generator.
+//! waiting are settings here. `binding_core` and `promotion_core` run the layer on
+//! the real core instead (writer, agent and the Argo CD stand-in), the test playing
+//! only the repository generator.
 
 mod binding;
+mod binding_core;
 mod claim;
 mod claim_dynamic;
 mod crds;
