@@ -4,11 +4,12 @@
 //! (writing binding status) and the core (writing GitOpsDeployment status). "kube"
 //! in the module's name puts these tests in the real-Kubernetes tier of ops/test.
 //! Ported from the original service's end-to-end cases; the original's minutes of
-//! waiting are settings here. `promotion_core` runs the layer on the real core
-//! instead (writer, agent and the Argo CD stand-in), the test playing only the
-//! repository generator.
+//! waiting are settings here. `binding_core` and `promotion_core` run the layer on
+//! the real core instead (writer, agent and the Argo CD stand-in), the test playing
+//! only the repository generator.
 
 mod binding;
+mod binding_core;
 mod claim;
 mod claim_dynamic;
 mod crds;
@@ -20,6 +21,7 @@ mod promotion_core;
 mod tenancy;
 mod webhook;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,6 +91,32 @@ pub(crate) fn reconciles(metrics: &Metrics, controller: &str) -> u64 {
     let series = format!("gitops_appstudio_reconciles_total{{controller=\"{controller}\"}}");
     crate::support::sample(&metrics.render(), &series).unwrap_or_else(|| panic!("no reconcile count for {controller}"))
         as u64
+}
+
+/// Waits until `controller`, serving one object of the ground, has finished two
+/// reconciles from now on, calling `nudge` (an edit of that object) now and then so
+/// it has a reason to. Reconciles of one object run one at a time, so the second
+/// began after this call and saw everything written before it: what it left in
+/// place is what the layer decides on that state, not a step it has yet to take.
+pub(crate) async fn reconciled_since_now<F, Fut>(metrics: &Metrics, controller: &str, mut nudge: F)
+where
+    F: FnMut(u32) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let start = reconciles(metrics, controller);
+    let mut round = 0u32;
+    crate::support::eventually(&format!("two {controller} reconciles"), || {
+        round += 1;
+        let done = reconciles(metrics, controller) >= start + 2;
+        let nudged = (!done && round % 20 == 1).then(|| nudge(round));
+        async move {
+            if let Some(nudged) = nudged {
+                nudged.await;
+            }
+            done.then_some(())
+        }
+    })
+    .await;
 }
 
 /// A ground on the tenant namespace of `core` (a writer, its agent and the Argo CD
