@@ -8,7 +8,6 @@
 //! a reconcile that began after the state was written (the layer's reconcile
 //! counters, read in-process), and then look.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +23,7 @@ use serde_json::json;
 use super::claim::{
     assert_bound, claim, claim_phase, claim_where, class, class_of, target, target_phase, target_where,
 };
-use super::{Ground, ground_counted, reconciles};
+use super::{Ground, ground_counted, reconciled_since_now};
 use crate::support::eventually;
 
 /// How long a SpaceRequest may report `UnableToTerminate` before its target fails
@@ -42,31 +41,6 @@ async fn counted_ground(purpose: &str) -> (Ground, Arc<Metrics>) {
     };
     let metrics = Arc::new(Metrics::default());
     (ground_counted(purpose, settings, metrics.clone()).await, metrics)
-}
-
-/// Waits until `controller`, serving one object of the ground, has finished two
-/// reconciles from now on, calling `nudge` (an edit of that object) now and then so
-/// it has a reason to. Reconciles of one object run one at a time, so the second
-/// began after this call and saw everything written before it.
-async fn reconciled_since_now<F, Fut>(metrics: &Metrics, controller: &str, mut nudge: F)
-where
-    F: FnMut(u32) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    let start = reconciles(metrics, controller);
-    let mut round = 0u32;
-    eventually(&format!("two {controller} reconciles"), || {
-        round += 1;
-        let done = reconciles(metrics, controller) >= start + 2;
-        let nudged = (!done && round % 20 == 1).then(|| nudge(round));
-        async move {
-            if let Some(nudged) = nudged {
-                nudged.await;
-            }
-            done.then_some(())
-        }
-    })
-    .await;
 }
 
 /// Edits `name`'s labels (any kind of the ground), so its controller looks again.
