@@ -35,14 +35,15 @@ pub fn choose<'a>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::api::{
         DeploymentTargetClaimSpec, DeploymentTargetKubernetesClusterCredentials, DeploymentTargetSpec,
         DeploymentTargetStatus,
     };
 
-    fn target(name: &str, class: &str, claim: Option<&str>, phase: Option<&str>) -> DeploymentTarget {
+    /// A target with credentials, of `class`, reserved for `claim`, in `phase`.
+    pub(crate) fn target(name: &str, class: &str, claim: Option<&str>, phase: Option<&str>) -> DeploymentTarget {
         let mut target = DeploymentTarget::new(
             name,
             DeploymentTargetSpec {

@@ -329,27 +329,11 @@ async fn release(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{
-        DeploymentTargetClaimSpec, DeploymentTargetKubernetesClusterCredentials, DeploymentTargetSpec,
-        DeploymentTargetStatus,
-    };
+    use crate::api::DeploymentTargetClaimSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn target(phase: Option<&str>, claim: Option<&str>) -> DeploymentTarget {
-        let mut target = DeploymentTarget::new(
-            "dt",
-            DeploymentTargetSpec {
-                deployment_target_class_name: "cls".into(),
-                kubernetes_credentials: DeploymentTargetKubernetesClusterCredentials {
-                    api_url: "https://127.0.0.1:6443".into(),
-                    cluster_credentials_secret: "s".into(),
-                    ..Default::default()
-                },
-                claim_ref: claim.map(str::to_owned),
-            },
-        );
-        target.status = Some(DeploymentTargetStatus { phase: phase.map(str::to_owned), conditions: vec![] });
-        target
+        matching::tests::target("dt", "cls", claim, phase)
     }
 
     fn deleting(mut target: DeploymentTarget) -> DeploymentTarget {

@@ -40,8 +40,6 @@ const BRANCH: &str = "main";
 const FIRST_SNAPSHOT: &str = "s1";
 const PROMOTED_SNAPSHOT: &str = "s2";
 const APPLICATION: &str = "app";
-/// How often progress is printed while waiting.
-const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -289,38 +287,26 @@ async fn measure(
     Ok(Measured { model_created_s, bindings_to_deployed_s, promotions_complete_s, promotion_ms })
 }
 
-/// Waits until `count` reaches `want`; prints progress, fails if a child exits or
-/// the deadline passes.
+/// Waits until `count` reaches `want` (see [`super::wait_until`]).
 async fn wait(
     stack: &mut DevStack,
     config: &AppStudioBenchConfig,
-    mut seen: watch::Receiver<Seen>,
+    seen: watch::Receiver<Seen>,
     what: &'static str,
     count: fn(&Seen) -> usize,
     want: usize,
 ) -> Result<(), AppStudioBenchError> {
-    let deadline = tokio::time::Instant::now() + config.deadline;
-    let mut progress = tokio::time::interval(PROGRESS_EVERY);
-    loop {
-        let mut report = false;
-        tokio::select! {
-            done = seen.wait_for(|s| count(s) >= want) => {
-                if done.is_ok() {
-                    return Ok(());
-                }
-            }
-            _ = progress.tick() => report = true,
-            () = tokio::time::sleep_until(deadline) => {}
-        }
-        if report {
-            stack.check_children().map_err(|source| AppStudioBenchError::Child { source })?;
-            eprintln!("  {}: {} of {want}", what, count(&seen.borrow()));
-        }
-        if tokio::time::Instant::now() >= deadline || seen.has_changed().is_err() {
-            let got = count(&seen.borrow());
-            let dir = stack.info.dir.clone();
-            return Err(AppStudioBenchError::Timeout { what, got, want, deadline: config.deadline, dir });
-        }
+    let progress = |s: &Seen| format!("{what}: {} of {want}", count(s));
+    match super::wait_until(stack, config.deadline, seen, count, want, progress).await {
+        Ok(_) => Ok(()),
+        Err(super::WaitFailed::Child(source)) => Err(AppStudioBenchError::Child { source }),
+        Err(super::WaitFailed::Deadline { got }) => Err(AppStudioBenchError::Timeout {
+            what,
+            got,
+            want,
+            deadline: config.deadline,
+            dir: stack.info.dir.clone(),
+        }),
     }
 }
 

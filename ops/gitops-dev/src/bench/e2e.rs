@@ -39,8 +39,6 @@ const REPO_URL: &str = "https://git.example.invalid/bench/repo.git";
 const QUIET_CHANGES_MIN: usize = 100;
 /// How long one quiet change may take to reach its Application.
 const QUIET_DEADLINE: Duration = Duration::from_secs(60);
-/// How often progress is printed while waiting.
-const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 /// The least history the service's clients work with, so a run measures what
 /// the live objects cost. No watch window by age: a watch resumes only from the
@@ -319,40 +317,22 @@ async fn measure(
     Ok((apply_to_argocd_s, apply_to_status_s, latency))
 }
 
-/// Waits until `count` reaches `want`; returns when. Prints progress, and fails if
-/// a child exits or the deadline passes.
+/// Waits until `count` reaches `want`; returns when (see [`super::wait_until`]).
 async fn wait(
     stack: &mut DevStack,
     config: &E2eBenchConfig,
-    mut seen: watch::Receiver<Seen>,
+    seen: watch::Receiver<Seen>,
     what: &'static str,
     count: fn(&Seen) -> usize,
     want: usize,
 ) -> Result<Instant, E2eBenchError> {
-    let deadline = tokio::time::Instant::now() + config.deadline;
-    let mut progress = tokio::time::interval(PROGRESS_EVERY);
-    loop {
-        let mut report = false;
-        tokio::select! {
-            done = seen.wait_for(|s| count(s) >= want) => {
-                if done.is_ok() {
-                    return Ok(Instant::now());
-                }
-            }
-            _ = progress.tick() => report = true,
-            () = tokio::time::sleep_until(deadline) => {}
+    let progress = |s: &Seen| format!("{} Applications, {} sync statuses", s.applications.len(), s.synced.len());
+    super::wait_until(stack, config.deadline, seen, count, want, progress).await.map_err(|failed| match failed {
+        super::WaitFailed::Child(source) => E2eBenchError::Child { source },
+        super::WaitFailed::Deadline { got } => {
+            E2eBenchError::Timeout { what, got, want, deadline: config.deadline, dir: stack.info.dir.clone() }
         }
-        if report {
-            stack.check_children().map_err(|source| E2eBenchError::Child { source })?;
-            let s = seen.borrow();
-            eprintln!("  {} Applications, {} sync statuses", s.applications.len(), s.synced.len());
-        }
-        if tokio::time::Instant::now() >= deadline || seen.has_changed().is_err() {
-            let got = count(&seen.borrow());
-            let dir = stack.info.dir.clone();
-            return Err(E2eBenchError::Timeout { what, got, want, deadline: config.deadline, dir });
-        }
-    }
+    })
 }
 
 /// The noisy tenant floods `updates` path changes while quiet tenants change one
