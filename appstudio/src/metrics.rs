@@ -75,6 +75,7 @@ impl Metrics {
                 ));
             }
         }
+        gitops_shared::process::ProcessStats::current().render(&mut out);
         out
     }
 }
