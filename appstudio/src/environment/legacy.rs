@@ -33,10 +33,16 @@ pub fn legacy_owner(managed: &GitOpsDeploymentManagedEnvironment) -> Option<(Str
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
     let config = watcher::Config::default();
-    Controller::new(ctx.served::<GitOpsDeploymentManagedEnvironment>(), config.clone())
-        .watches(ctx.served::<Environment>(), config, |env| {
+    let controller = Controller::new(ctx.served::<GitOpsDeploymentManagedEnvironment>(), config.clone());
+    let store = controller.store();
+    controller
+        // Only a ManagedEnvironment that exists: most Environments (those without a
+        // target) have none, and a trigger for a missing object ends as an error
+        // that would count as a failed reconcile.
+        .watches(ctx.served::<Environment>(), config, move |env| {
             let namespace = env.namespace().unwrap_or_default();
-            Some(ObjectRef::new(&managed_environment_name(&env.name_any())).within(&namespace))
+            let managed = ObjectRef::new(&managed_environment_name(&env.name_any())).within(&namespace);
+            store.get(&managed).map(|_| managed)
         })
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx.clone())
