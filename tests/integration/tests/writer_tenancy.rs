@@ -31,6 +31,8 @@ use crate::support::{
 
 /// The home cluster as Argo CD would reach it; never contacted by the tests.
 const HOME_URL: &str = "https://home.example.invalid";
+/// How long a deleted tenant namespace may take to go (see its one use).
+const NAMESPACE_DELETION_DEADLINE: Duration = Duration::from_secs(180);
 const REPO: &str = "https://git.example.invalid/org/repo.git";
 
 impl Env {
@@ -357,7 +359,10 @@ async fn writer_tenancy_deleted_namespace_takes_its_tenant_along() {
     assert!(secrets.items.is_empty(), "the tenant's cluster and repository Secrets are gone");
     assert!(env.apps().list(&ListParams::default().labels(&selector)).await.expect("list").items.is_empty());
     assert!(projects.get_opt(&project).await.expect("read").is_none(), "the tenant's AppProject is gone");
-    eventually("the namespace gone", || async {
+    // On a real cluster the controller-manager's namespace controller empties the
+    // namespace, walking every resource type the server serves, for every test's
+    // namespace at once: slower than anything of ours while the suite runs.
+    eventually_within(NAMESPACE_DELETION_DEADLINE, "the namespace gone", || async {
         Api::<Namespace>::all(env.kube.clone()).get_opt(&tenant).await.ok()?.is_none().then_some(())
     })
     .await;
