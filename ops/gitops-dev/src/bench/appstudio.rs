@@ -24,7 +24,6 @@ use gitops_appstudio::api::{PromotionRun, SnapshotEnvironmentBinding};
 use gitops_testkit::argocd::{StandinOptions, fake_revision};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
-use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -471,66 +470,44 @@ async fn watch_bindings(
     cancel: CancellationToken,
 ) {
     let api: Api<SnapshotEnvironmentBinding> = Api::all(generator.client.clone());
-    let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().applied_objects().boxed();
     let all_deployed = format!("{components} of {components} components deployed");
-    loop {
-        let next = tokio::select! {
-            () = cancel.cancelled() => return,
-            next = events.next() => next,
-        };
-        match next {
-            Some(Ok(binding)) => {
-                let deployed = binding.status.as_ref().is_some_and(|status| {
-                    status.component_deployment_conditions.iter().any(|c| {
-                        c.type_ == gitops_appstudio::binding::status::ALL_COMPONENTS_DEPLOYED
-                            && c.status == "True"
-                            && c.message == all_deployed
-                    })
-                });
-                if deployed && binding.spec.snapshot == FIRST_SNAPSHOT {
-                    let key = key(&binding.metadata);
-                    seen.send_if_modified(|s| s.deployed.insert(key));
-                }
-                // In a task of its own, so a slow patch does not hold the watch; a
-                // second event for the binding may overlap it, and the later patch wins.
-                let generator = generator.clone();
-                tokio::spawn(async move {
-                    if let Err(error) = generator.answer(&binding).await {
-                        tracing::warn!(%error, "could not write a binding's status");
-                    }
-                });
-            }
-            Some(Err(error)) => tracing::warn!(%error, "binding watch"),
-            None => return,
+    super::for_each_applied(api, cancel, "SnapshotEnvironmentBinding", |binding| {
+        let deployed = binding.status.as_ref().is_some_and(|status| {
+            status.component_deployment_conditions.iter().any(|c| {
+                c.type_ == gitops_appstudio::binding::status::ALL_COMPONENTS_DEPLOYED
+                    && c.status == "True"
+                    && c.message == all_deployed
+            })
+        });
+        if deployed && binding.spec.snapshot == FIRST_SNAPSHOT {
+            let key = key(&binding.metadata);
+            seen.send_if_modified(|s| s.deployed.insert(key));
         }
-    }
+        // In a task of its own, so a slow patch does not hold the watch; a second
+        // event for the binding may overlap it, and the later patch wins.
+        let generator = generator.clone();
+        tokio::spawn(async move {
+            if let Err(error) = generator.answer(&binding).await {
+                tracing::warn!(%error, "could not write a binding's status");
+            }
+        });
+    })
+    .await;
 }
 
 async fn watch_promotions(client: kube::Client, seen: Arc<watch::Sender<Seen>>, cancel: CancellationToken) {
     let api: Api<PromotionRun> = Api::all(client);
-    let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().applied_objects().boxed();
-    loop {
-        let next = tokio::select! {
-            () = cancel.cancelled() => return,
-            next = events.next() => next,
-        };
-        match next {
-            Some(Ok(run)) => {
-                let Some(status) = run.status.as_ref() else { continue };
-                if status.state != gitops_appstudio::promotion::STATE_COMPLETE {
-                    continue;
-                }
-                let key = key(&run.metadata);
-                let success = status.completion_result.as_deref() == Some(gitops_appstudio::promotion::RESULT_SUCCESS);
-                let now = Instant::now();
-                seen.send_if_modified(|s| {
-                    if success { s.promoted.insert(key, now).is_none() } else { s.failed.insert(key) }
-                });
-            }
-            Some(Err(error)) => tracing::warn!(%error, "PromotionRun watch"),
-            None => return,
+    super::for_each_applied(api, cancel, "PromotionRun", |run| {
+        let Some(status) = run.status.as_ref() else { return };
+        if status.state != gitops_appstudio::promotion::STATE_COMPLETE {
+            return;
         }
-    }
+        let key = key(&run.metadata);
+        let success = status.completion_result.as_deref() == Some(gitops_appstudio::promotion::RESULT_SUCCESS);
+        let now = Instant::now();
+        seen.send_if_modified(|s| if success { s.promoted.insert(key, now).is_none() } else { s.failed.insert(key) });
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -25,7 +25,6 @@ use gitops_testkit::kube_emulator::{ExpiredAnswers, HistoryWindows};
 use gitops_writer::api::GitOpsDeployment;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -416,59 +415,39 @@ async fn watch_applications(
     cancel: CancellationToken,
 ) {
     let api: Api<DynamicObject> = Api::namespaced_with(client, DEV_ARGOCD_NAMESPACE, &application_resource());
-    let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().applied_objects().boxed();
-    loop {
-        let next = tokio::select! {
-            () = cancel.cancelled() => return,
-            next = events.next() => next,
-        };
-        match next {
-            Some(Ok(app)) => {
-                let now = Instant::now();
-                let path = app.data.pointer("/spec/source/path").and_then(|p| p.as_str()).map(str::to_owned);
-                seen.send_modify(|s| {
-                    if let Some(name) = app.metadata.name {
-                        s.applications.insert(name);
-                    }
-                    if let Some(path) = path {
-                        s.paths.entry(path).or_insert(now);
-                    }
-                });
+    super::for_each_applied(api, cancel, "Application", |app| {
+        let now = Instant::now();
+        let path = app.data.pointer("/spec/source/path").and_then(|p| p.as_str()).map(str::to_owned);
+        seen.send_modify(|s| {
+            if let Some(name) = app.metadata.name {
+                s.applications.insert(name);
             }
-            Some(Err(error)) => tracing::warn!(%error, "Application watch"),
-            None => return,
-        }
-    }
+            if let Some(path) = path {
+                s.paths.entry(path).or_insert(now);
+            }
+        });
+    })
+    .await;
 }
 
 async fn watch_deployments(client: kube::Client, seen: std::sync::Arc<watch::Sender<Seen>>, cancel: CancellationToken) {
     let api: Api<GitOpsDeployment> = Api::all(client);
-    let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().applied_objects().boxed();
-    loop {
-        let next = tokio::select! {
-            () = cancel.cancelled() => return,
-            next = events.next() => next,
-        };
-        match next {
-            Some(Ok(object)) => {
-                let synced = object.status.as_ref().is_some_and(|status| {
-                    status.health.as_ref().is_some_and(|health| !health.status.is_empty())
-                        && status.observed_generation.is_some()
-                        && status.observed_generation == object.metadata.generation
-                });
-                if synced {
-                    let key = format!(
-                        "{}/{}",
-                        object.metadata.namespace.unwrap_or_default(),
-                        object.metadata.name.unwrap_or_default()
-                    );
-                    seen.send_if_modified(|s| s.synced.insert(key));
-                }
-            }
-            Some(Err(error)) => tracing::warn!(%error, "GitOpsDeployment watch"),
-            None => return,
+    super::for_each_applied(api, cancel, "GitOpsDeployment", |object| {
+        let synced = object.status.as_ref().is_some_and(|status| {
+            status.health.as_ref().is_some_and(|health| !health.status.is_empty())
+                && status.observed_generation.is_some()
+                && status.observed_generation == object.metadata.generation
+        });
+        if synced {
+            let key = format!(
+                "{}/{}",
+                object.metadata.namespace.unwrap_or_default(),
+                object.metadata.name.unwrap_or_default()
+            );
+            seen.send_if_modified(|s| s.synced.insert(key));
         }
-    }
+    })
+    .await;
 }
 
 pub(crate) async fn create_namespace(client: &kube::Client, name: &str) -> Result<(), E2eBenchError> {

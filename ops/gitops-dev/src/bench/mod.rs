@@ -12,7 +12,10 @@ pub mod soak;
 
 use std::time::{Duration, Instant};
 
+use ::kube::runtime::{WatchStreamExt, watcher};
+use futures_util::StreamExt;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::up::{DevError, DevStack};
 
@@ -57,6 +60,31 @@ pub(crate) async fn wait_until<S>(
         }
         if tokio::time::Instant::now() >= until || seen.has_changed().is_err() {
             return Err(WaitFailed::Deadline { got: count(&seen.borrow()) });
+        }
+    }
+}
+
+/// Calls `each` with every object of `api` as it is applied (listed, added or
+/// modified), until `cancel` or the watch ends; watch errors are logged with `what`
+/// and the watcher retries with its backoff.
+pub(crate) async fn for_each_applied<K>(
+    api: ::kube::Api<K>,
+    cancel: CancellationToken,
+    what: &'static str,
+    mut each: impl FnMut(K),
+) where
+    K: ::kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().applied_objects().boxed();
+    loop {
+        let next = tokio::select! {
+            () = cancel.cancelled() => return,
+            next = events.next() => next,
+        };
+        match next {
+            Some(Ok(object)) => each(object),
+            Some(Err(error)) => tracing::warn!(%error, what, "watch"),
+            None => return,
         }
     }
 }
