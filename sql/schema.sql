@@ -106,6 +106,24 @@ END;
 $$;
 
 --
+-- Name: engine_instance_front(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.engine_instance_front() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        EXECUTE format('CREATE SEQUENCE IF NOT EXISTS %I AS bigint MINVALUE 0 START 0',
+                       'operation_front_' || NEW.id);
+    ELSE
+        EXECUTE format('DROP SEQUENCE IF EXISTS %I', 'operation_front_' || OLD.id);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+--
 -- Name: engine_instance_health(timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -135,6 +153,63 @@ BEGIN
     RETURN NULL;
 END;
 $$;
+
+--
+-- Name: operation_advance_front(bigint, bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.operation_advance_front(p_instance bigint, p_key bigint) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_sequence regclass := to_regclass('operation_front_' || p_instance);
+BEGIN
+    IF v_sequence IS NOT NULL AND p_key > COALESCE(pg_sequence_last_value(v_sequence), 0) THEN
+        PERFORM setval(v_sequence, p_key);
+    END IF;
+END;
+$$;
+
+--
+-- Name: operation_assign_queue_key(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.operation_assign_queue_key() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_front bigint;
+    v_last  bigint;
+BEGIN
+    IF NEW.run_after > clock_timestamp() THEN
+        NEW.queue_key := NULL;
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'UPDATE' AND OLD.state = 'waiting' AND OLD.queue_key IS NOT NULL
+       AND OLD.engine_instance_id = NEW.engine_instance_id THEN
+        NEW.queue_key := OLD.queue_key;
+        RETURN NEW;
+    END IF;
+    v_front := operation_front(NEW.engine_instance_id);
+    -- Only keys at or past the front: the scan never reaches claimed history.
+    SELECT max(o.queue_key) INTO v_last
+      FROM operation o
+     WHERE o.engine_instance_id = NEW.engine_instance_id
+       AND o.tenant_id = NEW.tenant_id
+       AND o.state = 'waiting' AND o.queue_key IS NOT NULL
+       AND o.queue_key >= v_front;
+    NEW.queue_key := GREATEST(v_front, v_last + 1);
+    RETURN NEW;
+END;
+$$;
+
+--
+-- Name: operation_front(bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.operation_front(p_instance bigint) RETURNS bigint
+    LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN COALESCE(pg_sequence_last_value(to_regclass(('operation_front_'::text || p_instance))), (0)::bigint);
 
 --
 -- Name: operation_park_while_releasing(); Type: FUNCTION; Schema: public; Owner: -
@@ -216,13 +291,13 @@ BEGIN
     IF current_setting('gitops.bench_skip_signal', true) = 'on' THEN
         RETURN;
     END IF;
+    PERFORM pg_advisory_xact_lock_shared(signal_lock_key(p_kind, p_ref));
     -- Above READ COMMITTED the read below would use the transaction's first
     -- snapshot; notifying unconditionally keeps the guarantee there.
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM pg_notify(signal_channel(p_kind, p_ref), '');
         RETURN;
     END IF;
-    PERFORM pg_advisory_xact_lock_shared(signal_lock_key(p_kind, p_ref));
     SELECT s.sleeping INTO v_sleeping FROM signal s WHERE s.kind = p_kind AND s.ref_id = p_ref;
     IF v_sleeping IS DISTINCT FROM false THEN
         PERFORM pg_notify(signal_channel(p_kind, p_ref), '');
@@ -530,6 +605,7 @@ CREATE TABLE public.operation (
     tenant_message text,
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     lease_expiries integer DEFAULT 0 NOT NULL,
+    queue_key bigint,
     CONSTRAINT operation_check CHECK (((state <> 'claimed'::public.operation_state) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL))))
 )
 WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.05');
@@ -1050,7 +1126,13 @@ CREATE INDEX managed_environment_tenant_idx ON public.managed_environment USING 
 -- Name: operation_claim_idx; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX operation_claim_idx ON public.operation USING btree (engine_instance_id, run_after, id) WHERE (state = 'waiting'::public.operation_state);
+CREATE INDEX operation_claim_idx ON public.operation USING btree (engine_instance_id, queue_key, id) WHERE ((state = 'waiting'::public.operation_state) AND (queue_key IS NOT NULL));
+
+--
+-- Name: operation_delayed_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX operation_delayed_idx ON public.operation USING btree (engine_instance_id, run_after) WHERE ((state = 'waiting'::public.operation_state) AND (queue_key IS NULL));
 
 --
 -- Name: operation_failed_idx; Type: INDEX; Schema: public; Owner: -
@@ -1081,6 +1163,12 @@ CREATE UNIQUE INDEX operation_one_waiting_idx ON public.operation USING btree (r
 --
 
 CREATE INDEX operation_prune_idx ON public.operation USING btree (completed_at) WHERE (state = ANY (ARRAY['completed'::public.operation_state, 'superseded'::public.operation_state]));
+
+--
+-- Name: operation_tenant_key_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX operation_tenant_key_idx ON public.operation USING btree (engine_instance_id, tenant_id, queue_key) WHERE ((state = 'waiting'::public.operation_state) AND (queue_key IS NOT NULL));
 
 --
 -- Name: repository_credential_tenant_idx; Type: INDEX; Schema: public; Owner: -
@@ -1155,6 +1243,12 @@ CREATE TRIGGER application_state_signal AFTER INSERT OR UPDATE ON public.applica
 CREATE TRIGGER application_state_stamp BEFORE UPDATE ON public.application_state FOR EACH ROW EXECUTE FUNCTION public.application_state_stamp();
 
 --
+-- Name: engine_instance engine_instance_front; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER engine_instance_front AFTER INSERT OR DELETE ON public.engine_instance FOR EACH ROW EXECUTE FUNCTION public.engine_instance_front();
+
+--
 -- Name: engine_instance engine_instance_signal_row; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -1171,6 +1265,18 @@ CREATE TRIGGER operation_park_insert BEFORE INSERT ON public.operation FOR EACH 
 --
 
 CREATE TRIGGER operation_park_update BEFORE UPDATE OF state, run_after, engine_instance_id ON public.operation FOR EACH ROW WHEN (((new.state = 'waiting'::public.operation_state) AND (new.resource_type <> 'tenant'::public.resource_type))) EXECUTE FUNCTION public.operation_park_while_releasing();
+
+--
+-- Name: operation operation_queue_key_insert; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER operation_queue_key_insert BEFORE INSERT ON public.operation FOR EACH ROW WHEN ((new.state = 'waiting'::public.operation_state)) EXECUTE FUNCTION public.operation_assign_queue_key();
+
+--
+-- Name: operation operation_queue_key_update; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER operation_queue_key_update BEFORE UPDATE OF state, run_after, engine_instance_id ON public.operation FOR EACH ROW WHEN ((new.state = 'waiting'::public.operation_state)) EXECUTE FUNCTION public.operation_assign_queue_key();
 
 --
 -- Name: operation operation_signal_insert; Type: TRIGGER; Schema: public; Owner: -

@@ -472,6 +472,16 @@ pub struct QueueBenchArgs {
     #[arg(long, env = "GITOPS_BENCH_BATCH", default_value_t = 256,
           value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub batch: i64,
+    /// Measure drain, overlap and half load again while a REPEATABLE READ
+    /// transaction (which first runs every `sql/inspect/` query) is held open in the
+    /// benchmark's database, then how soon the drain recovers after it ends.
+    #[arg(long, env = "GITOPS_BENCH_HOLD_SNAPSHOT", conflicts_with = "rate")]
+    pub hold_snapshot: bool,
+    /// Operations pushed through the queue while the snapshot is held, before the
+    /// held figures are measured.
+    #[arg(long, env = "GITOPS_BENCH_PRELOAD", default_value_t = 200_000, requires = "hold_snapshot",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub preload: u64,
 }
 
 impl From<QueueBenchArgs> for QueueBenchConfig {
@@ -484,6 +494,8 @@ impl From<QueueBenchArgs> for QueueBenchConfig {
             rate: args.rate,
             server_url: args.database_url.map(|url| url.expose().to_owned()),
             batch: args.batch,
+            hold_snapshot: args.hold_snapshot,
+            preload: args.preload,
         }
     }
 }

@@ -10,21 +10,40 @@ use crate::db::{DbError, column};
 use crate::model::{EngineInstanceId, OperationId};
 use crate::sanitize::sanitize_tenant_message;
 
-// Short transaction: pick up to $2 due operations of this instance whose resource
-// has no claimed operation, lock them (skipping rows another claimer holds), and
-// lease them. The partial index operation_claim_idx serves the inner query. An
-// ordinary operation is not claimed by an instance its tenant is not placed on, nor
-// while the tenant is being released (a move: see sql/README.md); one whose tenant
-// row is gone is claimed, to be completed quietly. Tenant operations carry the move
-// itself and are always claimable. A fenced instance claims nothing: its agents clean
-// up first (`db::failover`), then the fence is lifted.
+// One statement, one transaction: complete the operations handled since the last
+// claim ($6/$7, lease-checked), then pick up to $2 due operations of this instance
+// whose resource has no claimed operation, lock them (skipping rows another claimer
+// holds), lease them, and move the instance's front to the highest key taken.
+//
+// The pick walks operation_claim_idx in queue-key order (fair across tenants, see
+// migrations/V20) from the claimer's floor $5: keys below it were claimed already, and
+// the dead index entries they left are not visited even while a held snapshot keeps
+// them (`super::floor` says why skipping them loses nothing). An ordinary operation is
+// not claimed by an instance its tenant is not placed on, nor while the tenant is being
+// released (a move: see sql/README.md); one whose tenant row is gone is claimed, to be
+// completed quietly. Tenant operations carry the move itself and are always claimable.
+// A fenced instance claims nothing: its agents clean up first (`db::failover`), then
+// the fence is lifted.
+//
+// The result has one row per claimed operation, or a single row of NULLs when none
+// was; each row carries the ids completed.
 /// The claim statement (public so a test can EXPLAIN it).
 pub const CLAIM: &str = "
-WITH picked AS (
-    SELECT o.id
+WITH done AS (
+    UPDATE operation o
+       SET state = 'completed', completed_at = clock_timestamp(), lease_expires_at = NULL,
+           operator_error = NULL, tenant_message = NULL
+      FROM unnest($6::bigint[], $7::uuid[]) AS d(id, token)
+     WHERE o.id = d.id AND o.lease_token = d.token
+       AND o.state = 'claimed' AND o.lease_expires_at > now()
+    RETURNING o.id
+), picked AS (
+    SELECT o.id, o.queue_key
       FROM operation o
      WHERE o.engine_instance_id = $1
        AND o.state = 'waiting'
+       AND o.queue_key IS NOT NULL
+       AND o.queue_key >= $5
        AND o.run_after <= now()
        AND NOT EXISTS (SELECT 1 FROM operation c
                         WHERE c.state = 'claimed'
@@ -36,25 +55,53 @@ WITH picked AS (
                               AND (t.engine_instance_id IS DISTINCT FROM o.engine_instance_id
                                    OR t.move_state = 'releasing')))
        AND NOT EXISTS (SELECT 1 FROM engine_instance e WHERE e.id = $1 AND e.fenced_at IS NOT NULL)
-     ORDER BY o.run_after, o.id
+     ORDER BY o.queue_key, o.id
      LIMIT $2
        FOR UPDATE OF o SKIP LOCKED
+), claimed AS (
+    UPDATE operation o
+       SET state = 'claimed',
+           claimed_by = $3,
+           lease_token = gen_random_uuid(),
+           lease_expires_at = now() + make_interval(secs => $4),
+           claimed_at = clock_timestamp(),
+           attempts = o.attempts + 1
+      FROM picked
+     WHERE o.id = picked.id
+    RETURNING o.id, o.tenant_id, o.resource_type, o.resource_id, o.attempts, o.lease_token,
+              o.created_at, o.claimed_at, picked.queue_key
+), front AS (
+    SELECT operation_advance_front($1, max(queue_key)) FROM claimed
 )
-UPDATE operation o
-   SET state = 'claimed',
-       claimed_by = $3,
-       lease_token = gen_random_uuid(),
-       lease_expires_at = now() + make_interval(secs => $4),
-       claimed_at = clock_timestamp(),
-       attempts = o.attempts + 1
-  FROM picked
- WHERE o.id = picked.id
-RETURNING o.id, o.tenant_id, o.resource_type, o.resource_id, o.attempts, o.lease_token,
-          o.created_at, o.claimed_at";
+SELECT c.*, (SELECT array_agg(id) FROM done) AS completed, (SELECT count(*) FROM front) AS fronts
+  FROM (VALUES (1)) AS one (x) LEFT JOIN claimed c ON true";
+
+/// What one claim statement did.
+#[derive(Debug, Default)]
+pub struct ClaimRound {
+    /// The operations now leased to the claimer, by id.
+    pub claimed: Vec<ClaimedOperation>,
+    /// Which of the completions handed in were recorded (the others' leases had
+    /// passed on).
+    pub completed: Vec<OperationId>,
+    /// The lowest queue key claimed: the claimer's next floor.
+    pub lowest_key: Option<i64>,
+}
+
+/// Where a claim's scan starts: everything at or past `floor` in queue-key order.
+/// `FROM_START` reads the instance's whole waiting index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Floor(pub i64);
+
+impl Floor {
+    pub const FROM_START: Floor = Floor(i64::MIN);
+}
 
 /// Claims up to `limit` due operations of `instance` for `claimer`, each with a
-/// lease of `lease_for`. The local deadline of each lease is measured from before
-/// the statement was sent, so it never ends after the database's.
+/// lease of `lease_for`, reading the whole queue (retries whose backoff ended are
+/// given their place first). The local deadline of each lease is measured from
+/// before the statement was sent, so it never ends after the database's. Consumers
+/// use `operation_complete_and_claim`, from a floor.
 pub async fn operation_claim(
     client: &Client,
     instance: EngineInstanceId,
@@ -62,14 +109,34 @@ pub async fn operation_claim(
     limit: i64,
     lease_for: Duration,
 ) -> Result<Vec<ClaimedOperation>, DbError> {
+    super::operation_promote_due(client, instance).await?;
+    let round =
+        operation_complete_and_claim(client, instance, claimer, limit, lease_for, Floor::FROM_START, &[]).await?;
+    Ok(round.claimed)
+}
+
+/// Records `done` as completed (lease-checked, as `operation_complete` does) and
+/// claims the next batch from `floor`, in one statement and one commit.
+pub async fn operation_complete_and_claim(
+    client: &Client,
+    instance: EngineInstanceId,
+    claimer: &str,
+    limit: i64,
+    lease_for: Duration,
+    floor: Floor,
+    done: &[(OperationId, Uuid)],
+) -> Result<ClaimRound, DbError> {
+    let ids: Vec<i64> = done.iter().map(|(id, _)| id.0).collect();
+    let tokens: Vec<Uuid> = done.iter().map(|(_, token)| *token).collect();
     let sent_at = Instant::now();
     let rows = client
-        .query(CLAIM, &[&instance.0, &limit, &claimer, &secs(lease_for)])
+        .query(CLAIM, &[&instance.0, &limit, &claimer, &secs(lease_for), &floor.0, &ids, &tokens])
         .await
         .map_err(DbError::query("claim operations"))?;
-    let read = |row: &tokio_postgres::Row| -> Result<ClaimedOperation, tokio_postgres::Error> {
-        Ok(ClaimedOperation {
-            id: row.try_get("id")?,
+    let read = |row: &tokio_postgres::Row| -> Result<Option<(ClaimedOperation, i64)>, tokio_postgres::Error> {
+        let Some(id) = row.try_get::<_, Option<OperationId>>("id")? else { return Ok(None) };
+        let op = ClaimedOperation {
+            id,
             engine_instance_id: instance,
             tenant_id: row.try_get("tenant_id")?,
             resource_type: row.try_get("resource_type")?,
@@ -78,12 +145,21 @@ pub async fn operation_claim(
             created_at: row.try_get("created_at")?,
             claimed_at: row.try_get("claimed_at")?,
             lease: Lease::new(row.try_get("lease_token")?, sent_at, lease_for),
-        })
+        };
+        Ok(Some((op, row.try_get("queue_key")?)))
     };
-    let mut claimed =
-        rows.iter().map(read).collect::<Result<Vec<_>, _>>().map_err(DbError::query("read claimed operations"))?;
-    claimed.sort_by_key(|op| op.id);
-    Ok(claimed)
+    let mut round = ClaimRound::default();
+    for row in &rows {
+        let Some((op, key)) = read(row).map_err(DbError::query("read claimed operations"))? else { continue };
+        round.lowest_key = Some(round.lowest_key.map_or(key, |lowest| lowest.min(key)));
+        round.claimed.push(op);
+    }
+    if let Some(row) = rows.first() {
+        let completed: Option<Vec<OperationId>> = column(row, "completed", "read completed operations")?;
+        round.completed = completed.unwrap_or_default();
+    }
+    round.claimed.sort_by_key(|op| op.id);
+    Ok(round)
 }
 
 const COMPLETE: &str = "

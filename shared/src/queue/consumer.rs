@@ -20,8 +20,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    ClaimedOperation, Failure, LeaseKeeper, RetryPolicy, operation_claim, operation_complete, operation_fail,
-    operation_next_lease_expiry, operation_prune, operation_reclaim_expired,
+    ClaimedOperation, Failure, Floor, LeaseKeeper, RetryPolicy, operation_complete, operation_complete_and_claim,
+    operation_fail, operation_next_lease_expiry, operation_prune, operation_reclaim_expired, operation_safe_floor,
 };
 use crate::db::{DbError, DbPool, PooledClient, held_or_pooled, pooled};
 use crate::listen::Listener;
@@ -66,6 +66,14 @@ pub struct ConsumerConfig {
     pub retention: Option<Duration>,
     /// Dead letters older than this are pruned (None: never).
     pub failed_retention: Option<Duration>,
+    /// After a claim that did not fill its batch, wait this long before the next: work
+    /// gathers meanwhile, so that under light load a claim (one commit, which also
+    /// records the last batch's completions) takes several operations, not one.
+    pub linger: Duration,
+    /// Claims in a row that find nothing before the consumer goes to sleep.
+    pub idle_polls: u32,
+    /// How often, at least, the claim floor is made safe (see `queue::floor`).
+    pub floor_sync_every: Duration,
 }
 
 impl ConsumerConfig {
@@ -83,6 +91,9 @@ impl ConsumerConfig {
             reclaim_every: Duration::from_secs(10),
             retention: Some(Duration::from_secs(24 * 3600)),
             failed_retention: Some(Duration::from_secs(7 * 24 * 3600)),
+            linger: Duration::from_millis(10),
+            idle_polls: 3,
+            floor_sync_every: Duration::from_secs(1),
         }
     }
 }
@@ -111,6 +122,17 @@ pub struct Consumer<H> {
     stats: Arc<ConsumerStats>,
     /// Woken by the upkeep when it put operations back in the queue.
     requeued: Notify,
+    /// Where claims start, and since when it was last made safe.
+    floor: std::sync::Mutex<FloorState>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct FloorState {
+    /// Where the next claim starts (optimistic).
+    claim_from: Floor,
+    /// The last safe floor: where the next safe floor's scan starts.
+    safe: Floor,
+    synced_at: Option<Instant>,
 }
 
 /// Pauses between attempts to sleep while an enqueuer is in flight.
@@ -124,12 +146,25 @@ const UPKEEP_RETRY: Duration = Duration::from_secs(1);
 /// clock to have passed it.
 const LEASE_EXPIRY_MARGIN: Duration = Duration::from_millis(100);
 
-const NEXT_DUE: &str =
-    "SELECT min(run_after) AS due FROM operation WHERE engine_instance_id = $1 AND state = 'waiting'";
+// Only operations without a key wait for a time (`operation_delayed_idx`).
+const NEXT_DUE: &str = "SELECT min(run_after) AS due FROM operation
+                         WHERE engine_instance_id = $1 AND state = 'waiting' AND queue_key IS NULL";
+
+/// How long a safe floor waits for transactions writing operations to end.
+const FLOOR_LOCK_WAIT: Duration = Duration::from_millis(100);
 
 impl<H: Handler> Consumer<H> {
     pub fn new(pool: DbPool, listener: Listener, config: ConsumerConfig, handler: Arc<H>) -> Self {
-        Consumer { pool, listener, config, handler, stats: Arc::new(ConsumerStats::default()), requeued: Notify::new() }
+        let floor = FloorState { claim_from: Floor::FROM_START, safe: Floor::FROM_START, synced_at: None };
+        Consumer {
+            pool,
+            listener,
+            config,
+            handler,
+            stats: Arc::new(ConsumerStats::default()),
+            requeued: Notify::new(),
+            floor: std::sync::Mutex::new(floor),
+        }
     }
 
     pub fn stats(&self) -> Arc<ConsumerStats> {
@@ -164,13 +199,16 @@ impl<H: Handler> Consumer<H> {
                     tracing::debug!(%error, "could not mark the signal awake");
                 }
             }
-            self.drain(cancel).await?;
+            self.sync_floor(true).await?;
+            self.drain(cancel, self.config.idle_polls).await?;
             if cancel.is_cancelled() {
                 break;
             }
             self.fall_asleep(&signal, cancel).await?;
-            // Scan once more after `sleeping` is committed (see `signal`).
-            if self.drain(cancel).await? > 0 {
+            // Scan once more after `sleeping` is committed (see `signal`), from a
+            // floor that passes over nothing.
+            self.sync_floor(true).await?;
+            if self.drain(cancel, 0).await? > 0 {
                 continue;
             }
             let timeout = self.sleep_for().await;
@@ -200,7 +238,7 @@ impl<H: Handler> Consumer<H> {
             match attempt {
                 SleepAttempt::Asleep => return Ok(()),
                 SleepAttempt::EnqueuerInFlight => {
-                    if self.drain(cancel).await? > 0 {
+                    if self.drain(cancel, 0).await? > 0 {
                         pause = PAUSE_MIN;
                     } else {
                         tokio::time::sleep(pause).await;
@@ -313,30 +351,94 @@ impl<H: Handler> Consumer<H> {
         }
     }
 
-    /// Claims and handles batches until none is left; returns how many were claimed.
-    async fn drain(&self, cancel: &CancellationToken) -> Result<u64, DbError> {
+    fn floor(&self) -> FloorState {
+        *self.floor.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn update_floor(&self, update: impl FnOnce(&mut FloorState)) {
+        update(&mut self.floor.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    }
+
+    /// Makes the claim floor safe (see `queue::floor`), when `force`d or when the last
+    /// time is `floor_sync_every` ago. A floor that could not be made safe now (writers
+    /// kept the lock) is tried again on the next round; claims keep their floor.
+    async fn sync_floor(&self, force: bool) -> Result<(), DbError> {
+        let state = self.floor();
+        if !force && state.synced_at.is_some_and(|at| at.elapsed() < self.config.floor_sync_every) {
+            return Ok(());
+        }
+        let mut client = pooled(&self.pool).await?;
+        match operation_safe_floor(&mut client, self.config.instance, state.safe, FLOOR_LOCK_WAIT).await? {
+            Some(safe) => self.update_floor(|floor| {
+                *floor = FloorState { claim_from: safe, safe, synced_at: Some(Instant::now()) };
+            }),
+            None => tracing::debug!("writers held the queue lock; the claim floor is made safe later"),
+        }
+        Ok(())
+    }
+
+    /// Claims and handles batches until `idle_polls + 1` claims in a row find nothing;
+    /// returns how many were claimed. Each claim records the previous batch's
+    /// completions; a claim that did not fill its batch is followed by `linger`.
+    async fn drain(&self, cancel: &CancellationToken, idle_polls: u32) -> Result<u64, DbError> {
         let mut total = 0;
+        let mut done: Vec<(crate::model::OperationId, uuid::Uuid)> = Vec::new();
+        let mut idle = 0;
         while !cancel.is_cancelled() {
+            self.sync_floor(false).await?;
             self.stats.scans.fetch_add(1, Ordering::Relaxed);
-            let batch = {
+            let round = {
                 let client = pooled(&self.pool).await?;
-                operation_claim(
+                operation_complete_and_claim(
                     &client,
                     self.config.instance,
                     &self.config.claimer,
                     self.config.batch,
                     self.config.lease_for,
+                    self.floor().claim_from,
+                    &done,
                 )
                 .await?
             };
-            if batch.is_empty() {
-                break;
+            self.count_completed(done.len(), round.completed.len());
+            done.clear();
+            if let Some(lowest) = round.lowest_key {
+                self.update_floor(|floor| floor.claim_from = floor.claim_from.max(Floor(lowest)));
             }
-            total += batch.len() as u64;
-            self.stats.claimed.fetch_add(batch.len() as u64, Ordering::Relaxed);
-            self.handle_batch(batch).await?;
+            let claimed = round.claimed.len();
+            if claimed == 0 {
+                idle += 1;
+                if idle > idle_polls {
+                    break;
+                }
+            } else {
+                idle = 0;
+                total += claimed as u64;
+                self.stats.claimed.fetch_add(claimed as u64, Ordering::Relaxed);
+                done = self.handle_batch(round.claimed).await?;
+            }
+            if (claimed as i64) < self.config.batch && !self.config.linger.is_zero() {
+                tokio::select! {
+                    () = cancel.cancelled() => {}
+                    () = tokio::time::sleep(self.config.linger) => {}
+                }
+            }
+        }
+        if !done.is_empty() {
+            let client = pooled(&self.pool).await?;
+            let completed = operation_complete(&client, &done).await?;
+            self.count_completed(done.len(), completed.len());
         }
         Ok(total)
+    }
+
+    fn count_completed(&self, handed_in: usize, completed: usize) {
+        self.stats.completed.fetch_add(completed as u64, Ordering::Relaxed);
+        let lost = handed_in.saturating_sub(completed);
+        if lost > 0 {
+            self.stats.lease_lost.fetch_add(lost as u64, Ordering::Relaxed);
+            tracing::warn!(lost, "completions refused: the lease had passed to another claimer");
+        }
     }
 
     async fn handle_one(&self, op: ClaimedOperation, margin: Duration) -> (ClaimedOperation, Option<Outcome>) {
@@ -344,7 +446,12 @@ impl<H: Handler> Consumer<H> {
         (op, outcome)
     }
 
-    async fn handle_batch(&self, batch: Vec<ClaimedOperation>) -> Result<(), DbError> {
+    /// Runs a batch under its leases and records its failures; returns the operations
+    /// done, for the next claim to complete.
+    async fn handle_batch(
+        &self,
+        batch: Vec<ClaimedOperation>,
+    ) -> Result<Vec<(crate::model::OperationId, uuid::Uuid)>, DbError> {
         let _keeper = LeaseKeeper::start(self.pool.clone(), batch.clone(), self.config.lease_for);
         let margin = self.config.margin;
         let mut results: Vec<(ClaimedOperation, Option<Outcome>)> = Vec::with_capacity(batch.len());
@@ -360,34 +467,27 @@ impl<H: Handler> Consumer<H> {
         while let Some(result) = running.next().await {
             results.push(result);
         }
-        let client = pooled(&self.pool).await?;
-        let done: Vec<_> = results
-            .iter()
-            .filter(|(_, outcome)| matches!(outcome, Some(Outcome::Done)))
-            .map(|(op, _)| (op.id, op.lease.token()))
-            .collect();
-        let completed = operation_complete(&client, &done).await?;
-        self.stats.completed.fetch_add(completed.len() as u64, Ordering::Relaxed);
-        let lost = done.len() - completed.len();
+        let mut done = Vec::with_capacity(results.len());
+        let mut client = None;
         for (op, outcome) in &results {
             match outcome {
                 None => {
                     self.stats.lease_lost.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(operation.id = %op.id, "stopped: the lease ended before the work finished");
                 }
-                Some(Outcome::Done) => {}
+                Some(Outcome::Done) => done.push((op.id, op.lease.token())),
                 Some(Outcome::Failed(failure)) => {
-                    let result = operation_fail(&client, op, failure, &self.config.retry).await?;
+                    let client = match &mut client {
+                        Some(client) => client,
+                        None => client.insert(pooled(&self.pool).await?),
+                    };
+                    let result = operation_fail(client, op, failure, &self.config.retry).await?;
                     self.stats.failed.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(operation.id = %op.id, ?result, "operation failed");
                 }
             }
             op.lease.end();
         }
-        if lost > 0 {
-            self.stats.lease_lost.fetch_add(lost as u64, Ordering::Relaxed);
-            tracing::warn!(lost, "completions refused: the lease had passed to another claimer");
-        }
-        Ok(())
+        Ok(done)
     }
 }

@@ -23,8 +23,10 @@ pub enum Enqueued {
 // text and is cast here.
 //
 // The partial unique index allows one waiting operation per resource. A waiting
-// operation that is already due absorbs the new request without a write; one that
-// waits for a retry, or was meant for another instance, is brought forward.
+// operation that is already due and in the queue absorbs the new request without a
+// write; one that waits for a retry (or whose retry time passed and no claimer gave
+// it its queue key yet: see `queue::floor`), or was meant for another instance, is
+// brought forward.
 const ENQUEUE: &str = "
 INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id)
 VALUES ($1, $2, $3::resource_type, $4)
@@ -33,6 +35,7 @@ DO UPDATE SET run_after = LEAST(operation.run_after, now()),
               engine_instance_id = EXCLUDED.engine_instance_id,
               tenant_id = EXCLUDED.tenant_id
     WHERE operation.run_after > now()
+       OR operation.queue_key IS NULL
        OR operation.engine_instance_id <> EXCLUDED.engine_instance_id
 RETURNING id, (xmax = 0) AS inserted";
 

@@ -18,6 +18,7 @@ mod backoff;
 mod claim;
 mod consumer;
 mod enqueue;
+mod floor;
 mod horizon;
 mod lease;
 mod maintain;
@@ -29,9 +30,13 @@ pub use admin::{
     operation_list_failed, operation_retry, operation_retry_all_failed, operation_waiting_count, queue_summary,
 };
 pub use backoff::RetryPolicy;
-pub use claim::{CLAIM as CLAIM_SQL, FailOutcome, Failure, operation_claim, operation_complete, operation_fail};
+pub use claim::{
+    CLAIM as CLAIM_SQL, ClaimRound, FailOutcome, Failure, Floor, operation_claim, operation_complete,
+    operation_complete_and_claim, operation_fail,
+};
 pub use consumer::{Consumer, ConsumerConfig, ConsumerStats, Handler, Outcome};
 pub use enqueue::{Enqueued, operation_enqueue_in_txn};
+pub use floor::{LOWEST_LIVE_KEY as LOWEST_LIVE_KEY_SQL, operation_promote_due, operation_safe_floor};
 pub use horizon::{HorizonHolder, STATEMENTS as HORIZON_STATEMENTS, xmin_horizon_holder};
 pub use lease::{Lease, LeaseKeeper, operation_renew};
 pub use maintain::{

@@ -26,6 +26,7 @@ mod ops_dashboard;
 mod process_signals;
 mod queue_admin;
 mod queue_failures;
+mod queue_floor;
 mod queue_race;
 mod shard_takeover;
 mod signal_race;

@@ -31,7 +31,10 @@ async fn the_claim_query_walks_its_partial_index_not_finished_rows() {
     .await;
     let txn = client.transaction().await.expect("begin");
     let plan: Vec<String> = txn
-        .query(&format!("EXPLAIN {CLAIM_SQL}"), &[&fx.instance.0, &10i64, &"agent", &30.0f64])
+        .query(
+            &format!("EXPLAIN {CLAIM_SQL}"),
+            &[&fx.instance.0, &10i64, &"agent", &30.0f64, &0i64, &Vec::<i64>::new(), &Vec::<uuid::Uuid>::new()],
+        )
         .await
         .expect("explain")
         .iter()
@@ -40,6 +43,11 @@ async fn the_claim_query_walks_its_partial_index_not_finished_rows() {
     txn.rollback().await.expect("rollback");
     let plan = plan.join("\n");
     assert!(plan.contains("operation_claim_idx"), "claim must use operation_claim_idx:\n{plan}");
+    // The scan starts at the claimer's floor: a bound on the index, not a filter.
+    assert!(
+        plan.lines().any(|line| line.contains("Index Cond") && line.contains("queue_key >= ")),
+        "the floor must bound the index scan:\n{plan}"
+    );
     assert!(plan.contains("operation_one_claimed_idx"), "the claimed-resource check must use its index:\n{plan}");
     assert!(!plan.contains("Seq Scan on operation"), "no sequential scan:\n{plan}");
 }

@@ -12,12 +12,22 @@
 //! 4. overlap — producers (as fast as they can, or at `--rate`) and idle agents
 //!    together; claim latency is read back from the operation table.
 //!
-//! With `--rate` only phases 1 and 4 run.
+//! 5. half load — phase 4 again with producers on a schedule at half the enqueue
+//!    rate of phase 2: claim latency when the agents are not the bottleneck.
+//! 6. fairness — one tenant's 5,000 operations wait, another tenant writes one; the
+//!    agents start: in which claim batch the quiet tenant's operation went.
+//!
+//! Phases 4 and 5 report commits per operation (Δ`xact_commit` of the database over
+//! the operations, the enqueue transactions included). With `--rate` only phases 1
+//! and 4 run. With `--hold-snapshot` the phases above are the clean figures, and
+//! `held` measures 3–5 again while a snapshot is held (see `held.rs`).
 
 mod agent;
+mod held;
 mod producer;
 mod report;
 mod scratch;
+mod stats;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,7 +41,7 @@ use tokio_postgres::Client;
 
 use agent::{CountingHandler, ReadyAgents, RunningAgents};
 use producer::{Committed, Producer, Work};
-pub use report::{LatencyMs, QueueBenchReport};
+pub use report::{HalfLoad, HeldReport, LatencyMs, QueueBenchReport, RecoveryRun};
 use scratch::Scratch;
 
 /// What to run.
@@ -47,6 +57,10 @@ pub struct QueueBenchConfig {
     pub server_url: Option<String>,
     /// Operations an agent claims per statement.
     pub batch: i64,
+    /// Measure again while a REPEATABLE READ transaction is held (`held.rs`).
+    pub hold_snapshot: bool,
+    /// Operations pushed through while the snapshot is held, before measuring.
+    pub preload: u64,
 }
 
 /// Why the benchmark stopped. Lost or doubled operations are figures, not errors.
@@ -90,16 +104,21 @@ const CLEAR: &str =
 
 const CHECKPOINT: &str = "CHECKPOINT";
 
-// "All done" as two index probes that stop at the first row, cheap enough to poll
-// every few milliseconds (a count(*) over the table would compete for the CPU
-// with the agents being measured). The final count below confirms it.
-const PENDING: &str = "SELECT EXISTS (SELECT 1 FROM operation WHERE state = 'waiting')
-                           OR EXISTS (SELECT 1 FROM operation WHERE state = 'claimed')";
+// Operations of the current phase are those past its mark (ids only grow).
+const COUNT_IN_STATE: &str = "SELECT count(*) FROM operation WHERE state = $1 AND id > $2";
 
-const COUNT_IN_STATE: &str = "SELECT count(*) FROM operation WHERE state = $1";
+const MARK: &str = "SELECT coalesce(max(id), 0) FROM operation";
 
 // `created_at` is clock_timestamp() at the insert, `claimed_at` at the claim.
-const CLAIM_TIMES: &str = "SELECT id, created_at, claimed_at FROM operation WHERE state = 'completed'";
+const CLAIM_TIMES: &str = "SELECT id, created_at, claimed_at FROM operation WHERE state = 'completed' AND id > $1";
+
+// How many operations of the phase were claimed before the quiet tenant's ($2).
+const CLAIMED_BEFORE_QUIET: &str = "
+SELECT count(*) FROM operation o, operation q
+ WHERE q.id = $2 AND o.id > $1 AND o.claimed_at < q.claimed_at";
+
+/// The noisy tenant's backlog in the fairness phase.
+const NOISY_BACKLOG: u64 = 5_000;
 
 /// Runs the benchmark on a scratch database and drops the database afterwards.
 pub async fn queue_bench(config: &QueueBenchConfig) -> Result<QueueBenchReport, BenchError> {
@@ -119,6 +138,15 @@ struct Bench<'a> {
     producers: Vec<Producer>,
     handler: Arc<CountingHandler>,
     lost: u64,
+    /// The highest operation id before the current phase.
+    mark: i64,
+}
+
+/// What one overlap run measured.
+struct Overlap {
+    per_s: f64,
+    latency_ms: LatencyMs,
+    commits_per_op: f64,
 }
 
 async fn run(config: &QueueBenchConfig, url: &str) -> Result<QueueBenchReport, BenchError> {
@@ -136,8 +164,16 @@ async fn run(config: &QueueBenchConfig, url: &str) -> Result<QueueBenchReport, B
     for index in 0..config.producers {
         producers.push(Producer::connect(url, instance, index).await?);
     }
-    let mut bench =
-        Bench { config, url, admin, instance, producers, handler: Arc::new(CountingHandler::default()), lost: 0 };
+    let mut bench = Bench {
+        config,
+        url,
+        admin,
+        instance,
+        producers,
+        handler: Arc::new(CountingHandler::default()),
+        lost: 0,
+        mark: 0,
+    };
 
     let n = config.operations;
     let (mut baseline, mut no_notify, mut enqueue) = (Vec::new(), Vec::new(), Vec::new());
@@ -165,7 +201,28 @@ async fn run(config: &QueueBenchConfig, url: &str) -> Result<QueueBenchReport, B
         None => Some(bench.drain().await?),
         Some(_) => None,
     };
-    let (overlap_per_s, latency_ms) = bench.overlap().await?;
+    let overlap = bench.overlap(config.rate, true).await?;
+    let enqueue_median = report::median(&enqueue);
+    let half_load = match config.rate {
+        None => Some(bench.half_load(enqueue_median, true).await?),
+        Some(_) => None,
+    };
+    let quiet_claim_batches = match config.rate {
+        None => bench.fairness().await?,
+        Some(_) => None,
+    };
+    let held = match (config.hold_snapshot, drain_per_s) {
+        (true, Some(clean_drain)) => {
+            let clean = held::Clean {
+                drain_per_s: clean_drain,
+                enqueue_per_s: enqueue_median,
+                overlap_per_s: overlap.per_s,
+                claim_p99_ms: overlap.latency_ms.p99,
+            };
+            Some(held::measure(&mut bench, &clean).await?)
+        }
+        _ => None,
+    };
     Ok(QueueBenchReport {
         operations: n,
         agents: config.agents,
@@ -173,10 +230,14 @@ async fn run(config: &QueueBenchConfig, url: &str) -> Result<QueueBenchReport, B
         rate: config.rate,
         baseline_commit_per_s: report::median(&baseline),
         no_notify_enqueue_per_s: report::median(&no_notify),
-        enqueue_per_s: config.rate.is_none().then(|| report::median(&enqueue)),
+        enqueue_per_s: config.rate.is_none().then_some(enqueue_median),
         drain_per_s,
-        overlap_per_s,
-        latency_ms,
+        overlap_per_s: overlap.per_s,
+        latency_ms: overlap.latency_ms,
+        commits_per_op: overlap.commits_per_op,
+        half_load,
+        quiet_claim_batches,
+        held,
         double_completions: bench.handler.double_completions(),
         lost: bench.lost,
     })
@@ -184,13 +245,21 @@ async fn run(config: &QueueBenchConfig, url: &str) -> Result<QueueBenchReport, B
 
 impl Bench<'_> {
     /// Empty tables and a checkpoint: every run starts from the same place.
-    async fn fresh_run(&self) -> Result<(), BenchError> {
+    async fn fresh_run(&mut self) -> Result<(), BenchError> {
         self.admin
             .batch_execute(CLEAR)
             .await
             .map_err(DbError::query("clear the tables"))
             .map_err(BenchError::db("clear the tables"))?;
         self.checkpoint().await;
+        self.set_mark().await
+    }
+
+    /// Later counts look at operations written from now on only.
+    async fn set_mark(&mut self) -> Result<(), BenchError> {
+        let row =
+            self.admin.query_one(MARK, &[]).await.map_err(DbError::query("mark")).map_err(BenchError::db("mark"))?;
+        self.mark = row.get(0);
         Ok(())
     }
 
@@ -231,7 +300,7 @@ impl Bench<'_> {
         let ready = self.agents().await?;
         let started = Instant::now();
         let agents = ready.start();
-        let finished = self.wait_settled(&agents).await;
+        let finished = self.wait_settled(&agents, self.config.operations).await;
         agents.stop().await?;
         let finished = finished?;
         let per_s = report::per_second(self.config.operations, finished - started);
@@ -241,29 +310,82 @@ impl Bench<'_> {
         Ok(per_s)
     }
 
-    /// Phase 4: producers and agents together, from idle agents and empty tables.
-    async fn overlap(&mut self) -> Result<(f64, LatencyMs), BenchError> {
+    /// Phase 4: producers (at `rate`, or as fast as they go) and agents together,
+    /// from idle agents, on empty tables when `fresh`.
+    async fn overlap(&mut self, rate: Option<f64>, fresh: bool) -> Result<Overlap, BenchError> {
         let n = self.config.operations;
-        self.fresh_run().await?;
+        if fresh {
+            self.fresh_run().await?;
+        } else {
+            self.set_mark().await?;
+        }
+        let commits_before = stats::commits(&self.admin, &self.producers).await?;
         let agents = self.agents().await?.start();
         let outcome = async {
             agents.wait_asleep(Duration::from_secs(10)).await?;
             let started = Instant::now();
-            let committed = match self.config.rate {
+            let committed = match rate {
                 None => producer::run_closed(&mut self.producers, n, Work::Enqueue).await?.1,
                 Some(rate) => producer::run_scheduled(&mut self.producers, n, rate, started).await?,
             };
-            let finished = self.wait_settled(&agents).await?;
+            let finished = self.wait_settled(&agents, n).await?;
             Ok::<_, BenchError>((finished - started, committed))
         }
         .await;
         agents.stop().await?;
         let (elapsed, committed) = outcome?;
         let per_s = report::per_second(n, elapsed);
-        tracing::info!(phase = "overlap", per_s, elapsed_ms = elapsed.as_millis() as u64, "run done");
+        stats::agents_gone(&self.admin).await?;
+        let commits = stats::commits(&self.admin, &self.producers).await? - commits_before;
+        let commits_per_op = report::ratio(commits as f64, n as f64);
+        tracing::info!(
+            phase = "overlap",
+            ?rate,
+            per_s,
+            commits_per_op,
+            elapsed_ms = elapsed.as_millis() as u64,
+            "run done"
+        );
         let completed = self.count_in_state(OperationState::Completed).await?;
         self.count_lost("overlap", completed);
-        Ok((per_s, self.claim_latency(&committed).await?))
+        Ok(Overlap { per_s, latency_ms: self.claim_latency(&committed).await?, commits_per_op })
+    }
+
+    /// Phase 5: the overlap at half the enqueue rate.
+    async fn half_load(&mut self, enqueue_per_s: f64, fresh: bool) -> Result<HalfLoad, BenchError> {
+        let rate = (enqueue_per_s / 2.0).max(1.0);
+        let overlap = self.overlap(Some(rate), fresh).await?;
+        Ok(HalfLoad {
+            rate: report::round(rate, 1),
+            overlap_per_s: overlap.per_s,
+            latency_ms: overlap.latency_ms,
+            commits_per_op: overlap.commits_per_op,
+        })
+    }
+
+    /// Phase 6: 5,000 operations of one tenant wait, then one of another; returns in
+    /// which claim batch the latter went (1 = the first). None with one producer.
+    async fn fairness(&mut self) -> Result<Option<u64>, BenchError> {
+        if self.producers.len() < 2 {
+            return Ok(None);
+        }
+        self.fresh_run().await?;
+        producer::run_closed(&mut self.producers[..1], NOISY_BACKLOG, Work::Enqueue).await?;
+        let quiet = self.producers[1].enqueue(NOISY_BACKLOG).await.map_err(BenchError::db("enqueue"))?;
+        let agents = self.agents().await?.start();
+        let settled = self.wait_settled(&agents, NOISY_BACKLOG + 1).await;
+        agents.stop().await?;
+        settled?;
+        let before: i64 = self
+            .admin
+            .query_one(CLAIMED_BEFORE_QUIET, &[&self.mark, &quiet.id.0])
+            .await
+            .map_err(DbError::query("find the quiet tenant's claim"))
+            .map_err(BenchError::db("measure fairness"))?
+            .get(0);
+        let batches = u64::try_from(before).unwrap_or(0) / u64::try_from(self.config.batch).unwrap_or(1) + 1;
+        tracing::info!(phase = "fairness", claimed_before = before, batches, "run done");
+        Ok(Some(batches))
     }
 
     /// `claimed_at − created_at` of every completed operation, for the report. Logs
@@ -274,7 +396,7 @@ impl Bench<'_> {
     async fn claim_latency(&self, committed: &[Committed]) -> Result<LatencyMs, BenchError> {
         let rows = self
             .admin
-            .query(CLAIM_TIMES, &[])
+            .query(CLAIM_TIMES, &[&self.mark])
             .await
             .map_err(DbError::query("read claim times"))
             .map_err(BenchError::db("read claim times"))?;
@@ -297,25 +419,18 @@ impl Bench<'_> {
         ReadyAgents::prepare(self.url, self.instance, self.config.agents, self.config.batch, &self.handler).await
     }
 
-    /// Polls until no operation waits or is claimed; returns when that was seen.
-    /// Gives up (the rest counts as lost) after `STALL_TIMEOUT` without progress.
-    async fn wait_settled(&self, agents: &RunningAgents) -> Result<Instant, BenchError> {
-        let pending =
-            self.admin.prepare(PENDING).await.map_err(DbError::query("prepare")).map_err(BenchError::db("poll"))?;
+    /// Waits until the agents have completed `target` operations; returns when that
+    /// was seen. Counted in the agents, not polled from the database, so that waiting
+    /// adds no transactions to the figures. Gives up (the rest counts as lost) after
+    /// `STALL_TIMEOUT` without progress.
+    async fn wait_settled(&self, agents: &RunningAgents, target: u64) -> Result<Instant, BenchError> {
         let (mut last_completed, mut last_progress) = (agents.completed(), Instant::now());
         loop {
-            let busy: bool = self
-                .admin
-                .query_one(&pending, &[])
-                .await
-                .map_err(DbError::query("look for pending operations"))
-                .map_err(BenchError::db("poll"))?
-                .get(0);
+            let completed = agents.completed();
             let now = Instant::now();
-            if !busy {
+            if completed >= target {
                 return Ok(now);
             }
-            let completed = agents.completed();
             if completed != last_completed {
                 (last_completed, last_progress) = (completed, now);
             } else if now - last_progress > STALL_TIMEOUT {
@@ -329,7 +444,7 @@ impl Bench<'_> {
     async fn count_in_state(&self, state: OperationState) -> Result<u64, BenchError> {
         let count: i64 = self
             .admin
-            .query_one(COUNT_IN_STATE, &[&state])
+            .query_one(COUNT_IN_STATE, &[&state, &self.mark])
             .await
             .map_err(DbError::query("count operations"))
             .map_err(BenchError::db("count operations"))?
@@ -338,7 +453,11 @@ impl Bench<'_> {
     }
 
     fn count_lost(&mut self, phase: &'static str, found: u64) {
-        let lost = self.config.operations.saturating_sub(found);
+        self.count_lost_of(phase, self.config.operations, found);
+    }
+
+    fn count_lost_of(&mut self, phase: &'static str, expected: u64, found: u64) {
+        let lost = expected.saturating_sub(found);
         if lost > 0 {
             tracing::warn!(phase, lost, found, "operations are missing");
         }

@@ -67,6 +67,17 @@ impl Producer {
         Ok(Producer { client, instance, tenant: tenant.id })
     }
 
+    /// Hands this connection's pending statistics to the server now (they are
+    /// otherwise sent at most once a second, and by an idle connection after ten).
+    pub async fn flush_stats(&self) -> Result<(), BenchError> {
+        self.client
+            .execute(super::stats::FLUSH, &[])
+            .await
+            .map_err(DbError::query("flush statistics"))
+            .map_err(BenchError::db("flush statistics"))?;
+        Ok(())
+    }
+
     /// Switches the signalling step of the enqueue transaction off (or back on).
     pub async fn skip_signal(&self, skip: bool) -> Result<(), BenchError> {
         self.client
@@ -78,7 +89,7 @@ impl Producer {
 
     /// One enqueue transaction for intent number `seq`, retried as a writer would;
     /// returns the operation and when its commit was acknowledged.
-    async fn enqueue(&mut self, seq: u64) -> Result<Committed, DbError> {
+    pub async fn enqueue(&mut self, seq: u64) -> Result<Committed, DbError> {
         let intent = Arc::new(ApplicationIntent {
             resource_uid: Uuid::new_v4(),
             resource_name: format!("bench-app-{seq}"),

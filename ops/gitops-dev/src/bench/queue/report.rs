@@ -5,6 +5,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
+use super::stats::TableTuples;
+
 /// The one JSON object on stdout. Field order is the output order.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct QueueBenchReport {
@@ -24,10 +26,60 @@ pub struct QueueBenchReport {
     pub overlap_per_s: f64,
     /// `claimed_at − created_at` in the overlap phase.
     pub latency_ms: LatencyMs,
+    /// Δ`xact_commit` of the database ÷ operations in the overlap phase, enqueue
+    /// transactions included.
+    pub commits_per_op: f64,
+    /// The overlap at half the enqueue rate (None with a rate).
+    pub half_load: Option<HalfLoad>,
+    /// In which claim batch a quiet tenant's operation went while 5,000 of another
+    /// tenant's waited (1 = the first; None with a rate or one producer).
+    pub quiet_claim_batches: Option<u64>,
+    /// The figures again with a snapshot held (`--hold-snapshot`).
+    pub held: Option<HeldReport>,
     /// Operations the handler was given more than once.
     pub double_completions: u64,
     /// Operations not where they should be at the end of a phase, over all phases.
     pub lost: u64,
+}
+
+/// The overlap phase with producers at half the enqueue rate.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HalfLoad {
+    /// Operations per second the producers were scheduled at.
+    pub rate: f64,
+    pub overlap_per_s: f64,
+    pub latency_ms: LatencyMs,
+    pub commits_per_op: f64,
+}
+
+/// What was measured while a REPEATABLE READ transaction was held, and after.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HeldReport {
+    /// Operations pushed through before measuring.
+    pub preloaded: u64,
+    pub drain_per_s: f64,
+    pub overlap_per_s: f64,
+    pub latency_ms: LatencyMs,
+    pub commits_per_op: f64,
+    pub half_load: HalfLoad,
+    /// The queue's tables at the end of the held runs.
+    pub dead_tuples: Vec<TableTuples>,
+    /// Held ÷ clean, same sitting.
+    pub drain_ratio: f64,
+    pub overlap_ratio: f64,
+    pub claim_p99_ratio: f64,
+    /// Seconds after the release when the drain was back to 0.95× clean (None: not
+    /// within the time the benchmark waits).
+    pub recovery_s: Option<f64>,
+    pub recovery: Vec<RecoveryRun>,
+}
+
+/// One drain after the snapshot was released.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RecoveryRun {
+    pub after_s: f64,
+    pub drain_per_s: f64,
+    pub operation_n_dead_tup: i64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -90,7 +142,12 @@ pub fn millis(from: SystemTime, to: SystemTime) -> f64 {
     }
 }
 
-fn round(value: f64, decimals: i32) -> f64 {
+/// `part / whole` to a hundredth; 0 when `whole` is 0.
+pub fn ratio(part: f64, whole: f64) -> f64 {
+    if whole == 0.0 { 0.0 } else { round(part / whole, 2) }
+}
+
+pub fn round(value: f64, decimals: i32) -> f64 {
     let scale = 10f64.powi(decimals);
     (value * scale).round() / scale
 }
@@ -143,6 +200,10 @@ mod tests {
             drain_per_s: Some(3.0),
             overlap_per_s: 4.0,
             latency_ms: LatencyMs { p50: 1.0, p95: 2.0, p99: 3.0, max: 4.0 },
+            commits_per_op: 1.25,
+            half_load: None,
+            quiet_claim_batches: Some(1),
+            held: None,
             double_completions: 0,
             lost: 0,
         };
@@ -150,7 +211,8 @@ mod tests {
             report.to_json(),
             "{\"operations\":10,\"agents\":2,\"producers\":8,\"rate\":null,\"baseline_commit_per_s\":1.5,\
              \"no_notify_enqueue_per_s\":2.0,\"enqueue_per_s\":null,\"drain_per_s\":3.0,\"overlap_per_s\":4.0,\
-             \"latency_ms\":{\"p50\":1.0,\"p95\":2.0,\"p99\":3.0,\"max\":4.0},\"double_completions\":0,\"lost\":0}"
+             \"latency_ms\":{\"p50\":1.0,\"p95\":2.0,\"p99\":3.0,\"max\":4.0},\"commits_per_op\":1.25,\
+             \"half_load\":null,\"quiet_claim_batches\":1,\"held\":null,\"double_completions\":0,\"lost\":0}"
         );
     }
 }

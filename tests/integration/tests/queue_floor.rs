@@ -1,0 +1,225 @@
+//! The fair claim order and claim floors: a quiet tenant is not stuck behind a noisy
+//! one, a held snapshot does not make the claim walk what was claimed before, and
+//! what an optimistic floor passed over is claimed after the next safe floor.
+
+use std::time::Duration;
+
+use gitops_shared::model::{EngineInstanceId, OperationId, TenantId};
+use gitops_shared::queue::{
+    CLAIM_SQL, ClaimedOperation, Floor, operation_claim, operation_complete, operation_complete_and_claim,
+    operation_safe_floor,
+};
+use gitops_testkit::TestDb;
+use tokio_postgres::{Client, IsolationLevel};
+use uuid::Uuid;
+
+use crate::support::*;
+
+const LEASE: Duration = Duration::from_secs(60);
+
+/// Inserts `count` waiting operations of `tenant`, for resources `first..first+count`.
+async fn enqueue_many(client: &Client, instance: EngineInstanceId, tenant: TenantId, first: i64, count: i64) {
+    client
+        .execute(
+            "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id)
+             SELECT $1, $2, 'application', g FROM generate_series($3::bigint, $3 + $4 - 1) g",
+            &[&instance.0, &tenant.0, &first, &count],
+        )
+        .await
+        .expect("enqueue");
+}
+
+fn done(ops: &[ClaimedOperation]) -> Vec<(OperationId, Uuid)> {
+    ops.iter().map(|op| (op.id, op.lease.token())).collect()
+}
+
+#[tokio::test]
+async fn a_quiet_tenants_operation_is_claimed_in_the_next_batch_while_a_noisy_tenant_has_thousands_waiting() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    let quiet = new_tenant(&mut client, fx.instance).await;
+    enqueue_many(&client, fx.instance, fx.tenant, 1, 5000).await;
+    enqueue_many(&client, fx.instance, quiet, 100_001, 1).await;
+
+    let first = operation_claim(&client, fx.instance, "agent", 64, LEASE).await.expect("claim");
+    assert_eq!(first.len(), 64);
+    assert!(first.iter().any(|op| op.tenant_id == quiet), "the quiet tenant waits behind 5,000 operations");
+    // The noisy tenant's own operations keep their order.
+    let noisy: Vec<i64> = first.iter().filter(|op| op.tenant_id == fx.tenant).map(|op| op.resource_id).collect();
+    assert_eq!(noisy, (1..=63).collect::<Vec<_>>());
+
+    // Later, with 4,937 of the noisy tenant's still waiting, the quiet tenant writes again.
+    enqueue_many(&client, fx.instance, quiet, 100_002, 1).await;
+    let second = operation_claim(&client, fx.instance, "agent", 64, LEASE).await.expect("claim");
+    assert!(
+        second.iter().any(|op| op.tenant_id == quiet && op.resource_id == 100_002),
+        "claimed in the next batch: {:?}",
+        second.iter().map(|op| (op.tenant_id, op.resource_id)).collect::<Vec<_>>()
+    );
+}
+
+const CLAIM_INDEX_READS: &str =
+    "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'operation_claim_idx'";
+
+/// How many entries of the claim's index one claim statement reads (dead ones
+/// included: an entry is counted before its row's visibility is checked); the claim
+/// is rolled back.
+async fn claim_index_reads(client: &mut Client, instance: EngineInstanceId, floor: Floor) -> i64 {
+    let before = index_reads(client).await;
+    let txn = client.transaction().await.expect("begin");
+    let no_ids: Vec<i64> = Vec::new();
+    let no_tokens: Vec<Uuid> = Vec::new();
+    txn.query(CLAIM_SQL, &[&instance.0, &64i64, &"agent", &60.0f64, &floor.0, &no_ids, &no_tokens])
+        .await
+        .expect("claim");
+    txn.rollback().await.expect("roll back");
+    index_reads(client).await - before
+}
+
+async fn index_reads(client: &Client) -> i64 {
+    client.execute("SELECT pg_stat_force_next_flush()", &[]).await.expect("flush statistics");
+    client.query_one(CLAIM_INDEX_READS, &[]).await.expect("read statistics").get(0)
+}
+
+#[tokio::test]
+async fn with_a_snapshot_held_the_claim_starts_past_the_entries_of_what_was_claimed() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    // An operator's REPEATABLE READ session that looked at the queue and stays open:
+    // nothing written from now on can be cleaned up while it lasts.
+    let mut holder = db.connect().await;
+    let held = holder.build_transaction().isolation_level(IsolationLevel::RepeatableRead).start().await.expect("hold");
+    held.query_one("SELECT count(*) FROM operation", &[]).await.expect("look at the queue");
+
+    enqueue_many(&client, fx.instance, fx.tenant, 1, 6000).await;
+    let mut floor = Floor::FROM_START;
+    let mut handed_in = Vec::new();
+    loop {
+        let round = operation_complete_and_claim(&client, fx.instance, "agent", 200, LEASE, floor, &handed_in)
+            .await
+            .expect("claim");
+        assert_eq!(round.completed.len(), handed_in.len(), "every completion handed in is recorded");
+        if round.claimed.is_empty() {
+            break;
+        }
+        floor = floor.max(Floor(round.lowest_key.expect("a key")));
+        handed_in = done(&round.claimed);
+    }
+    enqueue_many(&client, fx.instance, fx.tenant, 10_001, 10).await;
+    let dead: i64 =
+        client.query_one("SELECT count(*) FROM operation WHERE state = 'completed'", &[]).await.expect("count").get(0);
+    assert_eq!(dead, 6000);
+
+    // From the start the claim reads the 6,000 entries the claimed operations left
+    // behind; from the floor, the last batch's and the new work's.
+    let from_start = claim_index_reads(&mut client, fx.instance, Floor::FROM_START).await;
+    let from_floor = claim_index_reads(&mut client, fx.instance, floor).await;
+    assert!(from_start >= 6000, "from the start the claim read {from_start} entries");
+    assert!(from_floor <= 250, "from the floor the claim read {from_floor} entries");
+    // The safe floor finds the same place, and the claim from it takes the new work.
+    let safe = operation_safe_floor(&mut client, fx.instance, Floor::FROM_START, Duration::from_secs(5))
+        .await
+        .expect("safe floor")
+        .expect("nobody is writing");
+    let round = operation_complete_and_claim(&client, fx.instance, "agent", 64, LEASE, safe, &[]).await.expect("claim");
+    let mut claimed: Vec<i64> = round.claimed.iter().map(|op| op.resource_id).collect();
+    claimed.sort_unstable();
+    assert_eq!(claimed, (10_001..=10_010).collect::<Vec<_>>());
+    held.rollback().await.expect("release the snapshot");
+}
+
+#[tokio::test]
+async fn what_an_optimistic_floor_passed_over_is_claimed_after_the_next_safe_floor() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    // Resource 1 is being worked on when its next operation arrives; resource 2 is free.
+    enqueue_many(&client, fx.instance, fx.tenant, 1, 1).await;
+    let busy = operation_claim(&client, fx.instance, "agent", 1, LEASE).await.expect("claim");
+    enqueue_many(&client, fx.instance, fx.tenant, 1, 2).await;
+
+    let round = operation_complete_and_claim(&client, fx.instance, "agent", 10, LEASE, Floor::FROM_START, &[])
+        .await
+        .expect("claim");
+    assert_eq!(round.claimed.iter().map(|op| op.resource_id).collect::<Vec<_>>(), vec![2]);
+    let optimistic = Floor(round.lowest_key.expect("a key"));
+    // Resource 1 is free now, but below the optimistic floor.
+    operation_complete(&client, &done(&busy)).await.expect("complete");
+    let passed =
+        operation_complete_and_claim(&client, fx.instance, "agent", 10, LEASE, optimistic, &[]).await.expect("claim");
+    assert!(passed.claimed.is_empty(), "the optimistic floor passes over resource 1's operation");
+
+    let safe = operation_safe_floor(&mut client, fx.instance, Floor::FROM_START, Duration::from_secs(5))
+        .await
+        .expect("safe floor")
+        .expect("nobody is writing");
+    assert!(safe < optimistic, "the safe floor goes back to the operation passed over");
+    let round = operation_complete_and_claim(&client, fx.instance, "agent", 10, LEASE, safe, &[]).await.expect("claim");
+    assert_eq!(round.claimed.iter().map(|op| op.resource_id).collect::<Vec<_>>(), vec![1]);
+}
+
+#[tokio::test]
+async fn a_retry_whose_backoff_ended_gets_its_place_from_the_safe_floor() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    client
+        .execute(
+            "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, run_after)
+             VALUES ($1, $2, 'application', 7, now() + interval '1 hour')",
+            &[&fx.instance.0, &fx.tenant.0],
+        )
+        .await
+        .expect("a retry in its backoff");
+    let key: Option<i64> = client.query_one("SELECT queue_key FROM operation", &[]).await.expect("read the key").get(0);
+    assert_eq!(key, None, "an operation that is not due has no place in the queue");
+    // Its backoff ends by the clock, not by a write: the key trigger does not see it.
+    client
+        .batch_execute(
+            "SET session_replication_role = replica;
+             UPDATE operation SET run_after = now() - interval '1 second';
+             RESET session_replication_role;",
+        )
+        .await
+        .expect("end the backoff");
+    let before = operation_complete_and_claim(&client, fx.instance, "agent", 10, LEASE, Floor::FROM_START, &[])
+        .await
+        .expect("claim");
+    assert!(before.claimed.is_empty(), "without a key it is not in the claim's index");
+
+    let safe = operation_safe_floor(&mut client, fx.instance, Floor::FROM_START, Duration::from_secs(5))
+        .await
+        .expect("safe floor")
+        .expect("nobody is writing");
+    let round = operation_complete_and_claim(&client, fx.instance, "agent", 10, LEASE, safe, &[]).await.expect("claim");
+    assert_eq!(round.claimed.iter().map(|op| op.resource_id).collect::<Vec<_>>(), vec![7]);
+}
+
+#[tokio::test]
+async fn a_safe_floor_waits_for_a_writer_in_flight_and_gives_up_after_its_wait() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    // A writer's transaction that has made an operation waiting and not committed.
+    let mut writer = db.connect().await;
+    let txn = writer.transaction().await.expect("begin");
+    txn.execute(
+        "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id) VALUES ($1, $2, 'application', 9)",
+        &[&fx.instance.0, &fx.tenant.0],
+    )
+    .await
+    .expect("enqueue");
+    let attempt = operation_safe_floor(&mut client, fx.instance, Floor::FROM_START, Duration::from_millis(50))
+        .await
+        .expect("safe floor");
+    assert_eq!(attempt, None, "no floor is safe while an operation is being written");
+    txn.commit().await.expect("commit");
+    let safe = operation_safe_floor(&mut client, fx.instance, Floor::FROM_START, Duration::from_secs(5))
+        .await
+        .expect("safe floor")
+        .expect("nobody is writing");
+    let round = operation_complete_and_claim(&client, fx.instance, "agent", 10, LEASE, safe, &[]).await.expect("claim");
+    assert_eq!(round.claimed.iter().map(|op| op.resource_id).collect::<Vec<_>>(), vec![9]);
+}
