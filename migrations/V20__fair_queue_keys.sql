@@ -110,6 +110,14 @@ CREATE INDEX operation_claim_idx ON operation (engine_instance_id, queue_key, id
 -- A tenant's last key, for the next key the tenant gets.
 CREATE INDEX operation_tenant_key_idx ON operation (engine_instance_id, tenant_id, queue_key)
     WHERE state = 'waiting' AND queue_key IS NOT NULL;
+-- The claim asks whether a resource has a claimed operation by probing
+-- operation_one_claimed_idx; the lease index, whose predicate was the same, could
+-- be picked instead and read whole (with every entry that claims left behind). Its
+-- predicate now names the lease, which the lease queries' conditions imply and the
+-- claimed-resource check's do not.
+DROP INDEX operation_lease_idx;
+CREATE INDEX operation_lease_idx ON operation (engine_instance_id, lease_expires_at)
+    WHERE state = 'claimed' AND lease_expires_at IS NOT NULL;
 -- Operations waiting for their time (backoff, parked): what comes due next.
 CREATE INDEX operation_delayed_idx ON operation (engine_instance_id, run_after)
     WHERE state = 'waiting' AND queue_key IS NULL;

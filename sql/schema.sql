@@ -1144,7 +1144,7 @@ CREATE INDEX operation_failed_idx ON public.operation USING btree (engine_instan
 -- Name: operation_lease_idx; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX operation_lease_idx ON public.operation USING btree (engine_instance_id, lease_expires_at) WHERE (state = 'claimed'::public.operation_state);
+CREATE INDEX operation_lease_idx ON public.operation USING btree (engine_instance_id, lease_expires_at) WHERE ((state = 'claimed'::public.operation_state) AND (lease_expires_at IS NOT NULL));
 
 --
 -- Name: operation_one_claimed_idx; Type: INDEX; Schema: public; Owner: -

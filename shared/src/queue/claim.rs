@@ -15,6 +15,9 @@ use crate::sanitize::sanitize_tenant_message;
 // whose resource has no claimed operation, lock them (skipping rows another claimer
 // holds), lease them, and move the instance's front to the highest key taken.
 //
+// Completions and the claimed-resource check probe one row or resource each (by
+// primary key, by operation_one_claimed_idx: OFFSET 0 keeps the planner from turning
+// the check into a join that reads every claimed row and the entries they left).
 // The pick walks operation_claim_idx in queue-key order (fair across tenants, see
 // migrations/V20) from the claimer's floor $5: keys below it were claimed already, and
 // the dead index entries they left are not visited even while a held snapshot keeps
@@ -33,8 +36,7 @@ WITH done AS (
     UPDATE operation o
        SET state = 'completed', completed_at = clock_timestamp(), lease_expires_at = NULL,
            operator_error = NULL, tenant_message = NULL
-      FROM unnest($6::bigint[], $7::uuid[]) AS d(id, token)
-     WHERE o.id = d.id AND o.lease_token = d.token
+     WHERE o.id = ANY ($6::bigint[]) AND o.lease_token = ($7::uuid[])[array_position($6::bigint[], o.id)]
        AND o.state = 'claimed' AND o.lease_expires_at > now()
     RETURNING o.id
 ), picked AS (
@@ -48,7 +50,8 @@ WITH done AS (
        AND NOT EXISTS (SELECT 1 FROM operation c
                         WHERE c.state = 'claimed'
                           AND c.resource_type = o.resource_type
-                          AND c.resource_id = o.resource_id)
+                          AND c.resource_id = o.resource_id
+                       OFFSET 0)
        AND (o.resource_type = 'tenant'
             OR NOT EXISTS (SELECT 1 FROM tenant t
                             WHERE t.id = o.tenant_id
@@ -166,8 +169,7 @@ const COMPLETE: &str = "
 UPDATE operation o
    SET state = 'completed', completed_at = clock_timestamp(), lease_expires_at = NULL,
        operator_error = NULL, tenant_message = NULL
-  FROM unnest($1::bigint[], $2::uuid[]) AS done(id, token)
- WHERE o.id = done.id AND o.lease_token = done.token
+ WHERE o.id = ANY ($1::bigint[]) AND o.lease_token = ($2::uuid[])[array_position($1::bigint[], o.id)]
    AND o.state = 'claimed' AND o.lease_expires_at > now()
 RETURNING o.id";
 

@@ -98,8 +98,7 @@ impl Lease {
 const RENEW: &str = "
 UPDATE operation o
    SET lease_expires_at = now() + make_interval(secs => $3)
-  FROM unnest($1::bigint[], $2::uuid[]) AS held(id, token)
- WHERE o.id = held.id AND o.lease_token = held.token
+ WHERE o.id = ANY ($1::bigint[]) AND o.lease_token = ($2::uuid[])[array_position($1::bigint[], o.id)]
    AND o.state = 'claimed' AND o.lease_expires_at > now()
 RETURNING o.id";
 
