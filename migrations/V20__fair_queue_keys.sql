@@ -83,13 +83,17 @@ BEGIN
         RETURN NEW;
     END IF;
     v_front := operation_front(NEW.engine_instance_id);
-    -- Only keys at or past the front: the scan never reaches claimed history.
-    SELECT max(o.queue_key) INTO v_last
+    -- The tenant's highest key, read from the top of its range of
+    -- operation_tenant_key_idx (one entry, however long its backlog); only keys at or
+    -- past the front, so that the scan never reaches claimed history.
+    SELECT o.queue_key INTO v_last
       FROM operation o
      WHERE o.engine_instance_id = NEW.engine_instance_id
        AND o.tenant_id = NEW.tenant_id
        AND o.state = 'waiting' AND o.queue_key IS NOT NULL
-       AND o.queue_key >= v_front;
+       AND o.queue_key >= v_front
+     ORDER BY o.queue_key DESC
+     LIMIT 1;
     NEW.queue_key := GREATEST(v_front, v_last + 1);
     RETURN NEW;
 END;

@@ -8,7 +8,7 @@
 -- An inspection role: reads everything, writes nothing. A session of it left in a
 -- transaction (an open BEGIN, a REPEATABLE READ look, a cursor) is ended after five
 -- minutes idle, and no statement of it runs longer than a minute: while either lasts,
--- no row version the queue leaves behind can be cleaned up, and claims slow down.
+-- no row version the service leaves behind can be cleaned up, and its tables grow.
 CREATE ROLE gitops_inspect LOGIN PASSWORD '<password>';
 GRANT CONNECT ON DATABASE <database> TO gitops_inspect;
 GRANT USAGE ON SCHEMA public TO gitops_inspect;

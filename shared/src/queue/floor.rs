@@ -50,11 +50,14 @@ pub async fn operation_promote_due(client: &Client, instance: EngineInstanceId) 
 }
 
 /// The safe floor's query (public so a test can EXPLAIN it).
+// The first live entry from `$2` on, as an ordered scan that stops there (an
+// aggregate may be planned as a read of the whole range, backlog included).
 pub const LOWEST_LIVE_KEY: &str = "
 SELECT LEAST(operation_front($1),
-             (SELECT min(queue_key) FROM operation
+             (SELECT queue_key FROM operation
                WHERE engine_instance_id = $1 AND state = 'waiting'
-                 AND queue_key IS NOT NULL AND queue_key >= $2)) AS lowest";
+                 AND queue_key IS NOT NULL AND queue_key >= $2
+               ORDER BY queue_key LIMIT 1)) AS lowest";
 
 /// Finds a safe floor for `instance`, scanning from `from` (the last safe floor), and
 /// gives due retries their keys. Waits at most `wait` for transactions that are

@@ -59,14 +59,13 @@ async fn a_quiet_tenants_operation_is_claimed_in_the_next_batch_while_a_noisy_te
     );
 }
 
-const CLAIM_INDEX_READS: &str =
-    "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'operation_claim_idx'";
+const INDEX_READS: &str = "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = $1";
 
 /// How many entries of the claim's index one claim statement reads (dead ones
 /// included: an entry is counted before its row's visibility is checked); the claim
 /// is rolled back.
 async fn claim_index_reads(client: &mut Client, instance: EngineInstanceId, floor: Floor) -> i64 {
-    let before = index_reads(client).await;
+    let before = index_reads(client, "operation_claim_idx").await;
     let txn = client.transaction().await.expect("begin");
     let no_ids: Vec<i64> = Vec::new();
     let no_tokens: Vec<Uuid> = Vec::new();
@@ -74,12 +73,45 @@ async fn claim_index_reads(client: &mut Client, instance: EngineInstanceId, floo
         .await
         .expect("claim");
     txn.rollback().await.expect("roll back");
-    index_reads(client).await - before
+    index_reads(client, "operation_claim_idx").await - before
 }
 
-async fn index_reads(client: &Client) -> i64 {
+/// Entries of `index` read by scans so far, this connection's included.
+async fn index_reads(client: &Client, index: &str) -> i64 {
     client.execute("SELECT pg_stat_force_next_flush()", &[]).await.expect("flush statistics");
-    client.query_one(CLAIM_INDEX_READS, &[]).await.expect("read statistics").get(0)
+    client.query_one(INDEX_READS, &[&index]).await.expect("read statistics").get(0)
+}
+
+#[tokio::test]
+async fn an_enqueue_and_a_safe_floor_read_one_entry_however_long_the_backlog() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    enqueue_many(&client, fx.instance, fx.tenant, 1, 5000).await;
+    client.batch_execute("ANALYZE operation").await.expect("analyze");
+
+    // The next key of a tenant with 5,000 waiting: the top of its range only.
+    let before = index_reads(&client, "operation_tenant_key_idx").await;
+    enqueue_many(&client, fx.instance, fx.tenant, 5001, 1).await;
+    let read = index_reads(&client, "operation_tenant_key_idx").await - before;
+    assert!(read <= 2, "the key of one enqueue read {read} entries");
+    let keys: Vec<i64> = client
+        .query("SELECT queue_key FROM operation WHERE resource_id IN (5000, 5001) ORDER BY resource_id", &[])
+        .await
+        .expect("keys")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(keys[1], keys[0] + 1, "the tenant's next key follows its last");
+
+    // The lowest live key: the first entry from the floor.
+    let before = index_reads(&client, "operation_claim_idx").await;
+    operation_safe_floor(&mut client, fx.instance, Floor::FROM_START, Duration::from_secs(5))
+        .await
+        .expect("safe floor")
+        .expect("nobody is writing");
+    let read = index_reads(&client, "operation_claim_idx").await - before;
+    assert!(read <= 2, "the safe floor read {read} entries");
 }
 
 #[tokio::test]

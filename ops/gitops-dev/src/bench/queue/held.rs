@@ -65,7 +65,7 @@ pub async fn measure(bench: &mut Bench<'_>, clean: &Clean) -> Result<HeldReport,
     }
 
     let preloaded = preload(bench).await?;
-    let drain_per_s = backlog_and_drain(bench).await?;
+    let (enqueue_per_s, drain_per_s) = backlog_and_drain(bench).await?;
     let overlap = bench.overlap(None, false).await?;
     let half_load = bench.half_load(clean.enqueue_per_s, false).await?;
     let dead_tuples = stats::dead_tuples(&bench.admin).await?;
@@ -78,6 +78,7 @@ pub async fn measure(bench: &mut Bench<'_>, clean: &Clean) -> Result<HeldReport,
     let (recovery, recovery_s) = recover(bench, clean, released).await?;
     Ok(HeldReport {
         preloaded,
+        enqueue_per_s,
         drain_per_s,
         overlap_per_s: overlap.per_s,
         latency_ms: overlap.latency_ms,
@@ -108,12 +109,14 @@ async fn preload(bench: &mut Bench<'_>) -> Result<u64, BenchError> {
     Ok(n)
 }
 
-/// A backlog of `operations` enqueued with the agents stopped, then drained.
-async fn backlog_and_drain(bench: &mut Bench<'_>) -> Result<f64, BenchError> {
+/// A backlog of `operations` enqueued with the agents stopped, then drained;
+/// returns both rates.
+async fn backlog_and_drain(bench: &mut Bench<'_>) -> Result<(f64, f64), BenchError> {
     bench.set_mark().await?;
-    producer::run_closed(&mut bench.producers, bench.config.operations, Work::Enqueue).await?;
+    let n = bench.config.operations;
+    let (elapsed, _) = producer::run_closed(&mut bench.producers, n, Work::Enqueue).await?;
     bench.expect_backlog().await?;
-    bench.drain().await
+    Ok((report::per_second(n, elapsed), bench.drain().await?))
 }
 
 /// Step 4: returns every run, and when the first one reached `RECOVERED` of the
@@ -128,7 +131,7 @@ async fn recover(
     while released.elapsed() < RECOVERY_GIVE_UP {
         tokio::time::sleep_until(next.into()).await;
         next += RECOVERY_EVERY;
-        let drain_per_s = backlog_and_drain(bench).await?;
+        let (_, drain_per_s) = backlog_and_drain(bench).await?;
         let after_s = report::round(released.elapsed().as_secs_f64(), 1);
         let operation_dead = stats::dead_tuples(&bench.admin)
             .await?

@@ -57,6 +57,8 @@ pub struct HalfLoad {
 pub struct HeldReport {
     /// Operations pushed through before measuring.
     pub preloaded: u64,
+    /// The enqueue run that made the drain's backlog (agents stopped).
+    pub enqueue_per_s: f64,
     pub drain_per_s: f64,
     pub overlap_per_s: f64,
     pub latency_ms: LatencyMs,
