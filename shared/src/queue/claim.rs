@@ -29,7 +29,8 @@ use crate::sanitize::sanitize_tenant_message;
 // the fence is lifted.
 //
 // The result has one row per claimed operation, or a single row of NULLs when none
-// was; each row carries the ids completed.
+// was; each row carries how many of the completions were recorded (a count: the
+// ids would travel once per row).
 /// The claim statement (public so a test can EXPLAIN it).
 pub const CLAIM: &str = "
 WITH done AS (
@@ -76,7 +77,7 @@ WITH done AS (
 ), front AS (
     SELECT operation_advance_front($1, max(queue_key)) FROM claimed
 )
-SELECT c.*, (SELECT array_agg(id) FROM done) AS completed, (SELECT count(*) FROM front) AS fronts
+SELECT c.*, (SELECT count(*) FROM done) AS completed, (SELECT count(*) FROM front) AS fronts
   FROM (VALUES (1)) AS one (x) LEFT JOIN claimed c ON true";
 
 /// What one claim statement did.
@@ -84,9 +85,9 @@ SELECT c.*, (SELECT array_agg(id) FROM done) AS completed, (SELECT count(*) FROM
 pub struct ClaimRound {
     /// The operations now leased to the claimer, by id.
     pub claimed: Vec<ClaimedOperation>,
-    /// Which of the completions handed in were recorded (the others' leases had
+    /// How many of the completions handed in were recorded (the others' leases had
     /// passed on).
-    pub completed: Vec<OperationId>,
+    pub completed: u64,
     /// The lowest queue key claimed: the claimer's next floor.
     pub lowest_key: Option<i64>,
 }
@@ -158,8 +159,8 @@ pub async fn operation_complete_and_claim(
         round.claimed.push(op);
     }
     if let Some(row) = rows.first() {
-        let completed: Option<Vec<OperationId>> = column(row, "completed", "read completed operations")?;
-        round.completed = completed.unwrap_or_default();
+        let completed: i64 = column(row, "completed", "read completed operations")?;
+        round.completed = u64::try_from(completed).unwrap_or(0);
     }
     round.claimed.sort_by_key(|op| op.id);
     Ok(round)

@@ -400,7 +400,7 @@ impl<H: Handler> Consumer<H> {
                 )
                 .await?
             };
-            self.count_completed(done.len(), round.completed.len());
+            self.count_completed(done.len() as u64, round.completed);
             done.clear();
             if let Some(lowest) = round.lowest_key {
                 self.update_floor(|floor| floor.claim_from = floor.claim_from.max(Floor(lowest)));
@@ -427,16 +427,16 @@ impl<H: Handler> Consumer<H> {
         if !done.is_empty() {
             let client = pooled(&self.pool).await?;
             let completed = operation_complete(&client, &done).await?;
-            self.count_completed(done.len(), completed.len());
+            self.count_completed(done.len() as u64, completed.len() as u64);
         }
         Ok(total)
     }
 
-    fn count_completed(&self, handed_in: usize, completed: usize) {
-        self.stats.completed.fetch_add(completed as u64, Ordering::Relaxed);
+    fn count_completed(&self, handed_in: u64, completed: u64) {
+        self.stats.completed.fetch_add(completed, Ordering::Relaxed);
         let lost = handed_in.saturating_sub(completed);
         if lost > 0 {
-            self.stats.lease_lost.fetch_add(lost as u64, Ordering::Relaxed);
+            self.stats.lease_lost.fetch_add(lost, Ordering::Relaxed);
             tracing::warn!(lost, "completions refused: the lease had passed to another claimer");
         }
     }

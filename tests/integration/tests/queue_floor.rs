@@ -29,6 +29,22 @@ async fn enqueue_many(client: &Client, instance: EngineInstanceId, tenant: Tenan
         .expect("enqueue");
 }
 
+/// A safe floor found from the start, with nobody writing.
+async fn safe_floor(client: &mut Client, instance: EngineInstanceId) -> Floor {
+    operation_safe_floor(client, instance, Floor::FROM_START, Duration::from_secs(5))
+        .await
+        .expect("safe floor")
+        .expect("nobody is writing")
+}
+
+/// The resources of what one claim from `floor` took, in order.
+async fn claim_from(client: &Client, instance: EngineInstanceId, floor: Floor) -> Vec<i64> {
+    let round = operation_complete_and_claim(client, instance, "agent", 64, LEASE, floor, &[]).await.expect("claim");
+    let mut claimed: Vec<i64> = round.claimed.iter().map(|op| op.resource_id).collect();
+    claimed.sort_unstable();
+    claimed
+}
+
 fn done(ops: &[ClaimedOperation]) -> Vec<(OperationId, Uuid)> {
     ops.iter().map(|op| (op.id, op.lease.token())).collect()
 }
@@ -106,10 +122,7 @@ async fn an_enqueue_and_a_safe_floor_read_one_entry_however_long_the_backlog() {
 
     // The lowest live key: the first entry from the floor.
     let before = index_reads(&client, "operation_claim_idx").await;
-    operation_safe_floor(&mut client, fx.instance, Floor::FROM_START, Duration::from_secs(5))
-        .await
-        .expect("safe floor")
-        .expect("nobody is writing");
+    safe_floor(&mut client, fx.instance).await;
     let read = index_reads(&client, "operation_claim_idx").await - before;
     assert!(read <= 2, "the safe floor read {read} entries");
 }
@@ -132,7 +145,7 @@ async fn with_a_snapshot_held_the_claim_starts_past_the_entries_of_what_was_clai
         let round = operation_complete_and_claim(&client, fx.instance, "agent", 200, LEASE, floor, &handed_in)
             .await
             .expect("claim");
-        assert_eq!(round.completed.len(), handed_in.len(), "every completion handed in is recorded");
+        assert_eq!(round.completed, handed_in.len() as u64, "every completion handed in is recorded");
         if round.claimed.is_empty() {
             break;
         }
@@ -151,14 +164,8 @@ async fn with_a_snapshot_held_the_claim_starts_past_the_entries_of_what_was_clai
     assert!(from_start >= 6000, "from the start the claim read {from_start} entries");
     assert!(from_floor <= 250, "from the floor the claim read {from_floor} entries");
     // The safe floor finds the same place, and the claim from it takes the new work.
-    let safe = operation_safe_floor(&mut client, fx.instance, Floor::FROM_START, Duration::from_secs(5))
-        .await
-        .expect("safe floor")
-        .expect("nobody is writing");
-    let round = operation_complete_and_claim(&client, fx.instance, "agent", 64, LEASE, safe, &[]).await.expect("claim");
-    let mut claimed: Vec<i64> = round.claimed.iter().map(|op| op.resource_id).collect();
-    claimed.sort_unstable();
-    assert_eq!(claimed, (10_001..=10_010).collect::<Vec<_>>());
+    let safe = safe_floor(&mut client, fx.instance).await;
+    assert_eq!(claim_from(&client, fx.instance, safe).await, (10_001..=10_010).collect::<Vec<_>>());
     held.rollback().await.expect("release the snapshot");
 }
 
@@ -183,13 +190,9 @@ async fn what_an_optimistic_floor_passed_over_is_claimed_after_the_next_safe_flo
         operation_complete_and_claim(&client, fx.instance, "agent", 10, LEASE, optimistic, &[]).await.expect("claim");
     assert!(passed.claimed.is_empty(), "the optimistic floor passes over resource 1's operation");
 
-    let safe = operation_safe_floor(&mut client, fx.instance, Floor::FROM_START, Duration::from_secs(5))
-        .await
-        .expect("safe floor")
-        .expect("nobody is writing");
+    let safe = safe_floor(&mut client, fx.instance).await;
     assert!(safe < optimistic, "the safe floor goes back to the operation passed over");
-    let round = operation_complete_and_claim(&client, fx.instance, "agent", 10, LEASE, safe, &[]).await.expect("claim");
-    assert_eq!(round.claimed.iter().map(|op| op.resource_id).collect::<Vec<_>>(), vec![1]);
+    assert_eq!(claim_from(&client, fx.instance, safe).await, vec![1]);
 }
 
 #[tokio::test]
@@ -221,12 +224,8 @@ async fn a_retry_whose_backoff_ended_gets_its_place_from_the_safe_floor() {
         .expect("claim");
     assert!(before.claimed.is_empty(), "without a key it is not in the claim's index");
 
-    let safe = operation_safe_floor(&mut client, fx.instance, Floor::FROM_START, Duration::from_secs(5))
-        .await
-        .expect("safe floor")
-        .expect("nobody is writing");
-    let round = operation_complete_and_claim(&client, fx.instance, "agent", 10, LEASE, safe, &[]).await.expect("claim");
-    assert_eq!(round.claimed.iter().map(|op| op.resource_id).collect::<Vec<_>>(), vec![7]);
+    let safe = safe_floor(&mut client, fx.instance).await;
+    assert_eq!(claim_from(&client, fx.instance, safe).await, vec![7]);
 }
 
 #[tokio::test]
@@ -248,10 +247,6 @@ async fn a_safe_floor_waits_for_a_writer_in_flight_and_gives_up_after_its_wait()
         .expect("safe floor");
     assert_eq!(attempt, None, "no floor is safe while an operation is being written");
     txn.commit().await.expect("commit");
-    let safe = operation_safe_floor(&mut client, fx.instance, Floor::FROM_START, Duration::from_secs(5))
-        .await
-        .expect("safe floor")
-        .expect("nobody is writing");
-    let round = operation_complete_and_claim(&client, fx.instance, "agent", 10, LEASE, safe, &[]).await.expect("claim");
-    assert_eq!(round.claimed.iter().map(|op| op.resource_id).collect::<Vec<_>>(), vec![9]);
+    let safe = safe_floor(&mut client, fx.instance).await;
+    assert_eq!(claim_from(&client, fx.instance, safe).await, vec![9]);
 }
