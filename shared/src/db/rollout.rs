@@ -749,6 +749,15 @@ async fn next_wave(txn: &Transaction<'_>, rollout: &Active, events: &mut Vec<Rol
             .query(ELIGIBLE, &[&rollout.target_id, &Some(source), &(room.max(0) + 1)])
             .await
             .map_err(DbError::query(action))?;
+        // SKIP LOCKED passes over a tenant whose row someone holds (a writer
+        // reconciling its namespace): it is still to move, this wave or the next.
+        if rows.is_empty() && !left {
+            let row = txn
+                .query_one(ELIGIBLE_COUNT, &[&rollout.target_id, &Some(source)])
+                .await
+                .map_err(DbError::query(action))?;
+            left = column::<i64>(&row, "eligible", action)? > 0;
+        }
         for row in &rows {
             if i64::try_from(moved.len()).unwrap_or(i64::MAX) >= limit {
                 left = true;
