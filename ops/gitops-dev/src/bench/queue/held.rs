@@ -113,10 +113,9 @@ async fn preload(bench: &mut Bench<'_>) -> Result<u64, BenchError> {
 /// returns both rates.
 async fn backlog_and_drain(bench: &mut Bench<'_>) -> Result<(f64, f64), BenchError> {
     bench.set_mark().await?;
-    let n = bench.config.operations;
-    let (elapsed, _) = producer::run_closed(&mut bench.producers, n, Work::Enqueue).await?;
+    let enqueue_per_s = bench.timed(Work::Enqueue, "held enqueue", 1).await?;
     bench.expect_backlog().await?;
-    Ok((report::per_second(n, elapsed), bench.drain().await?))
+    Ok((enqueue_per_s, bench.drain().await?))
 }
 
 /// Step 4: returns every run, and when the first one reached `RECOVERED` of the
