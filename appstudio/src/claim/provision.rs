@@ -222,6 +222,10 @@ async fn reconcile(request: Arc<SpaceRequest>, ctx: Arc<Context>) -> Result<Acti
         }
         return Ok(Action::await_change());
     };
+    if claim.metadata.deletion_timestamp.is_some() {
+        // The claim is going: a target made now would outlive it with nobody to bind.
+        return Ok(Action::await_change());
+    }
     let targets = Api::<DeploymentTarget>::namespaced(ctx.client.clone(), &namespace);
     let labelled = match request.labels().get(LABEL_DT) {
         Some(target) => found(targets.get(target).await, "read the provisioned target")?,

@@ -1,6 +1,7 @@
 //! The DeploymentTarget reclaimer: every target carries the finalizer
 //! `dt.appstudio.redhat.com/finalizer` (so a claim's release can still find it), a
-//! target of a `Retain` class whose claim is gone is `Released` and free of it, and a
+//! `Bound` target of a `Retain` class whose claim is gone is `Released` and free of
+//! it (a target reserved for a claim not made yet waits for the claim), and a
 //! class that is missing or has an unknown reclaim policy is reported on the target
 //! (the original ignored a missing class silently).
 //!
@@ -262,8 +263,11 @@ async fn reconcile(target: Arc<DeploymentTarget>, ctx: Arc<Context>) -> Result<A
     let class = found(classes.get(class_name).await, "read the DeploymentTargetClass")?;
     let policy = reclaim_policy(class_name, class.as_ref());
     let mut phase = None;
+    // Only a target that was bound is released: one reserved for a claim that does
+    // not exist yet (made before it, as a PersistentVolume can be) waits for it.
     if let (Ok(policy), Some(claim_name)) = (&policy, target.spec.claim_ref.as_deref().filter(|c| !c.is_empty()))
         && policy == RECLAIM_RETAIN
+        && phase_of_target(&target) == super::PHASE_BOUND
     {
         let claims = Api::<DeploymentTargetClaim>::namespaced(ctx.client.clone(), &namespace);
         if found(claims.get_metadata(claim_name).await, "read the claim")?.is_none() {

@@ -129,10 +129,34 @@ async fn all_gone(g: &Ground, claim_name: &str, target_name: &str, request: &str
 /// behind would hold the namespace's deletion on a real cluster).
 async fn clean(g: &Ground) {
     let all = ListParams::default();
-    eventually("claims, targets and SpaceRequests gone", || async {
-        let claims = g.api::<DeploymentTargetClaim>().list(&all).await.ok()?.items;
-        let targets = g.api::<DeploymentTarget>().list(&all).await.ok()?.items;
-        let requests = g.api::<SpaceRequest>().list(&all).await.ok()?.items;
+    let deadline = std::time::Instant::now() + crate::support::DEADLINE;
+    loop {
+        let (Ok(claims), Ok(targets), Ok(requests)) = (
+            g.api::<DeploymentTargetClaim>().list(&all).await,
+            g.api::<DeploymentTarget>().list(&all).await,
+            g.api::<SpaceRequest>().list(&all).await,
+        ) else {
+            assert!(std::time::Instant::now() < deadline, "timed out listing what to clean");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let (claims, targets, requests) = (claims.items, targets.items, requests.items);
+        if claims.is_empty() && targets.is_empty() && requests.is_empty() {
+            return;
+        }
+        let left = |kind: &str, meta: &kube::api::ObjectMeta| {
+            format!(
+                "{kind} {} (deleting: {}, finalizers: {:?})",
+                meta.name.as_deref().unwrap_or_default(),
+                meta.deletion_timestamp.is_some(),
+                meta.finalizers.as_deref().unwrap_or_default()
+            )
+        };
+        let remaining: Vec<String> = (claims.iter().map(|c| left("claim", &c.metadata)))
+            .chain(targets.iter().map(|t| left("target", &t.metadata)))
+            .chain(requests.iter().map(|r| left("SpaceRequest", &r.metadata)))
+            .collect();
+        assert!(std::time::Instant::now() < deadline, "timed out cleaning up; left: {remaining:?}");
         for claim in claims.iter().filter(|c| c.metadata.deletion_timestamp.is_none()) {
             g.api::<DeploymentTargetClaim>().delete(&claim.name_any(), &DeleteParams::default()).await.ok();
         }
@@ -145,9 +169,8 @@ async fn clean(g: &Ground) {
             api.patch(&request.name_any(), &PatchParams::default(), &Patch::Merge(&strip)).await.ok();
             api.delete(&request.name_any(), &DeleteParams::default()).await.ok();
         }
-        (claims.is_empty() && targets.is_empty() && requests.is_empty()).then_some(())
-    })
-    .await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// dt_dtc 2: with a `Delete` class, deleting the claim deletes the target and its
@@ -262,12 +285,18 @@ fn space_request(name: &str, claim_label: &str) -> SpaceRequest {
 }
 
 /// devsandboxdeployment 2: a Ready SpaceRequest of a claim that already has its
-/// target (reserved by claimRef) is labelled with that target, and no second one is made.
+/// target (reserved by claimRef) is labelled with that target, and no second one is
+/// made. The target is made first: the reclaimer keeps it reserved for the claim
+/// that does not exist yet (it releases only a target that was bound).
 #[tokio::test]
 async fn a_ready_space_request_of_a_claim_with_a_target_makes_no_second_one() {
-    let g = super::ground("as-dyn-existing").await;
+    let (g, metrics) = counted_ground("as-dyn-existing").await;
     let class = class(&g, "Retain").await;
     g.create(&target("existing-dt", &class.name, Some("dtc"))).await;
+    reconciled_since_now(&metrics, "target", |round| nudge::<DeploymentTarget>(&g, "existing-dt", round)).await;
+    let waiting = g.get::<DeploymentTarget>("existing-dt").await.expect("the target");
+    assert_eq!(waiting.spec.claim_ref.as_deref(), Some("dtc"), "still reserved for the claim to come");
+    assert_ne!(target_phase(&waiting), "Released");
     g.create(&claim("dtc", &class.name, None)).await;
     assert_bound(&g, "dtc", "existing-dt", true).await;
     g.create(&space_request("dtc-request", "dtc")).await;
