@@ -78,6 +78,8 @@ pub enum ReconcileError {
     Kube { action: &'static str, source: kube::Error },
     #[error("the object has no {0}")]
     Incomplete(&'static str),
+    #[error("the watches have not listed {0} yet")]
+    NotListed(&'static str),
     #[error("could not encode {what}")]
     Encode { what: &'static str, source: serde_json::Error },
 }

@@ -12,6 +12,7 @@
 //! changed its application or components, reports `ImmutableFieldChanged` and
 //! generates nothing.
 
+pub mod cache;
 pub mod desired;
 pub mod snapshot;
 pub mod status;
@@ -22,7 +23,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use gitops_writer::api::GitOpsDeployment;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -30,13 +31,13 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::api::{
-    Application, DeploymentTarget, DeploymentTargetClaim, Environment, Snapshot, SnapshotEnvironmentBinding,
-    SnapshotEnvironmentBindingStatus,
+    DeploymentTarget, DeploymentTargetClaim, Environment, SnapshotEnvironmentBinding, SnapshotEnvironmentBindingStatus,
 };
 use crate::condition::{self, ERROR_OCCURRED, FALSE, RECONCILED, TRUE, now_rfc3339};
 use crate::context::{Closed, Context, ReconcileError, deleted, found, namespace_closed};
 use crate::names::{APPLICATION_LABEL, FIELD_MANAGER};
 use crate::target::{self, Bound};
+use cache::Cache;
 
 pub const GITOPS_REPO_NOT_READY: &str = "GitOpsRepoNotReady";
 pub const WAITING_FOR_COMPONENT_STATUS: &str = "WaitingForComponentStatus";
@@ -50,36 +51,44 @@ pub const IMMUTABLE_FIELD_CHANGED: &str = "ImmutableFieldChanged";
 /// webhook keeps them fixed; this is the controller's check where none runs).
 pub const BOUND_TO_ANNOTATION: &str = "appstudio.redhat.com/bound-to";
 
+/// The controller's context: the layer's, and the stores it reads.
+pub struct Binder {
+    ctx: Arc<Context>,
+    cache: Cache,
+}
+
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
     let config = watcher::Config::default();
     let controller = Controller::new(ctx.served::<SnapshotEnvironmentBinding>(), config.clone());
-    let store = controller.store();
+    let (cache, feeds) = Cache::new(&ctx, controller.store(), &config);
+    let store = cache.bindings.clone();
     let (by_env, by_app, by_claim, by_target, by_snapshot) =
         (store.clone(), store.clone(), store.clone(), store.clone(), store);
+    let binder = Arc::new(Binder { ctx: ctx.clone(), cache });
     controller
-        .owns(ctx.served::<GitOpsDeployment>(), config.clone())
-        .watches(ctx.served::<Environment>(), config.clone(), move |env| {
+        .owns_stream(feeds.deployments)
+        .watches_stream(feeds.environments, move |env| {
             let name = env.name_any();
             bindings(&by_env, env.namespace().as_deref(), |b| b.spec.environment == name)
         })
-        .watches(ctx.served::<Application>(), config.clone(), move |app| {
+        .watches_stream(feeds.applications, move |app| {
             let name = app.name_any();
             bindings(&by_app, app.namespace().as_deref(), |b| b.spec.application == name)
         })
         .watches(ctx.served::<DeploymentTargetClaim>(), config.clone(), move |claim| {
             bindings(&by_claim, claim.namespace().as_deref(), |_| true)
         })
-        .watches(ctx.served::<DeploymentTarget>(), config.clone(), move |target| {
+        .watches(ctx.served::<DeploymentTarget>(), config, move |target| {
             bindings(&by_target, target.namespace().as_deref(), |_| true)
         })
         // A changed Snapshot is reported at once (see [`snapshot`]).
-        .watches(ctx.served::<Snapshot>(), config, move |snapshot| {
+        .watches_stream(feeds.snapshots, move |snapshot| {
             let name = snapshot.name_any();
             bindings(&by_snapshot, snapshot.namespace().as_deref(), |b| b.spec.snapshot == name)
         })
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx.clone())
+        .run(reconcile, error_policy, binder)
         .for_each(|result| {
             let metrics = ctx.metrics.clone();
             async move {
@@ -105,7 +114,7 @@ fn bindings(
         .collect()
 }
 
-fn error_policy(_: Arc<SnapshotEnvironmentBinding>, error: &ReconcileError, _: Arc<Context>) -> Action {
+fn error_policy(_: Arc<SnapshotEnvironmentBinding>, error: &ReconcileError, _: Arc<Binder>) -> Action {
     tracing::warn!(error = %gitops_shared::telemetry::error_chain(error), "binding reconcile failed; retrying");
     Action::requeue(Duration::from_secs(5))
 }
@@ -118,40 +127,42 @@ enum Report {
     Error(&'static str, String),
 }
 
-async fn reconcile(binding: Arc<SnapshotEnvironmentBinding>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+async fn reconcile(binding: Arc<SnapshotEnvironmentBinding>, binder: Arc<Binder>) -> Result<Action, ReconcileError> {
+    let (ctx, cache) = (&*binder.ctx, &binder.cache);
     let namespace = binding.namespace().ok_or(ReconcileError::Incomplete("namespace"))?;
     if binding.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    match namespace_closed(&ctx, &namespace).await? {
+    match namespace_closed(ctx, &namespace).await? {
         Some(Closed::Terminating) => return Ok(Action::await_change()),
         Some(Closed::NotServed(reason, message)) => {
-            write_status(&ctx, &binding, &namespace, Report::Error(reason, message), None).await?;
+            write_status(ctx, &binding, &namespace, Report::Error(reason, message), None).await?;
             // It may become one (a label): look again from time to time.
             return Ok(Action::requeue(ctx.settings.user_error_requeue));
         }
         None => {}
     }
+    cache.ready().await?;
     let name = binding.name_any();
-    if let Some(message) = moved(&ctx, &binding, &namespace).await? {
-        write_status(&ctx, &binding, &namespace, Report::Error(IMMUTABLE_FIELD_CHANGED, message), None).await?;
+    if let Some(message) = moved(ctx, &binding, &namespace).await? {
+        write_status(ctx, &binding, &namespace, Report::Error(IMMUTABLE_FIELD_CHANGED, message), None).await?;
         return Ok(Action::await_change());
     }
-    if let Some(message) = snapshot::check(&ctx, &binding, &namespace).await? {
-        write_status(&ctx, &binding, &namespace, Report::Error(IMMUTABLE_FIELD_CHANGED, message), None).await?;
+    let live_snapshot =
+        Some(&binding.spec.snapshot).filter(|name| !name.is_empty()).and_then(|name| cache.snapshot(&namespace, name));
+    if let Some(message) = snapshot::check(ctx, &binding, &namespace, live_snapshot.as_deref()).await? {
+        write_status(ctx, &binding, &namespace, Report::Error(IMMUTABLE_FIELD_CHANGED, message), None).await?;
         return Ok(Action::await_change());
     }
-    let applications = Api::<Application>::namespaced(ctx.client.clone(), &namespace);
-    if found(applications.get_metadata(&binding.spec.application).await, "read the Application")?.is_none() {
-        return orphaned(&ctx, &binding, &namespace).await;
+    if !cache.application_exists(&namespace, &binding.spec.application) {
+        return orphaned(ctx, &binding, &namespace).await;
     }
-    let environments = Api::<Environment>::namespaced(ctx.client.clone(), &namespace);
-    let Some(env) = found(environments.get(&binding.spec.environment).await, "read the Environment")? else {
+    let Some(env) = cache.environment(&namespace, &binding.spec.environment) else {
         return Ok(Action::await_change());
     };
-    let (report, entries) = generate(&ctx, &binding, &namespace, &env).await?;
+    let (report, entries) = generate(ctx, cache, &binding, &namespace, &env).await?;
     let retry = matches!(&report, Report::Error(ERROR_GENERATING, _));
-    write_status(&ctx, &binding, &namespace, report, entries).await?;
+    write_status(ctx, &binding, &namespace, report, entries).await?;
     tracing::debug!(tenant.ns = %namespace, binding = %name, "binding reconciled");
     Ok(if retry {
         Action::requeue(ctx.settings.user_error_requeue)
@@ -218,12 +229,13 @@ async fn orphaned(
 /// the status entries (None: keep what the status says).
 async fn generate(
     ctx: &Context,
+    cache: &Cache,
     binding: &SnapshotEnvironmentBinding,
     namespace: &str,
     env: &Environment,
 ) -> Result<(Report, Option<Vec<crate::api::BindingStatusGitOpsDeployment>>), ReconcileError> {
     let name = binding.name_any();
-    if let Some(older) = older_duplicate(ctx, binding, namespace).await? {
+    if let Some(older) = older_duplicate(cache, binding, namespace) {
         let message = format!(
             "invalid SnapshotEnvironmentBinding: duplicate combination of Application ({}) and Environment ({}). \
              Duplicated by: {older}",
@@ -239,7 +251,7 @@ async fn generate(
         }
         Some(TRUE) => true,
         _ if status.components.is_empty() => {
-            delete_deployments(ctx, binding, namespace, &BTreeSet::new()).await?;
+            delete_deployments(ctx, cache, binding, namespace, &BTreeSet::new()).await?;
             let message = format!(
                 "SnapshotEventBinding Component status is required to generate GitOps deployment, waiting for the \
                  Application Service controller to finish reconciling binding '{name}'"
@@ -266,11 +278,11 @@ async fn generate(
         }
     }
     let keep: BTreeSet<String> = expected.iter().map(|e| e.name.clone()).collect();
-    delete_deployments(ctx, binding, namespace, &keep).await?;
+    delete_deployments(ctx, cache, binding, namespace, &keep).await?;
     let mut entries = Vec::with_capacity(expected.len());
     let mut refused = Vec::new();
     for one in &expected {
-        match apply_deployment(ctx, binding, namespace, one).await? {
+        match apply_deployment(ctx, cache, binding, namespace, one).await? {
             Ok(live) => entries.push(status::deployment_entry(&one.component, &one.name, live.as_ref())),
             Err(message) => {
                 refused.push(message);
@@ -286,28 +298,19 @@ async fn generate(
 
 /// The name of an older binding of the same (application, environment), if any:
 /// that one acts, this one does not.
-async fn older_duplicate(
-    ctx: &Context,
-    binding: &SnapshotEnvironmentBinding,
-    namespace: &str,
-) -> Result<Option<String>, ReconcileError> {
-    let api = Api::<SnapshotEnvironmentBinding>::namespaced(ctx.client.clone(), namespace);
-    let list = api
-        .list(&ListParams::default())
-        .await
-        .map_err(|source| ReconcileError::Kube { action: "list the bindings", source })?;
+fn older_duplicate(cache: &Cache, binding: &SnapshotEnvironmentBinding, namespace: &str) -> Option<String> {
     let key = |b: &SnapshotEnvironmentBinding| (b.metadata.creation_timestamp.clone().map(|t| t.0), b.name_any());
-    Ok(list
-        .items
-        .iter()
-        .filter(|other| other.metadata.uid != binding.metadata.uid)
-        .filter(|other| other.metadata.deletion_timestamp.is_none())
-        .filter(|other| {
-            other.spec.application == binding.spec.application && other.spec.environment == binding.spec.environment
+    cache
+        .bindings_where(namespace, |other| {
+            other.metadata.uid != binding.metadata.uid
+                && other.metadata.deletion_timestamp.is_none()
+                && other.spec.application == binding.spec.application
+                && other.spec.environment == binding.spec.environment
+                && key(other) < key(binding)
         })
-        .filter(|other| key(other) < key(binding))
+        .iter()
         .map(|other| other.name_any())
-        .min())
+        .min()
 }
 
 /// The destination the Environment gives, or the tenant's mistake.
@@ -332,24 +335,23 @@ async fn destination(
 /// Deletes the binding's deployments not named in `keep`.
 async fn delete_deployments(
     ctx: &Context,
+    cache: &Cache,
     binding: &SnapshotEnvironmentBinding,
     namespace: &str,
     keep: &BTreeSet<String>,
 ) -> Result<(), ReconcileError> {
     let api = Api::<GitOpsDeployment>::namespaced(ctx.client.clone(), namespace);
-    let selector = format!("{APPLICATION_LABEL}={}", binding.spec.application);
-    let list = api
-        .list_metadata(&ListParams::default().labels(&selector))
-        .await
-        .map_err(|source| ReconcileError::Kube { action: "list the binding's GitOpsDeployments", source })?;
     let uid = binding.uid();
-    for deployment in list.items {
-        let owned = deployment.owner_references().iter().any(|o| Some(&o.uid) == uid.as_ref());
+    let gone = cache.deployments_where(namespace, |deployment| {
+        deployment.labels().get(APPLICATION_LABEL) == Some(&binding.spec.application)
+            && deployment.owner_references().iter().any(|o| Some(&o.uid) == uid.as_ref())
+            && deployment.metadata.deletion_timestamp.is_none()
+            && !keep.contains(&deployment.name_any())
+    });
+    for deployment in gone {
         let name = deployment.name_any();
-        if owned && !keep.contains(&name) {
-            tracing::info!(tenant.ns = %namespace, deployment = %name, "deleting a GitOpsDeployment of a component no longer bound");
-            deleted(api.delete(&name, &DeleteParams::default()).await, "delete a GitOpsDeployment")?;
-        }
+        tracing::info!(tenant.ns = %namespace, deployment = %name, "deleting a GitOpsDeployment of a component no longer bound");
+        deleted(api.delete(&name, &DeleteParams::default()).await, "delete a GitOpsDeployment")?;
     }
     Ok(())
 }
@@ -357,6 +359,7 @@ async fn delete_deployments(
 /// Creates or corrects one deployment; returns it as it is now, or why it was refused.
 async fn apply_deployment(
     ctx: &Context,
+    cache: &Cache,
     binding: &SnapshotEnvironmentBinding,
     namespace: &str,
     expected: &desired::Expected,
@@ -364,13 +367,13 @@ async fn apply_deployment(
     let api = Api::<GitOpsDeployment>::namespaced(ctx.client.clone(), namespace);
     let mut owner = binding.controller_owner_ref(&()).ok_or(ReconcileError::Incomplete("uid"))?;
     owner.block_owner_deletion = Some(true);
-    if let Some(live) = found(api.get(&expected.name).await, "read a GitOpsDeployment")? {
+    if let Some(live) = cache.deployment(namespace, &expected.name) {
         let owned = live.owner_references().iter().any(|o| o.uid == owner.uid);
         let same_spec = live.spec.source == expected.spec.source
             && live.spec.destination == expected.spec.destination
             && live.spec.type_ == expected.spec.type_;
         if owned && same_spec && desired::appstudio_labels(live.labels()) == expected.labels {
-            return Ok(Ok(Some(live)));
+            return Ok(Ok(Some(live.as_ref().clone())));
         }
     }
     let object = json!({

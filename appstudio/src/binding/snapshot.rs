@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::api::{Snapshot, SnapshotComponent, SnapshotEnvironmentBinding, SnapshotSpec};
-use crate::context::{Context, ReconcileError, deleted, found};
+use crate::context::{Context, ReconcileError, deleted};
 
 /// On a binding: the Snapshot it acts on as first seen, JSON of [`SnapshotUsed`].
 pub const SNAPSHOT_USED_ANNOTATION: &str = "appstudio.redhat.com/snapshot-used";
@@ -66,23 +66,17 @@ pub async fn check(
     ctx: &Context,
     binding: &SnapshotEnvironmentBinding,
     namespace: &str,
+    live: Option<&Snapshot>,
 ) -> Result<Option<String>, ReconcileError> {
-    if binding.spec.snapshot.is_empty() {
-        // No name to read (the client refuses an empty one): nothing to check yet.
-        return Ok(None);
-    }
-    let snapshots = Api::<Snapshot>::namespaced(ctx.client.clone(), namespace);
-    let Some(live) = found(snapshots.get(&binding.spec.snapshot).await, "read the Snapshot")? else {
-        return Ok(None);
-    };
+    let Some(live) = live else { return Ok(None) };
     let recorded = binding
         .annotations()
         .get(SNAPSHOT_USED_ANNOTATION)
         .and_then(|value| serde_json::from_str::<SnapshotUsed>(value).ok());
-    if let Some(message) = recorded.as_ref().and_then(|recorded| changed(recorded, &live)) {
+    if let Some(message) = recorded.as_ref().and_then(|recorded| changed(recorded, live)) {
         return Ok(Some(message));
     }
-    let current = SnapshotUsed::of(&live);
+    let current = SnapshotUsed::of(live);
     if recorded.as_ref() != Some(&current) {
         let value = serde_json::to_string(&current)
             .map_err(|source| ReconcileError::Encode { what: "the Snapshot the binding uses", source })?;
