@@ -12,15 +12,16 @@
 
 use std::fmt::Debug;
 
-use futures_util::{Stream, StreamExt};
+use futures_util::{Stream, StreamExt, TryStreamExt};
 use gitops_writer::api::GitOpsDeployment;
-use kube::Resource;
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
+use super::index::Index;
 use crate::api::{Application, Environment, Snapshot, SnapshotEnvironmentBinding};
 use crate::context::{Context, ReconcileError};
 
@@ -32,6 +33,10 @@ const LIST_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 #[derive(Clone)]
 pub struct Cache {
     pub bindings: Store<SnapshotEnvironmentBinding>,
+    /// Bindings by namespace, application and environment ([`pair_key`]).
+    pub pairs: Index<SnapshotEnvironmentBinding>,
+    /// GitOpsDeployments by the UID of the binding that controls them.
+    pub owned: Index<GitOpsDeployment>,
     pub environments: Store<Environment>,
     pub applications: Store<PartialObjectMeta<Application>>,
     pub snapshots: Store<Snapshot>,
@@ -41,6 +46,8 @@ pub struct Cache {
 /// The watch streams that fill the stores, to be handed to the controller as its
 /// triggers (the controller polls them; nothing else does).
 pub struct Feeds {
+    /// The bindings themselves: the controller's own stream.
+    pub bindings: Fed<SnapshotEnvironmentBinding>,
     pub environments: Fed<Environment>,
     pub applications: Fed<PartialObjectMeta<Application>>,
     pub snapshots: Fed<Snapshot>,
@@ -51,21 +58,26 @@ pub struct Feeds {
 pub type Fed<K> = std::pin::Pin<Box<dyn Stream<Item = Result<K, watcher::Error>> + Send>>;
 
 impl Cache {
-    /// The stores, with `bindings` the controller's own, and the streams that fill
-    /// the others.
-    pub fn new(ctx: &Context, bindings: Store<SnapshotEnvironmentBinding>, config: &watcher::Config) -> (Cache, Feeds) {
-        let (environments, environment_feed) = reflected(ctx.served::<Environment>(), config, trim_meta);
-        let (snapshots, snapshot_feed) = reflected(ctx.served::<Snapshot>(), config, trim_meta);
-        let (deployments, deployment_feed) = reflected(ctx.served::<GitOpsDeployment>(), config, trim_deployment);
-        let (applications, writer) = reflector::store();
-        let application_feed = watcher(ctx.served::<PartialObjectMeta<Application>>(), config.clone())
-            .default_backoff()
-            .modify(|app: &mut PartialObjectMeta<Application>| app.metadata.managed_fields = None)
-            .reflect(writer)
-            .touched_objects()
-            .boxed();
-        let cache = Cache { bindings, environments, applications, snapshots, deployments };
+    /// The stores and the streams that fill them.
+    pub fn new(ctx: &Context, config: &watcher::Config) -> (Cache, Feeds) {
+        let pairs = Index::new(|binding: &SnapshotEnvironmentBinding| {
+            Some(pair_key(
+                &binding.namespace().unwrap_or_default(),
+                &binding.spec.application,
+                &binding.spec.environment,
+            ))
+        });
+        let owned = Index::new(|deployment: &GitOpsDeployment| {
+            deployment.owner_references().iter().find(|o| o.controller == Some(true)).map(|o| o.uid.clone())
+        });
+        let (bindings, binding_feed) = reflected(ctx.served(), config, trim_meta, Some(pairs.clone()));
+        let (environments, environment_feed) = reflected(ctx.served(), config, trim_meta, None);
+        let (snapshots, snapshot_feed) = reflected(ctx.served(), config, trim_meta, None);
+        let (deployments, deployment_feed) = reflected(ctx.served(), config, trim_deployment, Some(owned.clone()));
+        let (applications, application_feed) = reflected(ctx.served(), config, trim_meta, None);
+        let cache = Cache { bindings, pairs, owned, environments, applications, snapshots, deployments };
         let feeds = Feeds {
+            bindings: binding_feed,
             environments: environment_feed,
             applications: application_feed,
             snapshots: snapshot_feed,
@@ -110,56 +122,87 @@ impl Cache {
         self.deployments.get(&ObjectRef::new(name).within(namespace))
     }
 
-    /// The deployments of `namespace` that `matches` accepts.
-    pub fn deployments_where(
-        &self,
-        namespace: &str,
-        matches: impl Fn(&GitOpsDeployment) -> bool,
-    ) -> Vec<std::sync::Arc<GitOpsDeployment>> {
-        self.deployments
-            .state()
-            .into_iter()
-            .filter(|d| d.metadata.namespace.as_deref() == Some(namespace) && matches(d))
-            .collect()
+    /// The deployments the binding with `uid` controls.
+    pub fn owned_by(&self, uid: &str) -> Vec<std::sync::Arc<GitOpsDeployment>> {
+        let members = self.owned.members(uid);
+        members.iter().filter_map(|(namespace, name)| self.deployment(namespace, name)).collect()
     }
 
-    /// The bindings of `namespace` that `matches` accepts.
-    pub fn bindings_where(
+    /// The bindings of `namespace` for `application` and `environment`.
+    pub fn bindings_for(
         &self,
         namespace: &str,
-        matches: impl Fn(&SnapshotEnvironmentBinding) -> bool,
+        application: &str,
+        environment: &str,
     ) -> Vec<std::sync::Arc<SnapshotEnvironmentBinding>> {
-        self.bindings
-            .state()
-            .into_iter()
-            .filter(|b| b.metadata.namespace.as_deref() == Some(namespace) && matches(b))
+        let members = self.pairs.members(&pair_key(namespace, application, environment));
+        members
+            .iter()
+            .filter_map(|(namespace, name)| self.bindings.get(&ObjectRef::new(name).within(namespace)))
             .collect()
     }
 }
 
-/// A store of `api`'s objects, trimmed by `trim`, and the stream that fills it.
-fn reflected<K>(api: Api<K>, config: &watcher::Config, trim: fn(&mut K)) -> (Store<K>, Fed<K>)
+/// The key of a binding's namespace, application and environment (none of them
+/// can hold a `/`).
+fn pair_key(namespace: &str, application: &str, environment: &str) -> String {
+    format!("{namespace}/{application}/{environment}")
+}
+
+/// A store of `api`'s objects, trimmed by `trim` (and followed by `index`), and the
+/// stream that fills it.
+pub(crate) fn reflected<K>(
+    api: Api<K>,
+    config: &watcher::Config,
+    trim: fn(&mut K),
+    index: Option<Index<K>>,
+) -> (Store<K>, Fed<K>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store();
-    let feed = watcher(api, config.clone()).default_backoff().modify(trim).reflect(writer).touched_objects().boxed();
+    let feed = watcher(api, config.clone())
+        .default_backoff()
+        .modify(trim)
+        .inspect_ok(move |event| {
+            if let Some(index) = &index {
+                index.apply(event);
+            }
+        })
+        .reflect(writer)
+        .touched_objects()
+        .boxed();
     (store, feed)
 }
 
-fn trim_meta<K: Resource>(object: &mut K) {
+/// Drops an object's managed fields, which no controller of the layer reads and
+/// which are often most of a small object's size.
+pub(crate) fn trim_meta<K: Resource>(object: &mut K) {
     object.meta_mut().managed_fields = None;
 }
 
 /// Keeps of a deployment what a binding reads: names, labels, owners, spec, and the
 /// sync and health of its status.
 fn trim_deployment(deployment: &mut GitOpsDeployment) {
-    deployment.metadata.managed_fields = None;
-    deployment.metadata.annotations = None;
+    let meta = &mut deployment.metadata;
+    meta.managed_fields = None;
+    meta.annotations = None;
+    meta.finalizers = None;
+    meta.resource_version = None;
+    meta.creation_timestamp = None;
+    meta.generation = None;
+    meta.uid = None;
+    if let Some(labels) = meta.labels.as_mut() {
+        labels.retain(|key, _| key.contains(crate::names::APPSTUDIO_LABEL_MARK));
+    }
     if let Some(status) = deployment.status.as_mut() {
         status.conditions.clear();
         status.resources.clear();
         status.reconciled_state = None;
         status.operation_state = None;
+        status.observed_generation = None;
+        if let Some(health) = status.health.as_mut() {
+            health.message = None;
+        }
     }
 }

@@ -14,6 +14,7 @@
 
 pub mod cache;
 pub mod desired;
+pub mod index;
 pub mod snapshot;
 pub mod status;
 
@@ -60,9 +61,9 @@ pub struct Binder {
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
     let config = watcher::Config::default();
-    let controller = Controller::new(ctx.served::<SnapshotEnvironmentBinding>(), config.clone());
-    let (cache, feeds) = Cache::new(&ctx, controller.store(), &config);
+    let (cache, feeds) = Cache::new(&ctx, &config);
     let store = cache.bindings.clone();
+    let controller = Controller::for_stream(feeds.bindings, store.clone());
     let (by_env, by_app, by_claim, by_target, by_snapshot) =
         (store.clone(), store.clone(), store.clone(), store.clone(), store);
     let binder = Arc::new(Binder { ctx: ctx.clone(), cache });
@@ -301,14 +302,15 @@ async fn generate(
 fn older_duplicate(cache: &Cache, binding: &SnapshotEnvironmentBinding, namespace: &str) -> Option<String> {
     let key = |b: &SnapshotEnvironmentBinding| (b.metadata.creation_timestamp.clone().map(|t| t.0), b.name_any());
     cache
-        .bindings_where(namespace, |other| {
+        .bindings_for(namespace, &binding.spec.application, &binding.spec.environment)
+        .iter()
+        .filter(|other| {
             other.metadata.uid != binding.metadata.uid
                 && other.metadata.deletion_timestamp.is_none()
                 && other.spec.application == binding.spec.application
                 && other.spec.environment == binding.spec.environment
                 && key(other) < key(binding)
         })
-        .iter()
         .map(|other| other.name_any())
         .min()
 }
@@ -341,10 +343,10 @@ async fn delete_deployments(
     keep: &BTreeSet<String>,
 ) -> Result<(), ReconcileError> {
     let api = Api::<GitOpsDeployment>::namespaced(ctx.client.clone(), namespace);
-    let uid = binding.uid();
-    let gone = cache.deployments_where(namespace, |deployment| {
+    let uid = binding.uid().ok_or(ReconcileError::Incomplete("uid"))?;
+    let gone = cache.owned_by(&uid).into_iter().filter(|deployment| {
         deployment.labels().get(APPLICATION_LABEL) == Some(&binding.spec.application)
-            && deployment.owner_references().iter().any(|o| Some(&o.uid) == uid.as_ref())
+            && deployment.metadata.namespace.as_deref() == Some(namespace)
             && deployment.metadata.deletion_timestamp.is_none()
             && !keep.contains(&deployment.name_any())
     });

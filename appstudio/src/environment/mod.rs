@@ -24,6 +24,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::binding::cache::{reflected, trim_meta};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
@@ -51,8 +53,8 @@ pub const MANAGED_ENVIRONMENT_REFUSED: &str = "ManagedEnvironmentRefused";
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
     let config = watcher::Config::default();
-    let controller = Controller::new(ctx.served::<Environment>(), config.clone());
-    let store = controller.store();
+    let (store, environments) = reflected(ctx.served::<Environment>(), &config, trim_meta, None);
+    let controller = Controller::for_stream(environments, store.clone());
     let (by_secret, by_claim, by_target) = (store.clone(), store.clone(), store);
     controller
         .owns(ctx.served::<GitOpsDeploymentManagedEnvironment>(), config.clone())
