@@ -35,6 +35,19 @@ impl Metrics {
         }
     }
 
+    /// Counts what one step of `controller`'s stream gave. A trigger for an object
+    /// no longer in the controller's store (a deleted child waking its deleted owner,
+    /// say) is no reconcile at all, and is not counted.
+    pub fn outcome<T, E, Q>(&self, controller: &str, result: &Result<T, kube::runtime::controller::Error<E, Q>>)
+    where
+        E: std::error::Error + 'static,
+        Q: std::error::Error + 'static,
+    {
+        if !matches!(result, Err(kube::runtime::controller::Error::ObjectNotFound(_))) {
+            self.reconciled(controller, result.is_err());
+        }
+    }
+
     /// Counts one admission review of `kind` that ended `outcome`.
     pub fn admission_reviewed(&self, kind: &str, outcome: &str) {
         let kind = ADMISSION_KINDS.iter().position(|k| *k == kind).unwrap_or(ADMISSION_KINDS.len() - 1);

@@ -70,7 +70,7 @@ impl Cache {
         let owned = Index::new(|deployment: &GitOpsDeployment| {
             deployment.owner_references().iter().find(|o| o.controller == Some(true)).map(|o| o.uid.clone())
         });
-        let (bindings, binding_feed) = reflected(ctx.served(), config, trim_meta, Some(pairs.clone()));
+        let (bindings, binding_feed) = reflected_own(ctx.served(), config, trim_meta, Some(pairs.clone()));
         let (environments, environment_feed) = reflected(ctx.served(), config, trim_meta, None);
         let (snapshots, snapshot_feed) = reflected(ctx.served(), config, trim_meta, None);
         let (deployments, deployment_feed) = reflected(ctx.served(), config, trim_deployment, Some(owned.clone()));
@@ -150,7 +150,8 @@ fn pair_key(namespace: &str, application: &str, environment: &str) -> String {
 }
 
 /// A store of `api`'s objects, trimmed by `trim` (and followed by `index`), and the
-/// stream that fills it.
+/// stream that fills it, of every object touched (deletions too): the triggers of
+/// another kind's controller.
 pub(crate) fn reflected<K>(
     api: Api<K>,
     config: &watcher::Config,
@@ -160,8 +161,37 @@ pub(crate) fn reflected<K>(
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
+    let (store, events) = reflected_events(api, config, trim, index);
+    (store, events.touched_objects().boxed())
+}
+
+/// As [`reflected`], for the controller of the kind itself: only objects that
+/// exist, as `Controller::new` has it (a deleted one would be looked up in the
+/// store, not found, and counted as a failed reconcile).
+pub(crate) fn reflected_own<K>(
+    api: Api<K>,
+    config: &watcher::Config,
+    trim: fn(&mut K),
+    index: Option<Index<K>>,
+) -> (Store<K>, Fed<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (store, events) = reflected_events(api, config, trim, index);
+    (store, events.applied_objects().boxed())
+}
+
+fn reflected_events<K>(
+    api: Api<K>,
+    config: &watcher::Config,
+    trim: fn(&mut K),
+    index: Option<Index<K>>,
+) -> (Store<K>, impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
     let (store, writer) = reflector::store();
-    let feed = watcher(api, config.clone())
+    let events = watcher(api, config.clone())
         .default_backoff()
         .modify(trim)
         .inspect_ok(move |event| {
@@ -169,10 +199,8 @@ where
                 index.apply(event);
             }
         })
-        .reflect(writer)
-        .touched_objects()
-        .boxed();
-    (store, feed)
+        .reflect(writer);
+    (store, events)
 }
 
 /// Drops an object's managed fields, which no controller of the layer reads and

@@ -173,7 +173,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         .for_each(|result| {
             let metrics = ctx.metrics.clone();
             async move {
-                metrics.reconciled("spacerequest", result.is_err());
+                metrics.outcome("spacerequest", &result);
                 if let Err(error) = result {
                     tracing::debug!(error = %gitops_shared::telemetry::error_chain(&error), "SpaceRequest reconcile");
                 }

@@ -59,7 +59,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         .for_each(|result| {
             let metrics = ctx.metrics.clone();
             async move {
-                metrics.reconciled("target", result.is_err());
+                metrics.outcome("target", &result);
                 if let Err(error) = result {
                     tracing::debug!(error = %gitops_shared::telemetry::error_chain(&error), "target reconcile");
                 }

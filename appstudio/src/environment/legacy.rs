@@ -49,7 +49,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         .for_each(|result| {
             let metrics = ctx.metrics.clone();
             async move {
-                metrics.reconciled("environment_legacy_owner", result.is_err());
+                metrics.outcome("environment_legacy_owner", &result);
                 if let Err(error) = result {
                     tracing::debug!(error = %gitops_shared::telemetry::error_chain(&error), "environment_legacy_owner reconcile");
                 }

@@ -114,7 +114,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         .for_each(|result| {
             let metrics = ctx.metrics.clone();
             async move {
-                metrics.reconciled("promotion", result.is_err());
+                metrics.outcome("promotion", &result);
                 if let Err(error) = result {
                     tracing::debug!(error = %gitops_shared::telemetry::error_chain(&error), "promotion reconcile");
                 }

@@ -463,11 +463,24 @@ async fn a_binding_outlives_its_application_by_the_delay() {
     );
     assert!(g.get::<GitOpsDeployment>(deployment).await.is_some(), "its deployment stays meanwhile");
 
+    let failures = reconcile_failures(&metrics);
     eventually("the binding deleted after the delay", || async {
         g.get::<SnapshotEnvironmentBinding>("seb").await.is_none().then_some(())
     })
     .await;
     gone(&g, deployment, "its deployment collected with it").await;
+    // The deletion reached the controller (a binding made after it has been
+    // reconciled since) and was no failed reconcile of a binding no longer there.
+    application(&g, APP).await;
+    binding(&g, "later", APP, "staging", &["component-a"]).await;
+    reconciled_since_now(&metrics, "binding", |round| nudge(&g, "later", round)).await;
+    assert_eq!(reconcile_failures(&metrics), failures, "no failed reconcile for the deleted binding");
+}
+
+/// The binding controller's failed reconciles, from the layer's metrics.
+fn reconcile_failures(metrics: &Metrics) -> f64 {
+    let series = "gitops_appstudio_reconcile_failures_total{controller=\"binding\"}";
+    crate::support::sample(&metrics.render(), series).expect("the binding failure count")
 }
 
 /// Of two bindings for one application and environment only the older acts; the
