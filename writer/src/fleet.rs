@@ -194,6 +194,9 @@ async fn rebalance(pool: &DbPool, settings: BalanceSettings, metrics: &WriterMet
     for instance in &step.drained {
         tracing::warn!(engine.instance = %instance, "engine instance degraded past the grace: cordoned, its tenants move");
     }
+    for instance in &step.stranded {
+        tracing::debug!(engine.instance = %instance, "engine instance degraded past the grace, left open: no other instance has room for its tenants");
+    }
     for moved in &step.moves {
         tracing::info!(tenant.namespace = %moved.namespace, from = %moved.from, to = %moved.to, reason = moved.reason,
             "tenant move started");

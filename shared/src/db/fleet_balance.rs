@@ -3,8 +3,10 @@
 //!
 //! - An instance *degraded* (its agents answer, but Argo CD itself makes no
 //!   progress) for longer than a grace is drained: cordoned, and its tenants moved
-//!   by the ordinary protocol, since its agents can still release them. A *lost*
-//!   instance is failover's (`failover`), not this.
+//!   by the ordinary protocol, since its agents can still release them. Only when
+//!   another open instance has room: a cordon outlives the degradation (an operator
+//!   lifts it), so a lone instance cordoned under a passing overload would take no
+//!   new tenant ever after. A *lost* instance is failover's (`failover`), not this.
 //! - With a threshold, tenants move from the fullest to the emptiest open, healthy
 //!   instance while their loads (tenants / capacity) differ by more than it. With
 //!   hysteresis: a rebalance starts when the spread is above the threshold and,
@@ -104,6 +106,9 @@ pub struct StartedMove {
 pub struct BalanceStep {
     /// Instances cordoned because they stayed degraded past the grace.
     pub drained: Vec<String>,
+    /// Instances degraded past the grace left open: no other open instance had room
+    /// for their tenants (a cordon would only keep new tenants off once it recovers).
+    pub stranded: Vec<String>,
     pub moves: Vec<StartedMove>,
     /// Moves the protocol refused (the target filled up meanwhile, say), with the reason.
     pub refused: Vec<String>,
@@ -186,6 +191,10 @@ async fn balance_in_txn(txn: &Transaction<'_>, settings: BalanceSettings) -> Res
     let mut budget = settings.max_concurrent_moves.saturating_sub(usize::try_from(in_progress).unwrap_or(usize::MAX));
 
     for (name, cordoned) in degraded {
+        if !cordoned && drain_target(&instances, &name).is_none() {
+            step.stranded.push(name);
+            continue;
+        }
         if !cordoned && txn.execute(CORDON, &[&name]).await.map_err(DbError::query(action))? > 0 {
             step.drained.push(name.clone());
         }

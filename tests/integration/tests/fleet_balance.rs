@@ -99,6 +99,38 @@ async fn an_instance_degraded_past_the_grace_is_cordoned_and_drained_within_the_
     assert_eq!(left, 0, "a is empty");
 }
 
+/// A degraded instance with nowhere to drain to is left open: a cordon would keep
+/// new tenants off it after it recovers. Once another instance can take its
+/// tenants, it is cordoned and drained.
+#[tokio::test]
+async fn a_degraded_instance_with_nowhere_to_drain_to_stays_open_until_there_is() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let solo = instance(&client, "solo", 10).await;
+    tenants(&client, solo, 2, "team").await;
+    let settings = BalanceSettings {
+        degraded_grace: Some(Duration::from_secs(60)),
+        rebalance_threshold: None,
+        max_concurrent_moves: 3,
+    };
+    client
+        .execute("UPDATE engine_instance SET progress_at = now() - interval '10 minutes' WHERE id = $1", &[&solo.0])
+        .await
+        .expect("stall");
+    let step = balance_step(&mut client, settings).await.expect("step");
+    assert!(step.drained.is_empty() && step.moves.is_empty(), "{step:?}");
+    assert_eq!(step.stranded, ["solo"]);
+    let listed = engine_instance_list(&client).await.expect("list");
+    assert!(listed.iter().any(|i| i.name == "solo" && !i.cordoned), "solo stays open");
+
+    instance(&client, "b", 10).await;
+    let step = balance_step(&mut client, settings).await.expect("step");
+    assert_eq!(step.drained, ["solo"]);
+    assert!(step.stranded.is_empty(), "{step:?}");
+    assert_eq!(step.moves.len(), 2, "{step:?}");
+    assert!(step.moves.iter().all(|m| m.from == "solo" && m.to == "b"), "{step:?}");
+}
+
 #[tokio::test]
 async fn rebalancing_starts_above_its_threshold_and_goes_on_to_half_of_it() {
     let db = TestDb::migrated().await;
