@@ -70,11 +70,12 @@ impl Cache {
         let owned = Index::new(|deployment: &GitOpsDeployment| {
             deployment.owner_references().iter().find(|o| o.controller == Some(true)).map(|o| o.uid.clone())
         });
-        let (bindings, binding_feed) = reflected_own(ctx.served(), config, trim_meta, Some(pairs.clone()));
-        let (environments, environment_feed) = reflected(ctx.served(), config, trim_meta, None);
-        let (snapshots, snapshot_feed) = reflected(ctx.served(), config, trim_meta, None);
-        let (deployments, deployment_feed) = reflected(ctx.served(), config, trim_deployment, Some(owned.clone()));
-        let (applications, application_feed) = reflected(ctx.served(), config, trim_meta, None);
+        let (bindings, binding_feed) = reflected(ctx.served(), config, trim_meta, Some(pairs.clone()), Feed::Own);
+        let (environments, environment_feed) = reflected(ctx.served(), config, trim_meta, None, Feed::Touched);
+        let (snapshots, snapshot_feed) = reflected(ctx.served(), config, trim_meta, None, Feed::Touched);
+        let (deployments, deployment_feed) =
+            reflected(ctx.served(), config, trim_deployment, Some(owned.clone()), Feed::Touched);
+        let (applications, application_feed) = reflected(ctx.served(), config, trim_meta, None, Feed::Touched);
         let cache = Cache { bindings, pairs, owned, environments, applications, snapshots, deployments };
         let feeds = Feeds {
             bindings: binding_feed,
@@ -149,44 +150,26 @@ fn pair_key(namespace: &str, application: &str, environment: &str) -> String {
     format!("{namespace}/{application}/{environment}")
 }
 
+/// Which objects the stream of a store gives its controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Feed {
+    /// Every object touched, deletions too: the triggers of another kind's controller.
+    Touched,
+    /// Only objects that exist, for the controller of the kind itself, as
+    /// `Controller::new` has it (a deleted one would be looked up in the store, not
+    /// found, and counted as a failed reconcile).
+    Own,
+}
+
 /// A store of `api`'s objects, trimmed by `trim` (and followed by `index`), and the
-/// stream that fills it, of every object touched (deletions too): the triggers of
-/// another kind's controller.
+/// stream that fills it, giving the objects `feed` says.
 pub(crate) fn reflected<K>(
     api: Api<K>,
     config: &watcher::Config,
     trim: fn(&mut K),
     index: Option<Index<K>>,
+    feed: Feed,
 ) -> (Store<K>, Fed<K>)
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-{
-    let (store, events) = reflected_events(api, config, trim, index);
-    (store, events.touched_objects().boxed())
-}
-
-/// As [`reflected`], for the controller of the kind itself: only objects that
-/// exist, as `Controller::new` has it (a deleted one would be looked up in the
-/// store, not found, and counted as a failed reconcile).
-pub(crate) fn reflected_own<K>(
-    api: Api<K>,
-    config: &watcher::Config,
-    trim: fn(&mut K),
-    index: Option<Index<K>>,
-) -> (Store<K>, Fed<K>)
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-{
-    let (store, events) = reflected_events(api, config, trim, index);
-    (store, events.applied_objects().boxed())
-}
-
-fn reflected_events<K>(
-    api: Api<K>,
-    config: &watcher::Config,
-    trim: fn(&mut K),
-    index: Option<Index<K>>,
-) -> (Store<K>, impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
@@ -200,7 +183,11 @@ where
             }
         })
         .reflect(writer);
-    (store, events)
+    let objects = match feed {
+        Feed::Touched => events.touched_objects().boxed(),
+        Feed::Own => events.applied_objects().boxed(),
+    };
+    (store, objects)
 }
 
 /// Drops an object's managed fields, which no controller of the layer reads and

@@ -46,6 +46,23 @@ async fn finish_moves(client: &Client) {
         .expect("moves end");
 }
 
+/// Balancing that drains instances degraded for a minute, three moves at a time.
+fn draining() -> BalanceSettings {
+    BalanceSettings {
+        degraded_grace: Some(Duration::from_secs(60)),
+        rebalance_threshold: None,
+        max_concurrent_moves: 3,
+    }
+}
+
+/// `instance`'s Argo CD last made progress `ago` (a PostgreSQL interval) ago.
+async fn stalled(client: &Client, instance: EngineInstanceId, ago: &str) {
+    client
+        .execute("UPDATE engine_instance SET progress_at = now() - ($2::text)::interval WHERE id = $1", &[&instance.0, &ago])
+        .await
+        .expect("stall");
+}
+
 async fn moving(client: &Client) -> i64 {
     client.query_one("SELECT count(*) FROM tenant WHERE move_state IS NOT NULL", &[]).await.expect("count").get(0)
 }
@@ -58,25 +75,15 @@ async fn an_instance_degraded_past_the_grace_is_cordoned_and_drained_within_the_
     instance(&client, "b", 10).await;
     instance(&client, "c", 10).await;
     tenants(&client, a, 4, "team").await;
-    let settings = BalanceSettings {
-        degraded_grace: Some(Duration::from_secs(60)),
-        rebalance_threshold: None,
-        max_concurrent_moves: 3,
-    };
+    let settings = draining();
 
     // Degraded, but not yet for the grace: nothing happens.
-    client
-        .execute("UPDATE engine_instance SET progress_at = now() - interval '120 seconds' WHERE id = $1", &[&a.0])
-        .await
-        .expect("stall");
+    stalled(&client, a, "120 seconds").await;
     let step = balance_step(&mut client, settings).await.expect("step");
     assert!(step.drained.is_empty() && step.moves.is_empty(), "{step:?}");
 
     // Past the default degraded window (90 s) plus the grace: cordoned, three moves.
-    client
-        .execute("UPDATE engine_instance SET progress_at = now() - interval '10 minutes' WHERE id = $1", &[&a.0])
-        .await
-        .expect("stall");
+    stalled(&client, a, "10 minutes").await;
     let step = balance_step(&mut client, settings).await.expect("step");
     assert_eq!(step.drained, ["a"]);
     assert_eq!(step.moves.len(), 3, "{step:?}");
@@ -108,15 +115,8 @@ async fn a_degraded_instance_with_nowhere_to_drain_to_stays_open_until_there_is(
     let mut client = db.connect().await;
     let solo = instance(&client, "solo", 10).await;
     tenants(&client, solo, 2, "team").await;
-    let settings = BalanceSettings {
-        degraded_grace: Some(Duration::from_secs(60)),
-        rebalance_threshold: None,
-        max_concurrent_moves: 3,
-    };
-    client
-        .execute("UPDATE engine_instance SET progress_at = now() - interval '10 minutes' WHERE id = $1", &[&solo.0])
-        .await
-        .expect("stall");
+    let settings = draining();
+    stalled(&client, solo, "10 minutes").await;
     let step = balance_step(&mut client, settings).await.expect("step");
     assert!(step.drained.is_empty() && step.moves.is_empty(), "{step:?}");
     assert_eq!(step.stranded, ["solo"]);
