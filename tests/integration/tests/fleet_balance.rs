@@ -58,7 +58,10 @@ fn draining() -> BalanceSettings {
 /// `instance`'s Argo CD last made progress `ago` (a PostgreSQL interval) ago.
 async fn stalled(client: &Client, instance: EngineInstanceId, ago: &str) {
     client
-        .execute("UPDATE engine_instance SET progress_at = now() - ($2::text)::interval WHERE id = $1", &[&instance.0, &ago])
+        .execute(
+            "UPDATE engine_instance SET progress_at = now() - ($2::text)::interval WHERE id = $1",
+            &[&instance.0, &ago],
+        )
         .await
         .expect("stall");
 }
