@@ -93,6 +93,9 @@ pub struct AppStudioBenchReport {
     pub bindings_to_deployed_s: f64,
     /// Deployments a second over that stretch.
     pub deployed_per_s: f64,
+    /// The layer's binding reconciles over that stretch, per binding (from its
+    /// `gitops_appstudio_reconciles_total`; None if it could not be read).
+    pub binding_reconciles_per_binding: Option<f64>,
     pub promotions: usize,
     /// From the first PromotionRun created until every one was Complete/Success.
     pub promotions_complete_s: f64,
@@ -176,6 +179,9 @@ pub async fn appstudio_bench(config: &AppStudioBenchConfig) -> Result<AppStudioB
         model_created_s: measured.model_created_s,
         bindings_to_deployed_s: measured.bindings_to_deployed_s,
         deployed_per_s: deployments as f64 / measured.bindings_to_deployed_s,
+        binding_reconciles_per_binding: measured
+            .binding_reconciles
+            .map(|n| n / (deployments / config.components) as f64),
         promotions: config.promotions,
         promotions_complete_s: measured.promotions_complete_s,
         promotion_ms: measured.promotion_ms,
@@ -192,6 +198,7 @@ pub async fn appstudio_bench(config: &AppStudioBenchConfig) -> Result<AppStudioB
 struct Measured {
     model_created_s: f64,
     bindings_to_deployed_s: f64,
+    binding_reconciles: Option<f64>,
     promotions_complete_s: f64,
     promotion_ms: Percentiles,
 }
@@ -218,6 +225,10 @@ async fn measure(
     cancel: &CancellationToken,
 ) -> Result<Measured, AppStudioBenchError> {
     let client = stack.kube.clone();
+    let layer_metrics = stack.info.components.iter().find(|c| c.name.starts_with("gitops-appstudio"));
+    let layer_metrics = layer_metrics.map(|c| c.metrics_url.clone()).unwrap_or_default();
+    let binding_reconciles =
+        || super::scrape(&layer_metrics, "gitops_appstudio_reconciles_total{controller=\"binding\"}");
     let (seen_tx, seen) = watch::channel(Seen::default());
     let seen_tx = Arc::new(seen_tx);
     let generator = Generator { client: client.clone(), components: config.components };
@@ -237,6 +248,7 @@ async fn measure(
         .iter()
         .flat_map(|namespace| (0..config.environments).map(move |e| (namespace.clone(), environment_name(e))))
         .collect();
+    let reconciles_before = binding_reconciles().await;
     let started = Instant::now();
     stream::iter(
         bindings.iter().map(|(namespace, environment)| create_binding(&client, config, namespace, environment)),
@@ -248,6 +260,7 @@ async fn measure(
     let want = bindings.len();
     wait(stack, config, seen.clone(), "bindings with every component deployed", |s| s.deployed.len(), want).await?;
     let bindings_to_deployed_s = started.elapsed().as_secs_f64();
+    let binding_reconciles = binding_reconciles().await.zip(reconciles_before).map(|(after, before)| after - before);
     eprintln!("every binding deployed after {bindings_to_deployed_s:.2}s");
 
     let target = environment_name(config.environments - 1);
@@ -283,7 +296,7 @@ async fn measure(
             .map(|d| d.as_secs_f64() * 1000.0)
             .collect(),
     );
-    Ok(Measured { model_created_s, bindings_to_deployed_s, promotions_complete_s, promotion_ms })
+    Ok(Measured { model_created_s, bindings_to_deployed_s, binding_reconciles, promotions_complete_s, promotion_ms })
 }
 
 /// Waits until `count` reaches `want` (see [`super::wait_until`]).

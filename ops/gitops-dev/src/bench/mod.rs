@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use ::kube::runtime::{WatchStreamExt, watcher};
 use futures_util::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -87,4 +88,18 @@ pub(crate) async fn for_each_applied<K>(
             None => return,
         }
     }
+}
+
+/// One metric's value from a `/metrics` endpoint on loopback (plain HTTP/1.0).
+pub(crate) async fn scrape(url: &str, metric: &str) -> Option<f64> {
+    let rest = url.strip_prefix("http://")?;
+    let (address, path) = rest.split_once('/').map_or((rest, "/"), |(a, p)| (a, p));
+    let mut stream =
+        tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(address)).await.ok()?.ok()?;
+    let request =
+        format!("GET /{} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n", path.trim_start_matches('/'));
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut body = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut body)).await.ok()?.ok()?;
+    body.lines().find_map(|line| line.strip_prefix(metric)?.strip_prefix(' ')?.trim().parse().ok())
 }

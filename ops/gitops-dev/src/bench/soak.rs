@@ -28,7 +28,6 @@ use gitops_testkit::random::Random;
 use gitops_writer::api::GitOpsDeployment;
 use kube::api::{Api, DeleteParams};
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::chaos::{Wanted, converge, failed_operations};
 use super::e2e::{E2eBenchError, create_deployment, create_namespace, set_path};
@@ -351,7 +350,7 @@ async fn sample(
         let mut stats = ProcessStats::of_pid(&pid.to_string());
         let _ = reset_peak_resident(&pid.to_string());
         if let Some((_, url)) = metrics.iter().find(|(name, _)| name.starts_with(binary)) {
-            stats.heap_allocated_bytes = scrape(url, "process_heap_allocated_bytes").await.map(|v| v as u64);
+            stats.heap_allocated_bytes = super::scrape(url, "process_heap_allocated_bytes").await.map(|v| v as u64);
         }
         processes.insert(binary.to_owned(), process_sample(stats));
     }
@@ -380,20 +379,6 @@ fn summary(sample: &Sample) -> String {
         .collect();
     parts.push(format!("operations {:?}", sample.operations));
     parts.join(", ")
-}
-
-/// One metric's value from a `/metrics` endpoint on loopback (plain HTTP/1.0).
-async fn scrape(url: &str, metric: &str) -> Option<f64> {
-    let rest = url.strip_prefix("http://")?;
-    let (address, path) = rest.split_once('/').map_or((rest, "/"), |(a, p)| (a, p));
-    let mut stream =
-        tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(address)).await.ok()?.ok()?;
-    let request =
-        format!("GET /{} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n", path.trim_start_matches('/'));
-    stream.write_all(request.as_bytes()).await.ok()?;
-    let mut body = String::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut body)).await.ok()?.ok()?;
-    body.lines().find_map(|line| line.strip_prefix(metric)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 /// Waits until nothing is waiting or claimed; what is left at the deadline.
