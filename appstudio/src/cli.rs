@@ -70,6 +70,9 @@ pub struct RunArgs {
     /// gone, and a deleted claim whether its target is (changes wake them sooner), e.g. 30s.
     #[arg(long, env = "GITOPS_APPSTUDIO_RECLAIM_POLL", value_parser = parse_duration, default_value = "30s")]
     pub reclaim_poll: Duration,
+    /// At most this many bindings are reconciled at once (0: no limit).
+    #[arg(long, env = "GITOPS_APPSTUDIO_BINDING_CONCURRENCY", default_value_t = 32)]
+    pub binding_concurrency: u16,
     /// How often every object is reconciled again whatever happened, e.g. 10m.
     #[arg(long, env = "GITOPS_APPSTUDIO_RESYNC_INTERVAL", value_parser = parse_duration, default_value = "10m")]
     pub resync_interval: Duration,
@@ -186,6 +189,7 @@ pub async fn run(args: RunArgs) -> Result<(), AppStudioError> {
         promotion_timeout,
         space_request_termination_timeout,
         reclaim_poll,
+        binding_concurrency,
         resync_interval,
         api_url_allow_private,
         webhook_cert_file,
@@ -229,6 +233,7 @@ pub async fn run(args: RunArgs) -> Result<(), AppStudioError> {
         space_request_termination_timeout,
         reclaim_poll,
         resync_interval,
+        binding_concurrency,
         namespace,
         api_url_allow_private,
         tenancy,

@@ -2,6 +2,12 @@
 
 use std::time::Duration;
 
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::PartialObjectMeta;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+
 /// The layer's settings (flags of `gitops-appstudio run`).
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -12,6 +18,10 @@ pub struct Settings {
     pub user_error_requeue: Duration,
     /// Every object is reconciled again after this, whatever happened (anti-entropy).
     pub resync_interval: Duration,
+    /// At most this many bindings are reconciled at once (0: no limit). Each holds
+    /// a connection to the API server while it waits; changes that arrive for a
+    /// binding meanwhile are reconciled once, together, when its turn comes.
+    pub binding_concurrency: u16,
     /// How long a promotion may wait for its deployments before it fails.
     pub promotion_timeout: Duration,
     /// How often a waiting promotion looks again (changes of its binding wake it sooner).
@@ -38,6 +48,7 @@ impl Default for Settings {
             orphan_binding_delay: Duration::from_secs(180),
             user_error_requeue: Duration::from_secs(10),
             resync_interval: Duration::from_secs(600),
+            binding_concurrency: 32,
             promotion_timeout: Duration::from_secs(600),
             promotion_poll: Duration::from_secs(15),
             reclaim_poll: Duration::from_secs(30),
@@ -55,9 +66,32 @@ pub struct Context {
     pub client: kube::Client,
     pub settings: Settings,
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// The served namespaces' metadata, from a watch (see [`namespace_closed`]).
+    pub namespaces: Store<PartialObjectMeta<Namespace>>,
 }
 
 impl Context {
+    /// The context, and the watch that keeps its namespace store (to be polled
+    /// for as long as the controllers run).
+    pub fn new(
+        client: kube::Client,
+        settings: Settings,
+        metrics: std::sync::Arc<crate::metrics::Metrics>,
+    ) -> (Context, impl std::future::Future<Output = ()> + Send + 'static) {
+        let api = kube::Api::<PartialObjectMeta<Namespace>>::all(client.clone());
+        let config = match &settings.namespace {
+            Some(namespace) => watcher::Config::default().fields(&format!("metadata.name={namespace}")),
+            None => watcher::Config::default(),
+        };
+        let (namespaces, writer) = reflector::store();
+        let watch = watcher(api, config)
+            .default_backoff()
+            .modify(|namespace| namespace.metadata.managed_fields = None)
+            .reflect(writer)
+            .for_each(|_| std::future::ready(()));
+        (Context { client, settings, metrics, namespaces }, watch)
+    }
+
     /// The API of a namespaced kind in the namespaces the layer serves.
     pub fn served<K>(&self) -> kube::Api<K>
     where
@@ -108,17 +142,23 @@ pub enum Closed {
 }
 
 /// Whether the layer may act in `name`: it exists, is not being deleted, and the
-/// tenancy policy serves it.
+/// tenancy policy serves it. Read from the namespace store; a namespace the store
+/// does not hold (not listed yet, or made a moment ago) is read from the API server.
 pub async fn namespace_closed(ctx: &Context, name: &str) -> Result<Option<Closed>, ReconcileError> {
-    let namespaces = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(ctx.client.clone());
-    let namespace = match namespaces.get_opt(name).await {
-        Ok(Some(namespace)) => namespace,
-        Ok(None) => return Ok(Some(Closed::Terminating)),
-        Err(source) => return Err(ReconcileError::Kube { action: "read the namespace", source }),
+    let metadata = match ctx.namespaces.get(&ObjectRef::new(name)) {
+        Some(namespace) => namespace.metadata.clone(),
+        None => {
+            let namespaces = kube::Api::<Namespace>::all(ctx.client.clone());
+            match namespaces.get_metadata_opt(name).await {
+                Ok(Some(namespace)) => namespace.metadata,
+                Ok(None) => return Ok(Some(Closed::Terminating)),
+                Err(source) => return Err(ReconcileError::Kube { action: "read the namespace", source }),
+            }
+        }
     };
-    if namespace.metadata.deletion_timestamp.is_some() {
+    if metadata.deletion_timestamp.is_some() {
         return Ok(Some(Closed::Terminating));
     }
-    let labels = namespace.metadata.labels.unwrap_or_default();
+    let labels = metadata.labels.unwrap_or_default();
     Ok(ctx.settings.tenancy.serves(name, &labels).err().map(|not| Closed::NotServed(not.reason(), not.message(name))))
 }

@@ -20,11 +20,13 @@ pub async fn run_with_metrics(
     metrics: Arc<crate::metrics::Metrics>,
     cancel: CancellationToken,
 ) {
-    let ctx = Arc::new(Context { client, settings, metrics });
+    let (ctx, namespaces) = Context::new(client, settings, metrics);
+    let ctx = Arc::new(ctx);
     let stop = || {
         let cancel = cancel.clone();
         async move { cancel.cancelled().await }
     };
+    let namespaces = tokio::spawn(namespaces);
     tokio::join!(
         environment::run(ctx.clone(), stop()),
         environment::legacy::run(ctx.clone(), stop()),
@@ -34,4 +36,5 @@ pub async fn run_with_metrics(
         claim::reclaim::run(ctx.clone(), stop()),
         claim::provision::run(ctx.clone(), stop()),
     );
+    namespaces.abort();
 }

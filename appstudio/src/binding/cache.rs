@@ -2,9 +2,10 @@
 //! server on every reconcile: the bindings, Environments, Applications (metadata
 //! only), Snapshots and GitOpsDeployments of the namespaces it serves.
 //!
-//! Each watch also wakes the bindings its objects concern, and a reflector writes an
-//! object into its store before the wake-up leaves it, so a reconcile sees at least
-//! the version that woke it. A store may lag behind the API server by an event; what
+//! Each watch also wakes the bindings its objects concern (only for a change of
+//! what a binding reads: see [`super::changes`]), and a reflector writes an object
+//! into its store before the wake-up leaves it, so a reconcile sees at least the
+//! version that woke it. A store may lag behind the API server by an event; what
 //! a reconcile decides on a stale object is corrected by the reconcile the newer
 //! object wakes. Objects are trimmed before they are stored (managed fields, and of
 //! a deployment's status all but its sync and health), so a store of ten thousand
@@ -21,6 +22,7 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
+use super::changes::{self, Changes};
 use super::index::Index;
 use crate::api::{Application, Environment, Snapshot, SnapshotEnvironmentBinding};
 use crate::context::{Context, ReconcileError};
@@ -54,7 +56,8 @@ pub struct Feeds {
     pub deployments: Fed<GitOpsDeployment>,
 }
 
-/// A watch stream, through a store, of the objects it touched.
+/// A watch stream, through a store, of the objects it was asked for (every one
+/// touched, or only those that exist).
 pub type Fed<K> = std::pin::Pin<Box<dyn Stream<Item = Result<K, watcher::Error>> + Send>>;
 
 impl Cache {
@@ -70,12 +73,22 @@ impl Cache {
         let owned = Index::new(|deployment: &GitOpsDeployment| {
             deployment.owner_references().iter().find(|o| o.controller == Some(true)).map(|o| o.uid.clone())
         });
-        let (bindings, binding_feed) = reflected(ctx.served(), config, trim_meta, Some(pairs.clone()), Feed::Own);
-        let (environments, environment_feed) = reflected(ctx.served(), config, trim_meta, None, Feed::Touched);
-        let (snapshots, snapshot_feed) = reflected(ctx.served(), config, trim_meta, None, Feed::Touched);
-        let (deployments, deployment_feed) =
-            reflected(ctx.served(), config, trim_deployment, Some(owned.clone()), Feed::Touched);
-        let (applications, application_feed) = reflected(ctx.served(), config, trim_meta, None, Feed::Touched);
+        let (bindings, binding_feed) =
+            reflected(ctx.served(), config, trim_meta, Some(pairs.clone()), Some(changes::binding_inputs), Feed::Own);
+        let (environments, environment_feed) =
+            reflected(ctx.served(), config, trim_meta, None, Some(changes::environment_inputs), Feed::Touched);
+        let (snapshots, snapshot_feed) =
+            reflected(ctx.served(), config, trim_meta, None, Some(changes::snapshot_inputs), Feed::Touched);
+        let (deployments, deployment_feed) = reflected(
+            ctx.served(),
+            config,
+            trim_deployment,
+            Some(owned.clone()),
+            Some(changes::deployment_inputs),
+            Feed::Touched,
+        );
+        let (applications, application_feed) =
+            reflected(ctx.served(), config, trim_meta, None, Some(changes::application_inputs), Feed::Touched);
         let cache = Cache { bindings, pairs, owned, environments, applications, snapshots, deployments };
         let feeds = Feeds {
             bindings: binding_feed,
@@ -162,12 +175,14 @@ pub(crate) enum Feed {
 }
 
 /// A store of `api`'s objects, trimmed by `trim` (and followed by `index`), and the
-/// stream that fills it, giving the objects `feed` says.
+/// stream that fills it, giving the objects `feed` says; with a `fingerprint`, only
+/// those whose fingerprint changed (see [`changes`]).
 pub(crate) fn reflected<K>(
     api: Api<K>,
     config: &watcher::Config,
     trim: fn(&mut K),
     index: Option<Index<K>>,
+    fingerprint: Option<fn(&K) -> u64>,
     feed: Feed,
 ) -> (Store<K>, Fed<K>)
 where
@@ -183,6 +198,14 @@ where
             }
         })
         .reflect(writer);
+    let mut changes = fingerprint.map(Changes::new);
+    let events = events.filter(move |event| {
+        let wakes = match (&mut changes, event) {
+            (Some(changes), Ok(event)) => changes.wakes(event),
+            _ => true,
+        };
+        std::future::ready(wakes)
+    });
     let objects = match feed {
         Feed::Touched => events.touched_objects().boxed(),
         Feed::Own => events.applied_objects().boxed(),

@@ -13,6 +13,7 @@
 //! generates nothing.
 
 pub mod cache;
+pub mod changes;
 pub mod desired;
 pub mod index;
 pub mod snapshot;
@@ -63,7 +64,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
     let config = watcher::Config::default();
     let (cache, feeds) = Cache::new(&ctx, &config);
     let store = cache.bindings.clone();
-    let controller = Controller::for_stream(feeds.bindings, store.clone());
+    let controller = Controller::for_stream(feeds.bindings, store.clone())
+        .with_config(kube::runtime::controller::Config::default().concurrency(ctx.settings.binding_concurrency));
     let (by_env, by_app, by_claim, by_target, by_snapshot) =
         (store.clone(), store.clone(), store.clone(), store.clone(), store);
     let binder = Arc::new(Binder { ctx: ctx.clone(), cache });
@@ -145,13 +147,31 @@ async fn reconcile(binding: Arc<SnapshotEnvironmentBinding>, binder: Arc<Binder>
     }
     cache.ready().await?;
     let name = binding.name_any();
-    if let Some(message) = moved(ctx, &binding, &namespace).await? {
-        write_status(ctx, &binding, &namespace, Report::Error(IMMUTABLE_FIELD_CHANGED, message), None).await?;
-        return Ok(Action::await_change());
+    // What the binding is for and the Snapshot it uses are recorded, when first
+    // seen, in one write (which wakes the binding once more, to no effect).
+    let mut record = serde_json::Map::new();
+    match moved(&binding) {
+        Moved::Refused(message) => {
+            write_status(ctx, &binding, &namespace, Report::Error(IMMUTABLE_FIELD_CHANGED, message), None).await?;
+            return Ok(Action::await_change());
+        }
+        Moved::First(bound_to) => {
+            record.insert(BOUND_TO_ANNOTATION.to_owned(), bound_to.into());
+        }
+        Moved::No => {}
     }
     let live_snapshot =
         Some(&binding.spec.snapshot).filter(|name| !name.is_empty()).and_then(|name| cache.snapshot(&namespace, name));
-    if let Some(message) = snapshot::check(ctx, &binding, &namespace, live_snapshot.as_deref()).await? {
+    let changed = match snapshot::check(&binding, live_snapshot.as_deref())? {
+        snapshot::Check::Changed(message) => Some(message),
+        snapshot::Check::FirstUse(used) => {
+            record.insert(snapshot::SNAPSHOT_USED_ANNOTATION.to_owned(), used.into());
+            None
+        }
+        snapshot::Check::Same => None,
+    };
+    annotate(ctx, &binding, &namespace, record).await?;
+    if let Some(message) = changed {
         write_status(ctx, &binding, &namespace, Report::Error(IMMUTABLE_FIELD_CHANGED, message), None).await?;
         return Ok(Action::await_change());
     }
@@ -172,35 +192,52 @@ async fn reconcile(binding: Arc<SnapshotEnvironmentBinding>, binder: Arc<Binder>
     })
 }
 
-/// The webhook's refusal of a changed application or environment, when the binding
-/// was first acted on for others (recorded then in [`BOUND_TO_ANNOTATION`]).
-async fn moved(
-    ctx: &Context,
-    binding: &SnapshotEnvironmentBinding,
-    namespace: &str,
-) -> Result<Option<String>, ReconcileError> {
+/// Whether the binding was moved to another application or environment.
+enum Moved {
+    /// The webhook's refusal: it first acted for others (recorded then in
+    /// [`BOUND_TO_ANNOTATION`]).
+    Refused(String),
+    /// Nothing recorded yet: record this.
+    First(String),
+    No,
+}
+
+fn moved(binding: &SnapshotEnvironmentBinding) -> Moved {
     let current = format!("{}/{}", binding.spec.application, binding.spec.environment);
     let Some(recorded) = binding.annotations().get(BOUND_TO_ANNOTATION) else {
-        let api = Api::<SnapshotEnvironmentBinding>::namespaced(ctx.client.clone(), namespace);
-        let patch = json!({"metadata": {"annotations": {BOUND_TO_ANNOTATION: current}}});
-        deleted(
-            api.patch(&binding.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await,
-            "record what the binding is for",
-        )?;
-        return Ok(None);
+        return Moved::First(current);
     };
-    let Some((application, environment)) = recorded.split_once('/') else { return Ok(None) };
+    let Some((application, environment)) = recorded.split_once('/') else { return Moved::No };
     let old = crate::api::SnapshotEnvironmentBindingSpec {
         application: application.to_owned(),
         environment: environment.to_owned(),
         ..binding.spec.clone()
     };
-    Ok(crate::webhook::rules::binding_update(&old, &binding.spec).err().map(|refusal| {
-        format!(
+    match crate::webhook::rules::binding_update(&old, &binding.spec) {
+        Ok(()) => Moved::No,
+        Err(refusal) => Moved::Refused(format!(
             "{refusal}; the binding acts for application {application} and environment {environment} only: \
                  change them back, or make a new binding"
-        )
-    }))
+        )),
+    }
+}
+
+/// Adds `annotations` to the binding, if there are any.
+async fn annotate(
+    ctx: &Context,
+    binding: &SnapshotEnvironmentBinding,
+    namespace: &str,
+    annotations: serde_json::Map<String, serde_json::Value>,
+) -> Result<(), ReconcileError> {
+    if annotations.is_empty() {
+        return Ok(());
+    }
+    let api = Api::<SnapshotEnvironmentBinding>::namespaced(ctx.client.clone(), namespace);
+    let patch = json!({"metadata": {"annotations": annotations}});
+    deleted(
+        api.patch(&binding.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await,
+        "record what the binding is for and the Snapshot it uses",
+    )
 }
 
 /// A binding whose Application does not exist: deleted once older than the delay.

@@ -6,12 +6,10 @@
 //! Snapshot, or a Snapshot deleted and made again, is a new first use.
 
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 use crate::api::{Snapshot, SnapshotComponent, SnapshotEnvironmentBinding, SnapshotSpec};
-use crate::context::{Context, ReconcileError, deleted};
+use crate::context::ReconcileError;
 
 /// On a binding: the Snapshot it acts on as first seen, JSON of [`SnapshotUsed`].
 pub const SNAPSHOT_USED_ANNOTATION: &str = "appstudio.redhat.com/snapshot-used";
@@ -58,36 +56,37 @@ pub fn changed(recorded: &SnapshotUsed, live: &Snapshot) -> Option<String> {
     })
 }
 
-/// Checks the binding's Snapshot; records it when the binding acts on it for the
-/// first time. `Some(message)`: it changed, the binding must not act. A Snapshot
-/// that does not exist is not the binding's concern (the repository generator
-/// reports what to deploy).
-pub async fn check(
-    ctx: &Context,
-    binding: &SnapshotEnvironmentBinding,
-    namespace: &str,
-    live: Option<&Snapshot>,
-) -> Result<Option<String>, ReconcileError> {
-    let Some(live) = live else { return Ok(None) };
+/// What [`check`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Check {
+    /// The Snapshot changed: the binding must not act (the message says why).
+    Changed(String),
+    /// The binding acts on this Snapshot for the first time: record this
+    /// [`SNAPSHOT_USED_ANNOTATION`] value.
+    FirstUse(String),
+    /// As recorded, or no Snapshot.
+    Same,
+}
+
+/// Checks the binding's Snapshot against what the binding recorded of it. A
+/// Snapshot that does not exist is not the binding's concern (the repository
+/// generator reports what to deploy).
+pub fn check(binding: &SnapshotEnvironmentBinding, live: Option<&Snapshot>) -> Result<Check, ReconcileError> {
+    let Some(live) = live else { return Ok(Check::Same) };
     let recorded = binding
         .annotations()
         .get(SNAPSHOT_USED_ANNOTATION)
         .and_then(|value| serde_json::from_str::<SnapshotUsed>(value).ok());
     if let Some(message) = recorded.as_ref().and_then(|recorded| changed(recorded, live)) {
-        return Ok(Some(message));
+        return Ok(Check::Changed(message));
     }
     let current = SnapshotUsed::of(live);
-    if recorded.as_ref() != Some(&current) {
-        let value = serde_json::to_string(&current)
-            .map_err(|source| ReconcileError::Encode { what: "the Snapshot the binding uses", source })?;
-        let api = Api::<SnapshotEnvironmentBinding>::namespaced(ctx.client.clone(), namespace);
-        let patch = json!({"metadata": {"annotations": {SNAPSHOT_USED_ANNOTATION: value}}});
-        deleted(
-            api.patch(&binding.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await,
-            "record the Snapshot the binding uses",
-        )?;
+    if recorded.as_ref() == Some(&current) {
+        return Ok(Check::Same);
     }
-    Ok(None)
+    serde_json::to_string(&current)
+        .map(Check::FirstUse)
+        .map_err(|source| ReconcileError::Encode { what: "the Snapshot the binding uses", source })
 }
 
 #[cfg(test)]

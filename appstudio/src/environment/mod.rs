@@ -53,7 +53,7 @@ pub const MANAGED_ENVIRONMENT_REFUSED: &str = "ManagedEnvironmentRefused";
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
     let config = watcher::Config::default();
-    let (store, environments) = reflected(ctx.served::<Environment>(), &config, trim_meta, None, Feed::Own);
+    let (store, environments) = reflected(ctx.served::<Environment>(), &config, trim_meta, None, None, Feed::Own);
     let controller = Controller::for_stream(environments, store.clone());
     let (by_secret, by_claim, by_target) = (store.clone(), store.clone(), store);
     controller
