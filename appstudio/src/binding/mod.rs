@@ -421,6 +421,7 @@ async fn apply_deployment(
         "metadata": {"name": expected.name, "labels": expected.labels, "ownerReferences": [owner]},
         "spec": {"source": expected.spec.source, "destination": expected.spec.destination, "type": expected.spec.type_},
     });
+    tracing::debug!(tenant.ns = %namespace, deployment = %expected.name, "applying a GitOpsDeployment");
     match api.patch(&expected.name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&object)).await {
         Ok(live) => Ok(Ok(Some(live))),
         Err(kube::Error::Api(status)) if matches!(status.code, 400 | 403 | 422) => {

@@ -38,7 +38,33 @@ pub struct Structural {
     pub max_length: Option<u64>,
     pub min_items: Option<u64>,
     pub max_items: Option<u64>,
-    pub pattern: Option<String>,
+    pub pattern: Option<Pattern>,
+}
+
+/// A `pattern`, compiled once when the schema is read (a CRD's patterns are checked
+/// on every write of its objects). One that does not compile refuses nothing (the
+/// real server refuses such a CRD when it is created).
+#[derive(Debug, Clone)]
+pub struct Pattern {
+    pub source: String,
+    compiled: Option<regex::Regex>,
+}
+
+impl Pattern {
+    pub fn new(source: &str) -> Pattern {
+        Pattern { source: source.to_owned(), compiled: regex::Regex::new(source).ok() }
+    }
+
+    /// Whether `value` is refused: it does not match a pattern that compiled.
+    pub fn refuses(&self, value: &str) -> bool {
+        self.compiled.as_ref().is_some_and(|re| !re.is_match(value))
+    }
+}
+
+impl PartialEq for Pattern {
+    fn eq(&self, other: &Pattern) -> bool {
+        self.source == other.source
+    }
 }
 
 impl Structural {
@@ -76,7 +102,7 @@ impl Structural {
             max_length: schema.get("maxLength").and_then(Value::as_u64),
             min_items: schema.get("minItems").and_then(Value::as_u64),
             max_items: schema.get("maxItems").and_then(Value::as_u64),
-            pattern: schema.get("pattern").and_then(Value::as_str).map(str::to_owned),
+            pattern: schema.get("pattern").and_then(Value::as_str).map(Pattern::new),
         }
     }
 
@@ -224,12 +250,8 @@ impl Structural {
             if let Some(max) = self.max_length.filter(|max| len > *max) {
                 invalid(format!("{path} in body may not be longer than {max}"));
             }
-            // A pattern that does not compile refuses nothing (the real server
-            // refuses such a CRD when it is created).
-            if let Some(pattern) = &self.pattern
-                && regex::Regex::new(pattern).is_ok_and(|re| !re.is_match(s))
-            {
-                invalid(format!("{path} in body should match '{pattern}'"));
+            if let Some(pattern) = self.pattern.as_ref().filter(|pattern| pattern.refuses(s)) {
+                invalid(format!("{path} in body should match '{}'", pattern.source));
             }
         }
         if let Some(items) = value.as_array() {
