@@ -71,7 +71,7 @@ pub struct RunArgs {
     #[arg(long, env = "GITOPS_APPSTUDIO_RECLAIM_POLL", value_parser = parse_duration, default_value = "30s")]
     pub reclaim_poll: Duration,
     /// At most this many bindings are reconciled at once (0: no limit).
-    #[arg(long, env = "GITOPS_APPSTUDIO_BINDING_CONCURRENCY", default_value_t = 32)]
+    #[arg(long, env = "GITOPS_APPSTUDIO_BINDING_CONCURRENCY", default_value_t = 16)]
     pub binding_concurrency: u16,
     /// How often every object is reconciled again whatever happened, e.g. 10m.
     #[arg(long, env = "GITOPS_APPSTUDIO_RESYNC_INTERVAL", value_parser = parse_duration, default_value = "10m")]

@@ -48,7 +48,7 @@ impl Default for Settings {
             orphan_binding_delay: Duration::from_secs(180),
             user_error_requeue: Duration::from_secs(10),
             resync_interval: Duration::from_secs(600),
-            binding_concurrency: 32,
+            binding_concurrency: 16,
             promotion_timeout: Duration::from_secs(600),
             promotion_poll: Duration::from_secs(15),
             reclaim_poll: Duration::from_secs(30),
