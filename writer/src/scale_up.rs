@@ -71,7 +71,7 @@ impl ScaleUp {
             return Ok(());
         }
         self.running = None;
-        let client = pooled(pool).await?;
+        let mut client = pooled(pool).await?;
         let free = fleet_free_capacity(&client).await?;
         metrics.fleet_free_capacity.store(free.free, Ordering::Relaxed);
         if free.free >= self.settings.below_free {
@@ -79,11 +79,11 @@ impl ScaleUp {
         }
         let settings = &self.settings;
         let retry = self.retry_name(&client).await?;
+        let (prefix, below) = (&settings.name_prefix, settings.below_free);
         let Some((id, name)) =
-            scale_up_begin(&client, &settings.name_prefix, retry.as_deref(), &self.holder, free.free, settings.lease)
-                .await?
+            scale_up_begin(&mut client, prefix, retry.as_deref(), &self.holder, below, settings.lease).await?
         else {
-            tracing::debug!("the fleet is short of room; another scale-up is in progress");
+            tracing::debug!("the fleet was short of room; another scale-up is in progress or has just made room");
             return Ok(());
         };
         tracing::warn!(free = free.free, threshold = settings.below_free, engine.instance = %name,

@@ -4,6 +4,14 @@
 //! insert, so of two racing writers one begins and the other sees `None` — and the
 //! attempt's writer renews it while it works; an attempt whose writer stopped
 //! renewing is ended as failed by the next writer that looks.
+//!
+//! An attempt begins only if the fleet is still short when it does: the free
+//! capacity is read again after taking a lock on the table that the end of an
+//! attempt also needs (its UPDATE). A writer that looked while another attempt
+//! was provisioning therefore either still finds that attempt provisioning, or
+//! finds the instance it registered (registration commits before the attempt
+//! ends), never neither — without this, an attempt ending between a writer's look
+//! and its begin made a second, unneeded instance.
 
 use std::time::{Duration, SystemTime};
 
@@ -18,6 +26,9 @@ const FREE_CAPACITY: &str = "
 SELECT COALESCE(sum(greatest(capacity - tenants - reserved, 0)), 0)::bigint AS free, count(*)::bigint AS open
   FROM engine_instance
  WHERE NOT cordoned AND fenced_at IS NULL";
+
+// Conflicts with itself and with the row locks of RENEW and FINISH, not with reads.
+const LOCK: &str = "LOCK TABLE instance_scale_up IN SHARE ROW EXCLUSIVE MODE";
 
 const ABANDON: &str = "
 UPDATE instance_scale_up
@@ -52,7 +63,7 @@ SELECT id, instance_name, state, holder, free_capacity, error, started_at, finis
   FROM instance_scale_up ORDER BY id DESC LIMIT $1";
 
 /// Every statement of this module (a test prepares them against the schema).
-pub const STATEMENTS: &[&str] = &[FREE_CAPACITY, ABANDON, BEGIN, RETRYABLE, RENEW, FINISH, RECENT];
+pub const STATEMENTS: &[&str] = &[FREE_CAPACITY, LOCK, ABANDON, BEGIN, RETRYABLE, RENEW, FINISH, RECENT];
 
 /// The fleet's room for new tenants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,26 +121,37 @@ pub async fn scale_up_retryable(client: &Client) -> Result<Option<String>, DbErr
 }
 
 /// Begins an attempt for `holder`, named `retry` (a failed attempt's name, see
-/// [`scale_up_retryable`]) or else `<prefix>-<n>`; None when another attempt is
-/// provisioning (an abandoned one is ended first). Returns the attempt's id and the
-/// instance name to provision.
+/// [`scale_up_retryable`]) or else `<prefix>-<n>`, when the fleet's free capacity is
+/// still below `below_free` (read again here: see the module's documentation). None
+/// when the fleet has room by now or another attempt is provisioning (an abandoned
+/// one is ended first). Returns the attempt's id and the instance name to provision.
 pub async fn scale_up_begin(
-    client: &Client,
+    client: &mut Client,
     prefix: &str,
     retry: Option<&str>,
     holder: &str,
-    free_capacity: i64,
+    below_free: i64,
     lease: Duration,
 ) -> Result<Option<(i64, String)>, DbError> {
     let action = "begin a scale-up";
-    client.execute(ABANDON, &[]).await.map_err(DbError::query(action))?;
-    match client.query_one(BEGIN, &[&prefix, &holder, &free_capacity, &lease.as_secs_f64(), &retry]).await {
-        Ok(row) => Ok(Some((column(&row, "id", action)?, column(&row, "instance_name", action)?))),
+    let txn = client.transaction().await.map_err(DbError::query(action))?;
+    txn.execute(LOCK, &[]).await.map_err(DbError::query(action))?;
+    txn.execute(ABANDON, &[]).await.map_err(DbError::query(action))?;
+    let row = txn.query_one(FREE_CAPACITY, &[]).await.map_err(DbError::query(action))?;
+    let free: i64 = column(&row, "free", action)?;
+    if free >= below_free {
+        txn.commit().await.map_err(DbError::query(action))?;
+        return Ok(None);
+    }
+    let begun = match txn.query_one(BEGIN, &[&prefix, &holder, &free, &lease.as_secs_f64(), &retry]).await {
+        Ok(row) => (column(&row, "id", action)?, column(&row, "instance_name", action)?),
         Err(source) => {
             let error = DbError::Query { action, source };
-            if error.is_unique_violation() { Ok(None) } else { Err(error) }
+            return if error.is_unique_violation() { Ok(None) } else { Err(error) };
         }
-    }
+    };
+    txn.commit().await.map_err(DbError::query(action))?;
+    Ok(Some(begun))
 }
 
 /// Extends attempt `id` of `holder`; false when it is no longer its to finish.

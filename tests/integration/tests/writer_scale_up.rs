@@ -10,8 +10,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use gitops_agent::{AgentConfig, Served, run_agent};
-use gitops_shared::db::engine_instance::engine_instance_cordon;
-use gitops_shared::db::instance_scale_up::{scale_up_begin, scale_up_finish, scale_up_recent};
+use gitops_shared::db::engine_instance::{engine_instance_add, engine_instance_cordon};
+use gitops_shared::db::instance_scale_up::{fleet_free_capacity, scale_up_begin, scale_up_finish, scale_up_recent};
 use gitops_shared::db::tenant_move::tenant_placements;
 use gitops_testkit::TestDb;
 use gitops_testkit::argocd::operator::{argocd_crd, run_operator};
@@ -168,11 +168,11 @@ async fn writer_scale_up_attempts_race_one_at_a_time() {
     let barrier = Arc::new(tokio::sync::Barrier::new(racers));
     let mut tasks = tokio::task::JoinSet::new();
     for n in 0..racers {
-        let client = db.connect().await;
+        let mut client = db.connect().await;
         let barrier = barrier.clone();
         tasks.spawn(async move {
             barrier.wait().await;
-            scale_up_begin(&client, "auto", None, &format!("writer-{n}"), 0, Duration::from_secs(60))
+            scale_up_begin(&mut client, "auto", None, &format!("writer-{n}"), 1, Duration::from_secs(60))
                 .await
                 .expect("begin")
         });
@@ -182,10 +182,10 @@ async fn writer_scale_up_attempts_race_one_at_a_time() {
         begun.extend(done.expect("racer"));
     }
     assert_eq!(begun.len(), 1, "one attempt begins: {begun:?}");
-    let client = db.connect().await;
+    let mut client = db.connect().await;
     // An attempt whose writer stopped renewing it is ended, and the next begins.
     client.execute("UPDATE instance_scale_up SET expires_at = now() - interval '1 second'", &[]).await.expect("age");
-    let next = scale_up_begin(&client, "auto", None, "writer-x", 0, Duration::from_secs(60)).await.expect("begin");
+    let next = scale_up_begin(&mut client, "auto", None, "writer-x", 1, Duration::from_secs(60)).await.expect("begin");
     let (id, name) = next.expect("the abandoned attempt no longer blocks");
     assert_eq!(name, "auto-2");
     let attempts = scale_up_recent(&client, 10).await.expect("attempts");
@@ -196,4 +196,32 @@ async fn writer_scale_up_attempts_race_one_at_a_time() {
     assert_eq!(scale_up_recent(&client, 1).await.expect("attempts")[0].state, "provisioning");
     scale_up_finish(&client, id, "writer-x", None).await.expect("finish");
     assert_eq!(scale_up_recent(&client, 1).await.expect("attempts")[0].state, "completed");
+}
+
+/// A writer that saw the fleet short while another writer's attempt was
+/// provisioning, and begins only after that attempt registered its instance and
+/// ended, begins nothing: the fleet has room by then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_scale_up_is_not_repeated_by_a_writer_that_looked_before_the_last_one_ended() {
+    let db = TestDb::migrated().await;
+    let (mut first, mut second) = (db.connect().await, db.connect().await);
+    let lease = Duration::from_secs(60);
+    let (id, name) = scale_up_begin(&mut first, "auto", None, "writer-a", 5, lease)
+        .await
+        .expect("begin")
+        .expect("an empty fleet is short");
+    // The second writer looks now: short, with an attempt in progress.
+    let seen = fleet_free_capacity(&second).await.expect("free capacity");
+    assert!(seen.free < 5, "{seen:?}");
+    // The first attempt registers its instance and ends.
+    engine_instance_add(&first, &name, "argocd-auto-1", 10).await.expect("register");
+    scale_up_finish(&first, id, "writer-a", None).await.expect("finish");
+    // The second writer acts on what it saw: nothing begins.
+    let again = scale_up_begin(&mut second, "auto", None, "writer-b", 5, lease).await.expect("begin");
+    assert_eq!(again, None, "the fleet has room now");
+    assert_eq!(scale_up_recent(&second, 10).await.expect("attempts").len(), 1);
+    // Still short after all (the new instance cordoned): the next look begins one.
+    engine_instance_cordon(&second, &name, true).await.expect("cordon");
+    let next = scale_up_begin(&mut second, "auto", None, "writer-b", 5, lease).await.expect("begin");
+    assert_eq!(next.map(|(_, name)| name), Some("auto-2".to_owned()));
 }
