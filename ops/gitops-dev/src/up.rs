@@ -640,6 +640,12 @@ impl DevStack {
         self.emulator.as_ref().map(KubeEmulator::expired_answers)
     }
 
+    /// Makes the emulator forget every resource's history (as an API server's
+    /// compaction does): what stays is the live objects. False on an existing cluster.
+    pub fn compact_history(&self) -> bool {
+        self.emulator.as_ref().map(|emulator| emulator.compactor().compact()).is_some()
+    }
+
     /// The PostgreSQL server's postmaster process id.
     pub fn postgres_pid(&self) -> Option<u32> {
         self.postgres.postmaster_pid()

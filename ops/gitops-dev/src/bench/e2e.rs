@@ -10,10 +10,11 @@
 //! status, the noisy phase), so the next bottleneck shows.
 //!
 //! The stack's own peak RSS (the emulator, the stand-in and the benchmark's
-//! clients) is reported with the history the emulator kept. With
-//! `--minimal-history` the emulator keeps as little as its clients can work with
-//! ([`MINIMAL_HISTORY`]), so the same run measures the live objects' footprint;
-//! the ratio of the two runs' stack RSS is what history costs.
+//! clients) is reported with the history the emulator kept, and its heap at the
+//! end before and right after the emulator forgets that history: their ratio is
+//! what the history costs, read in one run. With `--minimal-history` the emulator
+//! keeps as little as its clients can work with ([`MINIMAL_HISTORY`]), so a second
+//! run measures the live objects' footprint under load.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -111,6 +112,11 @@ pub struct E2eBenchReport {
     /// The heap this process held at the end, before the stack stopped (jemalloc's
     /// `stats.allocated`).
     pub stack_heap_mb: f64,
+    /// The same heap right after the emulator forgot its history (None on an
+    /// existing cluster): the live objects' footprint, read in the same run.
+    pub stack_live_heap_mb: Option<f64>,
+    /// `stack_heap_mb` over `stack_live_heap_mb`: what the history costs.
+    pub history_cost: Option<f64>,
     /// The history the emulator kept.
     pub history: HistoryReport,
     /// Watches and paged lists the emulator answered 410 Gone: history too short
@@ -242,6 +248,11 @@ pub async fn e2e_bench(config: &E2eBenchConfig) -> Result<E2eBenchReport, E2eBen
     let stack_heap_mb = mb(gitops_shared::process::ProcessStats::current().heap_allocated_bytes);
     let expired = stack.expired_answers().unwrap_or_default();
     crate::heap_profile::dump(&config.dir, "end");
+    // Read at once: a watch that resumes from an older version now relists, and
+    // its list would count as live.
+    let stack_live_heap_mb =
+        stack.compact_history().then(|| mb(gitops_shared::process::ProcessStats::current().heap_allocated_bytes));
+    let history_cost = stack_live_heap_mb.filter(|live| *live > 0.0).map(|live| stack_heap_mb / live);
     cancel.cancel();
     stack.stop().await;
     let (apply_to_argocd_s, apply_to_status_s, quiet_tenant_latency_ms) = outcome?;
@@ -256,6 +267,8 @@ pub async fn e2e_bench(config: &E2eBenchConfig) -> Result<E2eBenchReport, E2eBen
         agent_rss_mb,
         stack_rss_mb,
         stack_heap_mb,
+        stack_live_heap_mb,
+        history_cost,
         history,
         expired,
         cpu_s: stages.total(),
