@@ -495,12 +495,25 @@ pub(crate) async fn set_path(
     path: &str,
 ) -> Result<(), E2eBenchError> {
     let patch = json!({"spec": {"source": {"path": path}}});
-    Api::<GitOpsDeployment>::namespaced(client.clone(), namespace)
-        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map_err(kube("update a GitOpsDeployment"))?;
-    Ok(())
+    let api = Api::<GitOpsDeployment>::namespaced(client.clone(), namespace);
+    // A patch meets a conflict only when others write the object faster than the API
+    // server can re-apply it (kube-apiserver gives up after five tries), as the noisy
+    // tenant's flood does: a tenant's client tries again, and so does this one.
+    let mut conflicts = 0;
+    loop {
+        match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 && conflicts < SET_PATH_CONFLICTS => {
+                conflicts += 1;
+                tokio::time::sleep(Duration::from_millis(10 * conflicts)).await;
+            }
+            Err(error) => return Err(kube("update a GitOpsDeployment")(error)),
+        }
+    }
 }
+
+/// How often [`set_path`] tries again after a conflict.
+const SET_PATH_CONFLICTS: u64 = 20;
 
 /// Peak resident set size (VmHWM) of a process, in MiB; 0 if unreadable.
 pub(crate) fn peak_rss_mb(pid: u32) -> f64 {
