@@ -2,7 +2,7 @@
 //! and the field selectors every resource supports (`metadata.name`,
 //! `metadata.namespace`), parsed once per request and matched per object.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::errors::ApiError;
 use super::meta;
@@ -112,10 +112,14 @@ impl LabelSelector {
     }
 
     pub fn matches(&self, object: &Value) -> bool {
+        self.matches_labels(meta::labels(object))
+    }
+
+    /// Whether an object carrying `labels` (None: no labels) is selected.
+    pub fn matches_labels(&self, labels: Option<&Map<String, Value>>) -> bool {
         if self.0.is_empty() {
             return true;
         }
-        let labels = meta::labels(object);
         let get = |key: &str| labels.and_then(|l| l.get(key)).and_then(Value::as_str);
         self.0.iter().all(|requirement| match requirement {
             Requirement::Equals(k, v) => get(k) == Some(v.as_str()),

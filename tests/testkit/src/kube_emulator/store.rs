@@ -7,9 +7,10 @@
 //! History is kept by time and by count, in two windows, as the API server keeps
 //! it ([`HistoryWindows`]): watches resume from the watch cache's window (75 s, and
 //! at least the last 100 events); lists at an old resourceVersion and `continue`
-//! tokens are served from etcd's, 5 minutes until compaction. An event leaving the
-//! watch window keeps only what a list needs (the key, and the JSON of the version
-//! it replaced, shared with that version's own event), so history costs about one
+//! tokens are served from etcd's, 5 minutes until compaction. No event keeps the
+//! parsed tree of the version it replaced, only its labels (for selectors) and its
+//! JSON (shared with that version's own event); an event leaving the watch window
+//! keeps only what a list needs (the key and that JSON), so history costs about one
 //! JSON document per write in the last 5 minutes, not full objects. Older
 //! resourceVersions answer 410 Gone.
 
@@ -19,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use tokio::sync::broadcast;
 
 use super::meta;
@@ -79,11 +80,13 @@ pub struct Event {
     pub object: Arc<Value>,
     /// `object` serialized once, shared by every watcher.
     pub json: Bytes,
-    /// The object before the change (modified or deleted): selector transitions
-    /// and list snapshots read it.
-    pub old: Option<Arc<Value>>,
-    /// `old` serialized (its own event's `json`, shared): what history keeps of it
-    /// once the event leaves the watch window.
+    /// The labels of the version the change replaced (modified or deleted; None
+    /// for a creation): a watch's label selector decides from them whether the
+    /// object was in its selection (names and namespaces never change).
+    pub old_labels: Option<Map<String, Value>>,
+    /// That version's JSON (its own event's `json`, shared): lists at an older
+    /// resourceVersion and a watcher the object leaves read it. No event keeps the
+    /// replaced version's tree, so a superseded object costs its JSON alone.
     pub old_json: Option<Bytes>,
 }
 
@@ -231,10 +234,9 @@ impl Table {
             }
             let before = match kept.kind {
                 EventType::Added => None,
-                EventType::Modified | EventType::Deleted => match &kept.event {
-                    Some(event) => event.old.clone(),
-                    None => kept.old_json.as_ref().and_then(|json| serde_json::from_slice(json).ok()).map(Arc::new),
-                },
+                EventType::Modified | EventType::Deleted => {
+                    kept.old_json.as_ref().and_then(|json| serde_json::from_slice(json).ok()).map(Arc::new)
+                }
             };
             earlier.insert(kept.key.clone(), before);
         }
@@ -476,7 +478,8 @@ impl State {
         let kind = if old.is_some() { EventType::Modified } else { EventType::Added };
         let old_owners: Vec<String> =
             old.as_deref().map(|o| owner_uids(o).into_iter().map(str::to_owned).collect()).unwrap_or_default();
-        table.record(Event { rv, kind, object: object.clone(), json, old, old_json }, key, &windows);
+        let old_labels = old.as_deref().map(|o| meta::labels(o).cloned().unwrap_or_default());
+        table.record(Event { rv, kind, object: object.clone(), json, old_labels, old_json }, key, &windows);
         if is_event_table(storage_key) {
             self.events_written.insert(stored.clone(), Instant::now());
         }
@@ -515,7 +518,8 @@ impl State {
         let json = to_json(&object);
         let object = Arc::new(object);
         let windows = self.windows;
-        let event = Event { rv, kind: EventType::Deleted, object: object.clone(), json, old: Some(existing), old_json };
+        let old_labels = Some(meta::labels(&existing).cloned().unwrap_or_default());
+        let event = Event { rv, kind: EventType::Deleted, object: object.clone(), json, old_labels, old_json };
         self.table(storage_key).record(event, key, &windows);
         Some(object)
     }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::body::Frame;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use tokio::sync::{broadcast, mpsc, watch};
 
 use super::errors::ApiError;
@@ -87,14 +87,22 @@ fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
 
 impl WatchSpec {
     fn in_scope(&self, object: &Value) -> bool {
-        self.filter.matches(object)
+        self.selects(super::meta::labels(object), object)
+    }
+
+    /// Whether `object`'s name and namespace with `labels` are in this watch's scope.
+    fn selects(&self, labels: Option<&Map<String, Value>>, object: &Value) -> bool {
+        self.filter.labels.matches_labels(labels)
+            && self.filter.fields.matches(object)
             && self.namespace.as_deref().is_none_or(|ns| super::meta::meta_str(object, "namespace") == ns)
     }
 
     /// The line a committed event becomes for this watcher, if any.
     fn render(&self, event: &Event) -> Option<Bytes> {
         let now_in = self.in_scope(&event.object);
-        let was_in = event.old.as_deref().is_some_and(|old| self.in_scope(old));
+        // Names and namespaces never change: only the labels can move an object
+        // into or out of the selection.
+        let was_in = event.old_labels.as_ref().is_some_and(|labels| self.selects(Some(labels), &event.object));
         let kind = match event.kind {
             EventType::Added if now_in => EventType::Added,
             EventType::Deleted if now_in => EventType::Deleted,
@@ -105,7 +113,8 @@ impl WatchSpec {
         };
         if event.kind == EventType::Modified && kind == EventType::Deleted {
             // Leaving the selection: the previous content at the change's version.
-            let mut previous = event.old.as_deref().cloned().unwrap_or(Value::Null);
+            let mut previous: Value =
+                event.old_json.as_deref().and_then(|json| serde_json::from_slice(json).ok()).unwrap_or(Value::Null);
             super::meta::metadata_mut(&mut previous)
                 .insert("resourceVersion".into(), Value::String(event.rv.to_string()));
             return Some(line("DELETED", &present(&self.info, &Arc::new(previous))));
