@@ -10,7 +10,12 @@
 //!   advisory lock *shared*, then reads `sleeping`; if true it notifies (delivered at
 //!   commit). The shared lock is held until it commits or rolls back.
 //! - A consumer that wakes marks the signal awake (`mark_awake`), which only stops
-//!   further notifications; it then scans until it finds nothing.
+//!   further notifications; it then scans until it finds nothing. A queue claim that
+//!   takes work marks it awake too (`queue::CLAIM`): with several consumers, one
+//!   going to sleep sets the shared flag while the others still claim, and every
+//!   enqueue would notify (a transaction in each listening session) until a sleeper
+//!   woke up. A consumer that clears the flag this way is scanning, so it passes
+//!   through `try_sleep` and a final scan before it sleeps, as below.
 //! - Before sleeping, the consumer tries to take the same lock *exclusively without
 //!   waiting* and set `sleeping` (`try_sleep`). If an enqueuer is in flight, the try
 //!   fails and the consumer scans again. Once it has committed, it scans once more,

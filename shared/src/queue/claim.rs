@@ -3,11 +3,12 @@
 use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
+use tokio_postgres::types::Type;
 use uuid::Uuid;
 
 use super::{ClaimedOperation, Lease, RetryPolicy, secs};
 use crate::db::{DbError, column};
-use crate::model::{EngineInstanceId, OperationId};
+use crate::model::{EngineInstanceId, OperationId, ResourceType};
 use crate::sanitize::sanitize_tenant_message;
 
 // One statement, one transaction: complete the operations handled since the last
@@ -26,11 +27,18 @@ use crate::sanitize::sanitize_tenant_message;
 // released (a move: see sql/README.md); one whose tenant row is gone is claimed, to be
 // completed quietly. Tenant operations carry the move itself and are always claimable.
 // A fenced instance claims nothing: its agents clean up first (`db::failover`), then
-// the fence is lifted.
+// the fence is lifted. A claim that took work marks the instance's signal awake, as a
+// consumer that wakes does (see `crate::signal`): its claimer scans on, and will not
+// sleep without setting the signal again and scanning once more, so the enqueuers
+// need not notify meanwhile.
 //
 // The result has one row per claimed operation, or a single row of NULLs when none
 // was; each row carries how many of the completions were recorded (a count: the
-// ids would travel once per row).
+// ids would travel once per row). Every column it returns has a built-in type (the
+// resource type as text): the statement goes with `query_typed`, and a column of a
+// type the connection has not looked up yet would need that lookup in the middle of
+// the exchange, which never completes once the batch's rows fill the connection's
+// buffer (`queue_race::a_full_batch_claimed_on_a_connection_that_has_run_nothing_yet_comes_back`).
 /// The claim statement (public so a test can EXPLAIN it).
 pub const CLAIM: &str = "
 WITH done AS (
@@ -72,12 +80,19 @@ WITH done AS (
            attempts = o.attempts + 1
       FROM picked
      WHERE o.id = picked.id
-    RETURNING o.id, o.tenant_id, o.resource_type, o.resource_id, o.attempts, o.lease_token,
+    RETURNING o.id, o.tenant_id, o.resource_type::text AS resource_type, o.resource_id, o.attempts, o.lease_token,
               o.created_at, o.claimed_at, picked.queue_key
 ), front AS (
     SELECT operation_advance_front($1, max(queue_key)) FROM claimed
+), awake AS (
+    UPDATE signal s
+       SET sleeping = false, updated_at = now()
+     WHERE s.kind = 'operations' AND s.ref_id = $1 AND s.sleeping
+       AND EXISTS (SELECT 1 FROM claimed)
+    RETURNING 1
 )
-SELECT c.*, (SELECT count(*) FROM done) AS completed, (SELECT count(*) FROM front) AS fronts
+SELECT c.*, (SELECT count(*) FROM done) AS completed, (SELECT count(*) FROM front) AS fronts,
+       (SELECT count(*) FROM awake) AS woke
   FROM (VALUES (1)) AS one (x) LEFT JOIN claimed c ON true";
 
 /// What one claim statement did.
@@ -120,7 +135,9 @@ pub async fn operation_claim(
 }
 
 /// Records `done` as completed (lease-checked, as `operation_complete` does) and
-/// claims the next batch from `floor`, in one statement and one commit.
+/// claims the next batch from `floor`, in one statement and one commit. The statement
+/// goes with its parameter types (`query_typed`): parsed and run in one exchange, so
+/// a claim costs one round trip and one transaction, not a separate prepare as well.
 pub async fn operation_complete_and_claim(
     client: &Client,
     instance: EngineInstanceId,
@@ -133,8 +150,20 @@ pub async fn operation_complete_and_claim(
     let ids: Vec<i64> = done.iter().map(|(id, _)| id.0).collect();
     let tokens: Vec<Uuid> = done.iter().map(|(_, token)| *token).collect();
     let sent_at = Instant::now();
+    let lease_s = secs(lease_for);
     let rows = client
-        .query(CLAIM, &[&instance.0, &limit, &claimer, &secs(lease_for), &floor.0, &ids, &tokens])
+        .query_typed(
+            CLAIM,
+            &[
+                (&instance.0, Type::INT8),
+                (&limit, Type::INT8),
+                (&claimer, Type::TEXT),
+                (&lease_s, Type::FLOAT8),
+                (&floor.0, Type::INT8),
+                (&ids, Type::INT8_ARRAY),
+                (&tokens, Type::UUID_ARRAY),
+            ],
+        )
         .await
         .map_err(DbError::query("claim operations"))?;
     let read = |row: &tokio_postgres::Row| -> Result<Option<(ClaimedOperation, i64)>, tokio_postgres::Error> {
@@ -143,7 +172,7 @@ pub async fn operation_complete_and_claim(
             id,
             engine_instance_id: instance,
             tenant_id: row.try_get("tenant_id")?,
-            resource_type: row.try_get("resource_type")?,
+            resource_type: ResourceType::from_db(row.try_get("resource_type")?),
             resource_id: row.try_get("resource_id")?,
             attempts: row.try_get("attempts")?,
             created_at: row.try_get("created_at")?,
@@ -183,7 +212,10 @@ pub async fn operation_complete(client: &Client, done: &[(OperationId, Uuid)]) -
     }
     let ids: Vec<i64> = done.iter().map(|(id, _)| id.0).collect();
     let tokens: Vec<Uuid> = done.iter().map(|(_, token)| *token).collect();
-    let rows = client.query(COMPLETE, &[&ids, &tokens]).await.map_err(DbError::query("complete operations"))?;
+    let rows = client
+        .query_typed(COMPLETE, &[(&ids, Type::INT8_ARRAY), (&tokens, Type::UUID_ARRAY)])
+        .await
+        .map_err(DbError::query("complete operations"))?;
     rows.iter().map(|row| column(row, "id", "complete operations")).collect()
 }
 

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use tokio::sync::Notify;
+use tokio_postgres::types::Type;
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -257,7 +258,8 @@ impl<H: Handler> Consumer<H> {
     async fn sleep_for(&self) -> Duration {
         let mut timeout = self.config.poll_interval;
         if let Ok(client) = pooled(&self.pool).await
-            && let Ok(row) = client.query_one(NEXT_DUE, &[&self.config.instance.0]).await
+            && let Ok(rows) = client.query_typed(NEXT_DUE, &[(&self.config.instance.0, Type::INT8)]).await
+            && let Some(row) = rows.first()
             && let Ok(Some(due)) = row.try_get::<_, Option<SystemTime>>("due")
         {
             let until = due.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO);

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
+use tokio_postgres::types::Type;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -115,7 +116,11 @@ pub async fn operation_renew(
     let sent_at = Instant::now();
     let ids: Vec<i64> = ops.iter().map(|op| op.id.0).collect();
     let tokens: Vec<Uuid> = ops.iter().map(|op| op.lease.token()).collect();
-    let rows = client.query(RENEW, &[&ids, &tokens, &secs(lease_for)]).await.map_err(DbError::query("renew leases"))?;
+    let lease_s = secs(lease_for);
+    let rows = client
+        .query_typed(RENEW, &[(&ids, Type::INT8_ARRAY), (&tokens, Type::UUID_ARRAY), (&lease_s, Type::FLOAT8)])
+        .await
+        .map_err(DbError::query("renew leases"))?;
     let renewed: Vec<OperationId> =
         rows.iter().map(|row| column(row, "id", "renew leases")).collect::<Result<_, _>>()?;
     for op in ops {

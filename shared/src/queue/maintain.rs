@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use tokio_postgres::Client;
+use tokio_postgres::types::Type;
 
 use super::{RetryPolicy, secs};
 use crate::db::{DbError, column, in_txn_retrying};
@@ -115,8 +116,10 @@ pub async fn operation_next_lease_expiry(
     instance: EngineInstanceId,
 ) -> Result<Option<Duration>, DbError> {
     let action = "find the next lease expiry";
-    let row = client.query_one(NEXT_LEASE_EXPIRY, &[&instance.0]).await.map_err(DbError::query(action))?;
-    let expires_in_s: Option<f64> = column(&row, "expires_in_s", action)?;
+    let rows =
+        client.query_typed(NEXT_LEASE_EXPIRY, &[(&instance.0, Type::INT8)]).await.map_err(DbError::query(action))?;
+    let row = rows.first().ok_or(DbError::NotFound { what: "the next lease expiry".to_owned() })?;
+    let expires_in_s: Option<f64> = column(row, "expires_in_s", action)?;
     Ok(expires_in_s.map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::ZERO)))
 }
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use gitops_shared::listen::Listener;
-use gitops_shared::model::OperationState;
+use gitops_shared::model::{OperationState, ResourceType};
 use gitops_shared::queue::{
     ClaimedOperation, Consumer, ConsumerConfig, ConsumerStats, Handler, Outcome, RetryPolicy, operation_claim,
     operation_complete, operation_reclaim_expired, operation_renew,
@@ -136,6 +136,32 @@ async fn racing_consumers_complete_every_operation_once_and_never_overlap_on_a_r
             assert!(pair[1].0 >= pair[0].1, "resource {resource} was handled by two holders at once");
         }
     }
+}
+
+/// The claim goes with its parameter types in one exchange. A column of a type the
+/// connection had not looked up yet would need the lookup in the middle of that
+/// exchange, which never completes once the batch's rows fill the connection's
+/// buffer. A brand-new connection has looked up nothing; a full batch of rows fills it.
+#[tokio::test]
+async fn a_full_batch_claimed_on_a_connection_that_has_run_nothing_yet_comes_back() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    let mut applications = Vec::new();
+    for _ in 0..300 {
+        applications.push(new_application(&mut client, &fx).await);
+    }
+    let fresh = db.connect().await;
+    let claim = operation_claim(&fresh, fx.instance, "fresh", 300, Duration::from_secs(30));
+    let claimed = tokio::time::timeout(Duration::from_secs(60), claim)
+        .await
+        .expect("the claim answered within its deadline")
+        .expect("claim");
+    let mut got: Vec<i64> = claimed.iter().map(|op| op.resource_id).collect();
+    got.sort_unstable();
+    applications.sort_unstable();
+    assert_eq!(got, applications, "every operation, once");
+    assert!(claimed.iter().all(|op| op.resource_type == ResourceType::Application && op.tenant_id == fx.tenant));
 }
 
 #[tokio::test]
