@@ -2,8 +2,9 @@
 
 use std::time::{Duration, Instant};
 
+use deadpool_postgres::ClientWrapper;
 use tokio_postgres::Client;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 use uuid::Uuid;
 
 use super::{ClaimedOperation, Lease, RetryPolicy, secs};
@@ -120,7 +121,7 @@ impl Floor {
 /// lease of `lease_for`, reading the whole queue (retries whose backoff ended are
 /// given their place first). The local deadline of each lease is measured from
 /// before the statement was sent, so it never ends after the database's. Consumers
-/// use `operation_complete_and_claim`, from a floor.
+/// use `operation_complete_and_claim_cached`, from a floor.
 pub async fn operation_claim(
     client: &Client,
     instance: EngineInstanceId,
@@ -147,25 +148,88 @@ pub async fn operation_complete_and_claim(
     floor: Floor,
     done: &[(OperationId, Uuid)],
 ) -> Result<ClaimRound, DbError> {
-    let ids: Vec<i64> = done.iter().map(|(id, _)| id.0).collect();
-    let tokens: Vec<Uuid> = done.iter().map(|(_, token)| *token).collect();
+    let params = ClaimParams::new(instance, claimer, limit, lease_for, floor, done);
     let sent_at = Instant::now();
-    let lease_s = secs(lease_for);
-    let rows = client
-        .query_typed(
-            CLAIM,
-            &[
-                (&instance.0, Type::INT8),
-                (&limit, Type::INT8),
-                (&claimer, Type::TEXT),
-                (&lease_s, Type::FLOAT8),
-                (&floor.0, Type::INT8),
-                (&ids, Type::INT8_ARRAY),
-                (&tokens, Type::UUID_ARRAY),
-            ],
-        )
-        .await
-        .map_err(DbError::query("claim operations"))?;
+    let rows = client.query_typed(CLAIM, &params.typed()).await.map_err(DbError::query("claim operations"))?;
+    read_round(&rows, instance, sent_at, lease_for)
+}
+
+/// [`operation_complete_and_claim`] on a pooled connection, which prepares the
+/// statement once and keeps it: each claim is then only bound and run, and after a
+/// few runs its plan is kept too. Planning the claim took as long as running it, so
+/// this is what a consumer uses, claiming many times a second.
+pub async fn operation_complete_and_claim_cached(
+    client: &ClientWrapper,
+    instance: EngineInstanceId,
+    claimer: &str,
+    limit: i64,
+    lease_for: Duration,
+    floor: Floor,
+    done: &[(OperationId, Uuid)],
+) -> Result<ClaimRound, DbError> {
+    let statement = client.prepare_cached(CLAIM).await.map_err(DbError::query("prepare the claim"))?;
+    let params = ClaimParams::new(instance, claimer, limit, lease_for, floor, done);
+    let sent_at = Instant::now();
+    let rows = client.query(&statement, &params.untyped()).await.map_err(DbError::query("claim operations"))?;
+    read_round(&rows, instance, sent_at, lease_for)
+}
+
+/// The claim statement's parameters, in its order.
+struct ClaimParams<'a> {
+    instance: i64,
+    limit: i64,
+    claimer: &'a str,
+    lease_s: f64,
+    floor: i64,
+    ids: Vec<i64>,
+    tokens: Vec<Uuid>,
+}
+
+impl<'a> ClaimParams<'a> {
+    fn new(
+        instance: EngineInstanceId,
+        claimer: &'a str,
+        limit: i64,
+        lease_for: Duration,
+        floor: Floor,
+        done: &[(OperationId, Uuid)],
+    ) -> Self {
+        ClaimParams {
+            instance: instance.0,
+            limit,
+            claimer,
+            lease_s: secs(lease_for),
+            floor: floor.0,
+            ids: done.iter().map(|(id, _)| id.0).collect(),
+            tokens: done.iter().map(|(_, token)| *token).collect(),
+        }
+    }
+
+    fn untyped(&self) -> [&(dyn ToSql + Sync); 7] {
+        [&self.instance, &self.limit, &self.claimer, &self.lease_s, &self.floor, &self.ids, &self.tokens]
+    }
+
+    fn typed(&self) -> [(&(dyn ToSql + Sync), Type); 7] {
+        let [instance, limit, claimer, lease_s, floor, ids, tokens] = self.untyped();
+        [
+            (instance, Type::INT8),
+            (limit, Type::INT8),
+            (claimer, Type::TEXT),
+            (lease_s, Type::FLOAT8),
+            (floor, Type::INT8),
+            (ids, Type::INT8_ARRAY),
+            (tokens, Type::UUID_ARRAY),
+        ]
+    }
+}
+
+/// What a claim's rows say. Leases are measured from `sent_at`.
+fn read_round(
+    rows: &[tokio_postgres::Row],
+    instance: EngineInstanceId,
+    sent_at: Instant,
+    lease_for: Duration,
+) -> Result<ClaimRound, DbError> {
     let read = |row: &tokio_postgres::Row| -> Result<Option<(ClaimedOperation, i64)>, tokio_postgres::Error> {
         let Some(id) = row.try_get::<_, Option<OperationId>>("id")? else { return Ok(None) };
         let op = ClaimedOperation {
@@ -182,7 +246,7 @@ pub async fn operation_complete_and_claim(
         Ok(Some((op, row.try_get("queue_key")?)))
     };
     let mut round = ClaimRound::default();
-    for row in &rows {
+    for row in rows {
         let Some((op, key)) = read(row).map_err(DbError::query("read claimed operations"))? else { continue };
         round.lowest_key = Some(round.lowest_key.map_or(key, |lowest| lowest.min(key)));
         round.claimed.push(op);

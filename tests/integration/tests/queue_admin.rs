@@ -29,27 +29,35 @@ async fn the_claim_query_walks_its_partial_index_not_finished_rows() {
              ANALYZE operation;",
     )
     .await;
-    let txn = client.transaction().await.expect("begin");
-    let plan: Vec<String> = txn
-        .query(
-            &format!("EXPLAIN {CLAIM_SQL}"),
-            &[&fx.instance.0, &10i64, &"agent", &30.0f64, &0i64, &Vec::<i64>::new(), &Vec::<uuid::Uuid>::new()],
-        )
-        .await
-        .expect("explain")
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    txn.rollback().await.expect("rollback");
-    let plan = plan.join("\n");
-    assert!(plan.contains("operation_claim_idx"), "claim must use operation_claim_idx:\n{plan}");
-    // The scan starts at the claimer's floor: a bound on the index, not a filter.
-    assert!(
-        plan.lines().any(|line| line.contains("Index Cond") && line.contains("queue_key >= ")),
-        "the floor must bound the index scan:\n{plan}"
-    );
-    assert!(plan.contains("operation_one_claimed_idx"), "the claimed-resource check must use its index:\n{plan}");
-    assert!(!plan.contains("Seq Scan on operation"), "no sequential scan:\n{plan}");
+    // Consumers keep the claim prepared, so its plan may become the generic one
+    // (planned without the parameters' values): both must read the same indexes.
+    for plan_cache_mode in ["force_custom_plan", "force_generic_plan"] {
+        let txn = client.transaction().await.expect("begin");
+        txn.batch_execute(&format!("SET LOCAL plan_cache_mode = {plan_cache_mode}")).await.expect("plan mode");
+        let plan: Vec<String> = txn
+            .query(
+                &format!("EXPLAIN {CLAIM_SQL}"),
+                &[&fx.instance.0, &10i64, &"agent", &30.0f64, &0i64, &Vec::<i64>::new(), &Vec::<uuid::Uuid>::new()],
+            )
+            .await
+            .expect("explain")
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        txn.rollback().await.expect("rollback");
+        let plan = plan.join("\n");
+        assert!(plan.contains("operation_claim_idx"), "{plan_cache_mode}: claim must use operation_claim_idx:\n{plan}");
+        // The scan starts at the claimer's floor: a bound on the index, not a filter.
+        assert!(
+            plan.lines().any(|line| line.contains("Index Cond") && line.contains("queue_key >= ")),
+            "{plan_cache_mode}: the floor must bound the index scan:\n{plan}"
+        );
+        assert!(
+            plan.contains("operation_one_claimed_idx"),
+            "{plan_cache_mode}: the claimed-resource check must use its index:\n{plan}"
+        );
+        assert!(!plan.contains("Seq Scan on operation"), "{plan_cache_mode}: no sequential scan:\n{plan}");
+    }
 }
 
 #[tokio::test]
