@@ -1,10 +1,11 @@
 //! Claim, complete and fail: the lease-checked transitions of an operation.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::ClientWrapper;
-use tokio_postgres::Client;
 use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Row};
 use uuid::Uuid;
 
 use super::{ClaimedOperation, Lease, RetryPolicy, secs};
@@ -121,7 +122,7 @@ impl Floor {
 /// lease of `lease_for`, reading the whole queue (retries whose backoff ended are
 /// given their place first). The local deadline of each lease is measured from
 /// before the statement was sent, so it never ends after the database's. Consumers
-/// use `operation_complete_and_claim_cached`, from a floor.
+/// use `operation_complete_and_claim` on a pooled connection, from a floor.
 pub async fn operation_claim(
     client: &Client,
     instance: EngineInstanceId,
@@ -136,11 +137,10 @@ pub async fn operation_claim(
 }
 
 /// Records `done` as completed (lease-checked, as `operation_complete` does) and
-/// claims the next batch from `floor`, in one statement and one commit. The statement
-/// goes with its parameter types (`query_typed`): parsed and run in one exchange, so
-/// a claim costs one round trip and one transaction, not a separate prepare as well.
-pub async fn operation_complete_and_claim(
-    client: &Client,
+/// claims the next batch from `floor`, in one statement and one commit. How the
+/// statement travels depends on the connection ([`ClaimClient`]).
+pub async fn operation_complete_and_claim<C: ClaimClient>(
+    client: &C,
     instance: EngineInstanceId,
     claimer: &str,
     limit: i64,
@@ -150,32 +150,38 @@ pub async fn operation_complete_and_claim(
 ) -> Result<ClaimRound, DbError> {
     let params = ClaimParams::new(instance, claimer, limit, lease_for, floor, done);
     let sent_at = Instant::now();
-    let rows = client.query_typed(CLAIM, &params.typed()).await.map_err(DbError::query("claim operations"))?;
+    let rows = client.claim_rows(&params).await?;
     read_round(&rows, instance, sent_at, lease_for)
 }
 
-/// [`operation_complete_and_claim`] on a pooled connection, which prepares the
-/// statement once and keeps it: each claim is then only bound and run, and after a
-/// few runs its plan is kept too. Planning the claim took as long as running it, so
-/// this is what a consumer uses, claiming many times a second.
-pub async fn operation_complete_and_claim_cached(
-    client: &ClientWrapper,
-    instance: EngineInstanceId,
-    claimer: &str,
-    limit: i64,
-    lease_for: Duration,
-    floor: Floor,
-    done: &[(OperationId, Uuid)],
-) -> Result<ClaimRound, DbError> {
-    let statement = client.prepare_cached(CLAIM).await.map_err(DbError::query("prepare the claim"))?;
-    let params = ClaimParams::new(instance, claimer, limit, lease_for, floor, done);
-    let sent_at = Instant::now();
-    let rows = client.query(&statement, &params.untyped()).await.map_err(DbError::query("claim operations"))?;
-    read_round(&rows, instance, sent_at, lease_for)
+/// A connection the claim statement can run on.
+pub trait ClaimClient: Sync {
+    /// Runs the claim statement with `params`.
+    fn claim_rows(&self, params: &ClaimParams<'_>) -> impl Future<Output = Result<Vec<Row>, DbError>> + Send;
+}
+
+/// A bare connection sends the statement with its parameter types (`query_typed`):
+/// parsed and run in one exchange, one round trip and one transaction, with no
+/// separate prepare.
+impl ClaimClient for Client {
+    async fn claim_rows(&self, params: &ClaimParams<'_>) -> Result<Vec<Row>, DbError> {
+        self.query_typed(CLAIM, &params.typed()).await.map_err(DbError::query("claim operations"))
+    }
+}
+
+/// A pooled connection prepares the statement once and keeps it: each claim is then
+/// only bound and run, and after a few runs its plan is kept too. Planning the claim
+/// took as long as running it, so this is what a consumer, claiming many times a
+/// second, uses.
+impl ClaimClient for ClientWrapper {
+    async fn claim_rows(&self, params: &ClaimParams<'_>) -> Result<Vec<Row>, DbError> {
+        let statement = self.prepare_cached(CLAIM).await.map_err(DbError::query("prepare the claim"))?;
+        self.query(&statement, &params.untyped()).await.map_err(DbError::query("claim operations"))
+    }
 }
 
 /// The claim statement's parameters, in its order.
-struct ClaimParams<'a> {
+pub struct ClaimParams<'a> {
     instance: i64,
     limit: i64,
     claimer: &'a str,
@@ -225,12 +231,12 @@ impl<'a> ClaimParams<'a> {
 
 /// What a claim's rows say. Leases are measured from `sent_at`.
 fn read_round(
-    rows: &[tokio_postgres::Row],
+    rows: &[Row],
     instance: EngineInstanceId,
     sent_at: Instant,
     lease_for: Duration,
 ) -> Result<ClaimRound, DbError> {
-    let read = |row: &tokio_postgres::Row| -> Result<Option<(ClaimedOperation, i64)>, tokio_postgres::Error> {
+    let read = |row: &Row| -> Result<Option<(ClaimedOperation, i64)>, tokio_postgres::Error> {
         let Some(id) = row.try_get::<_, Option<OperationId>>("id")? else { return Ok(None) };
         let op = ClaimedOperation {
             id,

@@ -21,9 +21,8 @@ use tokio_postgres::types::Type;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    ClaimedOperation, Failure, Floor, LeaseKeeper, RetryPolicy, operation_complete,
-    operation_complete_and_claim_cached, operation_fail, operation_next_lease_expiry, operation_prune,
-    operation_reclaim_expired, operation_safe_floor,
+    ClaimedOperation, Failure, Floor, LeaseKeeper, RetryPolicy, operation_complete, operation_complete_and_claim,
+    operation_fail, operation_next_lease_expiry, operation_prune, operation_reclaim_expired, operation_safe_floor,
 };
 use crate::db::{DbError, DbPool, PooledClient, held_or_pooled, pooled};
 use crate::listen::Listener;
@@ -392,8 +391,8 @@ impl<H: Handler> Consumer<H> {
             self.stats.scans.fetch_add(1, Ordering::Relaxed);
             let round = {
                 let client = pooled(&self.pool).await?;
-                operation_complete_and_claim_cached(
-                    &client,
+                operation_complete_and_claim(
+                    &*client,
                     self.config.instance,
                     &self.config.claimer,
                     self.config.batch,

@@ -31,8 +31,8 @@ pub use admin::{
 };
 pub use backoff::RetryPolicy;
 pub use claim::{
-    CLAIM as CLAIM_SQL, ClaimRound, FailOutcome, Failure, Floor, operation_claim, operation_complete,
-    operation_complete_and_claim, operation_complete_and_claim_cached, operation_fail,
+    CLAIM as CLAIM_SQL, ClaimClient, ClaimParams, ClaimRound, FailOutcome, Failure, Floor, operation_claim,
+    operation_complete, operation_complete_and_claim, operation_fail,
 };
 pub use consumer::{Consumer, ConsumerConfig, ConsumerStats, Handler, Outcome};
 pub use enqueue::{Enqueued, operation_enqueue_in_txn};
