@@ -125,6 +125,34 @@ async fn a_sleeping_consumer_is_notified_once_per_burst_and_an_awake_one_not_at_
     assert_eq!(listener.next_payload().await, "", "a sleeping consumer is woken");
 }
 
+/// With several agents, one going to sleep sets the instance's flag while others
+/// still claim: a claim that takes work clears it (its claimer scans on), so the
+/// enqueuers stop notifying; a claim that finds nothing leaves it set.
+#[tokio::test]
+async fn a_claim_that_takes_work_stops_notifications_and_one_that_finds_none_does_not() {
+    let db = TestDb::migrated().await;
+    let mut sleeper = db.connect().await;
+    let fx = fixture(&mut sleeper).await;
+    let claimer = db.connect().await;
+    let signal = Signal::operations(fx.instance);
+    let mut listener = RawListener::start(&db.url(), &signal.channel()).await;
+    let lease = Duration::from_secs(30);
+
+    assert_eq!(signal.try_sleep(&mut sleeper).await.expect("try"), SleepAttempt::Asleep);
+    new_application(&mut sleeper, &fx).await;
+    assert_eq!(listener.next_payload().await, "", "the sleeper is woken");
+    assert_eq!(operation_claim(&claimer, fx.instance, "other", 10, lease).await.expect("claim").len(), 1);
+    new_application(&mut sleeper, &fx).await;
+    notify_marker(&sleeper, &signal.channel()).await;
+    assert_eq!(listener.next_payload().await, "marker", "no notification once a claim took work");
+
+    assert_eq!(operation_claim(&claimer, fx.instance, "other", 10, lease).await.expect("claim").len(), 1);
+    assert_eq!(signal.try_sleep(&mut sleeper).await.expect("try"), SleepAttempt::Asleep);
+    assert!(operation_claim(&claimer, fx.instance, "other", 10, lease).await.expect("claim").is_empty());
+    new_application(&mut sleeper, &fx).await;
+    assert_eq!(listener.next_payload().await, "", "a claim that found nothing leaves the sleeper to be woken");
+}
+
 #[tokio::test]
 async fn enqueue_is_atomic_with_the_intent_rolled_back_means_no_operation_and_no_notification() {
     let db = TestDb::migrated().await;
