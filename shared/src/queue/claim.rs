@@ -19,8 +19,9 @@ use crate::sanitize::sanitize_tenant_message;
 // holds), lease them, and move the instance's front to the highest key taken.
 //
 // Completions and the claimed-resource check probe one row or resource each (by
-// primary key, by operation_one_claimed_idx: OFFSET 0 keeps the planner from turning
-// the check into a join that reads every claimed row and the entries they left).
+// primary key, see the module `queue`; by operation_one_claimed_idx: OFFSET 0 keeps the
+// planner from turning the check into a join that reads every claimed row and the
+// entries they left).
 // The pick walks operation_claim_idx in queue-key order (fair across tenants, see
 // migrations/V20) from the claimer's floor $5: keys below it were claimed already, and
 // the dead index entries they left are not visited even while a held snapshot keeps
@@ -48,7 +49,7 @@ WITH done AS (
        SET state = 'completed', completed_at = clock_timestamp(), lease_expires_at = NULL,
            operator_error = NULL, tenant_message = NULL
      WHERE o.id = ANY ($6::bigint[]) AND o.lease_token = ($7::uuid[])[array_position($6::bigint[], o.id)]
-       AND o.state = 'claimed' AND o.lease_expires_at > now()
+       AND o.state::text = 'claimed' AND o.lease_expires_at > now()
     RETURNING o.id
 ), picked AS (
     SELECT o.id, o.queue_key
@@ -265,12 +266,13 @@ fn read_round(
     Ok(round)
 }
 
-const COMPLETE: &str = "
+/// The completion statement (public so a test can EXPLAIN it).
+pub const COMPLETE: &str = "
 UPDATE operation o
    SET state = 'completed', completed_at = clock_timestamp(), lease_expires_at = NULL,
        operator_error = NULL, tenant_message = NULL
  WHERE o.id = ANY ($1::bigint[]) AND o.lease_token = ($2::uuid[])[array_position($1::bigint[], o.id)]
-   AND o.state = 'claimed' AND o.lease_expires_at > now()
+   AND o.state::text = 'claimed' AND o.lease_expires_at > now()
 RETURNING o.id";
 
 /// Marks operations done, in one statement. Only operations whose lease is still
@@ -324,28 +326,28 @@ pub enum FailOutcome {
     LeaseLost,
 }
 
-const FAIL_DEAD: &str = "
+/// The dead-letter statement (public so a test can EXPLAIN it).
+pub const FAIL_DEAD: &str = "
 UPDATE operation
    SET state = 'failed', completed_at = clock_timestamp(), lease_expires_at = NULL,
        operator_error = $3, tenant_message = $4
- WHERE id = $1 AND lease_token = $2 AND state = 'claimed' AND lease_expires_at > now()
+ WHERE id = $1 AND lease_token = $2 AND state::text = 'claimed' AND lease_expires_at > now()
 RETURNING id";
 
-const FAIL_RETRY: &str = "
-WITH newer AS (
-    SELECT EXISTS (SELECT 1 FROM operation x JOIN operation me ON me.id = $1
-                    WHERE x.state = 'waiting'
-                      AND x.resource_type = me.resource_type
-                      AND x.resource_id = me.resource_id) AS present
-)
+/// The retry statement (public so a test can EXPLAIN it).
+pub const FAIL_RETRY: &str = "
 UPDATE operation o
-   SET state = CASE WHEN newer.present THEN 'superseded' ELSE 'waiting' END::operation_state,
+   SET (state, completed_at) =
+           (SELECT CASE WHEN newer.present THEN 'superseded' ELSE 'waiting' END::operation_state,
+                   CASE WHEN newer.present THEN clock_timestamp() END
+              FROM (SELECT EXISTS (SELECT 1 FROM operation x
+                                    WHERE x.state = 'waiting'
+                                      AND x.resource_type = o.resource_type
+                                      AND x.resource_id = o.resource_id) AS present) AS newer),
        run_after = now() + make_interval(secs => $5),
-       completed_at = CASE WHEN newer.present THEN clock_timestamp() END,
        lease_expires_at = NULL,
        operator_error = $3, tenant_message = $4
-  FROM newer
- WHERE o.id = $1 AND o.lease_token = $2 AND o.state = 'claimed' AND o.lease_expires_at > now()
+ WHERE o.id = $1 AND o.lease_token = $2 AND o.state::text = 'claimed' AND o.lease_expires_at > now()
 RETURNING o.state";
 
 /// Records a failed attempt. Transient failures go back to waiting with capped,

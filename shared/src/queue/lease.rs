@@ -96,11 +96,12 @@ impl Lease {
     }
 }
 
-const RENEW: &str = "
+/// The renewal statement (public so a test can EXPLAIN it).
+pub const RENEW: &str = "
 UPDATE operation o
    SET lease_expires_at = now() + make_interval(secs => $3)
  WHERE o.id = ANY ($1::bigint[]) AND o.lease_token = ($2::uuid[])[array_position($1::bigint[], o.id)]
-   AND o.state = 'claimed' AND o.lease_expires_at > now()
+   AND o.state::text = 'claimed' AND o.lease_expires_at > now()
 RETURNING o.id";
 
 /// Extends the given leases by `lease_for` from now; returns the ids renewed. A

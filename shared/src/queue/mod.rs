@@ -12,6 +12,15 @@
 //!
 //! A claimed operation whose resource gets a newer waiting operation ends
 //! `superseded` when it is retried or reclaimed: the waiting one does the work.
+//!
+//! Every write that checks a lease (completion, renewal, failure) finds its rows
+//! by primary key, and compares the state as text (`state::text = 'claimed'`): the
+//! planner then cannot prove the predicate of the lease index or of the
+//! claimed-resource index, and cannot read either of them whole. Planned
+//! generically (a kept prepared statement does not show it the ids), it took those
+//! indexes for a few live entries and read them instead; while a snapshot is held
+//! their dead entries stay, and such a read visited every operation claimed since
+//! (`queue_admin::lease_checked_writes_find_their_rows_by_primary_key`).
 
 mod admin;
 mod backoff;
@@ -31,14 +40,15 @@ pub use admin::{
 };
 pub use backoff::RetryPolicy;
 pub use claim::{
-    CLAIM as CLAIM_SQL, ClaimClient, ClaimParams, ClaimRound, FailOutcome, Failure, Floor, operation_claim,
-    operation_complete, operation_complete_and_claim, operation_fail,
+    CLAIM as CLAIM_SQL, COMPLETE as COMPLETE_SQL, ClaimClient, ClaimParams, ClaimRound, FAIL_DEAD as FAIL_DEAD_SQL,
+    FAIL_RETRY as FAIL_RETRY_SQL, FailOutcome, Failure, Floor, operation_claim, operation_complete,
+    operation_complete_and_claim, operation_fail,
 };
 pub use consumer::{Consumer, ConsumerConfig, ConsumerStats, Handler, Outcome};
 pub use enqueue::{Enqueued, operation_enqueue_in_txn};
 pub use floor::{LOWEST_LIVE_KEY as LOWEST_LIVE_KEY_SQL, operation_promote_due, operation_safe_floor};
 pub use horizon::{HorizonHolder, STATEMENTS as HORIZON_STATEMENTS, xmin_horizon_holder};
-pub use lease::{Lease, LeaseKeeper, operation_renew};
+pub use lease::{Lease, LeaseKeeper, RENEW as RENEW_SQL, operation_renew};
 pub use maintain::{
     NEXT_LEASE_EXPIRY as NEXT_LEASE_EXPIRY_SQL, operation_make_due, operation_next_lease_expiry, operation_prune,
     operation_reclaim_expired,

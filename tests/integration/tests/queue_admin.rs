@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use gitops_shared::model::OperationState;
 use gitops_shared::queue::{
-    CLAIM_SQL, NEXT_LEASE_EXPIRY_SQL, operation_claim, operation_complete, operation_next_lease_expiry,
-    operation_prune, queue_summary, xmin_horizon_holder,
+    CLAIM_SQL, COMPLETE_SQL, FAIL_DEAD_SQL, FAIL_RETRY_SQL, NEXT_LEASE_EXPIRY_SQL, RENEW_SQL, operation_claim,
+    operation_complete, operation_next_lease_expiry, operation_prune, queue_summary, xmin_horizon_holder,
 };
 use gitops_testkit::TestDb;
 use tokio_postgres::IsolationLevel;
@@ -58,6 +58,79 @@ async fn the_claim_query_walks_its_partial_index_not_finished_rows() {
         );
         assert!(!plan.contains("Seq Scan on operation"), "{plan_cache_mode}: no sequential scan:\n{plan}");
     }
+}
+
+#[tokio::test]
+async fn lease_checked_writes_find_their_rows_by_primary_key() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    // Statistics that see many finished operations and a handful of claimed ones:
+    // the lease and claimed-resource indexes look nearly empty to the planner, which
+    // then preferred reading one of them whole to probing the ids it cannot see in a
+    // generic plan (while a snapshot is held, that read visits every dead entry).
+    fill(
+        &client,
+        &fx,
+        "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
+             SELECT {i}, {t}, 'application', g, 'completed', now() FROM generate_series(1, 20000) g;
+             INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state,
+                                    lease_token, lease_expires_at)
+             SELECT {i}, {t}, 'application', g, 'claimed', gen_random_uuid(), now() + interval '30 seconds'
+               FROM generate_series(20001, 20005) g;
+             ANALYZE operation;",
+    )
+    .await;
+    let ids: Vec<i64> = vec![20_001, 20_002];
+    let tokens: Vec<uuid::Uuid> = vec![uuid::Uuid::new_v4(), uuid::Uuid::new_v4()];
+    let (id, token, text, lease_s, floor, limit) = (20_001i64, tokens[0], "x", 30.0f64, 0i64, 10i64);
+    let statements: [(&str, &str, Vec<&(dyn tokio_postgres::types::ToSql + Sync)>); 5] = [
+        ("claim", CLAIM_SQL, vec![&fx.instance.0, &limit, &text, &lease_s, &floor, &ids, &tokens]),
+        ("complete", COMPLETE_SQL, vec![&ids, &tokens]),
+        ("renew", RENEW_SQL, vec![&ids, &tokens, &lease_s]),
+        ("dead-letter", FAIL_DEAD_SQL, vec![&id, &token, &text, &text]),
+        ("retry", FAIL_RETRY_SQL, vec![&id, &token, &text, &text, &lease_s]),
+    ];
+    for (name, sql, params) in &statements {
+        for plan_cache_mode in ["force_custom_plan", "force_generic_plan"] {
+            let txn = client.transaction().await.expect("begin");
+            txn.batch_execute(&format!("SET LOCAL plan_cache_mode = {plan_cache_mode}")).await.expect("plan mode");
+            let plan: Vec<String> = txn
+                .query(&format!("EXPLAIN {sql}"), params)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: explain: {e}"))
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            txn.rollback().await.expect("rollback");
+            let plan = plan.join("\n");
+            let by_id = if name.ends_with("letter") || *name == "retry" {
+                "Index Cond: (id = "
+            } else {
+                "Index Cond: (id = ANY ("
+            };
+            assert!(
+                plan.lines().any(|line| line.trim_start().starts_with(by_id)),
+                "{name}, {plan_cache_mode}: the lease check must probe the primary key:\n{plan}"
+            );
+            assert!(!plan.contains("operation_lease_idx"), "{name}, {plan_cache_mode}: no lease index:\n{plan}");
+            assert_eq!(whole_index_reads(&plan), Vec::<String>::new(), "{name}, {plan_cache_mode}:\n{plan}");
+            assert!(!plan.contains("Seq Scan on operation"), "{name}, {plan_cache_mode}: no sequential scan:\n{plan}");
+        }
+    }
+}
+
+/// The index scans of `plan` (EXPLAIN text) that have no index condition: they read
+/// the whole index.
+fn whole_index_reads(plan: &str) -> Vec<String> {
+    let lines: Vec<&str> = plan.lines().collect();
+    lines
+        .iter()
+        .enumerate()
+        .filter(|(_, line)| line.contains("Scan using "))
+        .filter(|(at, _)| !lines.get(at + 1).is_some_and(|next| next.trim_start().starts_with("Index Cond: ")))
+        .map(|(_, line)| line.trim().to_owned())
+        .collect()
 }
 
 #[tokio::test]
