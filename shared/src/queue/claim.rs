@@ -106,8 +106,28 @@ pub struct ClaimRound {
     /// How many of the completions handed in were recorded (the others' leases had
     /// passed on).
     pub completed: u64,
-    /// The lowest queue key claimed: the claimer's next floor.
+    /// The lowest queue key claimed.
     pub lowest_key: Option<i64>,
+    /// The highest queue key claimed.
+    pub highest_key: Option<i64>,
+}
+
+impl ClaimRound {
+    /// Where the claimer's next scan may start (an optimistic floor, see
+    /// `super::floor`), for a claim of at most `limit`: past the batch when it was
+    /// full (its highest key), at its lowest key otherwise; None when nothing was
+    /// claimed.
+    ///
+    /// A full batch means a backlog, which the claimers are working through: starting
+    /// at the lowest key, the next scan would visit the whole batch again, and while
+    /// a snapshot is held those entries cannot be marked dead, so each costs a read
+    /// of the table. A batch that was not full reached the end of the due work; what
+    /// it passed over is near its lowest key, where operations being written while it
+    /// ran get theirs, and the next scan starts there.
+    pub fn next_floor(&self, limit: i64) -> Option<Floor> {
+        let full = i64::try_from(self.claimed.len()).is_ok_and(|claimed| claimed >= limit);
+        if full { self.highest_key } else { self.lowest_key }.map(Floor)
+    }
 }
 
 /// Where a claim's scan starts: everything at or past `floor` in queue-key order.
@@ -256,6 +276,7 @@ fn read_round(
     for row in rows {
         let Some((op, key)) = read(row).map_err(DbError::query("read claimed operations"))? else { continue };
         round.lowest_key = Some(round.lowest_key.map_or(key, |lowest| lowest.min(key)));
+        round.highest_key = Some(round.highest_key.map_or(key, |highest| highest.max(key)));
         round.claimed.push(op);
     }
     if let Some(row) = rows.first() {

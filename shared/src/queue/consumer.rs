@@ -404,8 +404,8 @@ impl<H: Handler> Consumer<H> {
             };
             self.count_completed(done.len() as u64, round.completed);
             done.clear();
-            if let Some(lowest) = round.lowest_key {
-                self.update_floor(|floor| floor.claim_from = floor.claim_from.max(Floor(lowest)));
+            if let Some(next) = round.next_floor(self.config.batch) {
+                self.update_floor(|floor| floor.claim_from = floor.claim_from.max(next));
             }
             let claimed = round.claimed.len();
             if claimed == 0 {

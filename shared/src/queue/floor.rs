@@ -6,10 +6,12 @@
 //! index would visit every one of them on every claim. A claimer therefore starts at
 //! a floor, which moves in two ways:
 //!
-//! - **Optimistically**, after each claim, up to the lowest key it took. What it
-//!   passes over may be: an operation another claimer has locked (it claims it), one
-//!   whose resource is still claimed, or one that was being written with a key below
-//!   the floor when the claim ran. The last two are the reason for the second way.
+//! - **Optimistically**, after each claim, up to the lowest key it took, or to the
+//!   highest when the batch was full (`ClaimRound::next_floor`: a backlog, whose
+//!   claimed entries the next scan would otherwise visit again). What it passes over
+//!   may be: an operation another claimer has locked (it claims it), one whose
+//!   resource is still claimed, or one that was being written with a key below the
+//!   floor when the claim ran. The last two are the reason for the second way.
 //! - **Safely**, at least every `ConsumerConfig::floor_sync_every` and before going
 //!   to sleep: holding the instance's signal lock exclusively, which every
 //!   transaction that makes an operation waiting holds shared until it ends

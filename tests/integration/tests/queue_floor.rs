@@ -170,6 +170,39 @@ async fn with_a_snapshot_held_the_claim_starts_past_the_entries_of_what_was_clai
 }
 
 #[tokio::test]
+async fn after_a_full_batch_the_next_claim_starts_where_it_ended() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    let mut holder = db.connect().await;
+    let held = holder.build_transaction().isolation_level(IsolationLevel::RepeatableRead).start().await.expect("hold");
+    held.query_one("SELECT count(*) FROM operation", &[]).await.expect("look at the queue");
+    enqueue_many(&client, fx.instance, fx.tenant, 1, 600).await;
+
+    // A full batch out of a backlog: the next scan starts at its highest key, and
+    // does not visit the 200 entries it left behind again.
+    let full = operation_complete_and_claim(&client, fx.instance, "agent", 200, LEASE, Floor::FROM_START, &[])
+        .await
+        .expect("claim");
+    assert_eq!(full.claimed.len(), 200);
+    let next = full.next_floor(200).expect("a floor");
+    assert_eq!(next, Floor(full.highest_key.expect("a key")));
+    let from_lowest = claim_index_reads(&mut client, fx.instance, Floor(full.lowest_key.expect("a key"))).await;
+    let from_next = claim_index_reads(&mut client, fx.instance, next).await;
+    assert!(from_lowest >= 200 + 64, "from the batch's lowest key the claim read {from_lowest} entries");
+    assert!(from_next <= 64 + 2, "from where the batch ended the claim read {from_next} entries");
+    assert_eq!(claim_from(&client, fx.instance, next).await, (201..=264).collect::<Vec<_>>());
+
+    // A batch that was not full reached the end of the due work: the next scan
+    // starts at its lowest key, where operations written meanwhile get theirs.
+    let rest =
+        operation_complete_and_claim(&client, fx.instance, "agent", 1000, LEASE, next, &[]).await.expect("claim");
+    assert_eq!(rest.claimed.len(), 336);
+    assert_eq!(rest.next_floor(1000), Some(Floor(rest.lowest_key.expect("a key"))));
+    held.rollback().await.expect("release the snapshot");
+}
+
+#[tokio::test]
 async fn what_an_optimistic_floor_passed_over_is_claimed_after_the_next_safe_floor() {
     let db = TestDb::migrated().await;
     let mut client = db.connect().await;
