@@ -19,33 +19,21 @@ async fn the_claim_query_walks_its_partial_index_not_finished_rows() {
     let mut client = db.connect().await;
     let fx = fixture(&mut client).await;
     // Many finished operations and a few waiting ones, as in a long-running queue.
-    fill(
+    fill_after_finished(
         &client,
         &fx,
-        "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
-             SELECT {i}, {t}, 'application', g, 'completed', now() FROM generate_series(1, 20000) g;
-             INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id)
+        "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id)
              SELECT {i}, {t}, 'application', g FROM generate_series(20001, 20010) g;
              ANALYZE operation;",
     )
     .await;
     // Consumers keep the claim prepared, so its plan may become the generic one
     // (planned without the parameters' values): both must read the same indexes.
+    let (no_ids, no_tokens) = (Vec::<i64>::new(), Vec::<uuid::Uuid>::new());
     for plan_cache_mode in ["force_custom_plan", "force_generic_plan"] {
-        let txn = client.transaction().await.expect("begin");
-        txn.batch_execute(&format!("SET LOCAL plan_cache_mode = {plan_cache_mode}")).await.expect("plan mode");
-        let plan: Vec<String> = txn
-            .query(
-                &format!("EXPLAIN {CLAIM_SQL}"),
-                &[&fx.instance.0, &10i64, &"agent", &30.0f64, &0i64, &Vec::<i64>::new(), &Vec::<uuid::Uuid>::new()],
-            )
-            .await
-            .expect("explain")
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
-        txn.rollback().await.expect("rollback");
-        let plan = plan.join("\n");
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+            [&fx.instance.0, &10i64, &"agent", &30.0f64, &0i64, &no_ids, &no_tokens];
+        let plan = explain(&mut client, CLAIM_SQL, &params, plan_cache_mode).await;
         assert!(plan.contains("operation_claim_idx"), "{plan_cache_mode}: claim must use operation_claim_idx:\n{plan}");
         // The scan starts at the claimer's floor: a bound on the index, not a filter.
         assert!(
@@ -69,12 +57,10 @@ async fn lease_checked_writes_find_their_rows_by_primary_key() {
     // the lease and claimed-resource indexes look nearly empty to the planner, which
     // then preferred reading one of them whole to probing the ids it cannot see in a
     // generic plan (while a snapshot is held, that read visits every dead entry).
-    fill(
+    fill_after_finished(
         &client,
         &fx,
-        "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
-             SELECT {i}, {t}, 'application', g, 'completed', now() FROM generate_series(1, 20000) g;
-             INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state,
+        "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state,
                                     lease_token, lease_expires_at)
              SELECT {i}, {t}, 'application', g, 'claimed', gen_random_uuid(), now() + interval '30 seconds'
                FROM generate_series(20001, 20005) g;
@@ -93,17 +79,7 @@ async fn lease_checked_writes_find_their_rows_by_primary_key() {
     ];
     for (name, sql, params) in &statements {
         for plan_cache_mode in ["force_custom_plan", "force_generic_plan"] {
-            let txn = client.transaction().await.expect("begin");
-            txn.batch_execute(&format!("SET LOCAL plan_cache_mode = {plan_cache_mode}")).await.expect("plan mode");
-            let plan: Vec<String> = txn
-                .query(&format!("EXPLAIN {sql}"), params)
-                .await
-                .unwrap_or_else(|e| panic!("{name}: explain: {e}"))
-                .iter()
-                .map(|row| row.get(0))
-                .collect();
-            txn.rollback().await.expect("rollback");
-            let plan = plan.join("\n");
+            let plan = explain(&mut client, sql, params, plan_cache_mode).await;
             let by_id = if name.ends_with("letter") || *name == "retry" {
                 "Index Cond: (id = "
             } else {
@@ -140,12 +116,10 @@ async fn the_next_lease_expiry_reads_one_entry_of_the_lease_index() {
     let fx = fixture(&mut client).await;
     assert_eq!(operation_next_lease_expiry(&client, fx.instance).await.expect("nothing claimed"), None);
     // Many finished operations and a few claimed ones, one of them expired already.
-    fill(
+    fill_after_finished(
         &client,
         &fx,
-        "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
-             SELECT {i}, {t}, 'application', g, 'completed', now() FROM generate_series(1, 20000) g;
-             INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state,
+        "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state,
                                     lease_token, lease_expires_at)
              SELECT {i}, {t}, 'application', g, 'claimed', gen_random_uuid(),
                     now() + (g - 20000) * interval '1 minute'
@@ -273,6 +247,37 @@ async fn gitopsctl_discards_dead_letters_one_or_all_and_nothing_else() {
 async fn fill(client: &tokio_postgres::Client, fx: &Fixture, sql: &str) {
     let sql = sql.replace("{i}", &fx.instance.0.to_string()).replace("{t}", &fx.tenant.0.to_string());
     client.batch_execute(&sql).await.expect("fill");
+}
+
+/// 20,000 finished operations (resources 1–20,000), as a long-running queue has,
+/// then `sql` as `fill` runs it.
+async fn fill_after_finished(client: &tokio_postgres::Client, fx: &Fixture, sql: &str) {
+    let finished =
+        "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
+                    SELECT {i}, {t}, 'application', g, 'completed', now() FROM generate_series(1, 20000) g;";
+    fill(client, fx, &format!("{finished}\n{sql}")).await;
+}
+
+/// The plan of `sql` with `params` as EXPLAIN prints it, planned as
+/// `plan_cache_mode` (`force_custom_plan` or `force_generic_plan`) says: consumers
+/// keep their statements prepared, so the generic plan is the one that runs.
+async fn explain(
+    client: &mut tokio_postgres::Client,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    plan_cache_mode: &str,
+) -> String {
+    let txn = client.transaction().await.expect("begin");
+    txn.batch_execute(&format!("SET LOCAL plan_cache_mode = {plan_cache_mode}")).await.expect("plan mode");
+    let plan: Vec<String> = txn
+        .query(&format!("EXPLAIN {sql}"), params)
+        .await
+        .unwrap_or_else(|e| panic!("explain: {e}\n{sql}"))
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    txn.rollback().await.expect("rollback");
+    plan.join("\n")
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ use gitops_shared::queue::{
     operation_safe_floor,
 };
 use gitops_testkit::TestDb;
-use tokio_postgres::{Client, IsolationLevel};
+use tokio_postgres::Client;
 use uuid::Uuid;
 
 use crate::support::*;
@@ -43,6 +43,17 @@ async fn claim_from(client: &Client, instance: EngineInstanceId, floor: Floor) -
     let mut claimed: Vec<i64> = round.claimed.iter().map(|op| op.resource_id).collect();
     claimed.sort_unstable();
     claimed
+}
+
+/// An operator's REPEATABLE READ session that looked at the queue and stays open
+/// until its ROLLBACK: nothing written meanwhile can be cleaned up.
+async fn hold_snapshot(db: &TestDb) -> Client {
+    let holder = db.connect().await;
+    holder
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM operation")
+        .await
+        .expect("hold a snapshot");
+    holder
 }
 
 fn done(ops: &[ClaimedOperation]) -> Vec<(OperationId, Uuid)> {
@@ -132,11 +143,7 @@ async fn with_a_snapshot_held_the_claim_starts_past_the_entries_of_what_was_clai
     let db = TestDb::migrated().await;
     let mut client = db.connect().await;
     let fx = fixture(&mut client).await;
-    // An operator's REPEATABLE READ session that looked at the queue and stays open:
-    // nothing written from now on can be cleaned up while it lasts.
-    let mut holder = db.connect().await;
-    let held = holder.build_transaction().isolation_level(IsolationLevel::RepeatableRead).start().await.expect("hold");
-    held.query_one("SELECT count(*) FROM operation", &[]).await.expect("look at the queue");
+    let held = hold_snapshot(&db).await;
 
     enqueue_many(&client, fx.instance, fx.tenant, 1, 6000).await;
     let mut floor = Floor::FROM_START;
@@ -166,7 +173,7 @@ async fn with_a_snapshot_held_the_claim_starts_past_the_entries_of_what_was_clai
     // The safe floor finds the same place, and the claim from it takes the new work.
     let safe = safe_floor(&mut client, fx.instance).await;
     assert_eq!(claim_from(&client, fx.instance, safe).await, (10_001..=10_010).collect::<Vec<_>>());
-    held.rollback().await.expect("release the snapshot");
+    held.batch_execute("ROLLBACK").await.expect("release the snapshot");
 }
 
 #[tokio::test]
@@ -174,9 +181,7 @@ async fn after_a_full_batch_the_next_claim_starts_where_it_ended() {
     let db = TestDb::migrated().await;
     let mut client = db.connect().await;
     let fx = fixture(&mut client).await;
-    let mut holder = db.connect().await;
-    let held = holder.build_transaction().isolation_level(IsolationLevel::RepeatableRead).start().await.expect("hold");
-    held.query_one("SELECT count(*) FROM operation", &[]).await.expect("look at the queue");
+    let held = hold_snapshot(&db).await;
     enqueue_many(&client, fx.instance, fx.tenant, 1, 600).await;
 
     // A full batch out of a backlog: the next scan starts at its highest key, and
@@ -199,7 +204,7 @@ async fn after_a_full_batch_the_next_claim_starts_where_it_ended() {
         operation_complete_and_claim(&client, fx.instance, "agent", 1000, LEASE, next, &[]).await.expect("claim");
     assert_eq!(rest.claimed.len(), 336);
     assert_eq!(rest.next_floor(1000), Some(Floor(rest.lowest_key.expect("a key"))));
-    held.rollback().await.expect("release the snapshot");
+    held.batch_execute("ROLLBACK").await.expect("release the snapshot");
 }
 
 #[tokio::test]
