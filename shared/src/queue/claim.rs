@@ -114,9 +114,8 @@ pub struct ClaimRound {
 
 impl ClaimRound {
     /// Where the claimer's next scan may start (an optimistic floor, see
-    /// `super::floor`), for a claim of at most `limit`: past the batch when it was
-    /// full (its highest key), at its lowest key otherwise; None when nothing was
-    /// claimed.
+    /// `super::floor`), for a claim of at most `limit`: at the batch's highest key
+    /// when it was full, at its lowest key otherwise; None when nothing was claimed.
     ///
     /// A full batch means a backlog, which the claimers are working through: starting
     /// at the lowest key, the next scan would visit the whole batch again, and while
