@@ -112,13 +112,17 @@ $$;
 CREATE FUNCTION public.engine_instance_front() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    v_kind text;
 BEGIN
-    IF TG_OP = 'INSERT' THEN
-        EXECUTE format('CREATE SEQUENCE IF NOT EXISTS %I AS bigint MINVALUE 0 START 0',
-                       'operation_front_' || NEW.id);
-    ELSE
-        EXECUTE format('DROP SEQUENCE IF EXISTS %I', 'operation_front_' || OLD.id);
-    END IF;
+    FOREACH v_kind IN ARRAY ARRAY['front', 'floor', 'lease_floor'] LOOP
+        IF TG_OP = 'INSERT' THEN
+            EXECUTE format('CREATE SEQUENCE IF NOT EXISTS %I AS bigint MINVALUE 0 START 0',
+                           'operation_' || v_kind || '_' || NEW.id);
+        ELSE
+            EXECUTE format('DROP SEQUENCE IF EXISTS %I', 'operation_' || v_kind || '_' || OLD.id);
+        END IF;
+    END LOOP;
     RETURN NULL;
 END;
 $$;
@@ -171,6 +175,29 @@ END;
 $$;
 
 --
+-- Name: operation_advance_mark(text, bigint, bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.operation_advance_mark(p_kind text, p_instance bigint, p_value bigint) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_sequence regclass := to_regclass('operation_' || p_kind || '_' || p_instance);
+    v_current  bigint;
+BEGIN
+    IF v_sequence IS NULL THEN
+        RETURN 0;
+    END IF;
+    v_current := COALESCE(pg_sequence_last_value(v_sequence), 0);
+    IF p_value > v_current THEN
+        PERFORM setval(v_sequence, p_value);
+        RETURN p_value;
+    END IF;
+    RETURN v_current;
+END;
+$$;
+
+--
 -- Name: operation_assign_queue_key(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -208,12 +235,33 @@ END;
 $$;
 
 --
+-- Name: operation_claimed_key(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.operation_claimed_key() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.queue_key := operation_front(NEW.engine_instance_id);
+    RETURN NEW;
+END;
+$$;
+
+--
 -- Name: operation_front(bigint); Type: FUNCTION; Schema: public; Owner: -
 --
 
 CREATE FUNCTION public.operation_front(p_instance bigint) RETURNS bigint
     LANGUAGE sql STABLE PARALLEL SAFE
     RETURN COALESCE(pg_sequence_last_value(to_regclass(('operation_front_'::text || p_instance))), (0)::bigint);
+
+--
+-- Name: operation_mark(text, bigint); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.operation_mark(p_kind text, p_instance bigint) RETURNS bigint
+    LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN COALESCE(pg_sequence_last_value(to_regclass(((('operation_'::text || p_kind) || '_'::text) || p_instance))), (0)::bigint);
 
 --
 -- Name: operation_park_while_releasing(); Type: FUNCTION; Schema: public; Owner: -
@@ -1133,6 +1181,12 @@ CREATE INDEX managed_environment_tenant_idx ON public.managed_environment USING 
 CREATE INDEX operation_claim_idx ON public.operation USING btree (engine_instance_id, queue_key, id) WHERE ((state = 'waiting'::public.operation_state) AND (queue_key IS NOT NULL));
 
 --
+-- Name: operation_claimed_key_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX operation_claimed_key_idx ON public.operation USING btree (engine_instance_id, queue_key) WHERE ((state = 'claimed'::public.operation_state) AND (queue_key IS NOT NULL));
+
+--
 -- Name: operation_delayed_idx; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -1143,12 +1197,6 @@ CREATE INDEX operation_delayed_idx ON public.operation USING btree (engine_insta
 --
 
 CREATE INDEX operation_failed_idx ON public.operation USING btree (engine_instance_id, completed_at) WHERE (state = 'failed'::public.operation_state);
-
---
--- Name: operation_lease_idx; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX operation_lease_idx ON public.operation USING btree (engine_instance_id, lease_expires_at) WHERE ((state = 'claimed'::public.operation_state) AND (lease_expires_at IS NOT NULL));
 
 --
 -- Name: operation_one_claimed_idx; Type: INDEX; Schema: public; Owner: -
@@ -1257,6 +1305,12 @@ CREATE TRIGGER engine_instance_front AFTER INSERT OR DELETE ON public.engine_ins
 --
 
 CREATE TRIGGER engine_instance_signal_row AFTER INSERT ON public.engine_instance FOR EACH ROW EXECUTE FUNCTION public.engine_instance_signal_row();
+
+--
+-- Name: operation operation_claimed_key; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER operation_claimed_key BEFORE INSERT OR UPDATE ON public.operation FOR EACH ROW WHEN (((new.state = 'claimed'::public.operation_state) AND (new.queue_key IS NULL))) EXECUTE FUNCTION public.operation_claimed_key();
 
 --
 -- Name: operation operation_park_insert; Type: TRIGGER; Schema: public; Owner: -

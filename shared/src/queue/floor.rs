@@ -21,8 +21,15 @@
 //!   operations whose backoff has ended.
 //!
 //! An operation passed over optimistically therefore waits at most until the next
-//! safe floor, never for ever. The safe floor's own scan starts where the last one
-//! ended, so it visits only what was claimed since.
+//! safe floor, never for ever. A safe floor stays a lower bound of every waiting key
+//! from the moment it was found on, so the instance's consumers share the highest one
+//! found (kept in a sequence, see migrations/V21): the next safe floor's scan starts
+//! there (or at the consumer's own, if higher) and visits only what was claimed since,
+//! also for a consumer that has just started.
+//!
+//! The lease upkeep has a floor of its own (`operation_lease_floor`): claimed
+//! operations keep their key, and each was waiting, at or above the claim floor, when
+//! it was claimed.
 
 use std::time::Duration;
 
@@ -61,9 +68,16 @@ SELECT LEAST(operation_front($1),
                  AND queue_key IS NOT NULL AND queue_key >= $2
                ORDER BY queue_key LIMIT 1)) AS lowest";
 
-/// Finds a safe floor for `instance`, scanning from `from` (the last safe floor), and
-/// gives due retries their keys. Waits at most `wait` for transactions that are
-/// writing operations to end; None when they did not (try again later).
+// The instance's shared floor, read before the scan (only what was true before the
+// scan's snapshot bounds what it finds).
+const SHARED_FLOOR: &str = "SELECT operation_mark('floor', $1) AS floor";
+
+const ADVANCE_FLOOR: &str = "SELECT operation_advance_mark('floor', $1, $2)";
+
+/// Finds a safe floor for `instance`, scanning from `from` (the caller's last safe
+/// floor) or the instance's shared floor, whichever is higher, raises the shared floor
+/// to it, and gives due retries their keys. Waits at most `wait` for transactions
+/// that are writing operations to end; None when they did not (try again later).
 pub async fn operation_safe_floor(
     client: &mut Client,
     instance: EngineInstanceId,
@@ -80,8 +94,12 @@ pub async fn operation_safe_floor(
         Err(error) => return Err(DbError::query(action)(error)),
     }
     txn.execute(PROMOTE, &[&instance.0]).await.map_err(DbError::query("give due retries their keys"))?;
+    let shared = txn.query_one(SHARED_FLOOR, &[&instance.0]).await.map_err(DbError::query(action))?;
+    let from = from.max(Floor(column(&shared, "floor", action)?));
     let row = txn.query_one(LOWEST_LIVE_KEY, &[&instance.0, &from.0]).await.map_err(DbError::query(action))?;
     let lowest: i64 = column(&row, "lowest", action)?;
+    let floor = Floor(lowest.saturating_sub(FRONT_SLACK).max(from.0));
+    txn.execute(ADVANCE_FLOOR, &[&instance.0, &floor.0]).await.map_err(DbError::query(action))?;
     txn.commit().await.map_err(DbError::query(action))?;
-    Ok(Some(Floor(lowest.saturating_sub(FRONT_SLACK).max(from.0))))
+    Ok(Some(floor))
 }

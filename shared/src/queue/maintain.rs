@@ -12,6 +12,11 @@ use super::{RetryPolicy, secs};
 use crate::db::{DbError, column, in_txn_retrying};
 use crate::model::{EngineInstanceId, OperationId};
 
+// Claimed operations are found by key from the instance's lease floor ($2), over
+// operation_claimed_key_idx: the live ones (a few batches) and the entries left by
+// what was claimed since the oldest of them, not every lease taken since a held
+// snapshot (see migrations/V21 and `operation_lease_floor`).
+
 // Expired claims of one instance, locked so two reclaimers never handle the same row.
 const EXPIRED: &str = "
 SELECT o.id, o.lease_expiries,
@@ -19,18 +24,47 @@ SELECT o.id, o.lease_expiries,
          WHERE w.state = 'waiting' AND w.resource_type = o.resource_type
            AND w.resource_id = o.resource_id) AS waiting_id
   FROM operation o
- WHERE o.engine_instance_id = $1 AND o.state = 'claimed' AND o.lease_expires_at < now()
+ WHERE o.engine_instance_id = $1 AND o.state = 'claimed' AND o.queue_key >= $2
+   AND o.lease_expires_at < now()
  ORDER BY o.lease_expires_at
- LIMIT $2
+ LIMIT $3
    FOR UPDATE OF o SKIP LOCKED";
 
-// How long until the first claimed lease of an instance expires (NULL: none claimed);
-// `min` over `operation_lease_idx` reads one index entry. Measured on the database's
-// clock, like the lease.
+// How long until the first claimed lease of an instance expires (NULL: none claimed).
+// Measured on the database's clock, like the lease.
 pub const NEXT_LEASE_EXPIRY: &str = "
 SELECT extract(epoch FROM min(lease_expires_at) - now())::float8 AS expires_in_s
   FROM operation
- WHERE engine_instance_id = $1 AND state = 'claimed'";
+ WHERE engine_instance_id = $1 AND state = 'claimed' AND queue_key >= $2";
+
+// The lowest claimed key from the lease floor on, bounded by the claim floor ($2),
+// which the caller read before this statement's snapshot was taken: whatever is
+// claimed after the snapshot was waiting then, at or above that floor. The lease
+// floor is raised to the result.
+const LEASE_FLOOR: &str = "
+SELECT operation_advance_mark('lease_floor', $1,
+         LEAST($2::bigint,
+               (SELECT queue_key FROM operation
+                 WHERE engine_instance_id = $1 AND state = 'claimed'
+                   AND queue_key >= operation_mark('lease_floor', $1)
+                 ORDER BY queue_key LIMIT 1))) AS floor";
+
+const CLAIM_FLOOR: &str = "SELECT operation_mark('floor', $1) AS floor";
+
+/// Raises the lease floor of `instance` (a lower bound of every claimed operation's
+/// key) as far as it goes now, and returns it. Two statements, outside a
+/// transaction: the claim floor must be read before the claimed keys are looked at.
+pub async fn operation_lease_floor(client: &Client, instance: EngineInstanceId) -> Result<i64, DbError> {
+    let action = "find the lease floor";
+    let row =
+        client.query_typed_one(CLAIM_FLOOR, &[(&instance.0, Type::INT8)]).await.map_err(DbError::query(action))?;
+    let claim_floor: i64 = column(&row, "floor", action)?;
+    let row = client
+        .query_typed_one(LEASE_FLOOR, &[(&instance.0, Type::INT8), (&claim_floor, Type::INT8)])
+        .await
+        .map_err(DbError::query(action))?;
+    column(&row, "floor", action)
+}
 
 const RECLAIM_TO_WAITING: &str = "
 UPDATE operation SET state = 'waiting', run_after = now(), lease_expires_at = NULL,
@@ -70,10 +104,13 @@ pub async fn operation_reclaim_expired(
     limit: i64,
 ) -> Result<u64, DbError> {
     let max_attempts = policy.max_attempts;
+    let floor = operation_lease_floor(client, instance).await?;
     in_txn_retrying(client, |txn| {
         Box::pin(async move {
-            let rows =
-                txn.query(EXPIRED, &[&instance.0, &limit]).await.map_err(DbError::query("find expired leases"))?;
+            let rows = txn
+                .query(EXPIRED, &[&instance.0, &floor, &limit])
+                .await
+                .map_err(DbError::query("find expired leases"))?;
             for row in &rows {
                 let read = "read an expired lease";
                 let id: OperationId = column(row, "id", read)?;
@@ -116,8 +153,11 @@ pub async fn operation_next_lease_expiry(
     instance: EngineInstanceId,
 ) -> Result<Option<Duration>, DbError> {
     let action = "find the next lease expiry";
-    let rows =
-        client.query_typed(NEXT_LEASE_EXPIRY, &[(&instance.0, Type::INT8)]).await.map_err(DbError::query(action))?;
+    let floor = operation_lease_floor(client, instance).await?;
+    let rows = client
+        .query_typed(NEXT_LEASE_EXPIRY, &[(&instance.0, Type::INT8), (&floor, Type::INT8)])
+        .await
+        .map_err(DbError::query(action))?;
     let row = rows.first().ok_or(DbError::NotFound { what: "the next lease expiry".to_owned() })?;
     let expires_in_s: Option<f64> = column(row, "expires_in_s", action)?;
     Ok(expires_in_s.map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::ZERO)))

@@ -15,7 +15,7 @@
 //!
 //! Every write that checks a lease (completion, renewal, failure) finds its rows
 //! by primary key, and compares the state as text (`state::text = 'claimed'`): the
-//! planner then cannot prove the predicate of the lease index or of the
+//! planner then cannot prove the predicate of the claimed-key index or of the
 //! claimed-resource index, and cannot read either of them whole. Planned
 //! generically (a kept prepared statement does not show it the ids), it took those
 //! indexes for a few live entries and read them instead; while a snapshot is held
@@ -50,8 +50,8 @@ pub use floor::{LOWEST_LIVE_KEY as LOWEST_LIVE_KEY_SQL, operation_promote_due, o
 pub use horizon::{HorizonHolder, STATEMENTS as HORIZON_STATEMENTS, xmin_horizon_holder};
 pub use lease::{Lease, LeaseKeeper, RENEW as RENEW_SQL, operation_renew};
 pub use maintain::{
-    NEXT_LEASE_EXPIRY as NEXT_LEASE_EXPIRY_SQL, operation_make_due, operation_next_lease_expiry, operation_prune,
-    operation_reclaim_expired,
+    NEXT_LEASE_EXPIRY as NEXT_LEASE_EXPIRY_SQL, operation_lease_floor, operation_make_due, operation_next_lease_expiry,
+    operation_prune, operation_reclaim_expired,
 };
 
 use crate::model::{EngineInstanceId, OperationId, ResourceType, TenantId};

@@ -54,7 +54,7 @@ async fn lease_checked_writes_find_their_rows_by_primary_key() {
     let mut client = db.connect().await;
     let fx = fixture(&mut client).await;
     // Statistics that see many finished operations and a handful of claimed ones:
-    // the lease and claimed-resource indexes look nearly empty to the planner, which
+    // the claimed-key and claimed-resource indexes look nearly empty to the planner, which
     // then preferred reading one of them whole to probing the ids it cannot see in a
     // generic plan (while a snapshot is held, that read visits every dead entry).
     fill_after_finished(
@@ -89,7 +89,10 @@ async fn lease_checked_writes_find_their_rows_by_primary_key() {
                 plan.lines().any(|line| line.trim_start().starts_with(by_id)),
                 "{name}, {plan_cache_mode}: the lease check must probe the primary key:\n{plan}"
             );
-            assert!(!plan.contains("operation_lease_idx"), "{name}, {plan_cache_mode}: no lease index:\n{plan}");
+            assert!(
+                !plan.contains("operation_claimed_key_idx"),
+                "{name}, {plan_cache_mode}: no claimed-key index:\n{plan}"
+            );
             assert_eq!(whole_index_reads(&plan), Vec::<String>::new(), "{name}, {plan_cache_mode}:\n{plan}");
             assert!(!plan.contains("Seq Scan on operation"), "{name}, {plan_cache_mode}: no sequential scan:\n{plan}");
         }
@@ -110,7 +113,7 @@ fn whole_index_reads(plan: &str) -> Vec<String> {
 }
 
 #[tokio::test]
-async fn the_next_lease_expiry_reads_one_entry_of_the_lease_index() {
+async fn the_next_lease_expiry_reads_the_claimed_operations_from_the_lease_floor() {
     let db = TestDb::migrated().await;
     let mut client = db.connect().await;
     let fx = fixture(&mut client).await;
@@ -139,16 +142,16 @@ async fn the_next_lease_expiry_reads_one_entry_of_the_lease_index() {
     let next = operation_next_lease_expiry(&client, fx.instance).await.expect("next expiry");
     assert_eq!(next, Some(Duration::ZERO), "an expired lease is due now");
 
-    let plan: Vec<String> = client
-        .query(&format!("EXPLAIN {NEXT_LEASE_EXPIRY_SQL}"), &[&fx.instance.0])
-        .await
-        .expect("explain")
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    let plan = plan.join("\n");
-    assert!(plan.contains("operation_lease_idx"), "the next expiry must use operation_lease_idx:\n{plan}");
-    assert!(!plan.contains("Seq Scan on operation"), "no sequential scan:\n{plan}");
+    let floor = 0i64;
+    for plan_cache_mode in ["force_custom_plan", "force_generic_plan"] {
+        let plan = explain(&mut client, NEXT_LEASE_EXPIRY_SQL, &[&fx.instance.0, &floor], plan_cache_mode).await;
+        assert!(
+            plan.lines().any(|line| line.contains("Index Cond") && line.contains("queue_key >= ")),
+            "{plan_cache_mode}: the lease floor must bound a scan of operation_claimed_key_idx:\n{plan}"
+        );
+        assert!(plan.contains("operation_claimed_key_idx"), "{plan_cache_mode}:\n{plan}");
+        assert!(!plan.contains("Seq Scan on operation"), "{plan_cache_mode}: no sequential scan:\n{plan}");
+    }
 }
 
 #[tokio::test]

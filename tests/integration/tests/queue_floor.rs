@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use gitops_shared::model::{EngineInstanceId, OperationId, TenantId};
 use gitops_shared::queue::{
-    CLAIM_SQL, ClaimedOperation, Floor, operation_claim, operation_complete, operation_complete_and_claim,
-    operation_safe_floor,
+    CLAIM_SQL, ClaimedOperation, Floor, RetryPolicy, operation_claim, operation_complete, operation_complete_and_claim,
+    operation_lease_floor, operation_next_lease_expiry, operation_reclaim_expired, operation_safe_floor,
 };
 use gitops_testkit::TestDb;
 use tokio_postgres::Client;
@@ -287,4 +287,191 @@ async fn a_safe_floor_waits_for_a_writer_in_flight_and_gives_up_after_its_wait()
     txn.commit().await.expect("commit");
     let safe = safe_floor(&mut client, fx.instance).await;
     assert_eq!(claim_from(&client, fx.instance, safe).await, vec![9]);
+}
+
+/// Drains every due operation of `instance` through claims that complete the last
+/// batch, as a consumer does, and returns the floor it ended at.
+async fn claim_and_complete_all(client: &Client, instance: EngineInstanceId, batch: i64) -> Floor {
+    let (mut floor, mut handed_in) = (Floor::FROM_START, Vec::new());
+    loop {
+        let round = operation_complete_and_claim(client, instance, "agent", batch, LEASE, floor, &handed_in)
+            .await
+            .expect("claim");
+        if round.claimed.is_empty() {
+            return floor;
+        }
+        floor = floor.max(round.next_floor(batch).expect("a floor"));
+        handed_in = done(&round.claimed);
+    }
+}
+
+#[tokio::test]
+async fn with_a_snapshot_held_a_consumer_that_starts_and_the_lease_upkeep_begin_at_the_instances_floors() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    let held = hold_snapshot(&db).await;
+    enqueue_many(&client, fx.instance, fx.tenant, 1, 6000).await;
+    claim_and_complete_all(&client, fx.instance, 200).await;
+
+    // The first safe floor of the instance reads the 6,000 entries claims left in the
+    // claim index; a consumer that starts afterwards begins where that one ended.
+    let before = index_reads(&client, "operation_claim_idx").await;
+    let first = safe_floor(&mut client, fx.instance).await;
+    let first_reads = index_reads(&client, "operation_claim_idx").await - before;
+    let before = index_reads(&client, "operation_claim_idx").await;
+    let second = safe_floor(&mut client, fx.instance).await;
+    let second_reads = index_reads(&client, "operation_claim_idx").await - before;
+    assert!(first_reads >= 6000, "the first safe floor read {first_reads} entries");
+    assert!(second_reads <= 300, "a starting consumer's safe floor read {second_reads} entries");
+    assert_eq!(second, first);
+
+    // The same for the lease upkeep and the entries claims left in the claimed-key index.
+    let before = index_reads(&client, "operation_claimed_key_idx").await;
+    assert_eq!(operation_next_lease_expiry(&client, fx.instance).await.expect("next expiry"), None);
+    let first_reads = index_reads(&client, "operation_claimed_key_idx").await - before;
+    let before = index_reads(&client, "operation_claimed_key_idx").await;
+    assert_eq!(operation_next_lease_expiry(&client, fx.instance).await.expect("next expiry"), None);
+    let second_reads = index_reads(&client, "operation_claimed_key_idx").await - before;
+    // Each lookup reads from the lease floor twice: to raise it, and for the expiry.
+    assert!(first_reads >= 6000, "the first lookup read {first_reads} entries");
+    assert!(second_reads <= 2 * 300, "the next lookup read {second_reads} entries");
+
+    // What is claimed afterwards is above the lease floor: its expired lease is found.
+    enqueue_many(&client, fx.instance, fx.tenant, 10_001, 5).await;
+    assert_eq!(claim_from(&client, fx.instance, second).await, (10_001..=10_005).collect::<Vec<_>>());
+    client
+        .execute("UPDATE operation SET lease_expires_at = now() - interval '1 second' WHERE resource_id = 10003", &[])
+        .await
+        .expect("expire one lease");
+    let before = index_reads(&client, "operation_claimed_key_idx").await;
+    let reclaimed =
+        operation_reclaim_expired(&mut client, fx.instance, &RetryPolicy::default(), 10).await.expect("reclaim");
+    let reads = index_reads(&client, "operation_claimed_key_idx").await - before;
+    assert_eq!(reclaimed, 1);
+    assert!(reads <= 2 * (300 + 5), "the reclaim read {reads} entries");
+    held.batch_execute("ROLLBACK").await.expect("release the snapshot");
+}
+
+#[tokio::test]
+async fn racing_claimers_writers_and_upkeep_never_raise_a_floor_past_live_work() {
+    const CLAIMERS: usize = 3;
+    const ROUNDS: usize = 40;
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    enqueue_many(&client, fx.instance, fx.tenant, 1, 1000).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+
+    // Writers keep adding work; the upkeep keeps raising the lease floor.
+    let writer = {
+        let (mut conn, stop) = (db.connect().await, stop.clone());
+        let fx_instance = fx.instance;
+        let tenant = new_tenant(&mut conn, fx.instance).await;
+        tokio::spawn(async move {
+            let mut next = 100_000;
+            while !stop.is_cancelled() {
+                enqueue_many(&conn, fx_instance, tenant, next, 7).await;
+                next += 7;
+            }
+        })
+    };
+    let upkeep = {
+        let (conn, stop, instance) = (db.connect().await, stop.clone(), fx.instance);
+        tokio::spawn(async move {
+            let mut syncs = 0u64;
+            while !stop.is_cancelled() {
+                operation_lease_floor(&conn, instance).await.expect("lease floor");
+                syncs += 1;
+            }
+            syncs
+        })
+    };
+    // Claimers keep half of each batch claimed (work in progress) and complete the
+    // rest with the next claim; each makes its floor safe every few rounds.
+    let mut claimers = Vec::new();
+    for index in 0..CLAIMERS {
+        let (mut conn, instance) = (db.connect().await, fx.instance);
+        claimers.push(tokio::spawn(async move {
+            let name = format!("agent-{index}");
+            let (mut floor, mut handed_in) = (Floor::FROM_START, Vec::new());
+            for round in 0..ROUNDS {
+                if round % 4 == 0 {
+                    let safe =
+                        operation_safe_floor(&mut conn, instance, Floor::FROM_START, LEASE).await.expect("safe floor");
+                    floor = safe.unwrap_or(floor);
+                }
+                let claimed = operation_complete_and_claim(&conn, instance, &name, 20, LEASE, floor, &handed_in)
+                    .await
+                    .expect("claim");
+                floor = claimed.next_floor(20).unwrap_or(floor);
+                handed_in = done(&claimed.claimed[claimed.claimed.len() / 2..]);
+            }
+        }));
+    }
+    for claimer in claimers {
+        claimer.await.expect("claimer");
+    }
+    stop.cancel();
+    writer.await.expect("writer");
+    assert!(upkeep.await.expect("upkeep") > 0, "the upkeep ran while claims went on");
+
+    let row = client
+        .query_one(
+            "SELECT (SELECT min(queue_key) FROM operation WHERE state = 'claimed') AS claimed,
+                    (SELECT min(queue_key) FROM operation WHERE state = 'waiting' AND queue_key IS NOT NULL) AS waiting,
+                    (SELECT count(*) FROM operation WHERE state = 'claimed') AS claimed_count,
+                    operation_mark('floor', $1) AS floor, operation_mark('lease_floor', $1) AS lease_floor",
+            &[&fx.instance.0],
+        )
+        .await
+        .expect("read the floors");
+    let (claimed, waiting): (Option<i64>, Option<i64>) = (row.get("claimed"), row.get("waiting"));
+    let (claimed_count, floor, lease_floor): (i64, i64, i64) =
+        (row.get("claimed_count"), row.get("floor"), row.get("lease_floor"));
+    assert!(claimed_count > 0, "work in progress was left claimed");
+    assert!(claimed.is_some_and(|key| key >= lease_floor), "lowest claimed key {claimed:?}, lease floor {lease_floor}");
+    assert!(waiting.is_none_or(|key| key >= floor), "lowest waiting key {waiting:?}, claim floor {floor}");
+    // And the upkeep finds every claimed operation once their leases expire.
+    client
+        .execute("UPDATE operation SET lease_expires_at = now() - interval '1 second' WHERE state = 'claimed'", &[])
+        .await
+        .expect("expire every lease");
+    let reclaimed =
+        operation_reclaim_expired(&mut client, fx.instance, &RetryPolicy::default(), 100_000).await.expect("reclaim");
+    assert_eq!(reclaimed, u64::try_from(claimed_count).expect("a count"));
+}
+
+#[tokio::test]
+async fn an_operation_claimed_after_waiting_behind_its_resource_is_found_by_the_lease_upkeep() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    // Resource 1 is being worked on when its next operation arrives, which waits.
+    enqueue_many(&client, fx.instance, fx.tenant, 1, 1).await;
+    let busy = operation_claim(&client, fx.instance, "agent", 1, LEASE).await.expect("claim");
+    enqueue_many(&client, fx.instance, fx.tenant, 1, 1).await;
+    // Later work, with higher keys, is claimed past it; then resource 1 is free.
+    enqueue_many(&client, fx.instance, fx.tenant, 2, 10).await;
+    assert_eq!(claim_from(&client, fx.instance, Floor::FROM_START).await, (2..=11).collect::<Vec<_>>());
+    operation_complete(&client, &done(&busy)).await.expect("complete");
+
+    // Every claimed key is now above the waiting one's; the lease floor stays below it.
+    let lease_floor = operation_lease_floor(&client, fx.instance).await.expect("lease floor");
+    let waiting_key: i64 = client
+        .query_one("SELECT queue_key FROM operation WHERE state = 'waiting'", &[])
+        .await
+        .expect("the waiting key")
+        .get(0);
+    assert!(lease_floor <= waiting_key, "lease floor {lease_floor} is past the waiting key {waiting_key}");
+
+    let safe = safe_floor(&mut client, fx.instance).await;
+    assert_eq!(claim_from(&client, fx.instance, safe).await, vec![1]);
+    client
+        .execute("UPDATE operation SET lease_expires_at = now() - interval '1 second' WHERE resource_id = 1", &[])
+        .await
+        .expect("expire its lease");
+    let reclaimed =
+        operation_reclaim_expired(&mut client, fx.instance, &RetryPolicy::default(), 10).await.expect("reclaim");
+    assert_eq!(reclaimed, 1, "the expired lease is found");
 }
