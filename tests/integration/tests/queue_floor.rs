@@ -56,6 +56,14 @@ async fn hold_snapshot(db: &TestDb) -> Client {
     holder
 }
 
+/// Resource 1's operation, claimed; its next one waits behind it.
+async fn claim_one_and_queue_its_next(client: &Client, fx: &Fixture) -> Vec<ClaimedOperation> {
+    enqueue_many(client, fx.instance, fx.tenant, 1, 1).await;
+    let busy = operation_claim(client, fx.instance, "agent", 1, LEASE).await.expect("claim");
+    enqueue_many(client, fx.instance, fx.tenant, 1, 1).await;
+    busy
+}
+
 fn done(ops: &[ClaimedOperation]) -> Vec<(OperationId, Uuid)> {
     ops.iter().map(|op| (op.id, op.lease.token())).collect()
 }
@@ -213,9 +221,8 @@ async fn what_an_optimistic_floor_passed_over_is_claimed_after_the_next_safe_flo
     let mut client = db.connect().await;
     let fx = fixture(&mut client).await;
     // Resource 1 is being worked on when its next operation arrives; resource 2 is free.
-    enqueue_many(&client, fx.instance, fx.tenant, 1, 1).await;
-    let busy = operation_claim(&client, fx.instance, "agent", 1, LEASE).await.expect("claim");
-    enqueue_many(&client, fx.instance, fx.tenant, 1, 2).await;
+    let busy = claim_one_and_queue_its_next(&client, &fx).await;
+    enqueue_many(&client, fx.instance, fx.tenant, 2, 1).await;
 
     let round = operation_complete_and_claim(&client, fx.instance, "agent", 10, LEASE, Floor::FROM_START, &[])
         .await
@@ -448,9 +455,7 @@ async fn an_operation_claimed_after_waiting_behind_its_resource_is_found_by_the_
     let mut client = db.connect().await;
     let fx = fixture(&mut client).await;
     // Resource 1 is being worked on when its next operation arrives, which waits.
-    enqueue_many(&client, fx.instance, fx.tenant, 1, 1).await;
-    let busy = operation_claim(&client, fx.instance, "agent", 1, LEASE).await.expect("claim");
-    enqueue_many(&client, fx.instance, fx.tenant, 1, 1).await;
+    let busy = claim_one_and_queue_its_next(&client, &fx).await;
     // Later work, with higher keys, is claimed past it; then resource 1 is free.
     enqueue_many(&client, fx.instance, fx.tenant, 2, 10).await;
     assert_eq!(claim_from(&client, fx.instance, Floor::FROM_START).await, (2..=11).collect::<Vec<_>>());
