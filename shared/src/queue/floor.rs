@@ -69,8 +69,8 @@ SELECT LEAST(operation_front($1),
                ORDER BY queue_key LIMIT 1)) AS lowest";
 
 // The instance's shared floor, read before the scan (only what was true before the
-// scan's snapshot bounds what it finds).
-const SHARED_FLOOR: &str = "SELECT operation_mark('floor', $1) AS floor";
+// scan's snapshot bounds what it finds); the lease floor reads it the same way.
+pub(super) const SHARED_FLOOR: &str = "SELECT operation_mark('floor', $1) AS floor";
 
 const ADVANCE_FLOOR: &str = "SELECT operation_advance_mark('floor', $1, $2)";
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio_postgres::Client;
 use tokio_postgres::types::Type;
 
+use super::floor::SHARED_FLOOR;
 use super::{RetryPolicy, secs};
 use crate::db::{DbError, column, in_txn_retrying};
 use crate::model::{EngineInstanceId, OperationId};
@@ -49,15 +50,13 @@ SELECT operation_advance_mark('lease_floor', $1,
                    AND queue_key >= operation_mark('lease_floor', $1)
                  ORDER BY queue_key LIMIT 1))) AS floor";
 
-const CLAIM_FLOOR: &str = "SELECT operation_mark('floor', $1) AS floor";
-
 /// Raises the lease floor of `instance` (a lower bound of every claimed operation's
 /// key) as far as it goes now, and returns it. Two statements, outside a
 /// transaction: the claim floor must be read before the claimed keys are looked at.
 pub async fn operation_lease_floor(client: &Client, instance: EngineInstanceId) -> Result<i64, DbError> {
     let action = "find the lease floor";
     let row =
-        client.query_typed_one(CLAIM_FLOOR, &[(&instance.0, Type::INT8)]).await.map_err(DbError::query(action))?;
+        client.query_typed_one(SHARED_FLOOR, &[(&instance.0, Type::INT8)]).await.map_err(DbError::query(action))?;
     let claim_floor: i64 = column(&row, "floor", action)?;
     let row = client
         .query_typed_one(LEASE_FLOOR, &[(&instance.0, Type::INT8), (&claim_floor, Type::INT8)])
