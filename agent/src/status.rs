@@ -8,7 +8,9 @@
 //! Application has no status subresource, so every status write is a watch
 //! event); an unchanged observation is dropped in memory first and by the
 //! database's `IS DISTINCT FROM` second, so the writers are woken only for real
-//! changes.
+//! changes. The memory is a digest per Application of what was last written, not
+//! the observation: its JSON (resources, operation state) is most of its size,
+//! and there is one per Application of the instance.
 //!
 //! An observation that cannot be written (the database restarting, say) is kept —
 //! the latest one per Application — and written again with backoff until it goes
@@ -28,6 +30,7 @@ use gitops_shared::db::application_state::{
 use gitops_shared::db::engine_instance::InstanceEpoch;
 use gitops_shared::db::{DbError, DbPool, pooled};
 use gitops_shared::model::{ApplicationId, SyncOperationState};
+use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -86,8 +89,8 @@ struct StatusWriter {
     epoch: InstanceEpoch,
     pool: DbPool,
     metrics: Arc<Metrics>,
-    /// What was last written (or found unchanged) per Application name.
-    last: HashMap<String, application_state::ObservedApplication>,
+    /// A digest of what was last written (or found unchanged) per Application name.
+    last: HashMap<String, Written>,
     /// The latest observation per Application that could not be written yet.
     pending: HashMap<String, ObservedApplication>,
 }
@@ -121,7 +124,8 @@ impl StatusWriter {
                 return Ok::<_, DbError>(());
             };
             let observed = observe_application(owner, application);
-            if self.last.get(&name) == Some(&observed) {
+            let written = Written::of(&observed);
+            if self.last.get(&name) == Some(&written) {
                 return Ok(());
             }
             if let Some(seq) = application_state_upsert(&client, &self.epoch, &observed).await? {
@@ -140,7 +144,7 @@ impl StatusWriter {
                     sync.state = %sync.state, "sync progress recorded"
                 );
             }
-            self.last.insert(name.clone(), observed);
+            self.last.insert(name.clone(), written);
             Ok(())
         }
         .await;
@@ -173,6 +177,31 @@ impl StatusWriter {
             Some(uid) => application_owner_by_uid(client, self.epoch.instance, uid).await,
             None => Ok(None),
         }
+    }
+}
+
+/// What an `application_state` write held, as a SHA-256 of its content: equal
+/// digests mean an unchanged observation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Written([u8; 32]);
+
+impl Written {
+    fn of(observed: &application_state::ObservedApplication) -> Written {
+        let content = (
+            observed.application_id.0,
+            observed.tenant_id.0,
+            &observed.sync_status,
+            &observed.sync_revision,
+            &observed.health_status,
+            &observed.health_message,
+            &observed.resources,
+            &observed.conditions,
+            &observed.operation_state,
+            &observed.reconciled_state,
+        );
+        // JSON of a tuple: every field delimited, `null` apart from any string.
+        let bytes = serde_json::to_vec(&content).unwrap_or_default();
+        Written(Sha256::digest(&bytes).into())
     }
 }
 

@@ -39,6 +39,7 @@ mod writer_connection;
 mod writer_credentials;
 mod writer_e2e;
 mod writer_egress_proxy;
+mod writer_events;
 mod writer_fleet_move;
 mod writer_provision;
 mod writer_purge;
