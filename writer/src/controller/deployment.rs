@@ -52,7 +52,7 @@ enum Stored {
 
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
     let api: Api<GitOpsDeployment> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
-    let (object, uid) = match open(ctl, &api, name, namespace).await? {
+    let (object, uid) = match open(ctl, &api, crate::work_queue::Kind::Deployment, name, namespace).await? {
         Opened::Ended(next) => return Ok(next),
         Opened::Live(Live::Present(object, uid)) => (object, uid),
         Opened::Live(Live::Gone) => return Ok(Next::Done),

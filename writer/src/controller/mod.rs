@@ -22,6 +22,7 @@ mod deployment;
 pub mod egress;
 mod environment;
 mod events;
+mod finalizer_marks;
 mod home;
 mod namespace;
 mod object;
@@ -169,6 +170,9 @@ pub struct Controllers {
     /// Namespaces whose home identity was deleted or changed under the writer: the
     /// next reconcile makes it again and requests a new token.
     home_damaged: Mutex<HashSet<String>>,
+    /// Finalizer writes of reconciles under way, and what their watch events
+    /// should do (`Controllers::finalizing`).
+    finalizing: Mutex<finalizer_marks::FinalizerMarks>,
 }
 
 /// What the watch store holds of a tenant resource.
@@ -258,6 +262,7 @@ pub async fn run_controllers(
         namespace_states: Mutex::new(HashMap::new()),
         home: Mutex::new(HashMap::new()),
         home_damaged: Mutex::new(HashSet::new()),
+        finalizing: Mutex::default(),
     });
     let mut tasks = JoinSet::new();
     for scope in &scopes {

@@ -12,6 +12,7 @@ use serde_json::json;
 use super::condition::{HasConditions, refuse};
 use super::{Controllers, Next, ReconcileError};
 use crate::api::Condition;
+use crate::work_queue::{Key, Kind};
 use uuid::Uuid;
 
 /// The writer's finalizer on every resource it manages.
@@ -75,7 +76,13 @@ pub enum Opened<K> {
 /// why and nothing is written (no finalizer, no rows, no identity); rows and Argo CD
 /// objects of a namespace that stopped being served stay as they are, and a deletion
 /// goes on as usual.
-pub async fn open<K>(ctl: &Controllers, api: &Api<K>, name: &str, namespace: &str) -> Result<Opened<K>, ReconcileError>
+pub async fn open<K>(
+    ctl: &Controllers,
+    api: &Api<K>,
+    kind: Kind,
+    name: &str,
+    namespace: &str,
+) -> Result<Opened<K>, ReconcileError>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + std::fmt::Debug + HasConditions,
 {
@@ -95,7 +102,14 @@ where
     if let Err(not_served) = ctl.serves_read(namespace).await? {
         return refuse(api, &object, not_served.reason(), &not_served.message(namespace)).await.map(Opened::Ended);
     }
-    let object = if has_finalizer(&object) { object } else { add_finalizer(api, &object).await? };
+    let object = if has_finalizer(&object) {
+        object
+    } else {
+        let write = ctl.finalizing(Key { kind, namespace: namespace.to_owned(), name: name.to_owned() });
+        let patched = add_finalizer(api, &object).await?;
+        write.made(patched.meta().resource_version.as_deref());
+        patched
+    };
     Ok(Opened::Live(Live::Present(object, uid)))
 }
 

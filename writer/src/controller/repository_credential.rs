@@ -29,7 +29,7 @@ use crate::work_queue::{Key, Kind};
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
     let key = Key { kind: Kind::RepositoryCredential, namespace: namespace.to_owned(), name: name.to_owned() };
     let api: Api<GitOpsDeploymentRepositoryCredential> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
-    let (object, uid) = match open(ctl, &api, name, namespace).await? {
+    let (object, uid) = match open(ctl, &api, Kind::RepositoryCredential, name, namespace).await? {
         Opened::Ended(next) => return Ok(next),
         Opened::Live(Live::Present(object, uid)) => (object, uid),
         Opened::Live(Live::Gone) => {

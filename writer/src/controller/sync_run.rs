@@ -27,7 +27,7 @@ pub const REASON_DEPLOYMENT_AUTOMATED: &str = "DeploymentAutomated";
 
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
     let api: Api<GitOpsDeploymentSyncRun> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
-    let (object, uid) = match open(ctl, &api, name, namespace).await? {
+    let (object, uid) = match open(ctl, &api, crate::work_queue::Kind::SyncRun, name, namespace).await? {
         Opened::Ended(next) => return Ok(next),
         Opened::Live(Live::Present(object, uid)) => (object, uid),
         Opened::Live(Live::Gone) => return Ok(Next::Done),

@@ -103,9 +103,12 @@ where
                 }
                 // Our own writes (finalizer, condition) and the status loop's come
                 // back as events; an object already settled at its generation has
-                // nothing new for the writer. Other causes (a Secret, an
+                // nothing new for the writer, nor has the finalizer write of a
+                // reconcile that goes on from it. Other causes (a Secret, an
                 // environment, a shard move) queue keys directly.
-                if !(filter_settled && settled(&object)) {
+                let finalizer = ctl.finalizing_marks().event(&key, object.meta().resource_version.as_deref());
+                let nothing_new = finalizer || (filter_settled && settled(&object));
+                if !nothing_new {
                     ctl.offer(key);
                 }
             }
@@ -119,6 +122,7 @@ where
             Ok(Event::Delete(object)) => {
                 let key = key(&object);
                 ctl.known().remove(&key);
+                ctl.finalizing_marks().forget(&key);
                 if ctl.owns(&key.namespace) && ctl.serves(&key.namespace).is_ok() {
                     events::publish_deleted(&ctl, &object);
                 }

@@ -54,7 +54,7 @@ pub use crate::controller::connection::REASON_CONNECTION_CHECK_DISABLED;
 pub(super) async fn reconcile(ctl: &Arc<Controllers>, namespace: &str, name: &str) -> Result<Next, ReconcileError> {
     let key = Key { kind: Kind::Environment, namespace: namespace.to_owned(), name: name.to_owned() };
     let api: Api<GitOpsDeploymentManagedEnvironment> = Api::namespaced(ctl.ctx.kube.clone(), namespace);
-    let (object, uid) = match open(ctl, &api, name, namespace).await? {
+    let (object, uid) = match open(ctl, &api, Kind::Environment, name, namespace).await? {
         Opened::Ended(next) => return Ok(next),
         Opened::Live(Live::Present(object, uid)) => (object, uid),
         Opened::Live(Live::Gone) => {
