@@ -166,7 +166,7 @@ impl StatusWriter {
     /// The row behind `application`: by its application-id label, else by its name.
     async fn owner(
         &self,
-        client: &tokio_postgres::Client,
+        client: &impl gitops_shared::db::Statements,
         application: &ObservedApplication,
     ) -> Result<Option<ApplicationOwner>, DbError> {
         let labelled = application.labels.get(APPLICATION_ID_LABEL);

@@ -6,7 +6,7 @@ use tokio_postgres::Transaction;
 use tokio_postgres::types::Type;
 use uuid::Uuid;
 
-use crate::db::DbError;
+use crate::db::{DbError, Statements};
 use crate::model::{ApplicationId, EngineInstanceId, ManagedEnvironmentId, RowState, SyncType, TenantId};
 
 /// What a tenant asked for, validated (the tenant is passed beside it: it is known
@@ -151,12 +151,11 @@ pub async fn application_row_state(
 /// The tenant's applications not confirmed deleted, other than `resource_uid`'s
 /// (counted under the tenant's row lock for the quota).
 pub async fn application_count_others_in_txn(
-    txn: &Transaction<'_>,
+    txn: &impl Statements,
     tenant: TenantId,
     resource_uid: Uuid,
 ) -> Result<i64, DbError> {
-    let row =
-        txn.query_one(COUNT_OTHERS, &[&tenant, &resource_uid]).await.map_err(DbError::query("count deployments"))?;
+    let row = txn.row(COUNT_OTHERS, &[&tenant, &resource_uid]).await.map_err(DbError::query("count deployments"))?;
     row.try_get("applications").map_err(DbError::query("count deployments"))
 }
 

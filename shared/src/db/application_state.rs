@@ -11,11 +11,10 @@
 use std::time::SystemTime;
 
 use serde_json::Value;
-use tokio_postgres::Client;
 use uuid::Uuid;
 
-use crate::db::DbError;
 use crate::db::engine_instance::InstanceEpoch;
+use crate::db::{DbError, Statements};
 use crate::model::{ApplicationId, EngineInstanceId, SyncOperationState, TenantId};
 use crate::placed_at_epoch;
 
@@ -190,14 +189,14 @@ impl AgentOutcome {
 
 /// Records `outcome` for application `id` (only when it changes what was recorded).
 pub async fn application_state_record_outcome(
-    client: &Client,
+    client: &impl Statements,
     epoch: &InstanceEpoch,
     id: ApplicationId,
     outcome: &AgentOutcome,
 ) -> Result<(), DbError> {
     let (generation, message, stalled) = outcome.columns();
     client
-        .execute(AGENT_OUTCOME, &[&id, &generation, &message, &stalled, &epoch.instance, &epoch.current()])
+        .run(AGENT_OUTCOME, &[&id, &generation, &message, &stalled, &epoch.instance, &epoch.current()])
         .await
         .map_err(DbError::query("record the agent's outcome"))?;
     Ok(())
@@ -205,11 +204,11 @@ pub async fn application_state_record_outcome(
 
 /// The application row with id `id` if it belongs to a tenant on `instance`.
 pub async fn application_owner_by_id(
-    client: &Client,
+    client: &impl Statements,
     instance: EngineInstanceId,
     id: ApplicationId,
 ) -> Result<Option<ApplicationOwner>, DbError> {
-    let row = client.query_opt(OWNER_BY_ID, &[&id, &instance]).await.map_err(DbError::query("find an application"))?;
+    let row = client.row_opt(OWNER_BY_ID, &[&id, &instance]).await.map_err(DbError::query("find an application"))?;
     row.as_ref().map(ApplicationOwner::try_from).transpose().map_err(DbError::query("find an application"))
 }
 
@@ -223,19 +222,18 @@ impl TryFrom<&tokio_postgres::Row> for ApplicationOwner {
 
 /// The application row of tenant resource `uid` if it belongs to a tenant on `instance`.
 pub async fn application_owner_by_uid(
-    client: &Client,
+    client: &impl Statements,
     instance: EngineInstanceId,
     uid: Uuid,
 ) -> Result<Option<ApplicationOwner>, DbError> {
-    let row =
-        client.query_opt(OWNER_BY_UID, &[&uid, &instance]).await.map_err(DbError::query("find an application"))?;
+    let row = client.row_opt(OWNER_BY_UID, &[&uid, &instance]).await.map_err(DbError::query("find an application"))?;
     row.as_ref().map(ApplicationOwner::try_from).transpose().map_err(DbError::query("find an application"))
 }
 
 /// Writes `observed` when it differs from the stored row. Returns the new sequence
 /// number, or `None` when nothing changed (or the application row is gone).
 pub async fn application_state_upsert(
-    client: &Client,
+    client: &impl Statements,
     epoch: &InstanceEpoch,
     observed: &ObservedApplication,
 ) -> Result<Option<i64>, DbError> {
@@ -251,27 +249,26 @@ pub async fn application_state_upsert(
         &observed.operation_state,
         &observed.reconciled_state,
     ];
-    let unchanged =
-        client.query_opt(UNCHANGED, &params).await.map_err(DbError::query("compare an application state"))?;
+    let unchanged = client.row_opt(UNCHANGED, &params).await.map_err(DbError::query("compare an application state"))?;
     if unchanged.is_some() {
         return Ok(None);
     }
     let current = epoch.current();
     let mut params = params.to_vec();
     params.extend([&epoch.instance as &(dyn tokio_postgres::types::ToSql + Sync), &current]);
-    let row = client.query_opt(UPSERT, &params).await.map_err(DbError::query("upsert an application state"))?;
+    let row = client.row_opt(UPSERT, &params).await.map_err(DbError::query("upsert an application state"))?;
     row.map(|row| row.try_get("seq")).transpose().map_err(DbError::query("upsert an application state"))
 }
 
 /// Records a sync's progress on its `sync_operation` row when it changed. Returns
 /// whether a row was written.
 pub async fn sync_operation_progress(
-    client: &Client,
+    client: &impl Statements,
     epoch: &InstanceEpoch,
     observed: &ObservedSync,
 ) -> Result<bool, DbError> {
     let row = client
-        .query_opt(
+        .row_opt(
             SYNC_PROGRESS,
             &[
                 &observed.correlation_id,

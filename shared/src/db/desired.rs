@@ -10,7 +10,7 @@ use tokio_postgres::{Client, Row};
 use uuid::Uuid;
 
 use crate::crypto::Sealed;
-use crate::db::DbError;
+use crate::db::{DbError, Statements};
 use crate::model::{
     ApplicationId, ManagedEnvironmentId, RepositoryCredentialId, ResourceType, RowState, SyncOperationId,
     SyncOperationState, SyncType, TenantId,
@@ -328,7 +328,7 @@ impl TryFrom<&Row> for ProjectEnvironment {
 
 /// Reads the one row of `statement` for `id` as a `T`.
 async fn load_one<T>(
-    client: &Client,
+    client: &impl Statements,
     statement: &str,
     id: &(dyn tokio_postgres::types::ToSql + Sync),
     action: &'static str,
@@ -336,18 +336,21 @@ async fn load_one<T>(
 where
     T: for<'r> TryFrom<&'r Row, Error = tokio_postgres::Error>,
 {
-    let row = client.query_opt(statement, &[id]).await.map_err(DbError::query(action))?;
+    let row = client.row_opt(statement, &[id]).await.map_err(DbError::query(action))?;
     row.as_ref().map(T::try_from).transpose().map_err(DbError::query(action))
 }
 
 /// The application `id` (None: no such row).
-pub async fn application_load(client: &Client, id: ApplicationId) -> Result<Option<DesiredApplication>, DbError> {
+pub async fn application_load(
+    client: &impl Statements,
+    id: ApplicationId,
+) -> Result<Option<DesiredApplication>, DbError> {
     load_one(client, APPLICATION, &id, "read an application").await
 }
 
 /// The managed environment `id` with its sealed credentials.
 pub async fn managed_environment_load(
-    client: &Client,
+    client: &impl Statements,
     id: ManagedEnvironmentId,
 ) -> Result<Option<DesiredEnvironment>, DbError> {
     load_one(client, ENVIRONMENT, &id, "read a managed environment").await
@@ -355,7 +358,7 @@ pub async fn managed_environment_load(
 
 /// The repository credential `id`.
 pub async fn repository_credential_load(
-    client: &Client,
+    client: &impl Statements,
     id: RepositoryCredentialId,
 ) -> Result<Option<DesiredRepositoryCredential>, DbError> {
     load_one(client, REPOSITORY_CREDENTIAL, &id, "read a repository credential").await
@@ -363,7 +366,7 @@ pub async fn repository_credential_load(
 
 /// The sync operation `id` with its application.
 pub async fn sync_operation_load(
-    client: &Client,
+    client: &impl Statements,
     id: SyncOperationId,
 ) -> Result<Option<DesiredSyncOperation>, DbError> {
     load_one(client, SYNC_OPERATION, &id, "read a sync operation").await
@@ -373,13 +376,13 @@ pub async fn sync_operation_load(
 /// its applications (their `project`) and every repository credential of `tenant`
 /// (a copy per project). Rows being deleted count; deleted ones do not.
 pub async fn environment_project_users(
-    client: &Client,
+    client: &impl Statements,
     tenant: TenantId,
     environment: ManagedEnvironmentId,
 ) -> Result<(Vec<ApplicationId>, Vec<RepositoryCredentialId>), DbError> {
     let action = "read the rows using an environment's project";
     let applications = client
-        .query(ENVIRONMENT_APPLICATIONS, &[&environment, &tenant])
+        .rows(ENVIRONMENT_APPLICATIONS, &[&environment, &tenant])
         .await
         .map_err(DbError::query(action))?
         .iter()
@@ -387,7 +390,7 @@ pub async fn environment_project_users(
         .collect::<RowResult<_>>()
         .map_err(DbError::query(action))?;
     let credentials = client
-        .query(TENANT_REPOSITORY_CREDENTIALS, &[&tenant])
+        .rows(TENANT_REPOSITORY_CREDENTIALS, &[&tenant])
         .await
         .map_err(DbError::query(action))?
         .iter()
@@ -398,13 +401,13 @@ pub async fn environment_project_users(
 }
 
 /// What the tenant's projects must permit (None: no such tenant).
-pub async fn tenant_project_load(client: &Client, tenant: TenantId) -> Result<Option<TenantProject>, DbError> {
-    let Some(row) = client.query_opt(TENANT, &[&tenant]).await.map_err(DbError::query("read a tenant"))? else {
+pub async fn tenant_project_load(client: &impl Statements, tenant: TenantId) -> Result<Option<TenantProject>, DbError> {
+    let Some(row) = client.row_opt(TENANT, &[&tenant]).await.map_err(DbError::query("read a tenant"))? else {
         return Ok(None);
     };
-    let repos = client.query(TENANT_REPOS, &[&tenant]).await.map_err(DbError::query("read a tenant's repositories"))?;
+    let repos = client.rows(TENANT_REPOS, &[&tenant]).await.map_err(DbError::query("read a tenant's repositories"))?;
     let environments =
-        client.query(TENANT_ENVIRONMENTS, &[&tenant]).await.map_err(DbError::query("read a tenant's environments"))?;
+        client.rows(TENANT_ENVIRONMENTS, &[&tenant]).await.map_err(DbError::query("read a tenant's environments"))?;
     let read = |action: &'static str| DbError::query(action);
     Ok(Some(TenantProject {
         tenant_id: row.try_get("id").map_err(read("read a tenant"))?,

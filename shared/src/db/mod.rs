@@ -72,13 +72,18 @@ pub use tls::{MakeRustlsConnect, RootCerts, SslMode, TlsParams, split_tls_params
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::future::BoxFuture;
-use tokio_postgres::{Client, Config, Transaction};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Config, Row, Statement, Transaction};
 
 /// The pool every component uses for ordinary statements.
 pub type DbPool = Pool;
 
 /// A connection taken from a [`DbPool`]; back in the pool when dropped.
 pub type PooledClient = deadpool_postgres::Object;
+/// What a [`PooledClient`] holds: the connection and its kept statements.
+pub type PooledConnection = deadpool_postgres::ClientWrapper;
+/// A transaction on a [`PooledConnection`] (it derefs to `tokio_postgres::Transaction`).
+pub type PooledTransaction<'a> = deadpool_postgres::Transaction<'a>;
 
 /// A connection string taken apart: tokio-postgres's settings (TLS off, optional
 /// or mandatory, as `sslmode` says) and the connector that does the TLS.
@@ -188,6 +193,131 @@ pub async fn pooled(pool: &DbPool) -> Result<PooledClient, DbError> {
     pool.get().await.map_err(|source| DbError::Pool { source })
 }
 
+/// A connection statements are prepared on. A pooled connection prepares each
+/// statement once and keeps it (and, after a few runs, its plan): a run is then one
+/// exchange that binds and executes, with no parsing or planning. A bare connection
+/// or transaction prepares it each time, as running SQL text does.
+pub trait Statements: Sync {
+    /// The connection the statements run on (a transaction's, inside it).
+    fn connection(&self) -> &Client;
+
+    /// `sql`, prepared on this connection.
+    fn statement(&self, sql: &str) -> impl Future<Output = Result<Statement, tokio_postgres::Error>> + Send;
+
+    /// Drops `sql` from the statements this connection keeps (after an error: a
+    /// kept statement that fails, say because a migration changed its result
+    /// columns, is prepared again on the next try instead of failing for good).
+    fn forget(&self, _sql: &str) {}
+
+    /// The rows of `sql`.
+    fn rows(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> impl Future<Output = PgResult<Vec<Row>>> + Send {
+        async move {
+            let statement = self.statement(sql).await?;
+            let rows = self.connection().query(&statement, params).await;
+            self.forget_on_error(sql, rows)
+        }
+    }
+
+    /// The row of `sql`, if any (an error if more than one).
+    fn row_opt(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> impl Future<Output = PgResult<Option<Row>>> + Send {
+        async move {
+            let statement = self.statement(sql).await?;
+            let row = self.connection().query_opt(&statement, params).await;
+            self.forget_on_error(sql, row)
+        }
+    }
+
+    /// The one row of `sql`.
+    fn row(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> impl Future<Output = PgResult<Row>> + Send {
+        async move {
+            let statement = self.statement(sql).await?;
+            let row = self.connection().query_one(&statement, params).await;
+            self.forget_on_error(sql, row)
+        }
+    }
+
+    /// Runs `sql`; the rows it changed.
+    fn run(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> impl Future<Output = PgResult<u64>> + Send {
+        async move {
+            let statement = self.statement(sql).await?;
+            let changed = self.connection().execute(&statement, params).await;
+            self.forget_on_error(sql, changed)
+        }
+    }
+
+    #[doc(hidden)]
+    fn forget_on_error<T>(&self, sql: &str, result: PgResult<T>) -> PgResult<T> {
+        if result.is_err() {
+            self.forget(sql);
+        }
+        result
+    }
+}
+
+type PgResult<T> = Result<T, tokio_postgres::Error>;
+
+impl Statements for Client {
+    fn connection(&self) -> &Client {
+        self
+    }
+
+    async fn statement(&self, sql: &str) -> PgResult<Statement> {
+        self.prepare(sql).await
+    }
+}
+
+impl Statements for Transaction<'_> {
+    fn connection(&self) -> &Client {
+        self.client()
+    }
+
+    async fn statement(&self, sql: &str) -> PgResult<Statement> {
+        self.prepare(sql).await
+    }
+}
+
+impl Statements for deadpool_postgres::ClientWrapper {
+    fn connection(&self) -> &Client {
+        self
+    }
+
+    async fn statement(&self, sql: &str) -> PgResult<Statement> {
+        self.prepare_cached(sql).await
+    }
+
+    fn forget(&self, sql: &str) {
+        self.statement_cache.remove(sql, &[]);
+    }
+}
+
+impl Statements for PooledClient {
+    fn connection(&self) -> &Client {
+        self
+    }
+
+    async fn statement(&self, sql: &str) -> PgResult<Statement> {
+        self.prepare_cached(sql).await
+    }
+
+    fn forget(&self, sql: &str) {
+        self.statement_cache.remove(sql, &[]);
+    }
+}
+
+impl Statements for deadpool_postgres::Transaction<'_> {
+    fn connection(&self) -> &Client {
+        self.client()
+    }
+
+    async fn statement(&self, sql: &str) -> PgResult<Statement> {
+        self.prepare_cached(sql).await
+    }
+
+    fn forget(&self, sql: &str) {
+        self.statement_cache.remove(sql, &[]);
+    }
+}
+
 /// How many times `in_txn_retrying` runs a transaction that PostgreSQL aborted
 /// because of a serialization failure or a deadlock.
 const TXN_ATTEMPTS: u32 = 5;
@@ -210,13 +340,46 @@ where
             Ok(value) => txn.commit().await.map(|()| value).map_err(DbError::query("commit")),
             Err(error) => Err(error),
         };
-        match outcome {
-            Err(error) if error.is_retryable_conflict() && attempt < TXN_ATTEMPTS => {
-                tracing::debug!(attempt, %error, "transaction conflict, running it again");
-                tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt))).await;
-            }
-            other => return other,
+        if !retry_after_conflict(&outcome, attempt).await {
+            return outcome;
         }
+    }
+}
+
+/// [`in_txn_retrying`] on a pooled connection: the body's transaction keeps the
+/// statements it prepares ([`Statements`]) on the connection.
+pub async fn in_pooled_txn_retrying<T, F>(
+    client: &mut deadpool_postgres::ClientWrapper,
+    mut body: F,
+) -> Result<T, DbError>
+where
+    F: for<'t> FnMut(&'t deadpool_postgres::Transaction<'t>) -> BoxFuture<'t, Result<T, DbError>>,
+{
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let txn = client.transaction().await.map_err(DbError::query("begin"))?;
+        let outcome = match body(&txn).await {
+            Ok(value) => txn.commit().await.map(|()| value).map_err(DbError::query("commit")),
+            Err(error) => Err(error),
+        };
+        if !retry_after_conflict(&outcome, attempt).await {
+            return outcome;
+        }
+    }
+}
+
+/// Whether a transaction that ended with `outcome` at its `attempt` runs again: it
+/// was aborted by a serialization failure or a deadlock, and attempts are left (a
+/// short pause first).
+async fn retry_after_conflict<T>(outcome: &Result<T, DbError>, attempt: u32) -> bool {
+    match outcome {
+        Err(error) if error.is_retryable_conflict() && attempt < TXN_ATTEMPTS => {
+            tracing::debug!(attempt, %error, "transaction conflict, running it again");
+            tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt))).await;
+            true
+        }
+        _ => false,
     }
 }
 

@@ -13,9 +13,7 @@
 
 use std::time::Duration;
 
-use tokio_postgres::Transaction;
-
-use crate::db::DbError;
+use crate::db::{DbError, Statements};
 use crate::model::EngineInstanceId;
 
 const CHOOSE: &str = "
@@ -71,15 +69,15 @@ impl Unplaced {
 
 /// The healthy, least-loaded instance with room, or why there is none.
 pub async fn placement_choose_in_txn(
-    txn: &Transaction<'_>,
+    txn: &impl Statements,
     healthy_within: Duration,
 ) -> Result<Result<EngineInstanceId, Unplaced>, DbError> {
     let window_ms = i64::try_from(healthy_within.as_millis()).unwrap_or(i64::MAX);
-    let row = txn.query_opt(CHOOSE, &[&window_ms]).await.map_err(DbError::query("choose an engine instance"))?;
+    let row = txn.row_opt(CHOOSE, &[&window_ms]).await.map_err(DbError::query("choose an engine instance"))?;
     if let Some(row) = row {
         return crate::db::column(&row, "id", "choose an engine instance").map(Ok);
     }
-    let row = txn.query_one(LIVE, &[&window_ms]).await.map_err(DbError::query("count live engine instances"))?;
+    let row = txn.row(LIVE, &[&window_ms]).await.map_err(DbError::query("count live engine instances"))?;
     let live: i64 = crate::db::column(&row, "live", "count live engine instances")?;
     Ok(Err(if live == 0 { Unplaced::Unavailable } else { Unplaced::Full }))
 }

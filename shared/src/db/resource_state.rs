@@ -4,11 +4,9 @@
 //! the status feed, beside `application_state`, so those kinds' failures reach
 //! their tenant resources too.
 
-use tokio_postgres::Client;
-
-use crate::db::DbError;
 use crate::db::application_state::AgentOutcome;
 use crate::db::engine_instance::InstanceEpoch;
+use crate::db::{DbError, Statements};
 use crate::placed_at_epoch;
 
 /// A kind of row whose outcome lives in `resource_state`.
@@ -56,7 +54,7 @@ pub const STATEMENTS: &[&str] = &[ENVIRONMENT_OUTCOME, CREDENTIAL_OUTCOME];
 
 /// Records `outcome` for row `id` of `kind` (only when it changes what was recorded).
 pub async fn resource_state_record_outcome(
-    client: &Client,
+    client: &impl Statements,
     epoch: &InstanceEpoch,
     kind: StateOf,
     id: i64,
@@ -68,7 +66,7 @@ pub async fn resource_state_record_outcome(
     };
     let (generation, message, stalled) = outcome.columns();
     client
-        .execute(statement, &[&id, &generation, &message, &stalled, &epoch.instance, &epoch.current()])
+        .run(statement, &[&id, &generation, &message, &stalled, &epoch.instance, &epoch.current()])
         .await
         .map_err(DbError::query("record the agent's outcome"))?;
     Ok(())

@@ -17,8 +17,8 @@ use serde_json::Value;
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use crate::db::DbError;
 use crate::db::resource_state::StateOf;
+use crate::db::{DbError, Statements};
 use crate::model::{ApplicationId, RowState, SyncOperationId, SyncOperationState};
 
 /// Rows read per shard and statement.
@@ -263,13 +263,13 @@ impl TryFrom<&tokio_postgres::Row> for StatusFeedRow {
 /// Up to `limit` rows of `shard` past its cursor, in transaction order; none
 /// unless `writer_id` holds the shard's lease.
 pub async fn status_feed_read(
-    client: &Client,
+    client: &impl Statements,
     shard: i32,
     writer_id: &str,
     limit: i64,
 ) -> Result<Vec<FeedRow>, DbError> {
     let rows =
-        client.query(FEED_READ, &[&shard, &writer_id, &limit]).await.map_err(DbError::query("read the status feed"))?;
+        client.rows(FEED_READ, &[&shard, &writer_id, &limit]).await.map_err(DbError::query("read the status feed"))?;
     rows.iter().map(|row| FeedRow::try_from(row).map_err(DbError::query("read the status feed"))).collect()
 }
 

@@ -6,7 +6,7 @@
 use tokio_postgres::Transaction;
 use uuid::Uuid;
 
-use crate::db::DbError;
+use crate::db::{DbError, Statements};
 use crate::model::{EngineInstanceId, ResourceType, RowState, TenantId};
 
 /// A tenant row as the writer needs it.
@@ -33,15 +33,15 @@ SELECT id, engine_instance_id, row_state FROM tenant WHERE namespace_uid = $1 FO
 /// `txn` (quotas are counted under this lock). A tenant without an instance is
 /// placed on `place_on` when given; a placed tenant stays where it is.
 pub async fn tenant_upsert_locked_in_txn(
-    txn: &Transaction<'_>,
+    txn: &impl Statements,
     namespace_uid: Uuid,
     namespace_name: &str,
     place_on: Option<EngineInstanceId>,
 ) -> Result<Tenant, DbError> {
-    txn.execute(UPSERT, &[&namespace_uid, &namespace_name, &place_on.map(|i| i.0)])
+    txn.run(UPSERT, &[&namespace_uid, &namespace_name, &place_on.map(|i| i.0)])
         .await
         .map_err(DbError::query("upsert a tenant"))?;
-    let row = txn.query_one(GET_LOCKED, &[&namespace_uid]).await.map_err(DbError::query("lock a tenant"))?;
+    let row = txn.row(GET_LOCKED, &[&namespace_uid]).await.map_err(DbError::query("lock a tenant"))?;
     Tenant::try_from(&row).map_err(DbError::query("read a tenant"))
 }
 
@@ -118,16 +118,16 @@ pub const STATEMENTS: &[&str] = &[
 /// Where the tenant of `namespace_uid` is placed: None without a tenant, Some(None)
 /// for a tenant not placed yet.
 pub async fn tenant_placement_in_txn(
-    txn: &Transaction<'_>,
+    txn: &impl Statements,
     namespace_uid: Uuid,
 ) -> Result<Option<Option<EngineInstanceId>>, DbError> {
-    let row = txn.query_opt(PLACEMENT, &[&namespace_uid]).await.map_err(DbError::query("read a tenant"))?;
+    let row = txn.row_opt(PLACEMENT, &[&namespace_uid]).await.map_err(DbError::query("read a tenant"))?;
     row.map(|row| row.try_get("engine_instance_id")).transpose().map_err(DbError::query("read a tenant"))
 }
 
 /// Records the writer shard of a tenant (its namespace's).
-pub async fn tenant_set_shard_in_txn(txn: &Transaction<'_>, tenant: TenantId, shard: i32) -> Result<(), DbError> {
-    txn.execute(SET_SHARD, &[&tenant, &shard]).await.map_err(DbError::query("record a tenant's shard"))?;
+pub async fn tenant_set_shard_in_txn(txn: &impl Statements, tenant: TenantId, shard: i32) -> Result<(), DbError> {
+    txn.run(SET_SHARD, &[&tenant, &shard]).await.map_err(DbError::query("record a tenant's shard"))?;
     Ok(())
 }
 

@@ -8,9 +8,9 @@
 
 use std::time::Duration;
 
-use tokio_postgres::{Client, Transaction};
+use tokio_postgres::Client;
 
-use crate::db::DbError;
+use crate::db::{DbError, Statements};
 
 const RENEW: &str = "
 UPDATE writer_shard SET lease_expires_at = now() + $2::bigint * interval '1 millisecond', updated_at = now()
@@ -189,12 +189,15 @@ pub async fn writer_shard_take_over(
 
 /// Whether `writer_id` holds `shard`, locking the row against a hand-over until
 /// `txn` ends.
-pub async fn writer_shard_fence_in_txn(txn: &Transaction<'_>, shard: i32, writer_id: &str) -> Result<bool, DbError> {
+pub async fn writer_shard_fence_in_txn(txn: &impl Statements, shard: i32, writer_id: &str) -> Result<bool, DbError> {
     // A fenced transaction holds the shard's row until it ends: it waits for no lock
     // longer than FENCED_LOCK_TIMEOUT, so one of a crashed writer (whose session only
     // notices when it next speaks) cannot keep the shard from its next owner.
-    txn.batch_execute(FENCED_LOCK_TIMEOUT).await.map_err(DbError::query("bound a fenced transaction's lock waits"))?;
-    let row = txn.query_opt(FENCE, &[&shard, &writer_id]).await.map_err(DbError::query("check a shard lease"))?;
+    txn.connection()
+        .batch_execute(FENCED_LOCK_TIMEOUT)
+        .await
+        .map_err(DbError::query("bound a fenced transaction's lock waits"))?;
+    let row = txn.row_opt(FENCE, &[&shard, &writer_id]).await.map_err(DbError::query("check a shard lease"))?;
     Ok(row.is_some())
 }
 

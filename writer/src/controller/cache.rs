@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
-use gitops_shared::db::{DbError, in_txn_retrying};
+use gitops_shared::db::{DbError, in_pooled_txn_retrying};
 use gitops_shared::model::ManagedEnvironmentId;
 use gitops_shared::tenancy::NotServed;
 use k8s_openapi::api::core::v1::Namespace;
@@ -114,15 +114,20 @@ impl Controllers {
         }
     }
 
-    /// [`in_txn_retrying`], timed into the transaction histogram (retries included).
-    pub(super) async fn in_txn<T, F>(&self, client: &mut tokio_postgres::Client, body: F) -> Result<T, DbError>
+    /// [`in_pooled_txn_retrying`], timed into the transaction histogram (retries
+    /// included).
+    pub(super) async fn in_txn<T, F>(
+        &self,
+        client: &mut gitops_shared::db::PooledConnection,
+        body: F,
+    ) -> Result<T, DbError>
     where
         F: for<'t> FnMut(
-            &'t tokio_postgres::Transaction<'t>,
+            &'t gitops_shared::db::PooledTransaction<'t>,
         ) -> futures_util::future::BoxFuture<'t, Result<T, DbError>>,
     {
         let started = std::time::Instant::now();
-        let outcome = in_txn_retrying(client, body).await;
+        let outcome = in_pooled_txn_retrying(client, body).await;
         self.ctx.metrics.transaction.observe(started.elapsed());
         outcome
     }

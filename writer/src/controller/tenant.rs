@@ -83,7 +83,7 @@ enum Tenancy {
 }
 
 async fn tenant_placed_in_txn(
-    txn: &Transaction<'_>,
+    txn: &impl gitops_shared::db::Statements,
     namespace_uid: Uuid,
     namespace: &str,
     shard: i32,
