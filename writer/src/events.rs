@@ -1,8 +1,9 @@
 //! Kubernetes Events on the tenant resources for their transitions (accepted,
 //! refused, applied and ready, unavailable, stalled, deleted), as `events.k8s.io/v1`
 //! Events. A transition repeated on the same object within [`SERIES_WINDOW`] (same
-//! type, action and reason) patches the first event into a series (its count, when
-//! last seen and the latest note) instead of adding one more.
+//! type, action, reason and note) patches the first event into a series (its count
+//! and when last seen) instead of adding one more. A different note is a new event:
+//! the API server keeps an event's note as it was created.
 //!
 //! The publisher keeps its own series memory rather than kube's recorder: that one
 //! keeps a clone of every event it published for six minutes, keyed by an object
@@ -98,7 +99,7 @@ fn due(swept_at: Option<Instant>, now: Instant) -> bool {
     swept_at.is_none_or(|at| now.saturating_duration_since(at) >= SWEEP_EVERY)
 }
 
-/// What makes two events one series: the object and the transition.
+/// What makes two events one series: the object and the transition, note included.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct SeriesKey {
     /// The object's UID (kind, namespace and name when it has none).
@@ -106,6 +107,13 @@ struct SeriesKey {
     warning: bool,
     action: &'static str,
     reason: String,
+    /// A hash of the note (the notes themselves would be most of the memory).
+    note: u64,
+}
+
+fn note_hash(note: &str) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(note)
 }
 
 /// The event a series is kept in.
@@ -189,12 +197,12 @@ impl TenantEvents {
             tracing::debug!(object = ?reference.name, %reason, "event dropped by the rate limit");
             return;
         }
-        let key = SeriesKey { regarding, warning, action, reason };
         let note = truncate(note, 1000);
+        let key = SeriesKey { regarding, warning, action, reason, note: note_hash(&note) };
         let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
         let current = self.series().current(&key, Instant::now());
         let published = match current {
-            Some(series) => match self.repeat(&api, &series, &note).await {
+            Some(series) => match self.repeat(&api, &series).await {
                 Err(kube::Error::Api(status)) if status.code == 404 => self.create(&api, &reference, &key, note).await,
                 repeated => repeated,
             },
@@ -210,12 +218,11 @@ impl TenantEvents {
         }
     }
 
-    /// Counts one more occurrence on the series' event, with the latest note.
-    async fn repeat(&self, api: &Api<Event>, series: &Series, note: &str) -> Result<Series, kube::Error> {
+    /// Counts one more occurrence on the series' event (only `series` may change).
+    async fn repeat(&self, api: &Api<Event>, series: &Series) -> Result<Series, kube::Error> {
         let count = series.count.saturating_add(1);
         let patch = serde_json::json!({
             "series": EventSeries { count, last_observed_time: MicroTime(Timestamp::now()) },
-            "note": note,
         });
         api.patch(&series.name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
         Ok(Series { name: series.name.clone(), count, last: Instant::now() })
@@ -257,8 +264,8 @@ impl TenantEvents {
 fn event_name(object: &str, nanos: i128) -> String {
     let stamp = format!("{nanos:x}");
     let room = 253 - 1 - stamp.len();
-    // Object names are DNS subdomains (ASCII); a cut must not leave a dot before ours.
-    let prefix = object.get(..room.min(object.len())).unwrap_or(object).trim_end_matches('.');
+    // Object names are DNS subdomains (ASCII): a cut must end on a letter or digit.
+    let prefix = object.get(..room.min(object.len())).unwrap_or(object).trim_end_matches(['.', '-']);
     format!("{prefix}.{stamp}")
 }
 
@@ -313,6 +320,7 @@ mod tests {
             warning: false,
             action: "Apply",
             reason: reason.into(),
+            note: note_hash("applied"),
         };
         let start = Instant::now();
         let mut memory = SeriesMemory::default();
@@ -334,9 +342,9 @@ mod tests {
         let name = event_name(&"a".repeat(253), stamp);
         assert_eq!(name.len(), 253, "{name}");
         assert!(name.ends_with(".ffffffffffffffff"), "{name}");
-        // The cut falls just after a dot: that dot goes.
-        let name = event_name(&format!("{}.bbbb", "a".repeat(235)), stamp);
-        assert_eq!(name, format!("{}.ffffffffffffffff", "a".repeat(235)));
+        // The cut falls just after a dot or a dash: they go.
+        let name = event_name(&format!("{}-.bbbb", "a".repeat(234)), stamp);
+        assert_eq!(name, format!("{}.ffffffffffffffff", "a".repeat(234)));
     }
 
     #[test]

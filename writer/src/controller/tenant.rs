@@ -7,12 +7,11 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use gitops_shared::db::DbError;
 use gitops_shared::db::credential::CredentialError;
 use gitops_shared::db::placement::{Unplaced, placement_choose_in_txn};
 use gitops_shared::db::tenant::{tenant_placement_in_txn, tenant_set_shard_in_txn, tenant_upsert_locked_in_txn};
+use gitops_shared::db::{DbError, PooledTransaction};
 use gitops_shared::model::{EngineInstanceId, RowState, TenantId};
-use tokio_postgres::Transaction;
 use uuid::Uuid;
 
 use super::Controllers;
@@ -42,7 +41,7 @@ impl Controllers {
     ) -> Result<Placed<T>, DbError>
     where
         T: Send + 'static,
-        F: for<'t> Fn(&'t Transaction<'t>, TenantId, EngineInstanceId) -> BoxFuture<'t, Result<T, DbError>>
+        F: for<'t> Fn(&'t PooledTransaction<'t>, TenantId, EngineInstanceId) -> BoxFuture<'t, Result<T, DbError>>
             + Send
             + Sync
             + 'static,
