@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio_postgres::Client;
 use uuid::Uuid;
 
-use crate::db::DbError;
+use crate::db::{DbError, Statements};
 
 const RECORD: &str = "
 INSERT INTO admission_approval (resource_uid, generation, kind, requester) VALUES ($1, $2, $3, $4)
@@ -42,23 +42,22 @@ impl ApprovedKind {
 
 /// Records that the webhook approved `uid` at `generation` for `requester`.
 pub async fn admission_approval_record(
-    client: &Client,
+    client: &impl Statements,
     uid: Uuid,
     generation: i64,
     kind: ApprovedKind,
     requester: &str,
 ) -> Result<(), DbError> {
     client
-        .execute(RECORD, &[&uid, &generation, &kind.as_str(), &requester])
+        .run(RECORD, &[&uid, &generation, &kind.as_str(), &requester])
         .await
         .map_err(DbError::query("record an admission approval"))?;
     Ok(())
 }
 
 /// Whether the webhook approved `uid` at `generation`.
-pub async fn admission_approval_exists(client: &Client, uid: Uuid, generation: i64) -> Result<bool, DbError> {
-    let row =
-        client.query_one(EXISTS, &[&uid, &generation]).await.map_err(DbError::query("read an admission approval"))?;
+pub async fn admission_approval_exists(client: &impl Statements, uid: Uuid, generation: i64) -> Result<bool, DbError> {
+    let row = client.row(EXISTS, &[&uid, &generation]).await.map_err(DbError::query("read an admission approval"))?;
     crate::db::column(&row, "approved", "read an admission approval")
 }
 

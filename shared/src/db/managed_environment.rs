@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 
-use crate::db::DbError;
+use crate::db::{DbError, Statements};
 use crate::model::{ManagedEnvironmentId, TenantId};
 
 // Tenants name their own environments; the home environment is never one of them.
@@ -102,22 +102,22 @@ pub async fn managed_environment_by_name(
 /// The home environment of the tenant of namespace `namespace_uid` and when its
 /// token expires (None: no token stored yet).
 pub async fn managed_environment_home(
-    client: &Client,
+    client: &impl Statements,
     namespace_uid: Uuid,
 ) -> Result<Option<(ManagedEnvironmentId, Option<SystemTime>)>, DbError> {
-    let row = client.query_opt(HOME, &[&namespace_uid]).await.map_err(DbError::query("read a home environment"))?;
+    let row = client.row_opt(HOME, &[&namespace_uid]).await.map_err(DbError::query("read a home environment"))?;
     row.map(|row| Ok((id(&row)?, row.try_get("expires_at").map_err(DbError::query("read a home environment"))?)))
         .transpose()
 }
 
 /// The live environment row of resource `resource_uid` of `tenant`.
 pub async fn managed_environment_live_in_txn(
-    txn: &Transaction<'_>,
+    txn: &impl Statements,
     resource_uid: Uuid,
     tenant: TenantId,
 ) -> Result<Option<ManagedEnvironmentId>, DbError> {
     let row = txn
-        .query_opt(LIVE_OF_RESOURCE, &[&resource_uid, &tenant])
+        .row_opt(LIVE_OF_RESOURCE, &[&resource_uid, &tenant])
         .await
         .map_err(DbError::query("read a managed environment"))?;
     row.as_ref().map(id).transpose()
