@@ -187,20 +187,8 @@ struct Written([u8; 32]);
 
 impl Written {
     fn of(observed: &application_state::ObservedApplication) -> Written {
-        let content = (
-            observed.application_id.0,
-            observed.tenant_id.0,
-            &observed.sync_status,
-            &observed.sync_revision,
-            &observed.health_status,
-            &observed.health_message,
-            &observed.resources,
-            &observed.conditions,
-            &observed.operation_state,
-            &observed.reconciled_state,
-        );
-        // JSON of a tuple: every field delimited, `null` apart from any string.
-        let bytes = serde_json::to_vec(&content).unwrap_or_default();
+        // JSON of every field, by name: delimited, and `null` apart from any string.
+        let bytes = serde_json::to_vec(observed).unwrap_or_default();
         Written(Sha256::digest(&bytes).into())
     }
 }

@@ -143,8 +143,12 @@ pg_enum!(
 macro_rules! id_type {
     ($(#[$meta:meta])* $name:ident) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, postgres_types::ToSql, postgres_types::FromSql)]
+        #[derive(
+            Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord,
+            postgres_types::ToSql, postgres_types::FromSql, serde::Serialize,
+        )]
         #[postgres(transparent)]
+        #[serde(transparent)]
         pub struct $name(pub i64);
 
         impl fmt::Display for $name {

@@ -19,7 +19,7 @@ use crate::model::{ApplicationId, EngineInstanceId, SyncOperationState, TenantId
 use crate::placed_at_epoch;
 
 /// One `application_state` row's content, as the engine reported it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ObservedApplication {
     pub application_id: ApplicationId,
     pub tenant_id: TenantId,

@@ -276,20 +276,6 @@ impl Statements for Transaction<'_> {
     }
 }
 
-impl Statements for deadpool_postgres::ClientWrapper {
-    fn connection(&self) -> &Client {
-        self
-    }
-
-    async fn statement(&self, sql: &str) -> PgResult<Statement> {
-        self.prepare_cached(sql).await
-    }
-
-    fn forget(&self, sql: &str) {
-        self.statement_cache.remove(sql, &[]);
-    }
-}
-
 impl Statements for PooledClient {
     fn connection(&self) -> &Client {
         self
