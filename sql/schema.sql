@@ -280,6 +280,39 @@ END;
 $$;
 
 --
+-- Name: operation_safe_floor(bigint, bigint, bigint, integer); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.operation_safe_floor(p_instance bigint, p_from bigint, p_slack bigint, p_wait_ms integer) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_from   bigint;
+    v_lowest bigint;
+    v_floor  bigint;
+BEGIN
+    PERFORM set_config('lock_timeout', GREATEST(p_wait_ms, 1) || 'ms', true);
+    PERFORM pg_advisory_xact_lock(signal_lock_key('operations', p_instance));
+    -- Backoffs that ended: the key trigger gives them their place in the queue.
+    UPDATE operation SET run_after = run_after
+     WHERE engine_instance_id = p_instance AND state = 'waiting' AND queue_key IS NULL AND run_after <= now();
+    -- The shared floor is read before the scan: only what was true before the scan's
+    -- snapshot bounds what it finds.
+    v_from := GREATEST(p_from, operation_mark('floor', p_instance));
+    -- The first live entry from v_from on, as an ordered scan that stops there.
+    SELECT LEAST(operation_front(p_instance),
+                 (SELECT o.queue_key FROM operation o
+                   WHERE o.engine_instance_id = p_instance AND o.state = 'waiting'
+                     AND o.queue_key IS NOT NULL AND o.queue_key >= v_from
+                   ORDER BY o.queue_key LIMIT 1))
+      INTO v_lowest;
+    v_floor := GREATEST(v_lowest - p_slack, v_from);
+    PERFORM operation_advance_mark('floor', p_instance, v_floor);
+    RETURN v_floor;
+END;
+$$;
+
+--
 -- Name: operation_signal(); Type: FUNCTION; Schema: public; Owner: -
 --
 

@@ -369,8 +369,8 @@ impl<H: Handler> Consumer<H> {
         if !force && state.synced_at.is_some_and(|at| at.elapsed() < self.config.floor_sync_every) {
             return Ok(());
         }
-        let mut client = pooled(&self.pool).await?;
-        match operation_safe_floor(&mut client, self.config.instance, state.safe, FLOOR_LOCK_WAIT).await? {
+        let client = pooled(&self.pool).await?;
+        match operation_safe_floor(&client, self.config.instance, state.safe, FLOOR_LOCK_WAIT).await? {
             Some(safe) => self.update_floor(|floor| {
                 *floor = FloorState { claim_from: safe, safe, synced_at: Some(Instant::now()) };
             }),

@@ -35,6 +35,7 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
 
 use super::claim::Floor;
 use crate::db::{DbError, column};
@@ -43,8 +44,6 @@ use crate::model::EngineInstanceId;
 /// Keys below the front the floor is set at, for a front that two racing claimers
 /// moved back a batch (`operation_advance_front`).
 const FRONT_SLACK: i64 = 256;
-
-const LOCK: &str = "SELECT pg_advisory_xact_lock(signal_lock_key('operations', $1))";
 
 // Backoffs that ended: the key trigger gives them their place in the queue.
 const PROMOTE: &str = "
@@ -58,48 +57,33 @@ pub async fn operation_promote_due(client: &Client, instance: EngineInstanceId) 
     client.execute(PROMOTE, &[&instance.0]).await.map_err(DbError::query("give due retries their keys"))
 }
 
-/// The safe floor's query (public so a test can EXPLAIN it).
-// The first live entry from `$2` on, as an ordered scan that stops there (an
-// aggregate may be planned as a read of the whole range, backlog included).
-pub const LOWEST_LIVE_KEY: &str = "
-SELECT LEAST(operation_front($1),
-             (SELECT queue_key FROM operation
-               WHERE engine_instance_id = $1 AND state = 'waiting'
-                 AND queue_key IS NOT NULL AND queue_key >= $2
-               ORDER BY queue_key LIMIT 1)) AS lowest";
-
-// The instance's shared floor, read before the scan (only what was true before the
-// scan's snapshot bounds what it finds); the lease floor reads it the same way.
+// The instance's shared floor, as the lease floor reads it before its own scan (only
+// what was true before the scan's snapshot bounds what it finds).
 pub(super) const SHARED_FLOOR: &str = "SELECT operation_mark('floor', $1) AS floor";
 
-const ADVANCE_FLOOR: &str = "SELECT operation_advance_mark('floor', $1, $2)";
+// One statement, one transaction (migrations/V22): the lock, the due retries' keys,
+// the shared floor, the scan for the lowest waiting key and raising the shared floor
+// all run in the server, so the lock that holds back every enqueue of the instance is
+// held for no round trip.
+const SAFE_FLOOR: &str = "SELECT operation_safe_floor($1, $2, $3, $4) AS floor";
 
 /// Finds a safe floor for `instance`, scanning from `from` (the caller's last safe
 /// floor) or the instance's shared floor, whichever is higher, raises the shared floor
 /// to it, and gives due retries their keys. Waits at most `wait` for transactions
 /// that are writing operations to end; None when they did not (try again later).
 pub async fn operation_safe_floor(
-    client: &mut Client,
+    client: &Client,
     instance: EngineInstanceId,
     from: Floor,
     wait: Duration,
 ) -> Result<Option<Floor>, DbError> {
     let action = "find the queue's floor";
-    let txn = client.transaction().await.map_err(DbError::query(action))?;
-    let timeout = format!("SET LOCAL lock_timeout = '{}ms'", wait.as_millis().max(1));
-    txn.batch_execute(&timeout).await.map_err(DbError::query(action))?;
-    match txn.execute(LOCK, &[&instance.0]).await {
-        Ok(_) => {}
-        Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => return Ok(None),
-        Err(error) => return Err(DbError::query(action)(error)),
+    let wait_ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+    let params: [(&(dyn ToSql + Sync), Type); 4] =
+        [(&instance.0, Type::INT8), (&from.0, Type::INT8), (&FRONT_SLACK, Type::INT8), (&wait_ms, Type::INT4)];
+    match client.query_typed_one(SAFE_FLOOR, &params).await {
+        Ok(row) => Ok(Some(Floor(column(&row, "floor", action)?))),
+        Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => Ok(None),
+        Err(error) => Err(DbError::query(action)(error)),
     }
-    txn.execute(PROMOTE, &[&instance.0]).await.map_err(DbError::query("give due retries their keys"))?;
-    let shared = txn.query_one(SHARED_FLOOR, &[&instance.0]).await.map_err(DbError::query(action))?;
-    let from = from.max(Floor(column(&shared, "floor", action)?));
-    let row = txn.query_one(LOWEST_LIVE_KEY, &[&instance.0, &from.0]).await.map_err(DbError::query(action))?;
-    let lowest: i64 = column(&row, "lowest", action)?;
-    let floor = Floor(lowest.saturating_sub(FRONT_SLACK).max(from.0));
-    txn.execute(ADVANCE_FLOOR, &[&instance.0, &floor.0]).await.map_err(DbError::query(action))?;
-    txn.commit().await.map_err(DbError::query(action))?;
-    Ok(Some(floor))
 }

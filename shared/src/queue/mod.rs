@@ -46,7 +46,7 @@ pub use claim::{
 };
 pub use consumer::{Consumer, ConsumerConfig, ConsumerStats, Handler, Outcome};
 pub use enqueue::{Enqueued, operation_enqueue_in_txn};
-pub use floor::{LOWEST_LIVE_KEY as LOWEST_LIVE_KEY_SQL, operation_promote_due, operation_safe_floor};
+pub use floor::{operation_promote_due, operation_safe_floor};
 pub use horizon::{HorizonHolder, STATEMENTS as HORIZON_STATEMENTS, xmin_horizon_holder};
 pub use lease::{Lease, LeaseKeeper, RENEW as RENEW_SQL, operation_renew};
 pub use maintain::{

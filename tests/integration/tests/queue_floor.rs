@@ -30,7 +30,7 @@ async fn enqueue_many(client: &Client, instance: EngineInstanceId, tenant: Tenan
 }
 
 /// A safe floor found from the start, with nobody writing.
-async fn safe_floor(client: &mut Client, instance: EngineInstanceId) -> Floor {
+async fn safe_floor(client: &Client, instance: EngineInstanceId) -> Floor {
     operation_safe_floor(client, instance, Floor::FROM_START, Duration::from_secs(5))
         .await
         .expect("safe floor")
@@ -141,7 +141,7 @@ async fn an_enqueue_and_a_safe_floor_read_one_entry_however_long_the_backlog() {
 
     // The lowest live key: the first entry from the floor.
     let before = index_reads(&client, "operation_claim_idx").await;
-    safe_floor(&mut client, fx.instance).await;
+    safe_floor(&client, fx.instance).await;
     let read = index_reads(&client, "operation_claim_idx").await - before;
     assert!(read <= 2, "the safe floor read {read} entries");
 }
@@ -179,7 +179,7 @@ async fn with_a_snapshot_held_the_claim_starts_past_the_entries_of_what_was_clai
     assert!(from_start >= 6000, "from the start the claim read {from_start} entries");
     assert!(from_floor <= 250, "from the floor the claim read {from_floor} entries");
     // The safe floor finds the same place, and the claim from it takes the new work.
-    let safe = safe_floor(&mut client, fx.instance).await;
+    let safe = safe_floor(&client, fx.instance).await;
     assert_eq!(claim_from(&client, fx.instance, safe).await, (10_001..=10_010).collect::<Vec<_>>());
     held.batch_execute("ROLLBACK").await.expect("release the snapshot");
 }
@@ -235,7 +235,7 @@ async fn what_an_optimistic_floor_passed_over_is_claimed_after_the_next_safe_flo
         operation_complete_and_claim(&client, fx.instance, "agent", 10, LEASE, optimistic, &[]).await.expect("claim");
     assert!(passed.claimed.is_empty(), "the optimistic floor passes over resource 1's operation");
 
-    let safe = safe_floor(&mut client, fx.instance).await;
+    let safe = safe_floor(&client, fx.instance).await;
     assert!(safe < optimistic, "the safe floor goes back to the operation passed over");
     assert_eq!(claim_from(&client, fx.instance, safe).await, vec![1]);
 }
@@ -269,7 +269,7 @@ async fn a_retry_whose_backoff_ended_gets_its_place_from_the_safe_floor() {
         .expect("claim");
     assert!(before.claimed.is_empty(), "without a key it is not in the claim's index");
 
-    let safe = safe_floor(&mut client, fx.instance).await;
+    let safe = safe_floor(&client, fx.instance).await;
     assert_eq!(claim_from(&client, fx.instance, safe).await, vec![7]);
 }
 
@@ -287,13 +287,47 @@ async fn a_safe_floor_waits_for_a_writer_in_flight_and_gives_up_after_its_wait()
     )
     .await
     .expect("enqueue");
-    let attempt = operation_safe_floor(&mut client, fx.instance, Floor::FROM_START, Duration::from_millis(50))
+    let attempt = operation_safe_floor(&client, fx.instance, Floor::FROM_START, Duration::from_millis(50))
         .await
         .expect("safe floor");
     assert_eq!(attempt, None, "no floor is safe while an operation is being written");
     txn.commit().await.expect("commit");
-    let safe = safe_floor(&mut client, fx.instance).await;
+    let safe = safe_floor(&client, fx.instance).await;
     assert_eq!(claim_from(&client, fx.instance, safe).await, vec![9]);
+}
+
+#[tokio::test]
+async fn a_safe_floor_that_waited_for_a_writer_finds_what_it_committed() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    let mut writer = db.connect().await;
+    let txn = writer.transaction().await.expect("begin");
+    txn.execute(
+        "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id) VALUES ($1, $2, 'application', 9)",
+        &[&fx.instance.0, &fx.tenant.0],
+    )
+    .await
+    .expect("enqueue");
+    // The floor is asked for while the writer is in flight, with time to wait for it.
+    let floor_client = db.connect().await;
+    let instance = fx.instance;
+    let finding = tokio::spawn(async move {
+        operation_safe_floor(&floor_client, instance, Floor::FROM_START, Duration::from_secs(60)).await
+    });
+    eventually("the safe floor to wait for the writer's lock", || async {
+        let waiting: i64 = client
+            .query_one("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted", &[])
+            .await
+            .expect("pg_locks")
+            .get(0);
+        (waiting == 1).then_some(())
+    })
+    .await;
+    assert!(!finding.is_finished(), "no floor while the writer is in flight");
+    txn.commit().await.expect("commit");
+    let safe = finding.await.expect("join").expect("safe floor").expect("the writer ended within the wait");
+    assert_eq!(claim_from(&client, fx.instance, safe).await, vec![9], "the floor does not pass over it");
 }
 
 /// Drains every due operation of `instance` through claims that complete the last
@@ -324,10 +358,10 @@ async fn with_a_snapshot_held_a_consumer_that_starts_and_the_lease_upkeep_begin_
     // The first safe floor of the instance reads the 6,000 entries claims left in the
     // claim index; a consumer that starts afterwards begins where that one ended.
     let before = index_reads(&client, "operation_claim_idx").await;
-    let first = safe_floor(&mut client, fx.instance).await;
+    let first = safe_floor(&client, fx.instance).await;
     let first_reads = index_reads(&client, "operation_claim_idx").await - before;
     let before = index_reads(&client, "operation_claim_idx").await;
-    let second = safe_floor(&mut client, fx.instance).await;
+    let second = safe_floor(&client, fx.instance).await;
     let second_reads = index_reads(&client, "operation_claim_idx").await - before;
     assert!(first_reads >= 6000, "the first safe floor read {first_reads} entries");
     assert!(second_reads <= 300, "a starting consumer's safe floor read {second_reads} entries");
@@ -398,14 +432,14 @@ async fn racing_claimers_writers_and_upkeep_never_raise_a_floor_past_live_work()
     // rest with the next claim; each makes its floor safe every few rounds.
     let mut claimers = Vec::new();
     for index in 0..CLAIMERS {
-        let (mut conn, instance) = (db.connect().await, fx.instance);
+        let (conn, instance) = (db.connect().await, fx.instance);
         claimers.push(tokio::spawn(async move {
             let name = format!("agent-{index}");
             let (mut floor, mut handed_in) = (Floor::FROM_START, Vec::new());
             for round in 0..ROUNDS {
                 if round % 4 == 0 {
                     let safe =
-                        operation_safe_floor(&mut conn, instance, Floor::FROM_START, LEASE).await.expect("safe floor");
+                        operation_safe_floor(&conn, instance, Floor::FROM_START, LEASE).await.expect("safe floor");
                     floor = safe.unwrap_or(floor);
                 }
                 let claimed = operation_complete_and_claim(&conn, instance, &name, 20, LEASE, floor, &handed_in)
@@ -470,7 +504,7 @@ async fn an_operation_claimed_after_waiting_behind_its_resource_is_found_by_the_
         .get(0);
     assert!(lease_floor <= waiting_key, "lease floor {lease_floor} is past the waiting key {waiting_key}");
 
-    let safe = safe_floor(&mut client, fx.instance).await;
+    let safe = safe_floor(&client, fx.instance).await;
     assert_eq!(claim_from(&client, fx.instance, safe).await, vec![1]);
     client
         .execute("UPDATE operation SET lease_expires_at = now() - interval '1 second' WHERE resource_id = 1", &[])
