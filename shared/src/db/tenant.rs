@@ -57,7 +57,8 @@ impl TryFrom<&tokio_postgres::Row> for Tenant {
     }
 }
 
-const PLACEMENT: &str = "SELECT engine_instance_id FROM tenant WHERE namespace_uid = $1";
+const OF_NAMESPACE_LOCKED: &str = "
+SELECT id, engine_instance_id, row_state, writer_shard FROM tenant WHERE namespace_uid = $1 FOR UPDATE";
 
 const SET_SHARD: &str = "
 UPDATE tenant SET writer_shard = $2, updated_at = now() WHERE id = $1 AND writer_shard IS DISTINCT FROM $2";
@@ -103,7 +104,7 @@ SELECT namespace_name, namespace_uid FROM tenant WHERE row_state = 'active' AND 
 pub const STATEMENTS: &[&str] = &[
     UPSERT,
     GET_LOCKED,
-    PLACEMENT,
+    OF_NAMESPACE_LOCKED,
     SET_SHARD,
     LOCK,
     STALE,
@@ -115,14 +116,44 @@ pub const STATEMENTS: &[&str] = &[
     LIVE_IN_SHARDS,
 ];
 
-/// Where the tenant of `namespace_uid` is placed: None without a tenant, Some(None)
-/// for a tenant not placed yet.
-pub async fn tenant_placement_in_txn(
+/// A tenant row, locked, and the writer shard last recorded on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockedTenant {
+    pub tenant: Tenant,
+    pub writer_shard: Option<i32>,
+}
+
+/// The tenant of `namespace_uid`, its row locked for the rest of `txn` (quotas are
+/// counted under this lock); None while the namespace has none. One statement, so
+/// that an intent for a placed tenant reads and locks it in one round trip.
+pub async fn tenant_of_namespace_locked_in_txn(
     txn: &impl Statements,
     namespace_uid: Uuid,
-) -> Result<Option<Option<EngineInstanceId>>, DbError> {
-    let row = txn.row_opt(PLACEMENT, &[&namespace_uid]).await.map_err(DbError::query("read a tenant"))?;
-    row.map(|row| row.try_get("engine_instance_id")).transpose().map_err(DbError::query("read a tenant"))
+) -> Result<Option<LockedTenant>, DbError> {
+    let action = "lock a namespace's tenant";
+    let Some(row) = txn.row_opt(OF_NAMESPACE_LOCKED, &[&namespace_uid]).await.map_err(DbError::query(action))? else {
+        return Ok(None);
+    };
+    let tenant = Tenant::try_from(&row).map_err(DbError::query(action))?;
+    let writer_shard = row.try_get("writer_shard").map_err(DbError::query(action))?;
+    Ok(Some(LockedTenant { tenant, writer_shard }))
+}
+
+/// Places the tenant of a namespace on `instance`, creating it if need be, unless it
+/// is placed already; true when this call placed it. It writes nothing else: placing
+/// counts the tenant on the instance, which locks the instance's row until `txn`
+/// ends, so the caller commits at once.
+pub async fn tenant_place_in_txn(
+    txn: &impl Statements,
+    namespace_uid: Uuid,
+    namespace_name: &str,
+    instance: EngineInstanceId,
+) -> Result<bool, DbError> {
+    let placed = txn
+        .run(UPSERT, &[&namespace_uid, &namespace_name, &Some(instance.0)])
+        .await
+        .map_err(DbError::query("place a tenant"))?;
+    Ok(placed > 0)
 }
 
 /// Records the writer shard of a tenant (its namespace's).

@@ -68,10 +68,11 @@ UPDATE writer_shard SET writer_id = $1, lease_expires_at = now() + $2::bigint * 
                  ORDER BY shard DESC LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED)
 RETURNING shard";
 
+// Bounds the transaction's lock waits in the same exchange: `set_config(..., true)`
+// is `SET LOCAL`, and a fence that returns its row has run it.
 const FENCE: &str = "
-SELECT 1 FROM writer_shard WHERE shard = $1 AND writer_id = $2 AND lease_expires_at > now() FOR SHARE";
-
-const FENCED_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '2s'";
+SELECT set_config('lock_timeout', '2s', true) AS lock_timeout FROM writer_shard
+ WHERE shard = $1 AND writer_id = $2 AND lease_expires_at > now() FOR SHARE";
 
 const CURSOR_ADVANCE: &str = "
 UPDATE writer_shard
@@ -190,13 +191,10 @@ pub async fn writer_shard_take_over(
 /// Whether `writer_id` holds `shard`, locking the row against a hand-over until
 /// `txn` ends.
 pub async fn writer_shard_fence_in_txn(txn: &impl Statements, shard: i32, writer_id: &str) -> Result<bool, DbError> {
-    // A fenced transaction holds the shard's row until it ends: it waits for no lock
-    // longer than FENCED_LOCK_TIMEOUT, so one of a crashed writer (whose session only
-    // notices when it next speaks) cannot keep the shard from its next owner.
-    txn.connection()
-        .batch_execute(FENCED_LOCK_TIMEOUT)
-        .await
-        .map_err(DbError::query("bound a fenced transaction's lock waits"))?;
+    // A fenced transaction holds the shard's row until it ends: after the fence it
+    // waits for no lock longer than 2 s (see FENCE), so one of a crashed writer (whose
+    // session only notices when it next speaks) cannot keep the shard from its next
+    // owner.
     let row = txn.row_opt(FENCE, &[&shard, &writer_id]).await.map_err(DbError::query("check a shard lease"))?;
     Ok(row.is_some())
 }

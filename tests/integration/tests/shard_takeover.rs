@@ -251,6 +251,12 @@ async fn a_shard_is_handed_over_only_to_a_writer_that_renewed_lately_and_after_t
     let mut giver = db.connect().await;
     let fenced = giver.transaction().await.expect("begin");
     assert!(writer_shard_fence_in_txn(&fenced, 1, "giver").await.expect("fence"));
+    let lock_timeout = |row: tokio_postgres::Row| row.get::<_, String>(0);
+    assert_eq!(
+        lock_timeout(fenced.query_one("SHOW lock_timeout", &[]).await.expect("show")),
+        "2s",
+        "a fenced transaction waits for no lock longer than 2 s"
+    );
     let handing = {
         let db_client = db.connect().await;
         tokio::spawn(async move {
@@ -272,6 +278,11 @@ async fn a_shard_is_handed_over_only_to_a_writer_that_renewed_lately_and_after_t
     assert_eq!(expiry(1).await.0.as_deref(), Some("giver"), "still the giver's while its fence holds");
     fenced.commit().await.expect("commit");
     assert!(handing.await.expect("join"), "handed over once the fence ended");
+    assert_eq!(
+        lock_timeout(giver.query_one("SHOW lock_timeout", &[]).await.expect("show")),
+        "0",
+        "the bound ends with the fenced transaction"
+    );
 
     // The shard is the recipient's, under the lease the recipient renewed to.
     let (owner, expires) = expiry(1).await;
