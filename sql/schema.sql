@@ -1160,6 +1160,12 @@ CREATE INDEX application_state_changed_xid_idx ON public.application_state USING
 CREATE INDEX application_state_seq_idx ON public.application_state USING btree (seq);
 
 --
+-- Name: application_state_tenant_xid_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX application_state_tenant_xid_idx ON public.application_state USING btree (tenant_id, changed_xid);
+
+--
 -- Name: application_tenant_idx; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -1266,6 +1272,12 @@ CREATE INDEX repository_credential_tenant_idx ON public.repository_credential US
 --
 
 CREATE INDEX resource_state_changed_xid_idx ON public.resource_state USING btree (changed_xid);
+
+--
+-- Name: resource_state_tenant_xid_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX resource_state_tenant_xid_idx ON public.resource_state USING btree (tenant_id, changed_xid);
 
 --
 -- Name: rollout_active_target; Type: INDEX; Schema: public; Owner: -
