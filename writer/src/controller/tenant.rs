@@ -69,16 +69,8 @@ impl Controllers {
                 .in_txn(&mut client, |txn| {
                     let (body, writer_id, namespace) = (body.clone(), writer_id.clone(), namespace.clone());
                     Box::pin(async move {
-                        let tenancy = tenant_placed_in_txn(
-                            txn,
-                            namespace_uid,
-                            &namespace,
-                            shard,
-                            &writer_id,
-                            healthy_within,
-                            may_place,
-                        )
-                        .await?;
+                        let of = TenantOf { uid: namespace_uid, name: &namespace, shard, writer_id: &writer_id };
+                        let tenancy = tenant_placed_in_txn(txn, &of, healthy_within, may_place).await?;
                         match tenancy {
                             Tenancy::Placed(tenant, instance) => {
                                 body(txn, tenant, instance).await.map(|stored| Some(Placed::Stored(stored)))
@@ -98,7 +90,8 @@ impl Controllers {
                 .in_txn(&mut client, |txn| {
                     let (writer_id, namespace) = (writer_id.clone(), namespace.clone());
                     Box::pin(async move {
-                        tenant_placing_txn(txn, namespace_uid, &namespace, shard, &writer_id, healthy_within).await
+                        let of = TenantOf { uid: namespace_uid, name: &namespace, shard, writer_id: &writer_id };
+                        tenant_placing_txn(txn, &of, healthy_within).await
                     })
                 })
                 .await?;
@@ -131,18 +124,26 @@ enum Tenancy {
     Gone,
 }
 
+/// The namespace whose tenant a transaction writes for, and the shard and writer
+/// that fence it.
+#[derive(Clone, Copy)]
+struct TenantOf<'a> {
+    uid: Uuid,
+    name: &'a str,
+    shard: i32,
+    writer_id: &'a str,
+}
+
 /// The intent transaction's first steps: the shard fence, then the namespace's tenant
 /// under its row lock, with its shard recorded. A tenant without an instance is
 /// placed here only when `may_place`.
 async fn tenant_placed_in_txn(
     txn: &impl gitops_shared::db::Statements,
-    namespace_uid: Uuid,
-    namespace: &str,
-    shard: i32,
-    writer_id: &str,
+    of: &TenantOf<'_>,
     healthy_within: Duration,
     may_place: bool,
 ) -> Result<Tenancy, DbError> {
+    let TenantOf { uid: namespace_uid, name: namespace, shard, writer_id } = *of;
     if !shard_fence_in_txn(txn, shard, writer_id).await? {
         return Ok(Tenancy::NotOwner);
     }
@@ -172,12 +173,10 @@ async fn tenant_placed_in_txn(
 /// `Placed` means placed by now (by this call or another), not which instance.
 async fn tenant_placing_txn(
     txn: &impl gitops_shared::db::Statements,
-    namespace_uid: Uuid,
-    namespace: &str,
-    shard: i32,
-    writer_id: &str,
+    of: &TenantOf<'_>,
     healthy_within: Duration,
 ) -> Result<Placing, DbError> {
+    let TenantOf { uid: namespace_uid, name: namespace, shard, writer_id } = *of;
     if !shard_fence_in_txn(txn, shard, writer_id).await? {
         return Ok(Placing::NotOwner);
     }
