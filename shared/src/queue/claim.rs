@@ -35,6 +35,15 @@ use crate::sanitize::sanitize_tenant_message;
 // sleep without setting the signal again and scanning once more, so the enqueuers
 // need not notify meanwhile.
 //
+// The completions run before the pick locks anything (the pick's filter reads their
+// count, so they are done when it is first evaluated). A pick whose snapshot is older
+// than another claimer's last commit can lock a row that claimer has just claimed: the
+// row looked waiting, PostgreSQL locks its newest version and then drops it from the
+// result, keeping the lock until the statement ends. A completion that meets such a
+// lock waits for it. Were the completions to run after the pick, two claimers could
+// each wait in their completions for a lock the other's pick left: a deadlock. With
+// the completions first, a claim that waits holds no lock another claim waits for.
+//
 // The result has one row per claimed operation, or a single row of NULLs when none
 // was; each row carries how many of the completions were recorded (a count: the
 // ids would travel once per row). Every column it returns has a built-in type (the
@@ -70,6 +79,7 @@ WITH done AS (
                               AND (t.engine_instance_id IS DISTINCT FROM o.engine_instance_id
                                    OR t.move_state = 'releasing')))
        AND NOT EXISTS (SELECT 1 FROM engine_instance e WHERE e.id = $1 AND e.fenced_at IS NOT NULL)
+       AND (SELECT count(*) FROM done) >= 0
      ORDER BY o.queue_key, o.id
      LIMIT $2
        FOR UPDATE OF o SKIP LOCKED

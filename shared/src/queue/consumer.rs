@@ -140,6 +140,10 @@ struct FloorState {
 const PAUSE_MIN: Duration = Duration::from_millis(1);
 const PAUSE_MAX: Duration = Duration::from_millis(5);
 
+/// Tries of a claim that the database ends as a conflict (deadlock, serialization
+/// failure) before the consumer gives up and stops.
+const CLAIM_ATTEMPTS: u32 = 5;
+
 /// How soon the upkeep tries again after a failed round.
 const UPKEEP_RETRY: Duration = Duration::from_secs(1);
 
@@ -389,19 +393,7 @@ impl<H: Handler> Consumer<H> {
         while !cancel.is_cancelled() {
             self.sync_floor(false).await?;
             self.stats.scans.fetch_add(1, Ordering::Relaxed);
-            let round = {
-                let client = pooled(&self.pool).await?;
-                operation_complete_and_claim(
-                    &*client,
-                    self.config.instance,
-                    &self.config.claimer,
-                    self.config.batch,
-                    self.config.lease_for,
-                    self.floor().claim_from,
-                    &done,
-                )
-                .await?
-            };
+            let round = self.claim(&done).await?;
             self.count_completed(done.len() as u64, round.completed);
             done.clear();
             if let Some(next) = round.next_floor(self.config.batch) {
@@ -432,6 +424,36 @@ impl<H: Handler> Consumer<H> {
             self.count_completed(done.len() as u64, completed.len() as u64);
         }
         Ok(total)
+    }
+
+    /// One claim that also records `done`. A claim the database ended as a deadlock
+    /// or serialization failure rolled back whole (nothing recorded, nothing claimed):
+    /// it is sent again, so that the completions in hand are not dropped for their
+    /// leases to run out.
+    async fn claim(&self, done: &[(crate::model::OperationId, uuid::Uuid)]) -> Result<super::ClaimRound, DbError> {
+        let mut attempt = 1;
+        loop {
+            let client = pooled(&self.pool).await?;
+            let round = operation_complete_and_claim(
+                &*client,
+                self.config.instance,
+                &self.config.claimer,
+                self.config.batch,
+                self.config.lease_for,
+                self.floor().claim_from,
+                done,
+            )
+            .await;
+            match round {
+                Err(error) if error.is_retryable_conflict() && attempt < CLAIM_ATTEMPTS => {
+                    tracing::info!(%error, attempt, "a claim met a conflict; sending it again");
+                    drop(client);
+                    tokio::time::sleep(PAUSE_MIN * attempt).await;
+                    attempt += 1;
+                }
+                round => return round,
+            }
+        }
     }
 
     fn count_completed(&self, handed_in: u64, completed: u64) {

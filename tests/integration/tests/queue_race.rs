@@ -435,3 +435,44 @@ async fn a_crashed_claimers_operation_is_back_within_a_second_of_its_lease_while
     cancel.cancel();
     task.await.expect("consumer");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ended_by_a_deadlock_is_sent_again_with_its_completions() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    // The first completion the database is asked to record fails as a deadlock would:
+    // the whole claim statement that carried it rolls back.
+    client
+        .batch_execute(
+            "CREATE SEQUENCE completions_seen;
+             CREATE FUNCTION deadlock_once() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF nextval('completions_seen') = 1 THEN
+                     RAISE EXCEPTION 'deadlock detected (injected)' USING ERRCODE = 'deadlock_detected';
+                 END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER deadlock_once BEFORE UPDATE ON operation
+                FOR EACH ROW WHEN (NEW.state = 'completed') EXECUTE FUNCTION deadlock_once();",
+        )
+        .await
+        .expect("inject a deadlock");
+    let cancel = CancellationToken::new();
+    let recorder = Arc::new(Recorder::default());
+    let (stats, _, task) = spawn_consumer(&db, config(&fx, "agent"), recorder.clone(), &db.url(), &cancel);
+    for _ in 0..3 {
+        new_application(&mut client, &fx).await;
+    }
+    eventually("every operation to complete", || async {
+        (count_in_state(&client, OperationState::Completed).await == 3).then_some(())
+    })
+    .await;
+    let seen: i64 = client.query_one("SELECT last_value FROM completions_seen", &[]).await.expect("sequence").get(0);
+    assert!(seen > 1, "the injected deadlock fired and the completions were recorded after it");
+    let handled: Vec<i64> = recorder.intervals.lock().expect("lock").iter().map(|r| r.1).collect();
+    assert_eq!(handled.len(), 3, "each operation handled once, not again after its lease ran out: {handled:?}");
+    assert_eq!(stats.lease_lost.load(std::sync::atomic::Ordering::Relaxed), 0);
+    cancel.cancel();
+    task.await.expect("the consumer kept running");
+}
