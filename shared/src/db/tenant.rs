@@ -140,7 +140,7 @@ pub async fn tenant_of_namespace_locked_in_txn(
 }
 
 /// Places the tenant of a namespace on `instance`, creating it if need be, unless it
-/// is placed already; true when this call placed it. It writes nothing else: placing
+/// is placed already. It writes nothing else: placing
 /// counts the tenant on the instance, which locks the instance's row until `txn`
 /// ends, so the caller commits at once.
 pub async fn tenant_place_in_txn(
@@ -148,12 +148,11 @@ pub async fn tenant_place_in_txn(
     namespace_uid: Uuid,
     namespace_name: &str,
     instance: EngineInstanceId,
-) -> Result<bool, DbError> {
-    let placed = txn
-        .run(UPSERT, &[&namespace_uid, &namespace_name, &Some(instance.0)])
+) -> Result<(), DbError> {
+    txn.run(UPSERT, &[&namespace_uid, &namespace_name, &Some(instance.0)])
         .await
         .map_err(DbError::query("place a tenant"))?;
-    Ok(placed > 0)
+    Ok(())
 }
 
 /// Records the writer shard of a tenant (its namespace's).

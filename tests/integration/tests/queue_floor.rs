@@ -298,12 +298,7 @@ async fn a_safe_floor_waits_for_a_writer_in_flight_until_its_wait_ends_and_then_
         operation_safe_floor(&floor_client, instance, Floor::FROM_START, Duration::from_secs(60)).await
     });
     eventually("the safe floor to wait for the writer's lock", || async {
-        let waiting: i64 = client
-            .query_one("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted", &[])
-            .await
-            .expect("pg_locks")
-            .get(0);
-        (waiting == 1).then_some(())
+        (waiting_advisory_locks(&client).await == 1).then_some(())
     })
     .await;
     assert!(!finding.is_finished(), "no floor while the writer is in flight");

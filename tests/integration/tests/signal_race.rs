@@ -14,14 +14,6 @@ use crate::support::*;
 
 const LEASE: Duration = Duration::from_secs(30);
 
-async fn waiting_advisory_locks(client: &tokio_postgres::Client) -> i64 {
-    client
-        .query_one("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted", &[])
-        .await
-        .expect("pg_locks")
-        .get(0)
-}
-
 #[tokio::test]
 async fn enqueuer_in_flight_blocks_sleep_and_the_final_scan_finds_its_operation() {
     let db = TestDb::migrated().await;

@@ -143,6 +143,15 @@ pub async fn enqueue(client: &mut Client, fx: &Fixture, application: i64) -> Enq
 }
 
 /// Counts operations by state.
+/// Sessions waiting for an advisory lock (the queue's signal lock) now.
+pub async fn waiting_advisory_locks(client: &Client) -> i64 {
+    client
+        .query_one("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted", &[])
+        .await
+        .expect("pg_locks")
+        .get(0)
+}
+
 pub async fn count_in_state(client: &Client, state: OperationState) -> i64 {
     client.query_one("SELECT count(*) FROM operation WHERE state = $1", &[&state]).await.expect("count").get(0)
 }
