@@ -21,6 +21,11 @@
 //!   fails and the consumer scans again. Once it has committed, it scans once more,
 //!   then waits for a notification or its timer.
 //!
+//! - Consumers that share a signal but read different rows (the writers, each
+//!   scanning its own shards of `status`) cannot let one of them silence the others:
+//!   a writer that clears `sleeping` notifies the others itself while it works, and
+//!   when it sets `sleeping` again (`writer::status` says when).
+//!
 //! An operation committed by an enqueuer that read `sleeping = false` was locked in
 //! before the consumer could set `sleeping`; the consumer's lock therefore came after
 //! that commit, and so did its final scan, which sees the operation. An enqueuer that
@@ -50,6 +55,8 @@ pub enum SleepAttempt {
 const MARK_AWAKE: &str =
     "UPDATE signal SET sleeping = false, updated_at = now() WHERE kind = $1 AND ref_id = $2 AND sleeping";
 
+const NOTIFY: &str = "SELECT pg_notify(signal_channel($1, $2), '')";
+
 const TRY_LOCK: &str = "SELECT pg_try_advisory_xact_lock(signal_lock_key($1, $2)) AS locked";
 
 const MARK_SLEEPING: &str = "
@@ -77,6 +84,13 @@ impl Signal {
     /// race against an enqueuer only costs a notification.
     pub async fn mark_awake(&self, client: &Client) -> Result<(), DbError> {
         client.execute(MARK_AWAKE, &[&self.kind, &self.ref_id]).await.map_err(DbError::query("mark a signal awake"))?;
+        Ok(())
+    }
+
+    /// Notifies every listener of the signal now (at commit, inside a transaction).
+    /// For a consumer that keeps the signal awake on behalf of others who share it.
+    pub async fn notify(&self, client: &impl tokio_postgres::GenericClient) -> Result<(), DbError> {
+        client.execute(NOTIFY, &[&self.kind, &self.ref_id]).await.map_err(DbError::query("notify a signal"))?;
         Ok(())
     }
 

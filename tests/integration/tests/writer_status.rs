@@ -320,3 +320,52 @@ async fn sync_runs_follow_their_sync_request_to_the_end() {
     let ready = conditions.iter().find(|c| c.type_ == "Ready").expect("a Ready condition");
     assert_eq!((ready.status.as_str(), ready.reason.as_deref()), ("True", Some("Succeeded")), "kubectl wait works");
 }
+
+async fn signal_sleeping(client: &Client) -> bool {
+    client
+        .query_one("SELECT sleeping FROM signal WHERE kind = 'status' AND ref_id = 0", &[])
+        .await
+        .expect("the status signal")
+        .get(0)
+}
+
+/// A writer at work keeps the shared signal awake, so an agent's commit for another
+/// writer's shard goes out without a notification; the busy writer owes that one,
+/// and sends it when it goes back to sleep.
+#[tokio::test]
+async fn a_busy_writer_relays_the_wakeups_its_spell_silenced() {
+    let mut env = Env::start().await;
+    let mine = env.tenant(OWNED).await;
+    let theirs = env.tenant(FOREIGN).await;
+    let web = env.deployment(mine, "web", None).await;
+    let held = env.deployment(mine, "held", None).await;
+    let other = env.deployment(theirs, "other", None).await;
+    let seen = env.db.connect().await;
+    env.run_loop(vec![OWNED]).await;
+    eventually("the idle writer asleep", || async { signal_sleeping(&seen).await.then_some(()) }).await;
+
+    // An agent in flight: this writer cannot go back to sleep until it ends.
+    let mut agent = env.db.connect().await;
+    let in_flight = agent.transaction().await.expect("begin");
+    in_flight.query_one(STATE_UPSERT, &[&held, &"Synced", &"Healthy", &None::<String>]).await.expect("held");
+    // A row for this writer wakes it; it marks the signal awake and scans on.
+    observe(&env.client, web, "Synced", "Healthy").await;
+    eventually("status on web", || async { sync_of(&env.status("web").await.0).filter(|s| s.1 == "Healthy") }).await;
+    eventually("the busy writer marks the signal awake", || async { (!signal_sleeping(&seen).await).then_some(()) })
+        .await;
+
+    // The other writer's row commits unannounced while the signal is awake.
+    let listener = Listener::start(&env.db.url(), &[Signal::status()], env.cancel.clone()).expect("listener");
+    assert!(listener.wait_connected(crate::support::DEADLINE).await, "the test's LISTEN connection is up");
+    let mut wake = listener.subscribe(&Signal::status()).expect("subscribed");
+    observe(&env.client, other, "Synced", "Degraded").await;
+    wake.borrow_and_update();
+    // The agent goes away without a commit of its own (no notification from it).
+    in_flight.rollback().await.expect("rollback");
+
+    eventually("a notification after the unannounced commit", || async {
+        wake.has_changed().expect("the listener runs").then_some(())
+    })
+    .await;
+    eventually("the writer asleep again", || async { signal_sleeping(&seen).await.then_some(()) }).await;
+}

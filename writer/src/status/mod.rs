@@ -13,11 +13,18 @@
 //! looked at again on each scan until they finish, because the agent records a
 //! sync's end after the application state that announced it.
 //!
-//! Signal protocol: the loop never marks the `status` signal awake, so it stays
-//! `sleeping` and every agent commit notifies all writers (several writers share
-//! the one signal; one marking it awake would silence the others). Before each
-//! wait the loop re-asserts `sleeping` with `try_sleep`, scanning again if an
-//! agent is in flight, as the protocol in `gitops_shared::signal` requires.
+//! Signal protocol (`gitops_shared::signal`): several writers share the one `status`
+//! signal. A scan that finds rows marks it awake, so agents' commits stop notifying
+//! while this writer is at work, and the loop scans on without waiting. Because
+//! the other writers' rows now arrive without a notification, an awake writer
+//! relays: every scan of its busy spell that found rows ends with one
+//! notification to all writers, and so does the `try_sleep` that ends the spell
+//! (taken when a scan finds nothing, so after every agent transaction that read
+//! the signal awake has ended). A writer woken that way scans; it only marks the
+//! signal awake, and relays, if it finds rows itself, so two idle writers do not
+//! wake each other in turn. A writer that dies awake leaves the signal awake until
+//! another writer's next `try_sleep`, at the latest after its timer
+//! ([`STATUS_SCAN_INTERVAL`]).
 
 mod patch;
 pub mod render;
@@ -77,6 +84,14 @@ pub struct ScanReport {
     pub held_back: bool,
 }
 
+impl ScanReport {
+    fn add(&mut self, other: ScanReport) {
+        self.rows += other.rows;
+        self.patched += other.patched;
+        self.held_back |= other.held_back;
+    }
+}
+
 /// Runs until `cancel` fires. `shards` carries the shards this writer owns now;
 /// `listener` must have been started with [`Signal::status`].
 pub async fn run_status_loop(
@@ -88,11 +103,13 @@ pub async fn run_status_loop(
     let signal = Signal::status();
     let mut wake = listener.subscribe(&signal).ok_or(StatusError::NotSubscribed)?;
     let mut syncs = InFlightSyncs::default();
+    // Whether this writer marked the signal awake and owes the others a notification.
+    let mut awake = false;
     loop {
         // Arm before scanning: a notification during the scan is not lost.
         wake.borrow_and_update();
         let owned = shards.borrow_and_update().clone();
-        let pause = match scan_until_asleep(&ctx, &signal, &owned, &mut syncs).await {
+        let pause = match scan_until_asleep(&ctx, &signal, &owned, &mut syncs, &mut awake).await {
             Ok(report) if report.held_back => RETRY_INTERVAL,
             Ok(_) if !syncs.is_empty() => {
                 ctx.metrics.status_caught_up();
@@ -124,27 +141,48 @@ pub async fn run_status_loop(
     }
 }
 
-/// Scans, then asserts `sleeping` on the signal, scanning again while an agent
-/// holds it and once more after it is set.
+/// Scans until a scan finds nothing new, then asserts `sleeping` on the signal,
+/// scanning again while an agent holds it and once more after it is set. A scan
+/// that found rows keeps the signal awake (see the module's protocol); `awake`
+/// says whether this writer owes the others a notification, across failed scans.
 async fn scan_until_asleep(
     ctx: &WriterContext,
     signal: &Signal,
     owned: &[i32],
     syncs: &mut InFlightSyncs,
+    awake: &mut bool,
 ) -> Result<ScanReport, StatusError> {
+    let mut total = ScanReport::default();
     loop {
         let report = scan_shards(ctx, owned, syncs).await?;
+        total.add(report);
         let mut client = pooled(&ctx.pool).await?;
+        if report.rows > 0 {
+            if !*awake {
+                signal.mark_awake(&client).await?;
+                *awake = true;
+            } else if !report.held_back {
+                signal.notify(&**client).await?;
+            }
+            // Rows held back by a transaction in flight come back on every scan
+            // until it ends: those scans go through `try_sleep`, which fails while
+            // it is in flight, and relay nothing.
+            if !report.held_back {
+                continue;
+            }
+        }
         let txn = client.transaction().await.map_err(DbError::query("begin"))?;
         let attempt = signal.try_sleep_in_txn(&txn).await?;
+        if attempt == SleepAttempt::Asleep && *awake {
+            signal.notify(&*txn).await?;
+        }
         txn.commit().await.map_err(DbError::query("commit a signal"))?;
         if attempt == SleepAttempt::Asleep {
+            *awake = false;
             let last = scan_shards(ctx, owned, syncs).await?;
-            return Ok(ScanReport {
-                rows: report.rows + last.rows,
-                patched: report.patched + last.patched,
-                held_back: last.held_back,
-            });
+            total.add(last);
+            total.held_back = last.held_back;
+            return Ok(total);
         }
     }
 }
@@ -159,11 +197,7 @@ pub async fn scan_shards(
     let mut first_error = None;
     for &shard in owned {
         match scan_shard(ctx, shard, syncs).await {
-            Ok(shard_report) => {
-                report.rows += shard_report.rows;
-                report.patched += shard_report.patched;
-                report.held_back |= shard_report.held_back;
-            }
+            Ok(shard_report) => report.add(shard_report),
             Err(error) => {
                 report.held_back = true;
                 first_error.get_or_insert(error);
