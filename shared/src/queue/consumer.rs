@@ -71,6 +71,12 @@ pub struct ConsumerConfig {
     /// gathers meanwhile, so that under light load a claim (one commit, which also
     /// records the last batch's completions) takes several operations, not one.
     pub linger: Duration,
+    /// How long the linger may grow. Claims that bring fewer than [`LINGER_YIELD`]
+    /// operations double it up to this (several agents share the work, or little
+    /// arrives); claims that bring twice that halve it back towards `linger`. So
+    /// agents added to an instance do not multiply its claims (and commits) per
+    /// operation, while one agent under load keeps the short pause.
+    pub linger_max: Duration,
     /// Claims in a row that find nothing before the consumer goes to sleep.
     pub idle_polls: u32,
     /// How often, at least, the claim floor is made safe (see `queue::floor`).
@@ -93,9 +99,28 @@ impl ConsumerConfig {
             retention: Some(Duration::from_secs(24 * 3600)),
             failed_retention: Some(Duration::from_secs(7 * 24 * 3600)),
             linger: Duration::from_millis(10),
+            linger_max: Duration::from_millis(20),
             idle_polls: 3,
             floor_sync_every: Duration::from_secs(1),
         }
+    }
+}
+
+/// A claim that brings fewer operations than this lengthens the linger.
+pub const LINGER_YIELD: usize = 8;
+
+/// The linger after a claim that brought `claimed` operations, from the one before:
+/// doubled (up to `linger_max`) when the claim brought fewer than [`LINGER_YIELD`],
+/// halved (down to `linger`) when it brought twice that or more, else kept.
+pub fn adapt_linger(current: Duration, claimed: usize, config: &ConsumerConfig) -> Duration {
+    let floor = config.linger;
+    let ceiling = config.linger_max.max(floor);
+    if claimed < LINGER_YIELD {
+        (current * 2).clamp(floor, ceiling)
+    } else if claimed >= 2 * LINGER_YIELD {
+        (current / 2).clamp(floor, ceiling)
+    } else {
+        current.clamp(floor, ceiling)
     }
 }
 
@@ -385,9 +410,11 @@ impl<H: Handler> Consumer<H> {
 
     /// Claims and handles batches until `idle_polls + 1` claims in a row find nothing;
     /// returns how many were claimed. Each claim records the previous batch's
-    /// completions; a claim that did not fill its batch is followed by `linger`.
+    /// completions; a claim that did not fill its batch is followed by the linger
+    /// ([`adapt_linger`]).
     async fn drain(&self, cancel: &CancellationToken, idle_polls: u32) -> Result<u64, DbError> {
         let mut total = 0;
+        let mut linger = self.config.linger;
         let mut done: Vec<(crate::model::OperationId, uuid::Uuid)> = Vec::new();
         let mut idle = 0;
         while !cancel.is_cancelled() {
@@ -411,12 +438,13 @@ impl<H: Handler> Consumer<H> {
                 self.stats.claimed.fetch_add(claimed as u64, Ordering::Relaxed);
                 done = self.handle_batch(round.claimed).await?;
             }
-            if (claimed as i64) < self.config.batch && !self.config.linger.is_zero() {
+            if (claimed as i64) < self.config.batch && !linger.is_zero() {
                 tokio::select! {
                     () = cancel.cancelled() => {}
-                    () = tokio::time::sleep(self.config.linger) => {}
+                    () = tokio::time::sleep(linger) => {}
                 }
             }
+            linger = adapt_linger(linger, claimed, &self.config);
         }
         if !done.is_empty() {
             let client = pooled(&self.pool).await?;
@@ -513,5 +541,42 @@ impl<H: Handler> Consumer<H> {
             op.lease.end();
         }
         Ok(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ConsumerConfig {
+        ConsumerConfig::new(EngineInstanceId(1), "agent-0")
+    }
+
+    #[test]
+    fn the_linger_grows_while_claims_bring_little_and_shrinks_when_they_bring_plenty() {
+        let config = config();
+        let (short, long) = (config.linger, config.linger_max);
+        assert!(long > short);
+        let mut linger = short;
+        linger = adapt_linger(linger, LINGER_YIELD - 1, &config);
+        assert_eq!(linger, (short * 2).min(long));
+        for _ in 0..10 {
+            linger = adapt_linger(linger, 0, &config);
+        }
+        assert_eq!(linger, long, "never past linger_max");
+        assert_eq!(adapt_linger(linger, LINGER_YIELD, &config), long, "a middling claim keeps it");
+        for _ in 0..10 {
+            linger = adapt_linger(linger, 2 * LINGER_YIELD, &config);
+        }
+        assert_eq!(linger, short, "never under linger");
+    }
+
+    #[test]
+    fn a_linger_max_below_the_linger_leaves_the_linger_fixed() {
+        let mut config = config();
+        config.linger_max = Duration::ZERO;
+        assert_eq!(adapt_linger(config.linger, 0, &config), config.linger);
+        config.linger = Duration::ZERO;
+        assert_eq!(adapt_linger(Duration::ZERO, 0, &config), Duration::ZERO, "no linger stays none");
     }
 }
