@@ -57,6 +57,14 @@ const MARK_AWAKE: &str =
 
 const NOTIFY: &str = "SELECT pg_notify(signal_channel($1, $2), '')";
 
+// MARK_AWAKE and NOTIFY in one statement (a data-modifying WITH runs whether or not
+// it is read).
+const RELAY: &str = "
+WITH awake AS (
+    UPDATE signal SET sleeping = false, updated_at = now() WHERE kind = $1 AND ref_id = $2 AND sleeping
+)
+SELECT pg_notify(signal_channel($1, $2), '')";
+
 const TRY_LOCK: &str = "SELECT pg_try_advisory_xact_lock(signal_lock_key($1, $2)) AS locked";
 
 const MARK_SLEEPING: &str = "
@@ -91,6 +99,14 @@ impl Signal {
     /// For a consumer that keeps the signal awake on behalf of others who share it.
     pub async fn notify(&self, client: &impl tokio_postgres::GenericClient) -> Result<(), DbError> {
         client.execute(NOTIFY, &[&self.kind, &self.ref_id]).await.map_err(DbError::query("notify a signal"))?;
+        Ok(())
+    }
+
+    /// Keeps the signal awake (another consumer may have set `sleeping` since) and
+    /// notifies every listener: for a consumer that silences the others' wake-ups
+    /// while it works.
+    pub async fn relay(&self, client: &Client) -> Result<(), DbError> {
+        client.execute(RELAY, &[&self.kind, &self.ref_id]).await.map_err(DbError::query("relay a signal"))?;
         Ok(())
     }
 

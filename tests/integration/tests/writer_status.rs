@@ -330,40 +330,53 @@ async fn signal_sleeping(client: &Client) -> bool {
 }
 
 /// A writer at work keeps the shared signal awake, so an agent's commit for another
-/// writer's shard goes out without a notification; the busy writer owes that one,
-/// and sends it when it goes back to sleep.
+/// writer's shard goes out without a notification; the busy writer owes that one. It
+/// pays with the scan of its spell that finds rows of its own, and when it goes back
+/// to sleep.
 #[tokio::test]
 async fn a_busy_writer_relays_the_wakeups_its_spell_silenced() {
     let mut env = Env::start().await;
     let mine = env.tenant(OWNED).await;
     let theirs = env.tenant(FOREIGN).await;
     let web = env.deployment(mine, "web", None).await;
-    let held = env.deployment(mine, "held", None).await;
     let other = env.deployment(theirs, "other", None).await;
     let seen = env.db.connect().await;
     env.run_loop(vec![OWNED]).await;
     eventually("the idle writer asleep", || async { signal_sleeping(&seen).await.then_some(()) }).await;
 
-    // An agent in flight: this writer cannot go back to sleep until it ends.
+    // An agent in flight (holding the signal's lock, with no transaction id that
+    // would hold rows back): this writer cannot go back to sleep until it ends.
     let mut agent = env.db.connect().await;
     let in_flight = agent.transaction().await.expect("begin");
-    in_flight.query_one(STATE_UPSERT, &[&held, &"Synced", &"Healthy", &None::<String>]).await.expect("held");
+    in_flight.execute("SELECT signal_raise('status', 0)", &[]).await.expect("raise");
     // A row for this writer wakes it; it marks the signal awake and scans on.
     observe(&env.client, web, "Synced", "Healthy").await;
     eventually("status on web", || async { sync_of(&env.status("web").await.0).filter(|s| s.1 == "Healthy") }).await;
     eventually("the busy writer marks the signal awake", || async { (!signal_sleeping(&seen).await).then_some(()) })
         .await;
 
-    // The other writer's row commits unannounced while the signal is awake.
     let listener = Listener::start(&env.db.url(), &[Signal::status()], env.cancel.clone()).expect("listener");
     assert!(listener.wait_connected(crate::support::DEADLINE).await, "the test's LISTEN connection is up");
     let mut wake = listener.subscribe(&Signal::status()).expect("subscribed");
-    observe(&env.client, other, "Synced", "Degraded").await;
     wake.borrow_and_update();
-    // The agent goes away without a commit of its own (no notification from it).
-    in_flight.rollback().await.expect("rollback");
+    // The other writer's row and one of this writer's commit unannounced; the scan
+    // that finds this writer's row relays.
+    observe(&env.client, other, "Synced", "Degraded").await;
+    observe(&env.client, web, "Synced", "Progressing").await;
+    eventually("a relay after the unannounced commits", || async {
+        wake.has_changed().expect("the listener runs").then_some(())
+    })
+    .await;
+    eventually("status on web", || async { sync_of(&env.status("web").await.0).filter(|s| s.1 == "Progressing") })
+        .await;
+    assert!(!signal_sleeping(&seen).await, "still awake: the agent is in flight");
 
-    eventually("a notification after the unannounced commit", || async {
+    // Unannounced again; the agent goes away without a commit of its own, and the
+    // writer, going back to sleep, notifies.
+    observe(&env.client, other, "Synced", "Healthy").await;
+    wake.borrow_and_update();
+    in_flight.rollback().await.expect("rollback");
+    eventually("a notification when the writer goes back to sleep", || async {
         wake.has_changed().expect("the listener runs").then_some(())
     })
     .await;

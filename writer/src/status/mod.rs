@@ -14,17 +14,20 @@
 //! sync's end after the application state that announced it.
 //!
 //! Signal protocol (`gitops_shared::signal`): several writers share the one `status`
-//! signal. A scan that finds rows marks it awake, so agents' commits stop notifying
-//! while this writer is at work, and the loop scans on without waiting. Because
-//! the other writers' rows now arrive without a notification, an awake writer
-//! relays: every scan of its busy spell that found rows ends with one
-//! notification to all writers, and so does the `try_sleep` that ends the spell
-//! (taken when a scan finds nothing, so after every agent transaction that read
-//! the signal awake has ended). A writer woken that way scans; it only marks the
-//! signal awake, and relays, if it finds rows itself, so two idle writers do not
-//! wake each other in turn. A writer that dies awake leaves the signal awake until
-//! another writer's next `try_sleep`, at the latest after its timer
-//! ([`STATUS_SCAN_INTERVAL`]).
+//! signal. A scan that finds rows (none of them held back by a transaction in
+//! flight) marks it awake, so agents' commits stop notifying while this writer is
+//! at work, and the loop scans on without waiting. Because the other writers' rows
+//! now arrive without a notification, an awake writer relays: each later scan of
+//! its busy spell that finds such rows ends with one notification to all writers
+//! (marking the signal awake again, should another writer have set it asleep), and
+//! so does the `try_sleep` that ends the spell, taken when a scan finds nothing new
+//! and so after every agent transaction that read the signal awake has ended. A
+//! failed scan and shutdown end the spell the same way. A writer woken by a relay
+//! scans; it marks the signal awake, and relays, only if it finds rows itself, so
+//! idle writers do not wake each other in turn. A writer that dies awake leaves the
+//! signal awake until another writer's next `try_sleep`, at the latest after that
+//! writer's timer ([`STATUS_SCAN_INTERVAL`]). A busy spell gives way to shutdown and
+//! to a change of the owned shards.
 
 mod patch;
 pub mod render;
@@ -109,7 +112,9 @@ pub async fn run_status_loop(
         // Arm before scanning: a notification during the scan is not lost.
         wake.borrow_and_update();
         let owned = shards.borrow_and_update().clone();
-        let pause = match scan_until_asleep(&ctx, &signal, &owned, &mut syncs, &mut awake).await {
+        let interrupted = || cancel.is_cancelled() || shards.has_changed().unwrap_or(true);
+        let outcome = scan_until_asleep(&ctx, &signal, &owned, &mut syncs, &mut awake, &interrupted).await;
+        let pause = match outcome {
             Ok(report) if report.held_back => RETRY_INTERVAL,
             Ok(_) if !syncs.is_empty() => {
                 ctx.metrics.status_caught_up();
@@ -121,11 +126,16 @@ pub async fn run_status_loop(
             }
             Err(error) => {
                 tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "status scan failed");
+                // A writer that keeps failing must not keep the others unwoken.
+                settle(&ctx, &signal, &mut awake).await;
                 RETRY_INTERVAL
             }
         };
         tokio::select! {
-            () = cancel.cancelled() => return Ok(()),
+            () = cancel.cancelled() => {
+                settle(&ctx, &signal, &mut awake).await;
+                return Ok(());
+            }
             changed = wake.changed() => {
                 if changed.is_err() {
                     return Ok(()); // the listener stopped: shutting down
@@ -141,50 +151,85 @@ pub async fn run_status_loop(
     }
 }
 
+/// Pays what a writer owes the others when it stops scanning outside the usual
+/// end of a spell (a failure, shutdown): [`hand_back`], logged if it fails too.
+async fn settle(ctx: &WriterContext, signal: &Signal, awake: &mut bool) {
+    if !*awake {
+        return;
+    }
+    if let Err(error) = hand_back(ctx, signal, awake, true).await {
+        tracing::debug!(error = %gitops_shared::telemetry::error_chain(&error), "could not hand the status signal back");
+    }
+}
+
 /// Scans until a scan finds nothing new, then asserts `sleeping` on the signal,
 /// scanning again while an agent holds it and once more after it is set. A scan
-/// that found rows keeps the signal awake (see the module's protocol); `awake`
-/// says whether this writer owes the others a notification, across failed scans.
+/// that found rows (none held back) keeps the signal awake and relays (see the
+/// module's protocol); `awake` says whether this writer owes the others a
+/// notification, across failed scans. A busy spell gives way when `interrupted`
+/// says so (shutdown, new shards), returning as if rows were held back.
 async fn scan_until_asleep(
     ctx: &WriterContext,
     signal: &Signal,
     owned: &[i32],
     syncs: &mut InFlightSyncs,
     awake: &mut bool,
+    interrupted: &(dyn Fn() -> bool + Sync),
 ) -> Result<ScanReport, StatusError> {
     let mut total = ScanReport::default();
     loop {
         let report = scan_shards(ctx, owned, syncs).await?;
         total.add(report);
-        let mut client = pooled(&ctx.pool).await?;
-        if report.rows > 0 {
-            if !*awake {
-                signal.mark_awake(&client).await?;
+        // Rows held back by a transaction in flight come back on every scan until
+        // it ends: such a scan does not start or extend a spell (that would relay,
+        // and wake this writer, for as long as the transaction stays open).
+        if report.rows > 0 && !report.held_back {
+            let client = pooled(&ctx.pool).await?;
+            if *awake {
+                signal.relay(&client).await?;
+            } else {
+                // Owed from here on, even if the answer to the update is lost.
                 *awake = true;
-            } else if !report.held_back {
-                signal.notify(&**client).await?;
+                signal.mark_awake(&client).await?;
             }
-            // Rows held back by a transaction in flight come back on every scan
-            // until it ends: those scans go through `try_sleep`, which fails while
-            // it is in flight, and relay nothing.
-            if !report.held_back {
-                continue;
+            drop(client);
+            if interrupted() {
+                total.held_back = true;
+                return Ok(total);
             }
+            continue;
         }
-        let txn = client.transaction().await.map_err(DbError::query("begin"))?;
-        let attempt = signal.try_sleep_in_txn(&txn).await?;
-        if attempt == SleepAttempt::Asleep && *awake {
-            signal.notify(&*txn).await?;
-        }
-        txn.commit().await.map_err(DbError::query("commit a signal"))?;
-        if attempt == SleepAttempt::Asleep {
-            *awake = false;
+        if hand_back(ctx, signal, awake, false).await? == SleepAttempt::Asleep {
             let last = scan_shards(ctx, owned, syncs).await?;
             total.add(last);
             total.held_back = last.held_back;
             return Ok(total);
         }
     }
+}
+
+/// Tries to set `sleeping` and, if this writer had marked the signal awake, notifies
+/// the others in the same transaction (so after every agent transaction that read
+/// it awake has ended, when the try succeeds).
+/// With `always`, notifies even when an agent is in flight (the signal stays awake
+/// and owed, but the others scan now).
+async fn hand_back(
+    ctx: &WriterContext,
+    signal: &Signal,
+    awake: &mut bool,
+    always: bool,
+) -> Result<SleepAttempt, StatusError> {
+    let mut client = pooled(&ctx.pool).await?;
+    let txn = client.transaction().await.map_err(DbError::query("begin"))?;
+    let attempt = signal.try_sleep_in_txn(&txn).await?;
+    if *awake && (always || attempt == SleepAttempt::Asleep) {
+        signal.notify(&*txn).await?;
+    }
+    txn.commit().await.map_err(DbError::query("commit a signal"))?;
+    if attempt == SleepAttempt::Asleep {
+        *awake = false;
+    }
+    Ok(attempt)
 }
 
 /// One pass over the owned shards and the sync requests still in flight.
