@@ -14,11 +14,12 @@
 //! sync's end after the application state that announced it.
 //!
 //! Signal protocol (`gitops_shared::signal`): several writers share the one `status`
-//! signal. A scan that finds rows (none of them held back by a transaction in
-//! flight) marks it awake, so agents' commits stop notifying while this writer is
-//! at work, and the loop scans on without waiting. Because the other writers' rows
-//! now arrive without a notification, an awake writer relays: each later scan of
-//! its busy spell that finds such rows ends with one notification to all writers
+//! signal. A scan that handles new rows (moves a shard's cursor; rows held back by
+//! a transaction in flight, read again, do not count) marks it awake, so agents'
+//! commits stop notifying while this writer is at work, and the loop scans on
+//! without waiting. Because the other writers' rows now arrive without a
+//! notification, an awake writer relays: each later scan of its busy spell that
+//! handles new rows ends with one notification to all writers
 //! (marking the signal awake again, should another writer have set it asleep), and
 //! so does the `try_sleep` that ends the spell, taken when a scan finds nothing new
 //! and so after every agent transaction that read the signal awake has ended. A
@@ -85,6 +86,8 @@ pub struct ScanReport {
     pub patched: usize,
     /// Rows whose cursor could not move yet (transactions in flight, or a failure).
     pub held_back: bool,
+    /// Whether a shard's cursor moved: new rows were handled.
+    pub advanced: bool,
 }
 
 impl ScanReport {
@@ -92,6 +95,7 @@ impl ScanReport {
         self.rows += other.rows;
         self.patched += other.patched;
         self.held_back |= other.held_back;
+        self.advanced |= other.advanced;
     }
 }
 
@@ -164,7 +168,7 @@ async fn settle(ctx: &WriterContext, signal: &Signal, awake: &mut bool) {
 
 /// Scans until a scan finds nothing new, then asserts `sleeping` on the signal,
 /// scanning again while an agent holds it and once more after it is set. A scan
-/// that found rows (none held back) keeps the signal awake and relays (see the
+/// that moved a cursor keeps the signal awake and relays (see the
 /// module's protocol); `awake` says whether this writer owes the others a
 /// notification, across failed scans. A busy spell gives way when `interrupted`
 /// says so (shutdown, new shards), returning as if rows were held back.
@@ -180,10 +184,11 @@ async fn scan_until_asleep(
     loop {
         let report = scan_shards(ctx, owned, syncs).await?;
         total.add(report);
-        // Rows held back by a transaction in flight come back on every scan until
-        // it ends: such a scan does not start or extend a spell (that would relay,
-        // and wake this writer, for as long as the transaction stays open).
-        if report.rows > 0 && !report.held_back {
+        // A spell lasts while scans move a cursor. Rows held back by a transaction
+        // in flight come back on every scan until it ends; a scan that only read
+        // them again starts or extends no spell (that would relay, and wake this
+        // writer, for as long as the transaction stays open).
+        if report.advanced {
             let client = pooled(&ctx.pool).await?;
             if *awake {
                 signal.relay(&client).await?;
@@ -319,6 +324,7 @@ async fn scan_shard(ctx: &WriterContext, shard: i32, syncs: &mut InFlightSyncs) 
         if let Some(xid) = end {
             let client = pooled(&ctx.pool).await?;
             moved = writer_shard_advance_status(&client, shard, &ctx.writer_id, xid).await?;
+            report.advanced |= moved;
         }
         if let Some(error) = failure {
             return Err(error);
