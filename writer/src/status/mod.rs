@@ -14,21 +14,20 @@
 //! sync's end after the application state that announced it.
 //!
 //! Signal protocol (`gitops_shared::signal`): several writers share the one `status`
-//! signal. A scan that handles new rows (moves a shard's cursor; rows held back by
-//! a transaction in flight, read again, do not count) marks it awake, so agents'
-//! commits stop notifying while this writer is at work, and the loop scans on
-//! without waiting. Because the other writers' rows now arrive without a
-//! notification, an awake writer relays: each later scan of its busy spell that
-//! handles new rows ends with one notification to all writers
-//! (marking the signal awake again, should another writer have set it asleep), and
-//! so does the `try_sleep` that ends the spell, taken when a scan finds nothing new
-//! and so after every agent transaction that read the signal awake has ended. A
-//! failed scan and shutdown end the spell the same way. A writer woken by a relay
-//! scans; it marks the signal awake, and relays, only if it finds rows itself, so
-//! idle writers do not wake each other in turn. A writer that dies awake leaves the
-//! signal awake until another writer's next `try_sleep`, at the latest after that
-//! writer's timer ([`STATUS_SCAN_INTERVAL`]). A busy spell gives way to shutdown and
-//! to a change of the owned shards.
+//! signal. A scan that handles new rows (moves a shard's cursor; rows held back by a
+//! transaction in flight, read again, do not count) marks it awake, so agents' commits
+//! stop notifying while this writer is at work, and the loop scans on without waiting.
+//! Because the other writers' rows now arrive without a notification, an awake writer
+//! relays: each later scan of its busy spell that handles new rows ends with one
+//! notification to all writers (marking the signal awake again, should another writer
+//! have set it asleep), and so does the `try_sleep` that ends the spell, taken when a
+//! scan finds nothing new and so after every agent transaction that read the signal
+//! awake has ended. A failed scan tries the same (see `settle`), and shutdown notifies
+//! in any case. A writer woken by a relay scans; it marks the signal awake, and relays,
+//! only if it handles new rows itself, so idle writers do not wake each other in turn.
+//! A writer that dies awake leaves the signal awake until another writer's next
+//! `try_sleep`, at the latest after that writer's timer ([`STATUS_SCAN_INTERVAL`]). A
+//! busy spell gives way to shutdown and to a change of the owned shards.
 
 mod patch;
 pub mod render;
@@ -131,13 +130,13 @@ pub async fn run_status_loop(
             Err(error) => {
                 tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "status scan failed");
                 // A writer that keeps failing must not keep the others unwoken.
-                settle(&ctx, &signal, &mut awake).await;
+                settle(&ctx, &signal, &mut awake, false).await;
                 RETRY_INTERVAL
             }
         };
         tokio::select! {
             () = cancel.cancelled() => {
-                settle(&ctx, &signal, &mut awake).await;
+                settle(&ctx, &signal, &mut awake, true).await;
                 return Ok(());
             }
             changed = wake.changed() => {
@@ -156,12 +155,15 @@ pub async fn run_status_loop(
 }
 
 /// Pays what a writer owes the others when it stops scanning outside the usual
-/// end of a spell (a failure, shutdown): [`hand_back`], logged if it fails too.
-async fn settle(ctx: &WriterContext, signal: &Signal, awake: &mut bool) {
+/// end of a spell: [`hand_back`], logged if it fails too. After a failed scan it
+/// notifies only once `sleeping` is set (its own notification would wake it, and a
+/// scan that keeps failing fast would notify in a loop); the debt is kept and tried
+/// again after the pause. At shutdown (`last`) it notifies in any case.
+async fn settle(ctx: &WriterContext, signal: &Signal, awake: &mut bool, last: bool) {
     if !*awake {
         return;
     }
-    if let Err(error) = hand_back(ctx, signal, awake, true).await {
+    if let Err(error) = hand_back(ctx, signal, awake, last).await {
         tracing::debug!(error = %gitops_shared::telemetry::error_chain(&error), "could not hand the status signal back");
     }
 }
