@@ -391,6 +391,14 @@ END;
 $$;
 
 --
+-- Name: status_retry_delay(integer); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.status_retry_delay(p_attempts integer) RETURNS interval
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN make_interval(secs => LEAST((60)::double precision, power((2)::double precision, (LEAST((GREATEST(p_attempts, 1) - 1), 6))::double precision)));
+
+--
 -- Name: tenant_placement_count(); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -860,6 +868,22 @@ CREATE TABLE public.signal (
 WITH (autovacuum_vacuum_scale_factor='0', autovacuum_vacuum_threshold='1000');
 
 --
+-- Name: status_retry; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.status_retry (
+    kind text NOT NULL,
+    row_id bigint NOT NULL,
+    shard integer NOT NULL,
+    attempts integer DEFAULT 1 NOT NULL,
+    due_at timestamp with time zone NOT NULL,
+    last_error text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT status_retry_kind_check CHECK ((kind = ANY (ARRAY['application'::text, 'managed_environment'::text, 'repository_credential'::text])))
+);
+
+--
 -- Name: sync_operation; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1101,6 +1125,13 @@ ALTER TABLE ONLY public.signal
     ADD CONSTRAINT signal_pkey PRIMARY KEY (kind, ref_id);
 
 --
+-- Name: status_retry status_retry_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.status_retry
+    ADD CONSTRAINT status_retry_pkey PRIMARY KEY (kind, row_id);
+
+--
 -- Name: sync_operation sync_operation_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -1296,6 +1327,12 @@ CREATE INDEX rollout_tenant_held_slot ON public.rollout_tenant USING btree (tena
 --
 
 CREATE UNIQUE INDEX rollout_tenant_one_rollout ON public.rollout_tenant USING btree (tenant_id) WHERE active;
+
+--
+-- Name: status_retry_shard_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX status_retry_shard_idx ON public.status_retry USING btree (shard, due_at);
 
 --
 -- Name: sync_operation_application_idx; Type: INDEX; Schema: public; Owner: -

@@ -128,6 +128,11 @@ pub struct WriterMetrics {
     /// When the status loop last read every owned shard's feed to its end (it does
     /// at least every 30 s while it works), or when the writer started.
     status_caught_up: Mutex<std::time::Instant>,
+    /// Status rows passed over because their resource refused the patch (retried on
+    /// their own).
+    pub status_deferred: AtomicU64,
+    /// Status rows of owned shards waiting to be retried, at the last scan that had any.
+    pub status_retries: AtomicU64,
     /// Whether the fleet watch's last look at the database succeeded (every 2 s).
     pub database_up: std::sync::atomic::AtomicBool,
 }
@@ -160,6 +165,8 @@ impl Default for WriterMetrics {
             home_token_renewal_failures: AtomicU64::new(0),
             home_identity_relists: AtomicU64::new(0),
             status_caught_up: Mutex::new(std::time::Instant::now()),
+            status_deferred: AtomicU64::new(0),
+            status_retries: AtomicU64::new(0),
             database_up: std::sync::atomic::AtomicBool::new(true),
         }
     }
@@ -295,6 +302,16 @@ impl WriterMetrics {
     /// The status loop read every owned shard's feed to its end just now.
     pub fn status_caught_up(&self) {
         *lock(&self.status_caught_up) = std::time::Instant::now();
+    }
+
+    /// Counts status rows passed over to be retried on their own.
+    pub fn status_deferred(&self, rows: u64) {
+        self.status_deferred.fetch_add(rows, Ordering::Relaxed);
+    }
+
+    /// How many status rows of the owned shards wait to be retried.
+    pub fn status_retries(&self, rows: u64) {
+        self.status_retries.store(rows, Ordering::Relaxed);
     }
 
     /// Counts a tenant move started to balance the fleet, for `reason`.
@@ -536,6 +553,18 @@ impl WriterMetrics {
         );
         let _ = writeln!(out, "# TYPE gitops_writer_status_behind_seconds gauge");
         let _ = writeln!(out, "gitops_writer_status_behind_seconds {behind:.3}");
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_status_deferred_total Status rows the writer passed over because their resource refused the patch (forbidden, invalid, or changing under it); each is retried on its own while the rest of its shard goes on."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_status_deferred_total counter");
+        let _ = writeln!(out, "gitops_writer_status_deferred_total {}", self.status_deferred.load(Ordering::Relaxed));
+        let _ = writeln!(
+            out,
+            "# HELP gitops_writer_status_retries Status rows of this writer's shards waiting to be patched again (table status_retry)."
+        );
+        let _ = writeln!(out, "# TYPE gitops_writer_status_retries gauge");
+        let _ = writeln!(out, "gitops_writer_status_retries {}", self.status_retries.load(Ordering::Relaxed));
         let _ = writeln!(
             out,
             "# HELP gitops_writer_database_up 1 while the writer's look at the database every 2 s succeeds, else 0."

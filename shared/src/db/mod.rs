@@ -26,6 +26,7 @@ pub mod resource_state;
 pub mod resync;
 pub mod rollout;
 pub mod status_feed;
+pub mod status_retry;
 pub mod sync_operation;
 pub mod tenant;
 pub mod tenant_move;
@@ -60,6 +61,7 @@ pub const STATEMENTS: &[(&str, &[&str])] = &[
     ("resync", resync::STATEMENTS),
     ("rollout", rollout::STATEMENTS),
     ("status_feed", status_feed::STATEMENTS),
+    ("status_retry", status_retry::STATEMENTS),
     ("sync_operation", sync_operation::STATEMENTS),
     ("tenant", tenant::STATEMENTS),
     ("tenant_move", tenant_move::STATEMENTS),

@@ -35,6 +35,8 @@ pub struct StatusFeedRow {
     /// The reader's snapshot `xmin`: every transaction older has finished.
     pub snapshot_xmin: i64,
     pub application_id: ApplicationId,
+    /// Whether the row waits in `status_retry` (see `crate::db::status_retry`).
+    pub retrying: bool,
     pub namespace: String,
     pub resource_name: String,
     pub resource_uid: Uuid,
@@ -75,6 +77,8 @@ pub struct ResourceFeedRow {
     pub snapshot_xmin: i64,
     pub kind: StateOf,
     pub id: i64,
+    /// Whether the row waits in `status_retry`.
+    pub retrying: bool,
     pub namespace: String,
     pub resource_name: String,
     pub resource_uid: Uuid,
@@ -115,6 +119,22 @@ impl FeedRow {
             FeedRow::Resource(row) => row.snapshot_xmin,
         }
     }
+
+    /// Whether the row waits in `status_retry`.
+    pub fn retrying(&self) -> bool {
+        match self {
+            FeedRow::Application(row) => row.retrying,
+            FeedRow::Resource(row) => row.retrying,
+        }
+    }
+
+    /// The tenant resource's namespace and name.
+    pub fn names(&self) -> (&str, &str) {
+        match self {
+            FeedRow::Application(row) => (&row.namespace, &row.resource_name),
+            FeedRow::Resource(row) => (&row.namespace, &row.resource_name),
+        }
+    }
 }
 
 /// One sync request of a deployment, for its GitOpsDeploymentSyncRun's status.
@@ -150,7 +170,8 @@ WITH w AS MATERIALIZED (
      WHERE shard = $1 AND writer_id = $2 AND lease_expires_at > now()
 )
 SELECT f.*, f.changed_xid::text::bigint AS xid,
-       pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS snapshot_xmin
+       pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS snapshot_xmin,
+       EXISTS (SELECT 1 FROM status_retry r WHERE r.kind = f.kind AND r.row_id = f.row_id) AS retrying
   FROM (
     SELECT x.kind, x.seq, x.changed_xid, x.row_id, t.namespace_name, x.resource_name, x.resource_uid, x.environment,
            x.sync_status, x.sync_revision, x.health_status, x.health_message, x.resources, x.conditions,
@@ -217,6 +238,7 @@ impl TryFrom<&tokio_postgres::Row> for FeedRow {
             snapshot_xmin: row.try_get("snapshot_xmin")?,
             kind,
             id: row.try_get("row_id")?,
+            retrying: row.try_get("retrying")?,
             namespace: row.try_get("namespace_name")?,
             resource_name: row.try_get("resource_name")?,
             resource_uid: row.try_get("resource_uid")?,
@@ -239,6 +261,7 @@ impl TryFrom<&tokio_postgres::Row> for StatusFeedRow {
             xid: row.try_get("xid")?,
             snapshot_xmin: row.try_get("snapshot_xmin")?,
             application_id: ApplicationId(row.try_get("row_id")?),
+            retrying: row.try_get("retrying")?,
             namespace: row.try_get("namespace_name")?,
             resource_name: row.try_get("resource_name")?,
             resource_uid: row.try_get("resource_uid")?,
@@ -333,6 +356,7 @@ mod tests {
             xid,
             snapshot_xmin,
             application_id: ApplicationId(1),
+            retrying: false,
             namespace: "ns".into(),
             resource_name: "app".into(),
             resource_uid: Uuid::nil(),

@@ -202,13 +202,13 @@ pub async fn writer_shard_fence_in_txn(txn: &impl Statements, shard: i32, writer
 /// Moves `shard`'s status cursor forward to transaction `xid`. False when
 /// `writer_id` no longer holds the shard, or the cursor is already there.
 pub async fn writer_shard_advance_status(
-    client: &Client,
+    client: &impl Statements,
     shard: i32,
     writer_id: &str,
     xid: i64,
 ) -> Result<bool, DbError> {
     let updated = client
-        .execute(CURSOR_ADVANCE, &[&shard, &writer_id, &xid.to_string()])
+        .run(CURSOR_ADVANCE, &[&shard, &writer_id, &xid.to_string()])
         .await
         .map_err(DbError::query("advance the status cursor"))?;
     Ok(updated == 1)

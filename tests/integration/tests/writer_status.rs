@@ -1,8 +1,9 @@
 //! The writer's status loop (`run_status_loop`) against PostgreSQL and the test
 //! tier's API server: observed state arrives in GitOpsDeployment status, an
 //! unchanged row is not patched again, the cursor waits for transactions still in
-//! flight, shards this writer does not own are left alone, and an object
-//! recreated under the same name (another UID) is not patched. Shard ownership is
+//! flight, shards this writer does not own are left alone, an object recreated
+//! under the same name (another UID) is not patched, and an object that refuses its
+//! status holds back no other (it is retried on its own). Shard ownership is
 //! claimed directly in SQL; tests wait on rows and objects, never on time.
 
 use std::sync::Arc;
@@ -73,10 +74,15 @@ impl Env {
     }
 
     fn context(&self) -> Arc<WriterContext> {
+        self.context_as(self.kube.clone())
+    }
+
+    /// A writer context whose Kubernetes calls go out as `kube`.
+    fn context_as(&self, kube: kube::Client) -> Arc<WriterContext> {
         let key = SecretBox::generate_key("k1").expect("a key");
         Arc::new(WriterContext {
             pool: self.db.pool(4),
-            kube: self.kube.clone(),
+            kube: kube.clone(),
             secrets: SecretBox::from_config(Some(&key), Some("k1")).expect("keys"),
             writer_id: WRITER.to_owned(),
             metrics: Arc::default(),
@@ -89,16 +95,19 @@ impl Env {
             home_status: gitops_writer::controller::HomeStatus::new(),
             allow_unverified_home: false,
             appstudio_identity: None,
-            events: Arc::new(gitops_writer::events::TenantEvents::new(self.kube.clone(), WRITER)),
+            events: Arc::new(gitops_writer::events::TenantEvents::new(kube, WRITER)),
         })
     }
 
     /// Starts the loop over `shards` (the shard list as the ownership task would
     /// publish it; ownership itself is checked in SQL).
     async fn run_loop(&self, shards: Vec<i32>) {
+        self.run_loop_as(shards, self.context()).await;
+    }
+
+    async fn run_loop_as(&self, shards: Vec<i32>, ctx: Arc<WriterContext>) {
         let listener = Listener::start(&self.db.url(), &[Signal::status()], self.cancel.clone()).expect("listener");
         let (_tx, rx) = tokio::sync::watch::channel(shards);
-        let ctx = self.context();
         let cancel = self.cancel.clone();
         tokio::spawn(async move {
             let _keep = _tx;
@@ -381,4 +390,67 @@ async fn a_busy_writer_relays_the_wakeups_its_spell_silenced() {
     })
     .await;
     eventually("the writer asleep again", || async { signal_sleeping(&seen).await.then_some(()) }).await;
+}
+
+/// What `status_retry` holds for an application: attempts and the last error.
+async fn retry_of(client: &Client, application: i64) -> Option<(i32, String)> {
+    client
+        .query_opt(
+            "SELECT attempts, last_error FROM status_retry WHERE kind = 'application' AND row_id = $1",
+            &[&application],
+        )
+        .await
+        .expect("read status_retry")
+        .map(|row| (row.get("attempts"), row.get("last_error")))
+}
+
+/// A resource that refuses its status (here the API server forbids the writer to
+/// patch that one object) holds back no other tenant resource of its shard: the
+/// cursor passes it and the row after it gets its status, while the refused one
+/// waits in `status_retry`. Once the writer may patch it, it gets its status too and
+/// its retry goes.
+#[tokio::test]
+async fn a_resource_that_refuses_its_status_holds_back_no_other() {
+    let mut env = Env::start().await;
+    let cluster = TestCluster::get().await;
+    let mine = env.tenant(OWNED).await;
+    let refused = env.deployment(mine, "refused", None).await;
+    let web = env.deployment(mine, "web", None).await;
+
+    // The writer's identity may read every GitOpsDeployment of the namespace but
+    // patch the status of `web` only.
+    let account = "status-writer";
+    let rules = serde_json::json!([
+        {"apiGroups": ["managed-gitops.redhat.com"], "resources": ["gitopsdeployments"], "verbs": ["get"]},
+        {"apiGroups": ["managed-gitops.redhat.com"], "resources": ["gitopsdeployments/status"],
+         "resourceNames": ["web"], "verbs": ["patch"]}
+    ]);
+    let identity = cluster.namespace_identity(env.ns.name(), account, rules).await;
+    let writer = cluster.client_with_token(&identity.token).await;
+    env.run_loop_as(vec![OWNED], env.context_as(writer)).await;
+
+    // The refused row comes first in the feed.
+    let refused_xid = observe(&env.client, refused, "Synced", "Healthy").await;
+    let web_xid = observe(&env.client, web, "Synced", "Healthy").await;
+    assert!(refused_xid < web_xid);
+    eventually("status on web, past the refused row", || async {
+        sync_of(&env.status("web").await.0).filter(|s| s.1 == "Healthy")
+    })
+    .await;
+    env.wait_cursor(OWNED, web_xid).await;
+    let (attempts, error) =
+        eventually("the refused row waiting in status_retry", || retry_of(&env.client, refused)).await;
+    assert!(attempts >= 1);
+    assert!(error.starts_with(&format!("{}/refused: ", env.ns.name())), "names the resource: {error}");
+    assert_eq!(env.status("refused").await.0, None, "nothing written where refused");
+
+    // Let the writer patch it: a retry brings its status.
+    let rules = serde_json::json!([{"apiGroups": ["managed-gitops.redhat.com"],
+        "resources": ["gitopsdeployments/status"], "resourceNames": ["refused"], "verbs": ["patch"]}]);
+    cluster.grant(env.ns.name(), "status-writer-refused", rules, (env.ns.name(), account)).await;
+    eventually("status on the refused deployment after the grant", || async {
+        sync_of(&env.status("refused").await.0).filter(|s| s.1 == "Healthy")
+    })
+    .await;
+    eventually("its retry gone", || async { retry_of(&env.client, refused).await.is_none().then_some(()) }).await;
 }

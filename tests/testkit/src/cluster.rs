@@ -270,22 +270,7 @@ impl TestCluster {
             .create(&post, &account)
             .await
             .unwrap_or_else(|error| panic!("create ServiceAccount {namespace}/{name}: {error}"));
-        let role: Role = serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "rules": rules}))
-            .expect("a Role with those rules");
-        Api::<Role>::namespaced(admin.clone(), namespace)
-            .create(&post, &role)
-            .await
-            .unwrap_or_else(|error| panic!("create Role {namespace}/{name}: {error}"));
-        let binding: RoleBinding = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
-        }))
-        .expect("a RoleBinding");
-        Api::<RoleBinding>::namespaced(admin.clone(), namespace)
-            .create(&post, &binding)
-            .await
-            .unwrap_or_else(|error| panic!("create RoleBinding {namespace}/{name}: {error}"));
+        self.grant(namespace, name, rules, (namespace, name)).await;
         let request: TokenRequest =
             serde_json::from_value(serde_json::json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))
                 .expect("a TokenRequest");
@@ -305,6 +290,30 @@ impl TestCluster {
         let text = serde_json::to_string(&kubeconfig).expect("a kubeconfig serialises");
         std::fs::write(&path, text).unwrap_or_else(|error| panic!("write {}: {error}", path.display()));
         NamespaceIdentity { token, kubeconfig: path }
+    }
+
+    /// Lets ServiceAccount `account` (`namespace/name`) do what `rules` allow in
+    /// `namespace`: a Role and a RoleBinding there, both called `name`.
+    pub async fn grant(&self, namespace: &str, name: &str, rules: serde_json::Value, account: (&str, &str)) {
+        let (account_namespace, account_name) = account;
+        let admin = self.admin().await;
+        let post = PostParams::default();
+        let role: Role = serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "rules": rules}))
+            .expect("a Role with those rules");
+        Api::<Role>::namespaced(admin.clone(), namespace)
+            .create(&post, &role)
+            .await
+            .unwrap_or_else(|error| panic!("create Role {namespace}/{name}: {error}"));
+        let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": account_name, "namespace": account_namespace}]
+        }))
+        .expect("a RoleBinding");
+        Api::<RoleBinding>::namespaced(admin, namespace)
+            .create(&post, &binding)
+            .await
+            .unwrap_or_else(|error| panic!("create RoleBinding {namespace}/{name}: {error}"));
     }
 
     /// A namespace of the test's own, `t-<random>-<purpose>`, created now and deleted

@@ -13,6 +13,15 @@
 //! looked at again on each scan until they finish, because the agent records a
 //! sync's end after the application state that announced it.
 //!
+//! One resource never holds back the others of its shard. A row whose patch fails
+//! for a reason of that resource alone (`StatusError::is_row_specific`: the API
+//! server forbids or rejects that object, or it keeps changing under the patch) is
+//! recorded in `status_retry` in the transaction that moves the cursor past it, and
+//! put back in the feed when it comes due (`gitops_shared::db::status_retry`); the
+//! loop wakes for the first due retry. A failure that concerns every row (the API
+//! server or the database does not answer, throttles, or refuses this writer's
+//! credentials) stops the cursor before the row and the scan starts again later.
+//!
 //! Signal protocol (`gitops_shared::signal`): several writers share the one `status`
 //! signal. A scan that handles new rows (moves a shard's cursor; rows held back by a
 //! transaction in flight, read again, do not count) marks it awake, so agents' commits
@@ -41,6 +50,10 @@ use gitops_shared::db::status_feed::{
     FeedRow, STATUS_FEED_BATCH, SyncRunRow, cursor_after, status_feed_read, sync_runs_by_id, sync_runs_of_applications,
     writer_shard_advance_status,
 };
+use gitops_shared::db::status_retry::{
+    RetryKey, ShardRetries, status_retry_pending, status_retry_replay, status_retry_settle_in_txn,
+};
+use gitops_shared::db::writer_shard::writer_shard_fence_in_txn;
 use gitops_shared::db::{DbError, pooled};
 use gitops_shared::listen::Listener;
 use gitops_shared::model::{ApplicationId, RowState, SyncOperationId};
@@ -78,6 +91,33 @@ pub enum StatusError {
     Contended { name: String },
 }
 
+impl StatusError {
+    /// Whether the failure belongs to the one resource rather than to the API server,
+    /// the writer or the database: the object keeps changing under the patch, or the
+    /// API server refused the patch of that object (forbidden for it, say by an
+    /// admission policy; invalid; too large). Such a row is retried on its own
+    /// (`gitops_shared::db::status_retry`) and the rows after it go on. Anything else
+    /// (a read refused, which with the writer's cluster-wide rights means those rights
+    /// are missing; unauthorized; timeouts, throttling, server errors, lost
+    /// connections) concerns every row: the scan stops and starts again.
+    pub fn is_row_specific(&self) -> bool {
+        match self {
+            StatusError::Contended { .. } => true,
+            StatusError::Kube { action, source: kube::Error::Api(status) } => {
+                *action == patch::PATCH_ACTION && matches!(status.code, 403 | 413 | 422)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// How much of a refusal is kept for operators in `status_retry.last_error`.
+const RETRY_ERROR_CHARS: usize = 1000;
+
+/// The soonest a scan comes back for retries that are due (a due retry is put back
+/// in the feed by the next scan, which pushes its due time on).
+const RETRY_WAKE_MIN: Duration = Duration::from_secs(1);
+
 /// What one scan of the owned shards found.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct ScanReport {
@@ -87,6 +127,10 @@ pub struct ScanReport {
     pub held_back: bool,
     /// Whether a shard's cursor moved: new rows were handled.
     pub advanced: bool,
+    /// Rows passed over to be retried on their own (`StatusError::is_row_specific`).
+    pub deferred: usize,
+    /// When the first retry of the owned shards comes due (None: none waits).
+    pub retry_in: Option<Duration>,
 }
 
 impl ScanReport {
@@ -95,6 +139,11 @@ impl ScanReport {
         self.patched += other.patched;
         self.held_back |= other.held_back;
         self.advanced |= other.advanced;
+        self.deferred += other.deferred;
+        self.retry_in = match (self.retry_in, other.retry_in) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
     }
 }
 
@@ -118,14 +167,14 @@ pub async fn run_status_loop(
         let interrupted = || cancel.is_cancelled() || shards.has_changed().unwrap_or(true);
         let outcome = scan_until_asleep(&ctx, &signal, &owned, &mut syncs, &mut awake, &interrupted).await;
         let pause = match outcome {
-            Ok(report) if report.held_back => RETRY_INTERVAL,
-            Ok(_) if !syncs.is_empty() => {
-                ctx.metrics.status_caught_up();
-                RETRY_INTERVAL
-            }
-            Ok(_) => {
-                ctx.metrics.status_caught_up();
-                STATUS_SCAN_INTERVAL
+            Ok(report) => {
+                let pause = if report.held_back {
+                    RETRY_INTERVAL
+                } else {
+                    ctx.metrics.status_caught_up();
+                    if syncs.is_empty() { STATUS_SCAN_INTERVAL } else { RETRY_INTERVAL }
+                };
+                report.retry_in.map_or(pause, |due| pause.min(due.max(RETRY_WAKE_MIN)))
             }
             Err(error) => {
                 tracing::warn!(error = %gitops_shared::telemetry::error_chain(&error), "status scan failed");
@@ -247,8 +296,14 @@ pub async fn scan_shards(
 ) -> Result<ScanReport, StatusError> {
     let mut report = ScanReport::default();
     let mut first_error = None;
+    let retries = {
+        let client = pooled(&ctx.pool).await?;
+        status_retry_pending(&client, owned).await?
+    };
+    ctx.metrics.status_retries(retries.iter().map(|retries| retries.waiting).sum());
     for &shard in owned {
-        match scan_shard(ctx, shard, syncs).await {
+        let waiting = retries.iter().find(|retries| retries.shard == shard);
+        match scan_shard(ctx, shard, syncs, waiting).await {
             Ok(shard_report) => report.add(shard_report),
             Err(error) => {
                 report.held_back = true;
@@ -257,6 +312,12 @@ pub async fn scan_shards(
         }
     }
     let client = pooled(&ctx.pool).await?;
+    if !retries.is_empty() || report.deferred > 0 {
+        // Read again: replays and this scan's refusals moved the due times.
+        let retries = status_retry_pending(&client, owned).await?;
+        report.retry_in = retries.iter().map(|retries| retries.due_in).min();
+        ctx.metrics.status_retries(retries.iter().map(|retries| retries.waiting).sum());
+    }
     let pending = sync_runs_by_id(&client, &syncs.ids()).await?;
     syncs.clear_missing(&pending);
     drop(client);
@@ -269,9 +330,21 @@ pub async fn scan_shards(
     }
 }
 
-/// Reads `shard` past its cursor batch by batch, patching and advancing.
-async fn scan_shard(ctx: &WriterContext, shard: i32, syncs: &mut InFlightSyncs) -> Result<ScanReport, StatusError> {
+/// Reads `shard` past its cursor batch by batch, patching and advancing. Puts the
+/// shard's due retries (`waiting`) back in its feed first; a row that fails on its
+/// own is recorded to be retried, in the transaction that moves the cursor past it.
+async fn scan_shard(
+    ctx: &WriterContext,
+    shard: i32,
+    syncs: &mut InFlightSyncs,
+    waiting: Option<&ShardRetries>,
+) -> Result<ScanReport, StatusError> {
     let mut report = ScanReport::default();
+    if let Some(waiting) = waiting.filter(|waiting| waiting.due_in.is_zero()) {
+        let client = pooled(&ctx.pool).await?;
+        let replayed = status_retry_replay(&client, shard, &ctx.writer_id).await?;
+        tracing::debug!(shard, replayed, waiting = waiting.waiting, "status retries put back in the feed");
+    }
     loop {
         let client = pooled(&ctx.pool).await?;
         let rows = status_feed_read(&client, shard, &ctx.writer_id, STATUS_FEED_BATCH).await?;
@@ -282,8 +355,11 @@ async fn scan_shard(ctx: &WriterContext, shard: i32, syncs: &mut InFlightSyncs) 
         report.rows += rows.len();
         let mut handled = 0;
         let mut failure = None;
+        let mut deferred: Vec<(RetryKey, String)> = Vec::new();
+        let mut settled: Vec<RetryKey> = Vec::new();
         // Patches run side by side; results come back in feed order, and the
-        // cursor only passes the rows before the first failure.
+        // cursor only passes the rows before the first failure that is not the
+        // row's own.
         // (Boxed: a spawned task cannot hold the closure's higher-ranked future type.)
         let patches: Vec<futures_util::future::BoxFuture<'_, Result<PatchOutcome, StatusError>>> =
             rows.iter().map(|row| settle_row(ctx, row).boxed()).collect();
@@ -296,6 +372,23 @@ async fn scan_shard(ctx: &WriterContext, shard: i32, syncs: &mut InFlightSyncs) 
                         report.patched += 1;
                         tracing::debug!(xid = row.xid(), "status patched");
                     }
+                    if row.retrying() {
+                        settled.push(row.retry_key());
+                    }
+                    handled += 1;
+                }
+                Err(error) if error.is_row_specific() => {
+                    let (namespace, name) = row.names();
+                    let message = gitops_shared::telemetry::error_chain(&error);
+                    tracing::warn!(
+                        tenant.ns = namespace,
+                        resource = name,
+                        error = %message,
+                        "status not written: this resource refused it; it is tried again later, the others go on"
+                    );
+                    let recorded: String =
+                        format!("{namespace}/{name}: {message}").chars().take(RETRY_ERROR_CHARS).collect();
+                    deferred.push((row.retry_key(), recorded));
                     handled += 1;
                 }
                 Err(error) => {
@@ -304,6 +397,8 @@ async fn scan_shard(ctx: &WriterContext, shard: i32, syncs: &mut InFlightSyncs) 
                 }
             }
         }
+        report.deferred += deferred.len();
+        ctx.metrics.status_deferred(deferred.len() as u64);
         let done = &rows[..handled];
         let client = pooled(&ctx.pool).await?;
         let applications: Vec<ApplicationId> = done
@@ -324,9 +419,23 @@ async fn scan_shard(ctx: &WriterContext, shard: i32, syncs: &mut InFlightSyncs) 
         let complete = handled == rows.len() && end.zip(rows.last()).is_some_and(|(end, last)| end > last.xid());
         let mut moved = false;
         if let Some(xid) = end {
-            let client = pooled(&ctx.pool).await?;
-            moved = writer_shard_advance_status(&client, shard, &ctx.writer_id, xid).await?;
-            report.advanced |= moved;
+            let mut client = pooled(&ctx.pool).await?;
+            if deferred.is_empty() && settled.is_empty() {
+                moved = writer_shard_advance_status(&client, shard, &ctx.writer_id, xid).await?;
+            } else {
+                // The cursor passes a deferred row only together with its record, and
+                // only the shard's owner records or clears (a writer that lost the
+                // shard could clear a retry its successor has just recorded).
+                let txn = client.transaction().await.map_err(DbError::query("begin"))?;
+                if writer_shard_fence_in_txn(&txn, shard, &ctx.writer_id).await? {
+                    status_retry_settle_in_txn(&txn, shard, &deferred, &settled).await?;
+                    moved = writer_shard_advance_status(&txn, shard, &ctx.writer_id, xid).await?;
+                    txn.commit().await.map_err(DbError::query("commit the status cursor"))?;
+                }
+            }
+            // Rows put back for a retry alone start or extend no spell (see
+            // `scan_until_asleep`): the cursor moved, but nothing new came.
+            report.advanced |= moved && done.iter().any(|row| !row.retrying());
         }
         if let Some(error) = failure {
             return Err(error);
@@ -385,9 +494,24 @@ impl InFlightSyncs {
         self.ids.retain(|id| present.iter().any(|run| run.id == *id));
     }
 
-    /// Patches the SyncRun of `run` and remembers whether it can still change.
+    /// Patches the SyncRun of `run` and remembers whether it can still change. A
+    /// SyncRun that refuses the patch on its own (`StatusError::is_row_specific`) is
+    /// looked at again on the next scan and holds nothing else back.
     async fn refresh(&mut self, ctx: &WriterContext, run: &SyncRunRow) -> Result<(), StatusError> {
-        let outcome = patch_sync_run(&ctx.kube, run).await?;
+        let outcome = match patch_sync_run(&ctx.kube, run).await {
+            Ok(outcome) => outcome,
+            Err(error) if error.is_row_specific() => {
+                tracing::warn!(
+                    tenant.ns = run.namespace.as_str(),
+                    resource = run.resource_name.as_str(),
+                    error = %gitops_shared::telemetry::error_chain(&error),
+                    "SyncRun status not written: it refused it; it is tried again on the next scan"
+                );
+                self.ids.insert(run.id);
+                return Ok(());
+            }
+            Err(error) => return Err(error),
+        };
         if outcome == PatchOutcome::Gone || !render::sync_in_flight(run.state) {
             self.ids.remove(&run.id);
         } else {

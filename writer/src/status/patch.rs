@@ -24,6 +24,9 @@ use crate::controller::HasConditions;
 /// Attempts per object when its resourceVersion moved between read and patch.
 const CONFLICT_ATTEMPTS: u32 = 5;
 
+/// The action of a refused patch (`StatusError::Kube`), as opposed to a refused read.
+pub(super) const PATCH_ACTION: &str = "patch the status of";
+
 /// What happened to one tenant resource.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PatchOutcome {
@@ -141,7 +144,7 @@ where
             Ok(_) => return Ok(PatchOutcome::Patched),
             Err(kube::Error::Api(status)) if status.code == 404 => return Ok(PatchOutcome::Gone),
             Err(kube::Error::Api(status)) if status.code == 409 => continue,
-            Err(source) => return Err(StatusError::Kube { action: "patch the status of", source }),
+            Err(source) => return Err(StatusError::Kube { action: PATCH_ACTION, source }),
         }
     }
     Err(StatusError::Contended { name: name.to_owned() })

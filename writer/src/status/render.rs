@@ -405,6 +405,7 @@ mod tests {
             xid: 1,
             snapshot_xmin: 2,
             application_id: gitops_shared::model::ApplicationId(1),
+            retrying: false,
             namespace: "team".into(),
             resource_name: "web".into(),
             resource_uid: Uuid::nil(),
