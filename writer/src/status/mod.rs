@@ -15,12 +15,12 @@
 //!
 //! One resource never holds back the others of its shard. A row whose patch fails
 //! for a reason of that resource alone (`StatusError::is_row_specific`: the API
-//! server forbids or rejects that object, or it keeps changing under the patch) is
-//! recorded in `status_retry` in the transaction that moves the cursor past it, and
-//! put back in the feed when it comes due (`gitops_shared::db::status_retry`); the
-//! loop wakes for the first due retry. A failure that concerns every row (the API
-//! server or the database does not answer, throttles, or refuses this writer's
-//! credentials) stops the cursor before the row and the scan starts again later.
+//! server refuses the patch of that object, or the object keeps changing under it)
+//! is recorded in `status_retry` in the transaction that moves the cursor past it,
+//! and put back in the feed when it comes due (`gitops_shared::db::status_retry`);
+//! the loop wakes for the first due retry. A failure that concerns every row (a
+//! refused read, an API server or database that does not answer or throttles,
+//! refused credentials) stops the cursor before the row, and the scan starts again.
 //!
 //! Signal protocol (`gitops_shared::signal`): several writers share the one `status`
 //! signal. A scan that handles new rows (moves a shard's cursor; rows held back by a
