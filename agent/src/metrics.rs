@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
+use gitops_shared::exposition::{counter, gauge, header};
 use gitops_shared::histogram::Histogram;
 use gitops_shared::model::ResourceType;
 use gitops_shared::queue::ConsumerStats;
@@ -330,21 +331,6 @@ impl Metrics {
 
 /// A per-type counter: name, help and how to read it.
 type PerType = (&'static str, &'static str, fn(&TypeMetrics) -> u64);
-
-fn header(out: &mut String, name: &str, help: &str, kind: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-}
-
-fn counter(out: &mut String, name: &str, help: &str, value: u64) {
-    header(out, name, help, "counter");
-    let _ = writeln!(out, "{name} {value}");
-}
-
-fn gauge(out: &mut String, name: &str, help: &str, value: i64) {
-    header(out, name, help, "gauge");
-    let _ = writeln!(out, "{name} {value}");
-}
 
 #[cfg(test)]
 mod tests {

@@ -8,6 +8,7 @@ pub mod backoff;
 pub mod config;
 pub mod crypto;
 pub mod db;
+pub mod exposition;
 pub mod histogram;
 pub mod listen;
 pub mod model;

@@ -2,7 +2,6 @@
 //! resident memory now and at its peak, heap in use (the allocator's statistics),
 //! threads and open files. Read from `/proc` (Linux); what cannot be read is None.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// One reading of a process's resources.
@@ -49,7 +48,7 @@ impl ProcessStats {
         ];
         for (name, help, value) in series {
             if let Some(value) = value {
-                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+                crate::exposition::gauge(out, name, help, value);
             }
         }
     }

@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
 
+use gitops_shared::exposition::{counter, gauge};
 use gitops_shared::histogram::Histogram;
 use tokio::sync::watch;
 
@@ -553,18 +554,18 @@ impl WriterMetrics {
         );
         let _ = writeln!(out, "# TYPE gitops_writer_status_behind_seconds gauge");
         let _ = writeln!(out, "gitops_writer_status_behind_seconds {behind:.3}");
-        let _ = writeln!(
-            out,
-            "# HELP gitops_writer_status_deferred_total Status rows the writer passed over because their resource refused the patch (forbidden, invalid, or changing under it); each is retried on its own while the rest of its shard goes on."
+        counter(
+            &mut out,
+            "gitops_writer_status_deferred_total",
+            "Status rows the writer passed over because their resource refused the patch (forbidden, invalid, or changing under it); each is retried on its own while the rest of its shard goes on.",
+            self.status_deferred.load(Ordering::Relaxed),
         );
-        let _ = writeln!(out, "# TYPE gitops_writer_status_deferred_total counter");
-        let _ = writeln!(out, "gitops_writer_status_deferred_total {}", self.status_deferred.load(Ordering::Relaxed));
-        let _ = writeln!(
-            out,
-            "# HELP gitops_writer_status_retries Status rows of this writer's shards waiting to be patched again (table status_retry)."
+        gauge(
+            &mut out,
+            "gitops_writer_status_retries",
+            "Status rows of this writer's shards waiting to be patched again (table status_retry).",
+            self.status_retries.load(Ordering::Relaxed),
         );
-        let _ = writeln!(out, "# TYPE gitops_writer_status_retries gauge");
-        let _ = writeln!(out, "gitops_writer_status_retries {}", self.status_retries.load(Ordering::Relaxed));
         let _ = writeln!(
             out,
             "# HELP gitops_writer_database_up 1 while the writer's look at the database every 2 s succeeds, else 0."
