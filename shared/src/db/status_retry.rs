@@ -62,7 +62,7 @@ SELECT shard, count(*) AS waiting,
 
 // Only the shard's owner, under its lease, puts rows back: those due now, and with
 // them those due within the next few seconds (so replays come in batches), at most
-// REPLAY_LIMIT. A row whose state row is stamped again goes back in the feed (the
+// 500. A row whose state row is stamped again goes back in the feed (the
 // stamp trigger gives it a new transaction id, past the cursor) and waits out its
 // delay before the next replay. A state row another transaction holds (an agent
 // writing it) is skipped, not waited for: it stays due. A row whose state row is
