@@ -699,9 +699,31 @@ CREATE TABLE public.operation (
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     lease_expiries integer DEFAULT 0 NOT NULL,
     queue_key bigint,
-    CONSTRAINT operation_check CHECK (((state <> 'claimed'::public.operation_state) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL))))
+    CONSTRAINT operation_check CHECK (((state <> 'claimed'::public.operation_state) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
+    CONSTRAINT operation_unfinished CHECK ((state = ANY (ARRAY['waiting'::public.operation_state, 'claimed'::public.operation_state, 'failed'::public.operation_state])))
 )
 WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.05');
+
+--
+-- Name: operation_history; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.operation_history (
+    id bigint NOT NULL,
+    engine_instance_id bigint NOT NULL,
+    tenant_id bigint NOT NULL,
+    resource_type public.resource_type NOT NULL,
+    resource_id bigint NOT NULL,
+    state public.operation_state NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    lease_expiries integer DEFAULT 0 NOT NULL,
+    claimed_by text,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    claimed_at timestamp with time zone,
+    completed_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    operator_error text,
+    CONSTRAINT operation_history_state_check CHECK ((state = ANY (ARRAY['completed'::public.operation_state, 'superseded'::public.operation_state])))
+);
 
 --
 -- Name: operation_id_seq; Type: SEQUENCE; Schema: public; Owner: -
@@ -715,6 +737,51 @@ ALTER TABLE public.operation ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
     NO MAXVALUE
     CACHE 1
 );
+
+--
+-- Name: operation_log; Type: VIEW; Schema: public; Owner: -
+--
+
+CREATE VIEW public.operation_log AS
+ SELECT operation.id,
+    operation.engine_instance_id,
+    operation.tenant_id,
+    operation.resource_type,
+    operation.resource_id,
+    operation.state,
+    operation.attempts,
+    operation.lease_expiries,
+    operation.claimed_by,
+    operation.created_at,
+    operation.claimed_at,
+    operation.completed_at,
+    operation.operator_error,
+    operation.tenant_message,
+    operation.run_after,
+    operation.lease_token,
+    operation.lease_expires_at,
+    operation.queue_key
+   FROM public.operation
+UNION ALL
+ SELECT operation_history.id,
+    operation_history.engine_instance_id,
+    operation_history.tenant_id,
+    operation_history.resource_type,
+    operation_history.resource_id,
+    operation_history.state,
+    operation_history.attempts,
+    operation_history.lease_expiries,
+    operation_history.claimed_by,
+    operation_history.created_at,
+    operation_history.claimed_at,
+    operation_history.completed_at,
+    operation_history.operator_error,
+    NULL::text AS tenant_message,
+    NULL::timestamp with time zone AS run_after,
+    NULL::uuid AS lease_token,
+    NULL::timestamp with time zone AS lease_expires_at,
+    NULL::bigint AS queue_key
+   FROM public.operation_history;
 
 --
 -- Name: refinery_schema_history; Type: TABLE; Schema: public; Owner: -
@@ -1055,6 +1122,13 @@ ALTER TABLE ONLY public.managed_environment
     ADD CONSTRAINT managed_environment_resource_uid_key UNIQUE (resource_uid);
 
 --
+-- Name: operation_history operation_history_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.operation_history
+    ADD CONSTRAINT operation_history_pkey PRIMARY KEY (id);
+
+--
 -- Name: operation operation_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
@@ -1269,6 +1343,12 @@ CREATE INDEX operation_delayed_idx ON public.operation USING btree (engine_insta
 CREATE INDEX operation_failed_idx ON public.operation USING btree (engine_instance_id, completed_at) WHERE (state = 'failed'::public.operation_state);
 
 --
+-- Name: operation_history_completed_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX operation_history_completed_idx ON public.operation_history USING btree (completed_at);
+
+--
 -- Name: operation_one_claimed_idx; Type: INDEX; Schema: public; Owner: -
 --
 
@@ -1279,12 +1359,6 @@ CREATE UNIQUE INDEX operation_one_claimed_idx ON public.operation USING btree (r
 --
 
 CREATE UNIQUE INDEX operation_one_waiting_idx ON public.operation USING btree (resource_type, resource_id) WHERE (state = 'waiting'::public.operation_state);
-
---
--- Name: operation_prune_idx; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX operation_prune_idx ON public.operation USING btree (completed_at) WHERE (state = ANY (ARRAY['completed'::public.operation_state, 'superseded'::public.operation_state]));
 
 --
 -- Name: operation_tenant_key_idx; Type: INDEX; Schema: public; Owner: -

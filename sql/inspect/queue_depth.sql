@@ -1,5 +1,6 @@
--- Queue depth: how many operations each engine instance has in each state, and the
--- age of the oldest one (seconds since it was enqueued).
+-- Queue depth: how many operations each engine instance has waiting, claimed and
+-- failed, and the age of the oldest one (seconds since it was enqueued). Finished
+-- operations are in operation_history (throughput_last_hour.sql reads them).
 -- Run: psql "$DATABASE_URL" -f sql/inspect/queue_depth.sql
 SELECT i.name AS instance,
        o.state,

@@ -95,21 +95,33 @@ DELETE FROM engine_instance i
  WHERE i.name = $1
    AND NOT EXISTS (SELECT 1 FROM tenant t WHERE t.engine_instance_id = i.id)
    AND NOT EXISTS (SELECT 1 FROM operation o WHERE o.engine_instance_id = i.id)
+   AND NOT EXISTS (SELECT 1 FROM operation_history h WHERE h.engine_instance_id = i.id)
 RETURNING id";
 
 // Decommissioning: the instance's operation history goes with it (nothing else
 // refers to it); refused while a tenant or an operation in flight is left.
 const PURGE_HISTORY: &str = "
-DELETE FROM operation o
- WHERE o.engine_instance_id = $1 AND o.state IN ('completed', 'superseded', 'failed')
-   AND NOT EXISTS (SELECT 1 FROM tenant t WHERE t.engine_instance_id = $1 OR t.moving_from = $1)
-   AND NOT EXISTS (SELECT 1 FROM operation w WHERE w.engine_instance_id = $1 AND w.state IN ('waiting', 'claimed'))";
+WITH allowed AS (
+    SELECT NOT EXISTS (SELECT 1 FROM tenant t WHERE t.engine_instance_id = $1 OR t.moving_from = $1)
+       AND NOT EXISTS (SELECT 1 FROM operation w WHERE w.engine_instance_id = $1 AND w.state IN ('waiting', 'claimed'))
+           AS yes
+), dead AS (
+    DELETE FROM operation o USING allowed
+     WHERE allowed.yes AND o.engine_instance_id = $1 AND o.state = 'failed'
+    RETURNING 1
+), finished AS (
+    DELETE FROM operation_history h USING allowed
+     WHERE allowed.yes AND h.engine_instance_id = $1
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM dead) + (SELECT count(*) FROM finished) AS purged";
 
 const REMOVE_BY_ID: &str = "
 DELETE FROM engine_instance i
  WHERE i.id = $1
    AND NOT EXISTS (SELECT 1 FROM tenant t WHERE t.engine_instance_id = i.id OR t.moving_from = i.id)
    AND NOT EXISTS (SELECT 1 FROM operation o WHERE o.engine_instance_id = i.id)
+   AND NOT EXISTS (SELECT 1 FROM operation_history h WHERE h.engine_instance_id = i.id)
 RETURNING name";
 
 const NAMESPACES: &str = "SELECT DISTINCT argocd_namespace FROM engine_instance";
@@ -348,7 +360,9 @@ pub async fn engine_instance_decommission(client: &mut Client, id: EngineInstanc
     crate::db::in_txn_retrying(client, move |txn| {
         Box::pin(async move {
             let action = "decommission an engine instance";
-            let purged = txn.execute(PURGE_HISTORY, &[&id]).await.map_err(DbError::query(action))?;
+            let row = txn.query_one(PURGE_HISTORY, &[&id]).await.map_err(DbError::query(action))?;
+            let purged: i64 = crate::db::column(&row, "purged", action)?;
+            let purged = u64::try_from(purged).unwrap_or(0);
             match txn.query_opt(REMOVE_BY_ID, &[&id]).await.map_err(DbError::query(action))? {
                 Some(_) => Ok(purged),
                 None => Err(DbError::InstanceInUse { name: format!("#{}", id.0), tenants: 0 }),

@@ -33,7 +33,7 @@ const SUMMARY: &str = include_str!("../../../sql/inspect/queue_depth.sql");
 const EXPIRED_COUNT: &str =
     "SELECT count(*) AS expired FROM operation WHERE state = 'claimed' AND lease_expires_at < now()";
 
-const COMPLETED_LAST_HOUR: &str = "SELECT count(*) AS completed FROM operation
+const COMPLETED_LAST_HOUR: &str = "SELECT count(*) AS completed FROM operation_history
  WHERE state = 'completed' AND completed_at > now() - interval '1 hour'";
 
 // Each count through its own partial index.
@@ -82,19 +82,33 @@ pub enum RetryOutcome {
 }
 
 const RETRY_ONE: &str = "
-WITH newer AS (
-    SELECT EXISTS (SELECT 1 FROM operation x JOIN operation me ON me.id = $1
-                    WHERE x.state = 'waiting'
-                      AND x.resource_type = me.resource_type
-                      AND x.resource_id = me.resource_id) AS present
+WITH mine AS (
+    SELECT o.id, EXISTS (SELECT 1 FROM operation x
+                          WHERE x.state = 'waiting'
+                            AND x.resource_type = o.resource_type
+                            AND x.resource_id = o.resource_id) AS superseded
+      FROM operation o
+     WHERE o.id = $1 AND o.state = 'failed'
+       FOR UPDATE
+), requeued AS (
+    UPDATE operation o
+       SET state = 'waiting', attempts = 0, lease_expiries = 0, run_after = now(), completed_at = NULL
+      FROM mine
+     WHERE o.id = mine.id AND NOT mine.superseded
+    RETURNING o.state
+), finished AS (
+    DELETE FROM operation o USING mine
+     WHERE o.id = mine.id AND mine.superseded
+    RETURNING o.*
+), filed AS (
+    INSERT INTO operation_history (id, engine_instance_id, tenant_id, resource_type, resource_id, state, attempts,
+                                   lease_expiries, claimed_by, created_at, claimed_at, completed_at, operator_error)
+    SELECT id, engine_instance_id, tenant_id, resource_type, resource_id, 'superseded', 0,
+           0, claimed_by, created_at, claimed_at, clock_timestamp(), operator_error
+      FROM finished
+    RETURNING state
 )
-UPDATE operation o
-   SET state = CASE WHEN newer.present THEN 'superseded' ELSE 'waiting' END::operation_state,
-       attempts = 0, lease_expiries = 0, run_after = now(),
-       completed_at = CASE WHEN newer.present THEN clock_timestamp() END
-  FROM newer
- WHERE o.id = $1 AND o.state = 'failed'
-RETURNING o.state";
+SELECT state FROM requeued UNION ALL SELECT state FROM filed";
 
 /// Puts one dead operation back in the queue.
 pub async fn operation_retry(client: &mut Client, id: OperationId) -> Result<RetryOutcome, DbError> {

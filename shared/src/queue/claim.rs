@@ -14,7 +14,8 @@ use crate::model::{EngineInstanceId, OperationId, ResourceType};
 use crate::sanitize::sanitize_tenant_message;
 
 // One statement, one transaction: complete the operations handled since the last
-// claim ($6/$7, lease-checked), then pick up to $2 due operations of this instance
+// claim ($6/$7, lease-checked: each leaves `operation` for `operation_history`, see
+// migrations/V25), then pick up to $2 due operations of this instance
 // whose resource has no claimed operation, lock them (skipping rows another claimer
 // holds), lease them, and move the instance's front to the highest key taken.
 //
@@ -53,13 +54,18 @@ use crate::sanitize::sanitize_tenant_message;
 // buffer (`queue_race::a_full_batch_claimed_on_a_connection_that_has_run_nothing_yet_comes_back`).
 /// The claim statement (public so a test can EXPLAIN it).
 pub const CLAIM: &str = "
-WITH done AS (
-    UPDATE operation o
-       SET state = 'completed', completed_at = clock_timestamp(), lease_expires_at = NULL,
-           operator_error = NULL, tenant_message = NULL
+WITH finished AS (
+    DELETE FROM operation o
      WHERE o.id = ANY ($6::bigint[]) AND o.lease_token = ($7::uuid[])[array_position($6::bigint[], o.id)]
        AND o.state::text = 'claimed' AND o.lease_expires_at > now()
-    RETURNING o.id
+    RETURNING o.*
+), done AS (
+    INSERT INTO operation_history (id, engine_instance_id, tenant_id, resource_type, resource_id, state, attempts,
+                                   lease_expiries, claimed_by, created_at, claimed_at, completed_at)
+    SELECT id, engine_instance_id, tenant_id, resource_type, resource_id, 'completed', attempts,
+           lease_expiries, claimed_by, created_at, claimed_at, clock_timestamp()
+      FROM finished
+    RETURNING id
 ), picked AS (
     SELECT o.id, o.queue_key
       FROM operation o
@@ -298,15 +304,22 @@ fn read_round(
 
 /// The completion statement (public so a test can EXPLAIN it).
 pub const COMPLETE: &str = "
-UPDATE operation o
-   SET state = 'completed', completed_at = clock_timestamp(), lease_expires_at = NULL,
-       operator_error = NULL, tenant_message = NULL
- WHERE o.id = ANY ($1::bigint[]) AND o.lease_token = ($2::uuid[])[array_position($1::bigint[], o.id)]
-   AND o.state::text = 'claimed' AND o.lease_expires_at > now()
-RETURNING o.id";
+WITH finished AS (
+    DELETE FROM operation o
+     WHERE o.id = ANY ($1::bigint[]) AND o.lease_token = ($2::uuid[])[array_position($1::bigint[], o.id)]
+       AND o.state::text = 'claimed' AND o.lease_expires_at > now()
+    RETURNING o.*
+)
+INSERT INTO operation_history (id, engine_instance_id, tenant_id, resource_type, resource_id, state, attempts,
+                               lease_expiries, claimed_by, created_at, claimed_at, completed_at)
+SELECT id, engine_instance_id, tenant_id, resource_type, resource_id, 'completed', attempts,
+       lease_expiries, claimed_by, created_at, claimed_at, clock_timestamp()
+  FROM finished
+RETURNING id";
 
-/// Marks operations done, in one statement. Only operations whose lease is still
-/// this holder's and unexpired change; the ids returned are those that did. A
+/// Marks operations done, in one statement: each moves from `operation` to
+/// `operation_history`. Only operations whose lease is still this holder's and
+/// unexpired move; the ids returned are those that did. A
 /// holder that lost its lease cannot overwrite the new holder's result.
 pub async fn operation_complete(client: &Client, done: &[(OperationId, Uuid)]) -> Result<Vec<OperationId>, DbError> {
     if done.is_empty() {
@@ -366,23 +379,39 @@ RETURNING id";
 
 /// The retry statement (public so a test can EXPLAIN it).
 pub const FAIL_RETRY: &str = "
-UPDATE operation o
-   SET (state, completed_at) =
-           (SELECT CASE WHEN newer.present THEN 'superseded' ELSE 'waiting' END::operation_state,
-                   CASE WHEN newer.present THEN clock_timestamp() END
-              FROM (SELECT EXISTS (SELECT 1 FROM operation x
-                                    WHERE x.state = 'waiting'
-                                      AND x.resource_type = o.resource_type
-                                      AND x.resource_id = o.resource_id) AS present) AS newer),
-       run_after = now() + make_interval(secs => $5),
-       lease_expires_at = NULL,
-       operator_error = $3, tenant_message = $4
- WHERE o.id = $1 AND o.lease_token = $2 AND o.state::text = 'claimed' AND o.lease_expires_at > now()
-RETURNING o.state";
+WITH mine AS (
+    SELECT o.id, EXISTS (SELECT 1 FROM operation x
+                          WHERE x.state = 'waiting'
+                            AND x.resource_type = o.resource_type
+                            AND x.resource_id = o.resource_id) AS superseded
+      FROM operation o
+     WHERE o.id = $1 AND o.lease_token = $2 AND o.state::text = 'claimed' AND o.lease_expires_at > now()
+       FOR UPDATE
+), retried AS (
+    UPDATE operation o
+       SET state = 'waiting', run_after = now() + make_interval(secs => $5), lease_expires_at = NULL,
+           operator_error = $3, tenant_message = $4
+      FROM mine
+     WHERE o.id = mine.id AND NOT mine.superseded
+    RETURNING o.state
+), finished AS (
+    DELETE FROM operation o USING mine
+     WHERE o.id = mine.id AND mine.superseded
+    RETURNING o.*
+), filed AS (
+    INSERT INTO operation_history (id, engine_instance_id, tenant_id, resource_type, resource_id, state, attempts,
+                                   lease_expiries, claimed_by, created_at, claimed_at, completed_at, operator_error)
+    SELECT id, engine_instance_id, tenant_id, resource_type, resource_id, 'superseded', attempts,
+           lease_expiries, claimed_by, created_at, claimed_at, clock_timestamp(), $3
+      FROM finished
+    RETURNING state
+)
+SELECT state FROM retried UNION ALL SELECT state FROM filed";
 
 /// Records a failed attempt. Transient failures go back to waiting with capped,
-/// jittered exponential backoff, conflicts at once; permanent ones end `failed`
-/// with both messages. The tenant message is sanitised here.
+/// jittered exponential backoff, conflicts at once, unless the resource has a newer
+/// waiting operation, which supersedes it (into `operation_history`); permanent
+/// ones end `failed` with both messages. The tenant message is sanitised here.
 pub async fn operation_fail(
     client: &Client,
     op: &ClaimedOperation,

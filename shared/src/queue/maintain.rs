@@ -80,14 +80,19 @@ UPDATE operation SET state = 'failed', completed_at = clock_timestamp(), lease_e
  WHERE id = $1";
 
 // The waiting operation takes over, inheriting the expiries so that a resource that
-// crashes its claimers still ends in `failed`.
+// crashes its claimers still ends in `failed`; the expired one is filed as superseded.
 const RECLAIM_MERGE: &str = "
 WITH old AS (
-    UPDATE operation SET state = 'superseded', completed_at = clock_timestamp(), lease_expires_at = NULL,
-           lease_expiries = lease_expiries + 1,
-           operator_error = 'lease expired; a newer waiting operation takes over'
-     WHERE id = $1
-    RETURNING attempts, lease_expiries
+    DELETE FROM operation WHERE id = $1
+    RETURNING id, engine_instance_id, tenant_id, resource_type, resource_id, attempts, lease_expiries + 1 AS lease_expiries,
+              claimed_by, created_at, claimed_at
+), filed AS (
+    INSERT INTO operation_history (id, engine_instance_id, tenant_id, resource_type, resource_id, state, attempts,
+                                   lease_expiries, claimed_by, created_at, claimed_at, completed_at, operator_error)
+    SELECT id, engine_instance_id, tenant_id, resource_type, resource_id, 'superseded', attempts,
+           lease_expiries, claimed_by, created_at, claimed_at, clock_timestamp(),
+           'lease expired; a newer waiting operation takes over'
+      FROM old
 )
 UPDATE operation w SET attempts = GREATEST(w.attempts, old.attempts),
                        lease_expiries = GREATEST(w.lease_expiries, old.lease_expiries)
@@ -163,10 +168,9 @@ pub async fn operation_next_lease_expiry(
 }
 
 const PRUNE: &str = "
-DELETE FROM operation WHERE id IN (
-    SELECT id FROM operation
-     WHERE state IN ('completed', 'superseded')
-       AND completed_at < now() - make_interval(secs => $1)
+DELETE FROM operation_history WHERE id IN (
+    SELECT id FROM operation_history
+     WHERE completed_at < now() - make_interval(secs => $1)
      ORDER BY completed_at
      LIMIT $2)";
 
@@ -177,7 +181,7 @@ DELETE FROM operation WHERE id IN (
      ORDER BY completed_at
      LIMIT $2)";
 
-/// Deletes up to `batch` finished operations older than `retention`, and up to
+/// Deletes up to `batch` finished operations (`operation_history`) older than `retention`, and up to
 /// `batch` dead letters older than `failed_retention` (None: kept).
 pub async fn operation_prune(
     client: &Client,

@@ -177,7 +177,7 @@ impl Env {
         let row = self
             .client
             .query_one(
-                "SELECT state::text, tenant_message FROM operation
+                "SELECT state::text, tenant_message FROM operation_log
                   WHERE resource_type = $1 AND resource_id = $2 ORDER BY id DESC LIMIT 1",
                 &[&resource_type, &id],
             )

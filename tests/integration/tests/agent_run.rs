@@ -391,7 +391,7 @@ async fn agent_sweep_does_not_retry_a_generation_argo_cd_refused_but_tries_the_n
         async move {
             let row = client
                 .query_one(
-                    "SELECT count(*) AS n FROM operation
+                    "SELECT count(*) AS n FROM operation_log
                       WHERE resource_type = 'application' AND resource_id = $1 AND state::text = $2",
                     &[&id, &state],
                 )
@@ -492,7 +492,7 @@ async fn agent_sweep_deletion_cap_and_dry_run_hold() {
     assert!(agent.handle.metrics(INSTANCE).sweep_dry_run_skipped.load(Ordering::Relaxed) >= 2);
     let queued: i64 = env
         .client
-        .query_one("SELECT count(*) FROM operation WHERE resource_id >= 9000", &[])
+        .query_one("SELECT count(*) FROM operation_log WHERE resource_id >= 9000", &[])
         .await
         .expect("count")
         .get(0);

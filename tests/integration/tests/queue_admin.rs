@@ -167,9 +167,9 @@ async fn the_summary_and_the_inspect_queries_show_the_queue() {
     let summary = queue_summary(&client).await.expect("summary");
     let count = |state| summary.rows.iter().find(|r| r.state == state).map(|r| r.operations);
     assert_eq!(count(OperationState::Waiting), Some(2));
-    assert_eq!(count(OperationState::Completed), Some(1));
+    assert_eq!(count(OperationState::Completed), None, "the depth is what is in the queue, not its history");
     assert!(summary.rows.iter().all(|r| r.instance == "argocd-1"));
-    assert_eq!(summary.completed_last_hour, 1);
+    assert_eq!(summary.completed_last_hour, 1, "the history holds the completed operation");
     assert_eq!(summary.expired_leases, 0);
 
     // Every inspect query runs against the schema and says what it shows.
@@ -192,12 +192,14 @@ async fn pruning_removes_old_finished_operations_in_batches_and_keeps_dead_lette
     fill(
         &client,
         &fx,
-        "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
-             SELECT {i}, {t}, 'application', g, 'completed', now() - interval '2 days' FROM generate_series(1, 250) g;
+        "INSERT INTO operation_history (id, engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
+             SELECT nextval('operation_id_seq'), {i}, {t}, 'application', g, 'completed', now() - interval '2 days'
+               FROM generate_series(1, 250) g;
              INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
              SELECT {i}, {t}, 'application', g, 'failed', now() - interval '2 days' FROM generate_series(251, 260) g;
-             INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
-             SELECT {i}, {t}, 'application', g, 'completed', now() FROM generate_series(261, 270) g;",
+             INSERT INTO operation_history (id, engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
+             SELECT nextval('operation_id_seq'), {i}, {t}, 'application', g, 'completed', now()
+               FROM generate_series(261, 270) g;",
     )
     .await;
     let day = Duration::from_secs(24 * 3600);
@@ -252,12 +254,18 @@ async fn fill(client: &tokio_postgres::Client, fx: &Fixture, sql: &str) {
     client.batch_execute(&sql).await.expect("fill");
 }
 
-/// 20,000 finished operations (resources 1–20,000), as a long-running queue has,
-/// then `sql` as `fill` runs it.
+/// 20,000 finished operations (resources 1–20,000) in the history, and 20,000 waiting
+/// on a busy neighbour instance, as a long-running queue of a fleet has, then `sql`
+/// as `fill` runs it.
 async fn fill_after_finished(client: &tokio_postgres::Client, fx: &Fixture, sql: &str) {
     let finished =
-        "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
-                    SELECT {i}, {t}, 'application', g, 'completed', now() FROM generate_series(1, 20000) g;";
+        "INSERT INTO operation_history (id, engine_instance_id, tenant_id, resource_type, resource_id, state)
+                    SELECT nextval('operation_id_seq'), {i}, {t}, 'application', g, 'completed'
+                      FROM generate_series(1, 20000) g;
+                    INSERT INTO engine_instance (name, argocd_namespace) VALUES ('busy-neighbour', 'argocd');
+                    INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id)
+                    SELECT (SELECT id FROM engine_instance WHERE name = 'busy-neighbour'), {t}, 'application', g
+                      FROM generate_series(100001, 120000) g;";
     fill(client, fx, &format!("{finished}\n{sql}")).await;
 }
 

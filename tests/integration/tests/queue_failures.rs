@@ -143,6 +143,8 @@ async fn permanent_failures_are_dead_lettered_at_once_and_a_newer_change_superse
         operation_retry(&mut client, gitops_shared::model::OperationId(failed)).await.expect("retry"),
         RetryOutcome::Superseded
     );
+    assert_eq!(count_in_state(&client, OperationState::Superseded).await, 2, "filed in the history");
+    assert_eq!(count_in_state(&client, OperationState::Failed).await, 0);
 }
 
 #[tokio::test]

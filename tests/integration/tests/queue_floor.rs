@@ -168,8 +168,11 @@ async fn with_a_snapshot_held_the_claim_starts_past_the_entries_of_what_was_clai
         handed_in = done(&round.claimed);
     }
     enqueue_many(&client, fx.instance, fx.tenant, 10_001, 10).await;
-    let dead: i64 =
-        client.query_one("SELECT count(*) FROM operation WHERE state = 'completed'", &[]).await.expect("count").get(0);
+    let dead: i64 = client
+        .query_one("SELECT count(*) FROM operation_history WHERE state = 'completed'", &[])
+        .await
+        .expect("count")
+        .get(0);
     assert_eq!(dead, 6000);
 
     // From the start the claim reads the 6,000 entries the claimed operations left

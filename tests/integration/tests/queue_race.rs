@@ -113,7 +113,7 @@ async fn racing_consumers_complete_every_operation_once_and_never_overlap_on_a_r
     }
 
     let intervals = recorder.intervals.lock().expect("lock").clone();
-    let rows = client.query("SELECT id, state FROM operation", &[]).await.expect("operations");
+    let rows = client.query("SELECT id, state FROM operation_log", &[]).await.expect("operations");
     let mut handled: HashMap<i64, usize> = HashMap::new();
     for (_, op, _, _) in &intervals {
         *handled.entry(*op).or_default() += 1;
@@ -199,7 +199,7 @@ async fn a_stalled_holder_loses_its_lease_stops_before_its_deadline_and_cannot_c
     let done = operation_complete(&client, &[(taken[0].id, taken[0].lease.token())]).await.expect("complete");
     assert_eq!(done, vec![taken[0].id]);
     let row = client
-        .query_one("SELECT state, claimed_by FROM operation WHERE id = $1", &[&taken[0].id.0])
+        .query_one("SELECT state, claimed_by FROM operation_log WHERE id = $1", &[&taken[0].id.0])
         .await
         .expect("row");
     assert_eq!(row.get::<_, OperationState>(0), OperationState::Completed);
@@ -328,7 +328,7 @@ async fn a_hundred_changes_during_a_reconcile_cause_at_most_one_more() {
     task.await.expect("consumer");
     let calls = *gate.calls.lock().expect("lock");
     assert_eq!(calls, 2, "one reconcile in progress, one for all hundred changes");
-    let operations: i64 = client.query_one("SELECT count(*) FROM operation", &[]).await.expect("count").get(0);
+    let operations: i64 = client.query_one("SELECT count(*) FROM operation_log", &[]).await.expect("count").get(0);
     assert_eq!(operations, 2);
 }
 
@@ -427,7 +427,7 @@ async fn a_crashed_claimers_operation_is_back_within_a_second_of_its_lease_while
     })
     .await;
     let row = client
-        .query_one("SELECT claimed_by, attempts FROM operation WHERE id = $1", &[&crashed.id])
+        .query_one("SELECT claimed_by, attempts FROM operation_log WHERE id = $1", &[&crashed.id])
         .await
         .expect("the operation");
     assert_eq!(row.get::<_, String>("claimed_by"), "rescuer");
@@ -453,7 +453,7 @@ async fn a_claim_ended_by_a_deadlock_is_sent_again_with_its_completions() {
                  END IF;
                  RETURN NEW;
              END $$;
-             CREATE TRIGGER deadlock_once BEFORE UPDATE ON operation
+             CREATE TRIGGER deadlock_once BEFORE INSERT ON operation_history
                 FOR EACH ROW WHEN (NEW.state = 'completed') EXECUTE FUNCTION deadlock_once();",
         )
         .await

@@ -160,7 +160,7 @@ async fn enqueue_is_atomic_with_the_intent_rolled_back_means_no_operation_and_no
     notify_marker(&consumer, &signal.channel()).await;
     assert_eq!(listener.next_payload().await, "marker", "the rolled-back enqueue sent nothing");
     let rows: i64 = consumer
-        .query_one("SELECT (SELECT count(*) FROM operation) + (SELECT count(*) FROM application)", &[])
+        .query_one("SELECT (SELECT count(*) FROM operation_log) + (SELECT count(*) FROM application)", &[])
         .await
         .expect("count")
         .get(0);

@@ -144,7 +144,7 @@ async fn writer_instance_provision_place_decommission() {
     assert!(engine_instance_by_name(&env.client, "argocd-p").await.is_err(), "unregistered");
     let left: i64 = env
         .client
-        .query_one("SELECT count(*) FROM operation WHERE engine_instance_id = $1", &[&id])
+        .query_one("SELECT count(*) FROM operation_log WHERE engine_instance_id = $1", &[&id])
         .await
         .expect("count")
         .get(0);

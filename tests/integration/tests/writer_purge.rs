@@ -119,6 +119,17 @@ async fn application_state(client: &Client, tenant: i64, application: i64) {
 }
 
 async fn operation(client: &Client, instance: i64, tenant: i64, kind: ResourceType, id: i64, state: OperationState) {
+    if matches!(state, OperationState::Completed | OperationState::Superseded) {
+        client
+            .execute(
+                "INSERT INTO operation_history (id, engine_instance_id, tenant_id, resource_type, resource_id, state)
+                 VALUES (nextval('operation_id_seq'), $1, $2, $3, $4, $5::operation_state)",
+                &[&instance, &tenant, &kind, &id, &state],
+            )
+            .await
+            .expect("finished operation");
+        return;
+    }
     client
         .execute(
             "INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state,
@@ -526,7 +537,7 @@ async fn agent_completes_operations_of_purged_rows_quietly() {
     }
     assert!(outcomes.values().all(|done| *done), "every operation done: {outcomes:?}");
     assert!(engine.applied.lock().expect("lock").is_empty(), "nothing created for purged rows");
-    assert_eq!(count(&client, "SELECT count(*) FROM operation WHERE state = 'completed'").await, 5);
+    assert_eq!(count(&client, "SELECT count(*) FROM operation_history WHERE state = 'completed'").await, 5);
 }
 
 /// What the admission webhook approved is found by UID and generation only, recorded

@@ -565,14 +565,19 @@ SELECT shard, '', extract(epoch FROM updated_at)::float8
 // Claims held now, and those that ended a moment ago. A live agent takes an
 // expired claim back by putting its operation back to waiting (run_after = the
 // moment it did) or, when the resource has a newer waiting operation, by
-// superseding it (completed_at = that moment); either way its expiry count grows.
+// superseding it (into operation_history, completed_at = that moment); either way its
+// expiry count grows.
 const CLAIMS: &str = "
 SELECT id, state::text AS state, lease_token::text AS token,
        extract(epoch FROM lease_expires_at)::float8 AS expires,
        extract(epoch FROM run_after)::float8 AS run_after,
        extract(epoch FROM completed_at)::float8 AS completed_at, lease_expiries
   FROM operation
- WHERE state = 'claimed' OR completed_at > now() - interval '5 seconds'";
+ WHERE state = 'claimed' OR completed_at > now() - interval '5 seconds'
+UNION ALL
+SELECT id, state::text, NULL, NULL, NULL, extract(epoch FROM completed_at)::float8, lease_expiries
+  FROM operation_history
+ WHERE completed_at > now() - interval '5 seconds'";
 
 // Shards expired (or released) for more than a second without a new holder, and the
 // transactions open for more than half a second that might hold their rows (for the log: why a

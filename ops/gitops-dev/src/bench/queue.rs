@@ -99,22 +99,26 @@ const INSTANCE_NAME: &str = "bench";
 const CREATE_BASELINE: &str = "CREATE TABLE bench_baseline (v bigint)";
 
 // Every table a run writes, listed (not CASCADE) so nothing else is emptied.
-const CLEAR: &str =
-    "TRUNCATE operation, application_state, sync_operation, rollout_baseline, application, bench_baseline";
+const CLEAR: &str = "TRUNCATE operation, operation_history, application_state, sync_operation, rollout_baseline, application, bench_baseline";
 
 const CHECKPOINT: &str = "CHECKPOINT";
 
 // Operations of the current phase are those past its mark (ids only grow).
 const COUNT_IN_STATE: &str = "SELECT count(*) FROM operation WHERE state = $1 AND id > $2";
 
-const MARK: &str = "SELECT coalesce(max(id), 0) FROM operation";
+// Finished operations are in operation_history.
+const COUNT_FINISHED: &str = "SELECT count(*) FROM operation_history WHERE state = $1 AND id > $2";
+
+const MARK: &str = "
+SELECT greatest((SELECT coalesce(max(id), 0) FROM operation), (SELECT coalesce(max(id), 0) FROM operation_history))";
 
 // `created_at` is clock_timestamp() at the insert, `claimed_at` at the claim.
-const CLAIM_TIMES: &str = "SELECT id, created_at, claimed_at FROM operation WHERE state = 'completed' AND id > $1";
+const CLAIM_TIMES: &str =
+    "SELECT id, created_at, claimed_at FROM operation_history WHERE state = 'completed' AND id > $1";
 
 // How many operations of the phase were claimed before the quiet tenant's ($2).
 const CLAIMED_BEFORE_QUIET: &str = "
-SELECT count(*) FROM operation o, operation q
+SELECT count(*) FROM operation_history o, operation_history q
  WHERE q.id = $2 AND o.id > $1 AND o.claimed_at < q.claimed_at";
 
 /// The noisy tenant's backlog in the fairness phase.
@@ -444,7 +448,13 @@ impl Bench<'_> {
     async fn count_in_state(&self, state: OperationState) -> Result<u64, BenchError> {
         let count: i64 = self
             .admin
-            .query_one(COUNT_IN_STATE, &[&state, &self.mark])
+            .query_one(
+                match state {
+                    OperationState::Completed | OperationState::Superseded => COUNT_FINISHED,
+                    _ => COUNT_IN_STATE,
+                },
+                &[&state, &self.mark],
+            )
             .await
             .map_err(DbError::query("count operations"))
             .map_err(BenchError::db("count operations"))?

@@ -355,7 +355,11 @@ async fn sample(
         processes.insert(binary.to_owned(), process_sample(stats));
     }
     let operations = database
-        .query("SELECT state::text, count(*) FROM operation GROUP BY state", &[])
+        .query(
+            "SELECT state::text, count(*) FROM operation GROUP BY state
+             UNION ALL SELECT state::text, count(*) FROM operation_history GROUP BY state",
+            &[],
+        )
         .await
         .map(|rows| rows.iter().map(|row| (row.get::<_, String>(0), row.get::<_, i64>(1))).collect())
         .unwrap_or_default();

@@ -153,7 +153,13 @@ pub async fn waiting_advisory_locks(client: &Client) -> i64 {
 }
 
 pub async fn count_in_state(client: &Client, state: OperationState) -> i64 {
-    client.query_one("SELECT count(*) FROM operation WHERE state = $1", &[&state]).await.expect("count").get(0)
+    let sql = match state {
+        OperationState::Completed | OperationState::Superseded => {
+            "SELECT count(*) FROM operation_history WHERE state = $1"
+        }
+        _ => "SELECT count(*) FROM operation WHERE state = $1",
+    };
+    client.query_one(sql, &[&state]).await.expect("count").get(0)
 }
 
 /// A bare LISTEN connection that reports (channel, payload) of each notification.

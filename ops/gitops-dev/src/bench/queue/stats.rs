@@ -17,10 +17,11 @@ const COMMITS: &str = "SELECT xact_commit FROM pg_stat_database WHERE datname = 
 const AGENT_BACKENDS: &str = "SELECT count(*) FROM pg_stat_activity
                                WHERE datname = current_database() AND application_name = 'gitops-bench-agent'";
 
-// The tables every operation writes: the intent, its operation, the signal row.
+// The tables every operation writes: the intent, its operation and its record once
+// finished, the signal row.
 const DEAD_TUPLES: &str = "
 SELECT relname::text, n_live_tup, n_dead_tup FROM pg_stat_user_tables
- WHERE relname IN ('operation', 'application', 'signal') ORDER BY relname";
+ WHERE relname IN ('operation', 'operation_history', 'application', 'signal') ORDER BY relname";
 
 /// How long the agents' connections may take to close after they stopped.
 const AGENTS_GONE_WITHIN: Duration = Duration::from_secs(10);
