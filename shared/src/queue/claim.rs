@@ -19,10 +19,12 @@ use crate::sanitize::sanitize_tenant_message;
 // whose resource has no claimed operation, lock them (skipping rows another claimer
 // holds), lease them, and move the instance's front to the highest key taken.
 //
-// Completions and the claimed-resource check probe one row or resource each (by
-// primary key, see the module `queue`; by operation_one_claimed_idx: OFFSET 0 keeps the
-// planner from turning the check into a join that reads every claimed row and the
-// entries they left).
+// Completions, the claimed-resource check and the lease of what was picked probe one
+// row or resource each (by primary key, see the module `queue`; by
+// operation_one_claimed_idx: OFFSET 0 keeps the planner from turning the check into a
+// join that reads every claimed row and the entries they left; the picked ids as an
+// array, so that a generic plan, which cannot know how many were picked, does not
+// join them to a scan of the whole table).
 // The pick walks operation_claim_idx in queue-key order (fair across tenants, see
 // migrations/V20) from the claimer's floor $5: keys below it were claimed already, and
 // the dead index entries they left are not visited even while a held snapshot keeps
@@ -97,10 +99,9 @@ WITH finished AS (
            lease_expires_at = now() + make_interval(secs => $4),
            claimed_at = clock_timestamp(),
            attempts = o.attempts + 1
-      FROM picked
-     WHERE o.id = picked.id
+     WHERE o.id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING o.id, o.tenant_id, o.resource_type::text AS resource_type, o.resource_id, o.attempts, o.lease_token,
-              o.created_at, o.claimed_at, picked.queue_key
+              o.created_at, o.claimed_at, o.queue_key
 ), front AS (
     SELECT operation_advance_front($1, max(queue_key)) FROM claimed
 ), awake AS (
@@ -206,9 +207,11 @@ impl ClaimClient for Client {
 }
 
 /// A pooled connection prepares the statement once and keeps it: each claim is then
-/// only bound and run, and after a few runs its plan is kept too. Planning the claim
-/// took as long as running it, so this is what a consumer, claiming many times a
-/// second, uses.
+/// only bound and run. Planning the claim took as long as running it, so this is
+/// what a consumer, claiming many times a second, uses, on a connection of its own
+/// that keeps the claim's generic plan too (`Consumer`: without that setting
+/// PostgreSQL plans every claim again, its estimate for the generic plan's `LIMIT $2`
+/// being a tenth of the queue).
 impl ClaimClient for ClientWrapper {
     async fn claim_rows(&self, params: &ClaimParams<'_>) -> Result<Vec<Row>, DbError> {
         let statement = self.prepare_cached(CLAIM).await.map_err(DbError::query("prepare the claim"))?;
