@@ -321,6 +321,9 @@ impl Bench<'_> {
         if fresh {
             self.fresh_run().await?;
         } else {
+            // As a fresh run does, without emptying anything: no run pays for the
+            // dirty pages of the one before, nor meets a timed checkpoint they bring on.
+            self.checkpoint().await;
             self.set_mark().await?;
         }
         let commits_before = stats::commits(&self.admin, &self.producers).await?;

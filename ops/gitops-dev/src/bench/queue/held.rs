@@ -7,8 +7,9 @@
 //!    would, and stays open.
 //! 2. `--preload` operations go through the queue (producers and agents together), so
 //!    that every table carries the dead row versions a long-held snapshot keeps.
-//! 3. Drain, overlap and half load are measured as in the clean phases, without
-//!    emptying anything; the dead tuples of the queue's tables are read.
+//! 3. Drain, overlap and half load are measured as in the clean phases (each after a
+//!    CHECKPOINT), without emptying anything; the dead tuples of the queue's tables
+//!    are read.
 //! 4. The transaction ends. Every `RECOVERY_EVERY` a backlog is enqueued and drained,
 //!    until the drain rate is back to `RECOVERED` of the clean one (or
 //!    `RECOVERY_GIVE_UP` passed); autovacuum runs as configured, nothing is vacuumed
@@ -112,6 +113,7 @@ async fn preload(bench: &mut Bench<'_>) -> Result<u64, BenchError> {
 /// A backlog of `operations` enqueued with the agents stopped, then drained;
 /// returns both rates.
 async fn backlog_and_drain(bench: &mut Bench<'_>) -> Result<(f64, f64), BenchError> {
+    bench.checkpoint().await;
     bench.set_mark().await?;
     let enqueue_per_s = bench.timed(Work::Enqueue, "held enqueue", 1).await?;
     bench.expect_backlog().await?;
