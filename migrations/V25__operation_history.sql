@@ -22,14 +22,18 @@ CREATE TABLE operation_history (
     created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     claimed_at timestamptz,
     completed_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-    -- Why a superseded operation was (a completed one has none).
+    -- The last error it met (a superseded one's, or why it was superseded).
     operator_error text
 );
 
 -- Pruning by age, and the inspect queries' recent history.
 CREATE INDEX operation_history_completed_idx ON operation_history (completed_at);
 
--- What was finished before moves over, oldest first.
+-- What was finished before moves over, oldest first. Expand only: agents of the
+-- release before go on completing into `operation` while the new ones roll out, so
+-- nothing here forbids that or takes a lock they would wait behind (no constraint on
+-- `operation`, no index dropped); the new agents prune such rows from `operation`
+-- as the old ones did, and a later release contracts.
 WITH moved AS (
     DELETE FROM operation
      WHERE state IN ('completed', 'superseded')
@@ -43,10 +47,6 @@ SELECT id, engine_instance_id, tenant_id, resource_type, resource_id, state, att
   FROM moved
  ORDER BY id;
 
-DROP INDEX operation_prune_idx;
-
--- Nothing in `operation` ends completed or superseded any more.
-ALTER TABLE operation ADD CONSTRAINT operation_unfinished CHECK (state IN ('waiting', 'claimed', 'failed'));
 
 -- Every operation the queue knows, in flight, dead-lettered or finished, for an
 -- operator asking what became of one (`SELECT * FROM operation_log WHERE id = …`).

@@ -699,8 +699,7 @@ CREATE TABLE public.operation (
     created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     lease_expiries integer DEFAULT 0 NOT NULL,
     queue_key bigint,
-    CONSTRAINT operation_check CHECK (((state <> 'claimed'::public.operation_state) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL)))),
-    CONSTRAINT operation_unfinished CHECK ((state = ANY (ARRAY['waiting'::public.operation_state, 'claimed'::public.operation_state, 'failed'::public.operation_state])))
+    CONSTRAINT operation_check CHECK (((state <> 'claimed'::public.operation_state) OR ((lease_token IS NOT NULL) AND (lease_expires_at IS NOT NULL))))
 )
 WITH (autovacuum_vacuum_scale_factor='0.02', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.05');
 
@@ -1359,6 +1358,12 @@ CREATE UNIQUE INDEX operation_one_claimed_idx ON public.operation USING btree (r
 --
 
 CREATE UNIQUE INDEX operation_one_waiting_idx ON public.operation USING btree (resource_type, resource_id) WHERE (state = 'waiting'::public.operation_state);
+
+--
+-- Name: operation_prune_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX operation_prune_idx ON public.operation USING btree (completed_at) WHERE (state = ANY (ARRAY['completed'::public.operation_state, 'superseded'::public.operation_state]));
 
 --
 -- Name: operation_tenant_key_idx; Type: INDEX; Schema: public; Owner: -

@@ -174,6 +174,16 @@ DELETE FROM operation_history WHERE id IN (
      ORDER BY completed_at
      LIMIT $2)";
 
+// Finished rows an agent of the release before V25 left in the queue table while
+// the new agents rolled out (operation_prune_idx; empty once they are gone).
+const PRUNE_LEGACY: &str = "
+DELETE FROM operation WHERE id IN (
+    SELECT id FROM operation
+     WHERE state IN ('completed', 'superseded')
+       AND completed_at < now() - make_interval(secs => $1)
+     ORDER BY completed_at
+     LIMIT $2)";
+
 const PRUNE_FAILED: &str = "
 DELETE FROM operation WHERE id IN (
     SELECT id FROM operation
@@ -191,10 +201,12 @@ pub async fn operation_prune(
 ) -> Result<u64, DbError> {
     let mut pruned = 0;
     if let Some(retention) = retention {
-        pruned += client
-            .execute(PRUNE, &[&secs(retention), &batch])
-            .await
-            .map_err(DbError::query("prune finished operations"))?;
+        for statement in [PRUNE, PRUNE_LEGACY] {
+            pruned += client
+                .execute(statement, &[&secs(retention), &batch])
+                .await
+                .map_err(DbError::query("prune finished operations"))?;
+        }
     }
     if let Some(retention) = failed_retention {
         pruned += client

@@ -155,6 +155,56 @@ async fn the_next_lease_expiry_reads_the_claimed_operations_from_the_lease_floor
 }
 
 #[tokio::test]
+async fn a_pooled_claim_keeps_its_generic_plan_and_its_setting_to_its_own_transaction() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    for _ in 0..3 {
+        new_application(&mut client, &fx).await;
+    }
+    let pool = gitops_shared::db::pool(&db.url(), 1, "claim-test").expect("pool");
+    let pooled = gitops_shared::db::pooled(&pool).await.expect("a pooled connection");
+    for expected in [1, 1, 1, 0] {
+        let round = gitops_shared::queue::operation_complete_and_claim(
+            &*pooled,
+            fx.instance,
+            "agent",
+            1,
+            Duration::from_secs(30),
+            gitops_shared::queue::Floor::FROM_START,
+            &[],
+        )
+        .await
+        .expect("claim");
+        assert_eq!(round.claimed.len(), expected);
+    }
+    // Committed, and the connection is back outside any transaction with its own setting.
+    assert_eq!(count_in_state(&client, OperationState::Claimed).await, 3);
+    let row = pooled
+        .query_one(
+            "SELECT current_setting('plan_cache_mode') AS mode, pg_current_xact_id_if_assigned() IS NULL AS idle",
+            &[],
+        )
+        .await
+        .expect("the session");
+    assert_eq!(row.get::<_, String>("mode"), "auto", "the setting ended with the claim's transaction");
+    assert!(row.get::<_, bool>("idle"), "no transaction left open");
+    let row = pooled
+        .query_one(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements
+              WHERE statement LIKE '%FOR UPDATE OF o SKIP LOCKED%' AND statement NOT LIKE '%pg_prepared_statements%'",
+            &[],
+        )
+        .await
+        .expect("the kept claim");
+    assert_eq!(
+        (row.get::<_, i64>("generic_plans"), row.get::<_, i64>("custom_plans")),
+        (4, 0),
+        "every claim on the generic plan"
+    );
+}
+
+#[tokio::test]
 async fn the_summary_and_the_inspect_queries_show_the_queue() {
     let db = TestDb::migrated().await;
     let mut client = db.connect().await;
@@ -199,11 +249,17 @@ async fn pruning_removes_old_finished_operations_in_batches_and_keeps_dead_lette
              SELECT {i}, {t}, 'application', g, 'failed', now() - interval '2 days' FROM generate_series(251, 260) g;
              INSERT INTO operation_history (id, engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
              SELECT nextval('operation_id_seq'), {i}, {t}, 'application', g, 'completed', now()
-               FROM generate_series(261, 270) g;",
+               FROM generate_series(261, 270) g;
+             -- Finished in the queue table by an agent of the release before V25.
+             INSERT INTO operation (engine_instance_id, tenant_id, resource_type, resource_id, state, completed_at)
+             SELECT {i}, {t}, 'application', g, 'completed', now() - interval '2 days' FROM generate_series(271, 275) g;",
     )
     .await;
     let day = Duration::from_secs(24 * 3600);
-    assert_eq!(operation_prune(&client, Some(day), None, 100).await.expect("prune"), 100);
+    assert_eq!(operation_prune(&client, Some(day), None, 100).await.expect("prune"), 105);
+    let legacy: i64 =
+        client.query_one("SELECT count(*) FROM operation WHERE state = 'completed'", &[]).await.expect("count").get(0);
+    assert_eq!(legacy, 0, "what an older agent finished in the queue table is pruned too");
     assert_eq!(operation_prune(&client, Some(day), None, 100).await.expect("prune"), 100);
     assert_eq!(operation_prune(&client, Some(day), None, 100).await.expect("prune"), 50);
     assert_eq!(operation_prune(&client, Some(day), None, 100).await.expect("prune"), 0);
