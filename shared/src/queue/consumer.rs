@@ -24,7 +24,7 @@ use super::{
     ClaimedOperation, Failure, Floor, LeaseKeeper, RetryPolicy, operation_complete, operation_complete_and_claim,
     operation_fail, operation_next_lease_expiry, operation_prune, operation_reclaim_expired, operation_safe_floor,
 };
-use crate::db::{DbError, DbPool, PooledClient, PooledConnection, held_or_pooled, pooled};
+use crate::db::{DbError, DbPool, PooledClient, held_or_pooled, pooled};
 use crate::listen::Listener;
 use crate::model::EngineInstanceId;
 use crate::signal::{Signal, SleepAttempt};
@@ -148,8 +148,6 @@ pub struct Consumer<H> {
     stats: Arc<ConsumerStats>,
     /// Woken by the upkeep when it put operations back in the queue.
     requeued: Notify,
-    /// The connection claims go on (see `claim_connection`), once opened.
-    claim_connection: tokio::sync::Mutex<Option<PooledConnection>>,
     /// Where claims start, and since when it was last made safe.
     floor: std::sync::Mutex<FloorState>,
 }
@@ -161,21 +159,6 @@ struct FloorState {
     /// The last safe floor: where the next safe floor's scan starts.
     safe: Floor,
     synced_at: Option<Instant>,
-}
-
-/// A connection for the consumer's claims: taken out of `pool` for good (the pool may
-/// open another in its place), so that its session keeps the claim statement's
-/// generic plan (`plan_cache_mode`), planned once, and nothing else runs with that
-/// setting. Left to itself PostgreSQL plans every claim again, as its estimate of the
-/// generic plan assumes `LIMIT $2` picks a tenth of the queue; the plan it would make
-/// for any batch is the one EXPLAIN tests check (`queue_admin`).
-async fn claim_connection(pool: &DbPool) -> Result<PooledConnection, DbError> {
-    let client = deadpool_postgres::Object::take(pooled(pool).await?);
-    client
-        .batch_execute("SET plan_cache_mode = force_generic_plan")
-        .await
-        .map_err(DbError::query("set up the claim connection"))?;
-    Ok(client)
 }
 
 /// Pauses between attempts to sleep while an enqueuer is in flight.
@@ -210,7 +193,6 @@ impl<H: Handler> Consumer<H> {
             handler,
             stats: Arc::new(ConsumerStats::default()),
             requeued: Notify::new(),
-            claim_connection: tokio::sync::Mutex::new(None),
             floor: std::sync::Mutex::new(floor),
         }
     }
@@ -478,14 +460,10 @@ impl<H: Handler> Consumer<H> {
     /// leases to run out.
     async fn claim(&self, done: &[(crate::model::OperationId, uuid::Uuid)]) -> Result<super::ClaimRound, DbError> {
         let mut attempt = 1;
-        let mut slot = self.claim_connection.lock().await;
         loop {
-            let client = match slot.take() {
-                Some(client) if !client.is_closed() => client,
-                _ => claim_connection(&self.pool).await?,
-            };
+            let client = pooled(&self.pool).await?;
             let round = operation_complete_and_claim(
-                &client,
+                &*client,
                 self.config.instance,
                 &self.config.claimer,
                 self.config.batch,
@@ -497,17 +475,11 @@ impl<H: Handler> Consumer<H> {
             match round {
                 Err(error) if error.is_retryable_conflict() && attempt < CLAIM_ATTEMPTS => {
                     tracing::info!(%error, attempt, "a claim met a conflict; sending it again");
-                    *slot = Some(client);
+                    drop(client);
                     tokio::time::sleep(PAUSE_MIN * attempt).await;
                     attempt += 1;
                 }
-                // Any other error may have left the connection unusable: the next
-                // claim opens another.
-                Err(error) => return Err(error),
-                Ok(round) => {
-                    *slot = Some(client);
-                    return Ok(round);
-                }
+                round => return round,
             }
         }
     }
