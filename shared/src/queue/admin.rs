@@ -81,34 +81,13 @@ pub enum RetryOutcome {
     NotFailed,
 }
 
-const RETRY_ONE: &str = "
-WITH mine AS (
-    SELECT o.id, EXISTS (SELECT 1 FROM operation x
-                          WHERE x.state = 'waiting'
-                            AND x.resource_type = o.resource_type
-                            AND x.resource_id = o.resource_id) AS superseded
-      FROM operation o
-     WHERE o.id = $1 AND o.state = 'failed'
-       FOR UPDATE
-), requeued AS (
-    UPDATE operation o
-       SET state = 'waiting', attempts = 0, lease_expiries = 0, run_after = now(), completed_at = NULL
-      FROM mine
-     WHERE o.id = mine.id AND NOT mine.superseded
-    RETURNING o.state
-), finished AS (
-    DELETE FROM operation o USING mine
-     WHERE o.id = mine.id AND mine.superseded
-    RETURNING o.*
-), filed AS (
-    INSERT INTO operation_history (id, engine_instance_id, tenant_id, resource_type, resource_id, state, attempts,
-                                   lease_expiries, claimed_by, created_at, claimed_at, completed_at, operator_error)
-    SELECT id, engine_instance_id, tenant_id, resource_type, resource_id, 'superseded', 0,
-           0, claimed_by, created_at, claimed_at, clock_timestamp(), operator_error
-      FROM finished
-    RETURNING state
-)
-SELECT state FROM requeued UNION ALL SELECT state FROM filed";
+const RETRY_ONE: &str = requeue_or_supersede!(
+    "o.id = $1 AND o.state = 'failed'",
+    "state = 'waiting', attempts = 0, lease_expiries = 0, run_after = now(), completed_at = NULL",
+    "0",
+    "0",
+    "operator_error"
+);
 
 /// Puts one dead operation back in the queue.
 pub async fn operation_retry(client: &mut Client, id: OperationId) -> Result<RetryOutcome, DbError> {

@@ -55,18 +55,17 @@ use crate::sanitize::sanitize_tenant_message;
 // the exchange, which never completes once the batch's rows fill the connection's
 // buffer (`queue_race::a_full_batch_claimed_on_a_connection_that_has_run_nothing_yet_comes_back`).
 /// The claim statement (public so a test can EXPLAIN it).
-pub const CLAIM: &str = "
+pub const CLAIM: &str = concat!(
+    "
 WITH finished AS (
     DELETE FROM operation o
      WHERE o.id = ANY ($6::bigint[]) AND o.lease_token = ($7::uuid[])[array_position($6::bigint[], o.id)]
        AND o.state::text = 'claimed' AND o.lease_expires_at > now()
     RETURNING o.*
 ), done AS (
-    INSERT INTO operation_history (id, engine_instance_id, tenant_id, resource_type, resource_id, state, attempts,
-                                   lease_expiries, claimed_by, created_at, claimed_at, completed_at)
-    SELECT id, engine_instance_id, tenant_id, resource_type, resource_id, 'completed', attempts,
-           lease_expiries, claimed_by, created_at, claimed_at, clock_timestamp()
-      FROM finished
+    ",
+    file_finished!("completed", "attempts", "lease_expiries", "NULL"),
+    "
     RETURNING id
 ), picked AS (
     SELECT o.id, o.queue_key
@@ -113,7 +112,8 @@ WITH finished AS (
 )
 SELECT c.*, (SELECT count(*) FROM done) AS completed, (SELECT count(*) FROM front) AS fronts,
        (SELECT count(*) FROM awake) AS woke
-  FROM (VALUES (1)) AS one (x) LEFT JOIN claimed c ON true";
+  FROM (VALUES (1)) AS one (x) LEFT JOIN claimed c ON true"
+);
 
 /// What one claim statement did.
 #[derive(Debug, Default)]
@@ -323,19 +323,19 @@ fn read_round(
 }
 
 /// The completion statement (public so a test can EXPLAIN it).
-pub const COMPLETE: &str = "
+pub const COMPLETE: &str = concat!(
+    "
 WITH finished AS (
     DELETE FROM operation o
      WHERE o.id = ANY ($1::bigint[]) AND o.lease_token = ($2::uuid[])[array_position($1::bigint[], o.id)]
        AND o.state::text = 'claimed' AND o.lease_expires_at > now()
     RETURNING o.*
 )
-INSERT INTO operation_history (id, engine_instance_id, tenant_id, resource_type, resource_id, state, attempts,
-                               lease_expiries, claimed_by, created_at, claimed_at, completed_at)
-SELECT id, engine_instance_id, tenant_id, resource_type, resource_id, 'completed', attempts,
-       lease_expiries, claimed_by, created_at, claimed_at, clock_timestamp()
-  FROM finished
-RETURNING id";
+",
+    file_finished!("completed", "attempts", "lease_expiries", "NULL"),
+    "
+RETURNING id"
+);
 
 /// Marks operations done, in one statement: each moves from `operation` to
 /// `operation_history`. Only operations whose lease is still this holder's and
@@ -398,35 +398,14 @@ UPDATE operation
 RETURNING id";
 
 /// The retry statement (public so a test can EXPLAIN it).
-pub const FAIL_RETRY: &str = "
-WITH mine AS (
-    SELECT o.id, EXISTS (SELECT 1 FROM operation x
-                          WHERE x.state = 'waiting'
-                            AND x.resource_type = o.resource_type
-                            AND x.resource_id = o.resource_id) AS superseded
-      FROM operation o
-     WHERE o.id = $1 AND o.lease_token = $2 AND o.state::text = 'claimed' AND o.lease_expires_at > now()
-       FOR UPDATE
-), retried AS (
-    UPDATE operation o
-       SET state = 'waiting', run_after = now() + make_interval(secs => $5), lease_expires_at = NULL,
-           operator_error = $3, tenant_message = $4
-      FROM mine
-     WHERE o.id = mine.id AND NOT mine.superseded
-    RETURNING o.state
-), finished AS (
-    DELETE FROM operation o USING mine
-     WHERE o.id = mine.id AND mine.superseded
-    RETURNING o.*
-), filed AS (
-    INSERT INTO operation_history (id, engine_instance_id, tenant_id, resource_type, resource_id, state, attempts,
-                                   lease_expiries, claimed_by, created_at, claimed_at, completed_at, operator_error)
-    SELECT id, engine_instance_id, tenant_id, resource_type, resource_id, 'superseded', attempts,
-           lease_expiries, claimed_by, created_at, claimed_at, clock_timestamp(), $3
-      FROM finished
-    RETURNING state
-)
-SELECT state FROM retried UNION ALL SELECT state FROM filed";
+pub const FAIL_RETRY: &str = requeue_or_supersede!(
+    "o.id = $1 AND o.lease_token = $2 AND o.state::text = 'claimed' AND o.lease_expires_at > now()",
+    "state = 'waiting', run_after = now() + make_interval(secs => $5), lease_expires_at = NULL,
+           operator_error = $3, tenant_message = $4",
+    "attempts",
+    "lease_expiries",
+    "$3"
+);
 
 /// Records a failed attempt. Transient failures go back to waiting with capped,
 /// jittered exponential backoff, conflicts at once, unless the resource has a newer

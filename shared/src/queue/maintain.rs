@@ -81,22 +81,24 @@ UPDATE operation SET state = 'failed', completed_at = clock_timestamp(), lease_e
 
 // The waiting operation takes over, inheriting the expiries so that a resource that
 // crashes its claimers still ends in `failed`; the expired one is filed as superseded.
-const RECLAIM_MERGE: &str = "
-WITH old AS (
-    DELETE FROM operation WHERE id = $1
-    RETURNING id, engine_instance_id, tenant_id, resource_type, resource_id, attempts, lease_expiries + 1 AS lease_expiries,
-              claimed_by, created_at, claimed_at
+const RECLAIM_MERGE: &str = concat!(
+    "
+WITH finished AS (
+    DELETE FROM operation WHERE id = $1 RETURNING *
 ), filed AS (
-    INSERT INTO operation_history (id, engine_instance_id, tenant_id, resource_type, resource_id, state, attempts,
-                                   lease_expiries, claimed_by, created_at, claimed_at, completed_at, operator_error)
-    SELECT id, engine_instance_id, tenant_id, resource_type, resource_id, 'superseded', attempts,
-           lease_expiries, claimed_by, created_at, claimed_at, clock_timestamp(),
-           'lease expired; a newer waiting operation takes over'
-      FROM old
+    ",
+    file_finished!(
+        "superseded",
+        "attempts",
+        "lease_expiries + 1",
+        "'lease expired; a newer waiting operation takes over'"
+    ),
+    "
 )
-UPDATE operation w SET attempts = GREATEST(w.attempts, old.attempts),
-                       lease_expiries = GREATEST(w.lease_expiries, old.lease_expiries)
-  FROM old WHERE w.id = $2";
+UPDATE operation w SET attempts = GREATEST(w.attempts, finished.attempts),
+                       lease_expiries = GREATEST(w.lease_expiries, finished.lease_expiries + 1)
+  FROM finished WHERE w.id = $2"
+);
 
 /// Handles up to `limit` expired leases of `instance`: back to waiting, merged into
 /// the resource's waiting operation, or dead-lettered past the attempt limit.

@@ -12,6 +12,8 @@
 //!
 //! A claimed operation whose resource gets a newer waiting operation ends
 //! `superseded` when it is retried or reclaimed: the waiting one does the work.
+//! Completed and superseded operations leave `operation` for `operation_history` in
+//! the statement that finishes them (`file_finished!`); dead letters stay.
 //!
 //! Every write that checks a lease (completion, renewal, failure) finds its rows
 //! by primary key, and compares the state as text (`state::text = 'claimed'`): the
@@ -21,6 +23,71 @@
 //! indexes for a few live entries and read them instead; while a snapshot is held
 //! their dead entries stay, and such a read visited every operation claimed since
 //! (`queue_admin::lease_checked_writes_find_their_rows_by_primary_key`).
+
+/// SQL that files the rows of CTE `finished` (deleted from `operation`, every column
+/// returned) in `operation_history` as `$state`, with `$attempts`, `$expiries` and
+/// `$error` (SQL expressions over those rows) as their attempts, lease expiries and
+/// operator error.
+macro_rules! file_finished {
+    ($state:literal, $attempts:literal, $expiries:literal, $error:literal) => {
+        concat!(
+            "INSERT INTO operation_history (id, engine_instance_id, tenant_id, resource_type, resource_id, state,
+                               attempts, lease_expiries, claimed_by, created_at, claimed_at, completed_at,
+                               operator_error)
+    SELECT id, engine_instance_id, tenant_id, resource_type, resource_id, '",
+            $state,
+            "', ",
+            $attempts,
+            ", ",
+            $expiries,
+            ", claimed_by, created_at, claimed_at, clock_timestamp(), ",
+            $error,
+            "
+      FROM finished"
+        )
+    };
+}
+
+/// A statement that puts the one operation `$pick` selects (`o`, locked) back to
+/// waiting with `$requeue` (SET assignments) or, when its resource has a newer waiting
+/// operation, files it superseded (see `file_finished!`); returns the state it got,
+/// no row when `$pick` found none.
+macro_rules! requeue_or_supersede {
+    ($pick:literal, $requeue:literal, $attempts:literal, $expiries:literal, $error:literal) => {
+        concat!(
+            "
+WITH mine AS (
+    SELECT o.id, EXISTS (SELECT 1 FROM operation x
+                          WHERE x.state = 'waiting'
+                            AND x.resource_type = o.resource_type
+                            AND x.resource_id = o.resource_id) AS superseded
+      FROM operation o
+     WHERE ",
+            $pick,
+            "
+       FOR UPDATE
+), requeued AS (
+    UPDATE operation o
+       SET ",
+            $requeue,
+            "
+      FROM mine
+     WHERE o.id = mine.id AND NOT mine.superseded
+    RETURNING o.state
+), finished AS (
+    DELETE FROM operation o USING mine
+     WHERE o.id = mine.id AND mine.superseded
+    RETURNING o.*
+), filed AS (
+    ",
+            file_finished!("superseded", $attempts, $expiries, $error),
+            "
+    RETURNING state
+)
+SELECT state FROM requeued UNION ALL SELECT state FROM filed"
+        )
+    };
+}
 
 mod admin;
 mod backoff;
