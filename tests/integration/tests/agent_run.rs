@@ -690,7 +690,8 @@ impl Env {
         for _ in 0..count {
             apps.push(self.application().await);
         }
-        agent.wait_sweeps(1).await;
+        // The start-up sweep, however early it finished: the next one is an hour away.
+        eventually("the first sweep", || async { (agent.sweeps() >= 1).then_some(()) }).await;
         for (_, name) in &apps {
             self.wait_object(name, "the Application", |_| true).await;
         }
