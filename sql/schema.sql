@@ -203,6 +203,7 @@ $$;
 
 CREATE FUNCTION public.operation_assign_queue_key() RETURNS trigger
     LANGUAGE plpgsql
+    SET enable_sort TO 'off'
     AS $$
 DECLARE
     v_front bigint;
@@ -285,6 +286,7 @@ $$;
 
 CREATE FUNCTION public.operation_safe_floor(p_instance bigint, p_from bigint, p_slack bigint, p_wait_ms integer) RETURNS bigint
     LANGUAGE plpgsql
+    SET enable_sort TO 'off'
     AS $$
 DECLARE
     v_from   bigint;

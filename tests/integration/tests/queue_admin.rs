@@ -182,12 +182,14 @@ async fn a_pooled_claim_keeps_its_generic_plan_and_its_setting_to_its_own_transa
     assert_eq!(count_in_state(&client, OperationState::Claimed).await, 3);
     let row = pooled
         .query_one(
-            "SELECT current_setting('plan_cache_mode') AS mode, pg_current_xact_id_if_assigned() IS NULL AS idle",
+            "SELECT current_setting('plan_cache_mode') AS mode, current_setting('enable_sort') AS sort,
+                    pg_current_xact_id_if_assigned() IS NULL AS idle",
             &[],
         )
         .await
         .expect("the session");
     assert_eq!(row.get::<_, String>("mode"), "auto", "the setting ended with the claim's transaction");
+    assert_eq!(row.get::<_, String>("sort"), "on", "so did the claim's order setting");
     assert!(row.get::<_, bool>("idle"), "no transaction left open");
     let row = pooled
         .query_one(

@@ -494,3 +494,83 @@ async fn an_operation_claimed_after_waiting_behind_its_resource_is_found_by_the_
         operation_reclaim_expired(&mut client, fx.instance, &RetryPolicy::default(), 10).await.expect("reclaim");
     assert_eq!(reclaimed, 1, "the expired lease is found");
 }
+
+/// Entries read so far by scans of each index of the queue table, this connection's
+/// included.
+async fn all_index_reads(client: &Client) -> Vec<(String, i64)> {
+    client.execute("SELECT pg_stat_force_next_flush()", &[]).await.expect("flush statistics");
+    client
+        .query(
+            "SELECT indexrelname::text, idx_tup_read FROM pg_stat_user_indexes
+              WHERE relname = 'operation' ORDER BY indexrelname",
+            &[],
+        )
+        .await
+        .expect("read statistics")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+/// The indexes that scans read since `before`, with how many entries.
+async fn index_reads_since(client: &Client, before: &[(String, i64)]) -> Vec<(String, i64)> {
+    all_index_reads(client)
+        .await
+        .into_iter()
+        .zip(before)
+        .map(|((index, now), (_, then))| (index, now - then))
+        .filter(|(_, read)| *read > 0)
+        .collect()
+}
+
+#[tokio::test]
+async fn statistics_taken_while_the_queue_was_empty_do_not_turn_its_scans_into_reads_of_a_whole_index() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    let held = hold_snapshot(&db).await;
+    // 6,000 operations through the queue while the snapshot keeps every entry they
+    // left, the instance's floor past them (as the agents' safe floors raise it), then
+    // the table analysed with nothing waiting, as autovacuum does when the agents have
+    // caught up: the statistics say the queue is empty.
+    enqueue_many(&client, fx.instance, fx.tenant, 1, 6000).await;
+    claim_and_complete_all(&client, fx.instance, 200).await;
+    safe_floor(&client, fx.instance).await;
+    client.batch_execute("VACUUM ANALYZE operation").await.expect("analyze");
+    enqueue_many(&client, fx.instance, fx.tenant, 10_001, 500).await;
+
+    // An enqueue finds its tenant's next key at the top of the tenant's range.
+    let before = all_index_reads(&client).await;
+    enqueue_many(&client, fx.instance, fx.tenant, 20_001, 1).await;
+    let read = index_reads_since(&client, &before).await;
+    assert!(read.iter().all(|(_, n)| *n <= 2), "one enqueue read {read:?}");
+
+    // The safe floor walks from the instance's floor to the first live entry (the
+    // last batch's entries, and the slack below it), not the index's 6,500.
+    let before = all_index_reads(&client).await;
+    let floor = safe_floor(&client, fx.instance).await;
+    let read = index_reads_since(&client, &before).await;
+    assert!(read.iter().all(|(index, n)| index == "operation_claim_idx" && *n <= 1000), "the safe floor read {read:?}");
+
+    // Pooled claims (the agents' generic plan) walk the claim's index from the floor
+    // and stop at their batch; each hands its rows back so the next reads as far.
+    let pool = gitops_shared::db::pool(&db.url(), 1, "claim-test").expect("pool");
+    let pooled = gitops_shared::db::pooled(&pool).await.expect("a pooled connection");
+    for _ in 0..3 {
+        let before = all_index_reads(&client).await;
+        let round =
+            operation_complete_and_claim(&*pooled, fx.instance, "agent", 64, LEASE, floor, &[]).await.expect("claim");
+        assert_eq!(round.claimed.len(), 64, "a full batch is waiting");
+        let read = index_reads_since(&client, &before).await;
+        assert!(
+            read.iter().all(|(index, n)| index != "operation_one_waiting_idx" && *n <= 1200),
+            "a claim of 64 read {read:?}"
+        );
+        let ids: Vec<i64> = round.claimed.iter().map(|op| op.id.0).collect();
+        client
+            .execute("UPDATE operation SET state = 'waiting', claimed_by = NULL WHERE id = ANY($1)", &[&ids])
+            .await
+            .expect("hand the batch back");
+    }
+    held.batch_execute("ROLLBACK").await.expect("release the snapshot");
+}

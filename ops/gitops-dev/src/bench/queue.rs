@@ -6,9 +6,9 @@
 //! 1. baseline — (a) bare one-row commits; (b) the writer's enqueue transaction
 //!    with `signal_raise` switched off by `gitops.bench_skip_signal`.
 //! 2. enqueue — the same transaction with its signalling step, no agent running.
-//!    1 and 2 alternate `ROUNDS` times (a CHECKPOINT and empty tables before each
+//! 3. drain — that enqueue run's backlog, claimed by the agents.
+//!    1 to 3 alternate `ROUNDS` times (a CHECKPOINT and empty tables before each
 //!    run, so no run pays for another's dirty pages); medians are reported.
-//! 3. drain — the last enqueue run's backlog, claimed by the agents.
 //! 4. overlap — producers (as fast as they can, or at `--rate`) and idle agents
 //!    together; claim latency is read back from the operation table.
 //!
@@ -180,7 +180,7 @@ async fn run(config: &QueueBenchConfig, url: &str) -> Result<QueueBenchReport, B
     };
 
     let n = config.operations;
-    let (mut baseline, mut no_notify, mut enqueue) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut baseline, mut no_notify, mut enqueue, mut drain) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 1..=ROUNDS {
         bench.fresh_run().await?;
         baseline.push(bench.timed(Work::Baseline, "baseline", round).await?);
@@ -193,6 +193,7 @@ async fn run(config: &QueueBenchConfig, url: &str) -> Result<QueueBenchReport, B
             bench.fresh_run().await?;
             enqueue.push(bench.timed(Work::Enqueue, "enqueue", round).await?);
             bench.expect_backlog().await?;
+            drain.push(bench.drain().await?);
         }
     }
     // Each round's pair ran back to back, so its ratio is less exposed to a noisy
@@ -201,10 +202,7 @@ async fn run(config: &QueueBenchConfig, url: &str) -> Result<QueueBenchReport, B
     if !paired.is_empty() {
         tracing::info!(?paired, median = report::median(&paired), "enqueue / no-notify enqueue, per round");
     }
-    let drain_per_s = match config.rate {
-        None => Some(bench.drain().await?),
-        Some(_) => None,
-    };
+    let drain_per_s = config.rate.is_none().then(|| report::median(&drain));
     let overlap = bench.overlap(config.rate, true).await?;
     let enqueue_median = report::median(&enqueue);
     let half_load = match config.rate {
@@ -298,7 +296,7 @@ impl Bench<'_> {
         Ok(())
     }
 
-    /// Phase 3: agents drain the backlog the last enqueue run left.
+    /// Phase 3: agents drain the backlog the enqueue run before it left.
     async fn drain(&mut self) -> Result<f64, BenchError> {
         self.checkpoint().await;
         let ready = self.agents().await?;
