@@ -32,7 +32,14 @@ pub enum Work {
     Baseline,
     /// The writer's enqueue transaction.
     Enqueue,
+    /// The enqueue alone, for a resource of its own with no application row:
+    /// operations through the queue, without the application table growing by one
+    /// row each (the held benchmark's preload).
+    Operation,
 }
+
+/// Resources of `Work::Operation` are numbered from here, past any application's id.
+const OPERATION_RESOURCES: i64 = 1 << 40;
 
 /// An enqueue transaction's operation and when the producer saw its commit
 /// acknowledged (local clock, the database's on this host).
@@ -114,12 +121,29 @@ impl Producer {
             })
         })
         .await?;
-        match enqueued {
-            Enqueued::New(id) => Ok(Committed { id, at: SystemTime::now() }),
-            other => {
-                Err(DbError::NotFound { what: format!("a new operation for a new application (found {other:?})") })
-            }
-        }
+        committed(enqueued)
+    }
+
+    /// One transaction that enqueues an operation for resource number `seq` of
+    /// `Work::Operation`, retried as a writer would.
+    pub async fn operation(&mut self, seq: u64) -> Result<Committed, DbError> {
+        let resource = OPERATION_RESOURCES.saturating_add(i64::try_from(seq).unwrap_or(i64::MAX));
+        let (instance, tenant) = (self.instance, self.tenant);
+        let enqueued = in_txn_retrying(&mut self.client, |txn| {
+            Box::pin(async move {
+                operation_enqueue_in_txn(txn, instance, tenant, ResourceType::Application, resource).await
+            })
+        })
+        .await?;
+        committed(enqueued)
+    }
+}
+
+/// The operation a producer's transaction made; anything else is a lost operation.
+fn committed(enqueued: Enqueued) -> Result<Committed, DbError> {
+    match enqueued {
+        Enqueued::New(id) => Ok(Committed { id, at: SystemTime::now() }),
+        other => Err(DbError::NotFound { what: format!("a new operation for a new resource (found {other:?})") }),
     }
 }
 
@@ -140,7 +164,7 @@ pub async fn run_closed(
                 Work::Baseline => {
                     Some(producer.client.prepare(BASELINE_INSERT).await.map_err(DbError::query("prepare"))?)
                 }
-                Work::Enqueue => None,
+                Work::Enqueue | Work::Operation => None,
             };
             let mut committed = Vec::new();
             loop {
@@ -153,6 +177,7 @@ pub async fn run_closed(
                         let v = i64::try_from(seq).unwrap_or(i64::MAX);
                         producer.client.execute(insert, &[&v]).await.map_err(DbError::query("baseline insert"))?;
                     }
+                    None if work == Work::Operation => committed.push(producer.operation(seq).await?),
                     None => committed.push(producer.enqueue(seq).await?),
                 }
             }
