@@ -316,13 +316,17 @@ async fn writer_e2e_two_writers_share_the_shards_and_handle_each_namespace_once(
         .await;
     }
     // One tenant and one application per namespace, each on the shard of its name,
-    // and exactly one operation per application (generation 1 was written once).
+    // and exactly one operation per application (generation 1 was written once),
+    // whether it still waits or is claimed, or an agent already finished it.
     let rows = env
         .client
         .query(
             "SELECT t.namespace_name, t.writer_shard, count(DISTINCT a.id), count(o.id)
                FROM tenant t JOIN application a ON a.tenant_id = t.id
-               LEFT JOIN operation o ON o.resource_type = 'application' AND o.resource_id = a.id
+               LEFT JOIN (SELECT id, resource_id FROM operation WHERE resource_type = 'application'
+                          UNION ALL
+                          SELECT id, resource_id FROM operation_history WHERE resource_type = 'application') o
+                      ON o.resource_id = a.id
               GROUP BY t.namespace_name, t.writer_shard ORDER BY 1",
             &[],
         )
