@@ -242,10 +242,17 @@ impl ClaimClient for ClientWrapper {
     }
 }
 
+/// The text of `CLAIM_IN_KEY_ORDER`, for the statements that build on it (`concat!`
+/// takes literals, not consts).
+macro_rules! claim_in_key_order {
+    () => {
+        "BEGIN; SET LOCAL enable_sort = off"
+    };
+}
+
 /// Opens the transaction a pooled claim runs in: `CLAIM_IN_KEY_ORDER`'s, planned
 /// once.
-const CLAIM_IN_GENERIC_PLAN: &str =
-    "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_sort = off";
+const CLAIM_IN_GENERIC_PLAN: &str = concat!(claim_in_key_order!(), "; SET LOCAL plan_cache_mode = force_generic_plan");
 
 /// Opens a transaction whose claim reads the waiting index in key order and stops at
 /// its limit, never reading the whole index and sorting it.
@@ -256,7 +263,7 @@ const CLAIM_IN_GENERIC_PLAN: &str =
 /// alive (`EXPLAIN (ANALYZE, BUFFERS)`: 110,000 buffers and 77 ms instead of 2.6 ms),
 /// until the next ANALYZE. With sorting off, the only plan left that returns rows in
 /// key order is the index walk.
-const CLAIM_IN_KEY_ORDER: &str = "BEGIN; SET LOCAL enable_sort = off";
+const CLAIM_IN_KEY_ORDER: &str = claim_in_key_order!();
 
 /// The claim statement's parameters, in its order.
 pub struct ClaimParams<'a> {

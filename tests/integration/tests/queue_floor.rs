@@ -94,8 +94,6 @@ async fn a_quiet_tenants_operation_is_claimed_in_the_next_batch_while_a_noisy_te
     );
 }
 
-const INDEX_READS: &str = "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = $1";
-
 /// How many entries of the claim's index one claim statement reads (dead ones
 /// included: an entry is counted before its row's visibility is checked); the claim
 /// is rolled back.
@@ -111,10 +109,28 @@ async fn claim_index_reads(client: &mut Client, instance: EngineInstanceId, floo
     index_reads(client, "operation_claim_idx").await - before
 }
 
-/// Entries of `index` read by scans so far, this connection's included.
+/// Entries of `index` (one of the queue table's) read by scans so far, this
+/// connection's included.
 async fn index_reads(client: &Client, index: &str) -> i64 {
+    let reads = all_index_reads(client).await;
+    reads.iter().find(|(name, _)| name == index).unwrap_or_else(|| panic!("no index {index} in {reads:?}")).1
+}
+
+/// Entries read so far by scans of each index of the queue table, this connection's
+/// included.
+async fn all_index_reads(client: &Client) -> Vec<(String, i64)> {
     client.execute("SELECT pg_stat_force_next_flush()", &[]).await.expect("flush statistics");
-    client.query_one(INDEX_READS, &[&index]).await.expect("read statistics").get(0)
+    client
+        .query(
+            "SELECT indexrelname::text, idx_tup_read FROM pg_stat_user_indexes
+              WHERE relname = 'operation' ORDER BY indexrelname",
+            &[],
+        )
+        .await
+        .expect("read statistics")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
 }
 
 #[tokio::test]
@@ -326,14 +342,22 @@ async fn claim_and_complete_all(client: &Client, instance: EngineInstanceId, bat
     }
 }
 
+/// A snapshot held (the returned connection's) while `operations` operations went
+/// through the queue: each left its entries in the queue's indexes, which the
+/// snapshot keeps.
+async fn held_queue_after(db: &TestDb, client: &Client, fx: &Fixture, operations: i64) -> Client {
+    let held = hold_snapshot(db).await;
+    enqueue_many(client, fx.instance, fx.tenant, 1, operations).await;
+    claim_and_complete_all(client, fx.instance, 200).await;
+    held
+}
+
 #[tokio::test]
 async fn with_a_snapshot_held_a_consumer_that_starts_and_the_lease_upkeep_begin_at_the_instances_floors() {
     let db = TestDb::migrated().await;
     let mut client = db.connect().await;
     let fx = fixture(&mut client).await;
-    let held = hold_snapshot(&db).await;
-    enqueue_many(&client, fx.instance, fx.tenant, 1, 6000).await;
-    claim_and_complete_all(&client, fx.instance, 200).await;
+    let held = held_queue_after(&db, &client, &fx, 6000).await;
 
     // The first safe floor of the instance reads the 6,000 entries claims left in the
     // claim index; a consumer that starts afterwards begins where that one ended.
@@ -495,23 +519,6 @@ async fn an_operation_claimed_after_waiting_behind_its_resource_is_found_by_the_
     assert_eq!(reclaimed, 1, "the expired lease is found");
 }
 
-/// Entries read so far by scans of each index of the queue table, this connection's
-/// included.
-async fn all_index_reads(client: &Client) -> Vec<(String, i64)> {
-    client.execute("SELECT pg_stat_force_next_flush()", &[]).await.expect("flush statistics");
-    client
-        .query(
-            "SELECT indexrelname::text, idx_tup_read FROM pg_stat_user_indexes
-              WHERE relname = 'operation' ORDER BY indexrelname",
-            &[],
-        )
-        .await
-        .expect("read statistics")
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect()
-}
-
 /// The indexes that scans read since `before`, with how many entries.
 async fn index_reads_since(client: &Client, before: &[(String, i64)]) -> Vec<(String, i64)> {
     all_index_reads(client)
@@ -528,13 +535,11 @@ async fn statistics_taken_while_the_queue_was_empty_do_not_turn_its_scans_into_r
     let db = TestDb::migrated().await;
     let mut client = db.connect().await;
     let fx = fixture(&mut client).await;
-    let held = hold_snapshot(&db).await;
     // 6,000 operations through the queue while the snapshot keeps every entry they
     // left, the instance's floor past them (as the agents' safe floors raise it), then
     // the table analysed with nothing waiting, as autovacuum does when the agents have
     // caught up: the statistics say the queue is empty.
-    enqueue_many(&client, fx.instance, fx.tenant, 1, 6000).await;
-    claim_and_complete_all(&client, fx.instance, 200).await;
+    let held = held_queue_after(&db, &client, &fx, 6000).await;
     safe_floor(&client, fx.instance).await;
     client.batch_execute("VACUUM ANALYZE operation").await.expect("analyze");
     enqueue_many(&client, fx.instance, fx.tenant, 10_001, 500).await;

@@ -172,13 +172,13 @@ pub async fn run_closed(
                 if seq >= operations {
                     return Ok::<_, DbError>(committed);
                 }
-                match &baseline {
-                    Some(insert) => {
+                match (&baseline, work) {
+                    (Some(insert), _) => {
                         let v = i64::try_from(seq).unwrap_or(i64::MAX);
                         producer.client.execute(insert, &[&v]).await.map_err(DbError::query("baseline insert"))?;
                     }
-                    None if work == Work::Operation => committed.push(producer.operation(seq).await?),
-                    None => committed.push(producer.enqueue(seq).await?),
+                    (None, Work::Operation) => committed.push(producer.operation(seq).await?),
+                    (None, _) => committed.push(producer.enqueue(seq).await?),
                 }
             }
         }

@@ -31,8 +31,9 @@ pub struct QueueBenchReport {
     pub commits_per_op: f64,
     /// The overlap at half the enqueue rate (None with a rate).
     pub half_load: Option<HalfLoad>,
-    /// In which claim batch a quiet tenant's operation went while 5,000 of another
-    /// tenant's waited (1 = the first; None with a rate or one producer).
+    /// In which of its agent's claim batches a quiet tenant's operation went while
+    /// 5,000 of another tenant's waited (1 = the agent's first; None with a rate or
+    /// one producer).
     pub quiet_claim_batches: Option<u64>,
     /// The figures again with a snapshot held (`--hold-snapshot`).
     pub held: Option<HeldReport>,
