@@ -99,7 +99,7 @@ impl ConsumerConfig {
             retention: Some(Duration::from_secs(24 * 3600)),
             failed_retention: Some(Duration::from_secs(7 * 24 * 3600)),
             linger: Duration::from_millis(10),
-            linger_max: Duration::from_millis(20),
+            linger_max: Duration::from_millis(15),
             idle_polls: 3,
             floor_sync_every: Duration::from_secs(1),
         }
