@@ -219,16 +219,17 @@ BEGIN
         RETURN NEW;
     END IF;
     v_front := operation_front(NEW.engine_instance_id);
-    -- The tenant's highest key, read from the top of its range of
-    -- operation_tenant_key_idx (one entry, however long its backlog); only keys at or
-    -- past the front, so that the scan never reaches claimed history.
+    -- The tenant's highest key: the first entry of its range of
+    -- operation_tenant_last_key_idx (one entry, however long its backlog or anyone
+    -- else's); only keys at or past the front, so that the walk never reaches
+    -- claimed history.
     SELECT o.queue_key INTO v_last
       FROM operation o
      WHERE o.engine_instance_id = NEW.engine_instance_id
        AND o.tenant_id = NEW.tenant_id
        AND o.state = 'waiting' AND o.queue_key IS NOT NULL
-       AND o.queue_key >= v_front
-     ORDER BY o.queue_key DESC
+       AND - o.queue_key <= - v_front
+     ORDER BY - o.queue_key
      LIMIT 1;
     NEW.queue_key := GREATEST(v_front, v_last + 1);
     RETURN NEW;
@@ -1368,10 +1369,10 @@ CREATE UNIQUE INDEX operation_one_waiting_idx ON public.operation USING btree (r
 CREATE INDEX operation_prune_idx ON public.operation USING btree (completed_at) WHERE (state = ANY (ARRAY['completed'::public.operation_state, 'superseded'::public.operation_state]));
 
 --
--- Name: operation_tenant_key_idx; Type: INDEX; Schema: public; Owner: -
+-- Name: operation_tenant_last_key_idx; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX operation_tenant_key_idx ON public.operation USING btree (engine_instance_id, tenant_id, queue_key) WHERE ((state = 'waiting'::public.operation_state) AND (queue_key IS NOT NULL));
+CREATE INDEX operation_tenant_last_key_idx ON public.operation USING btree (engine_instance_id, tenant_id, ((- queue_key))) WHERE ((state = 'waiting'::public.operation_state) AND (queue_key IS NOT NULL));
 
 --
 -- Name: repository_credential_tenant_idx; Type: INDEX; Schema: public; Owner: -

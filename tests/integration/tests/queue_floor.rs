@@ -142,9 +142,9 @@ async fn an_enqueue_and_a_safe_floor_read_one_entry_however_long_the_backlog() {
     client.batch_execute("ANALYZE operation").await.expect("analyze");
 
     // The next key of a tenant with 5,000 waiting: the top of its range only.
-    let before = index_reads(&client, "operation_tenant_key_idx").await;
+    let before = index_reads(&client, "operation_tenant_last_key_idx").await;
     enqueue_many(&client, fx.instance, fx.tenant, 5001, 1).await;
-    let read = index_reads(&client, "operation_tenant_key_idx").await - before;
+    let read = index_reads(&client, "operation_tenant_last_key_idx").await - before;
     assert!(read <= 2, "the key of one enqueue read {read} entries");
     let keys: Vec<i64> = client
         .query("SELECT queue_key FROM operation WHERE resource_id IN (5000, 5001) ORDER BY resource_id", &[])
@@ -160,6 +160,59 @@ async fn an_enqueue_and_a_safe_floor_read_one_entry_however_long_the_backlog() {
     safe_floor(&client, fx.instance).await;
     let read = index_reads(&client, "operation_claim_idx").await - before;
     assert!(read <= 2, "the safe floor read {read} entries");
+}
+
+#[tokio::test]
+async fn a_tenants_next_key_reads_its_own_last_entry_however_far_another_tenant_ran_ahead() {
+    let db = TestDb::migrated().await;
+    let mut client = db.connect().await;
+    let fx = fixture(&mut client).await;
+    let mut tenants = vec![fx.tenant];
+    for _ in 0..3 {
+        tenants.push(new_tenant(&mut client, fx.instance).await);
+    }
+    // Four tenants writing in turn, as the statistics see them; then one tenant runs
+    // 3,000 operations ahead, so that every key above the quiet tenant's last is the
+    // busy tenant's.
+    client.batch_execute("ALTER TABLE operation SET (autovacuum_enabled = off)").await.expect("no autovacuum");
+    for round in 0..250 {
+        for (i, tenant) in tenants.iter().enumerate() {
+            enqueue_many(&client, fx.instance, *tenant, 1_000_000 * (i as i64 + 1) + round, 1).await;
+        }
+    }
+    client.batch_execute("ANALYZE operation").await.expect("analyze");
+    enqueue_many(&client, fx.instance, tenants[0], 1, 3000).await;
+    // Statistics as a held snapshot can leave them: the tenant's key index with far
+    // more pages for its entries than the claim index (its entries are added in the
+    // middle, the claim index's at its end), so that the claim index, with the tenant
+    // filtered from its rows, looks as cheap.
+    client
+        .batch_execute("UPDATE pg_class SET reltuples = 1 WHERE relname LIKE 'operation_tenant%'")
+        .await
+        .expect("set the statistics");
+
+    // A session of its own, which plans the key trigger's lookup with these
+    // statistics: the first executions with their values, later ones once for all.
+    let writer = db.connect().await;
+    let quiet = tenants[1];
+    let last = 2_000_000 + 250 + 8;
+    enqueue_many(&writer, fx.instance, quiet, 2_000_000 + 250, 8).await;
+    let before = all_index_reads(&writer).await;
+    enqueue_many(&writer, fx.instance, quiet, last, 1).await;
+    let after = all_index_reads(&writer).await;
+    let read: i64 = after.iter().zip(&before).map(|((_, after), (_, before))| after - before).sum();
+    assert!(read <= 2, "the quiet tenant's next key read {read} index entries: {after:?}");
+    let keys: Vec<i64> = writer
+        .query(
+            "SELECT queue_key FROM operation WHERE tenant_id = $1 AND resource_id IN ($2, $3) ORDER BY resource_id",
+            &[&quiet.0, &(last - 1), &last],
+        )
+        .await
+        .expect("keys")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(keys[1], keys[0] + 1, "the quiet tenant's next key follows its last");
 }
 
 #[tokio::test]
