@@ -2,7 +2,9 @@
 //! which process the time went to (and in which stage): the writer, the agent,
 //! PostgreSQL (the postmaster and every backend, live or finished) and this
 //! process (the emulator and the Argo CD stand-in run in it, with the benchmark's
-//! own clients).
+//! own clients). Also the whole machine's share of time lost to other guests
+//! (steal) and to waiting on I/O, from `/proc/stat`, so a run that was starved of
+//! CPU can be told from a slow one by its JSON alone.
 
 use std::collections::HashMap;
 
@@ -41,6 +43,53 @@ fn stat(pid: &str) -> Option<(u64, u64, u64, u64, u32)> {
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
     Some((field(14)?, field(15)?, field(16)?, field(17)?, u32::try_from(field(4)?).ok()?))
+}
+
+/// The machine's CPU time so far, summed over its CPUs, in ticks: `/proc/stat`'s
+/// first line.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HostTicks {
+    total: u64,
+    iowait: u64,
+    steal: u64,
+}
+
+impl HostTicks {
+    /// Now; zeros where `/proc/stat` cannot be read (the shares are then 0).
+    pub fn now() -> HostTicks {
+        std::fs::read_to_string("/proc/stat").ok().and_then(|text| HostTicks::parse(&text)).unwrap_or_default()
+    }
+
+    /// `cpu  user nice system idle iowait irq softirq steal [guest guest_nice]`;
+    /// guest time is already counted in user and nice.
+    fn parse(text: &str) -> Option<HostTicks> {
+        let line = text.lines().next()?;
+        let mut fields = line.split_whitespace();
+        if fields.next()? != "cpu" {
+            return None;
+        }
+        let ticks: Vec<u64> = fields.take(8).map(|field| field.parse().ok()).collect::<Option<_>>()?;
+        let [.., iowait, _, _, steal] = ticks[..] else { return None };
+        Some(HostTicks { total: ticks.iter().sum(), iowait, steal })
+    }
+
+    /// What share of the machine's time since `earlier` went to steal and to I/O wait.
+    pub fn since(self, earlier: HostTicks) -> HostShare {
+        let total = self.total.saturating_sub(earlier.total);
+        let pct = |now: u64, then: u64| match total {
+            0 => 0.0,
+            _ => (now.saturating_sub(then) as f64 * 1000.0 / total as f64).round() / 10.0,
+        };
+        HostShare { steal_pct: pct(self.steal, earlier.steal), iowait_pct: pct(self.iowait, earlier.iowait) }
+    }
+}
+
+/// Shares of the machine's CPU time over an interval, in percent to a tenth: taken
+/// by the hypervisor for other guests (`steal`), and idle while I/O was pending.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct HostShare {
+    pub steal_pct: f64,
+    pub iowait_pct: f64,
 }
 
 /// A process's own CPU seconds (0 when it is gone).
@@ -91,5 +140,18 @@ mod tests {
         // Read after: the process keeps running between the two reads.
         assert!(tree_s(Some(std::process::id())) >= own);
         assert_eq!(process_s(None), 0.0);
+    }
+
+    #[test]
+    fn the_machines_steal_and_io_wait_are_shares_of_its_time() {
+        let earlier = HostTicks::parse("cpu  100 0 50 800 30 0 10 10 0 0\ncpu0 1 2 3\n").expect("parses");
+        let later = HostTicks::parse("cpu  400 0 150 1100 80 0 20 250 7 0\n").expect("parses");
+        // 1,000 ticks passed: 240 stolen, 50 waiting on I/O.
+        assert_eq!(later.since(earlier), HostShare { steal_pct: 24.0, iowait_pct: 5.0 });
+        assert_eq!(earlier.since(earlier), HostShare::default());
+        assert_eq!(HostTicks::parse("intr 1 2 3\n"), None);
+        assert_eq!(HostTicks::parse("cpu  1 2 3\n"), None);
+        let now = HostTicks::now();
+        assert!(now.total > 0, "{now:?}");
     }
 }

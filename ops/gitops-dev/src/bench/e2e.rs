@@ -30,7 +30,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::cpu::{CpuSeconds, own_s, process_s, tree_s};
+use super::cpu::{CpuSeconds, HostShare, HostTicks, own_s, process_s, tree_s};
 use crate::up::{DEFAULT_INSTANCE_CAPACITY, DEV_ARGOCD_NAMESPACE, DevError, DevStack, StackShape};
 
 /// The repository every deployment names; the stand-in never fetches it.
@@ -157,6 +157,8 @@ pub struct Stage {
     pub name: &'static str,
     pub seconds: f64,
     pub cpu_s: CpuSeconds,
+    /// The machine's steal and I/O wait over the stage.
+    pub host: HostShare,
 }
 
 /// Every component's CPU seconds now.
@@ -169,15 +171,16 @@ fn cpu_now(stack: &DevStack) -> CpuSeconds {
     }
 }
 
-/// Stage boundaries: when, and the CPU seconds then.
+/// Stage boundaries: when, and the CPU seconds then (the components' and the
+/// machine's).
 #[derive(Debug, Default)]
 struct Stages {
-    marks: Vec<(&'static str, Instant, CpuSeconds)>,
+    marks: Vec<(&'static str, Instant, CpuSeconds, HostTicks)>,
 }
 
 impl Stages {
     fn mark(&mut self, name: &'static str, stack: &DevStack) {
-        self.marks.push((name, Instant::now(), cpu_now(stack)));
+        self.marks.push((name, Instant::now(), cpu_now(stack), HostTicks::now()));
     }
 
     /// Each stage ends at its mark and starts at the previous one (the first mark starts).
@@ -188,6 +191,7 @@ impl Stages {
                 name: pair[1].0,
                 seconds: pair[1].1.duration_since(pair[0].1).as_secs_f64(),
                 cpu_s: pair[1].2 - pair[0].2,
+                host: pair[1].3.since(pair[0].3),
             })
             .collect()
     }

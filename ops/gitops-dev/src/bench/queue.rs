@@ -21,7 +21,8 @@
 //! Phases 4 and 5 report commits per operation (Δ`xact_commit` of the database over
 //! the operations, the enqueue transactions included). With `--rate` only phases 1
 //! and 4 run. With `--hold-snapshot` the phases above are the clean figures, and
-//! `held` measures 3–5 again while a snapshot is held (see `held.rs`).
+//! `held` measures 3–5 again while a snapshot is held (see `held.rs`). Every
+//! measured run of phases 1–5 also notes the machine's steal and I/O wait (`host`).
 
 mod agent;
 mod held;
@@ -40,9 +41,10 @@ use gitops_shared::model::{EngineInstanceId, OperationState};
 use gitops_testkit::PgError;
 use tokio_postgres::Client;
 
+use super::cpu::HostTicks;
 use agent::{CountingHandler, ReadyAgents, RunningAgents};
 use producer::{Committed, Producer, Work};
-pub use report::{HalfLoad, HeldReport, LatencyMs, QueueBenchReport, RecoveryRun};
+pub use report::{HalfLoad, HeldReport, LatencyMs, PhaseHost, QueueBenchReport, RecoveryRun};
 use scratch::Scratch;
 
 /// What to run.
@@ -151,6 +153,10 @@ struct Bench<'a> {
     lost: u64,
     /// The highest operation id before the current phase.
     mark: i64,
+    /// `clean`, `held` or `recovery`: which part of the run the phases belong to.
+    stage: &'static str,
+    /// The machine's steal and I/O wait over each measured phase, in order.
+    host: Vec<PhaseHost>,
 }
 
 /// What one overlap run measured.
@@ -184,6 +190,8 @@ async fn run(config: &QueueBenchConfig, url: &str) -> Result<QueueBenchReport, B
         handler: Arc::new(CountingHandler::default()),
         lost: 0,
         mark: 0,
+        stage: "clean",
+        host: Vec::new(),
     };
 
     let n = config.operations;
@@ -247,6 +255,7 @@ async fn run(config: &QueueBenchConfig, url: &str) -> Result<QueueBenchReport, B
         half_load,
         quiet_claim_batches,
         held,
+        host: bench.host,
         double_completions: bench.handler.double_completions(),
         lost: bench.lost,
     })
@@ -290,7 +299,9 @@ impl Bench<'_> {
     /// One closed-loop run of `operations` transactions; returns its rate.
     async fn timed(&mut self, work: Work, phase: &'static str, round: usize) -> Result<f64, BenchError> {
         let n = self.config.operations;
+        let host = HostTicks::now();
         let (elapsed, _) = producer::run_closed(&mut self.producers, n, work).await?;
+        self.record_host(phase, host);
         let per_s = report::per_second(n, elapsed);
         tracing::info!(phase, round, per_s, elapsed_ms = elapsed.as_millis() as u64, "run done");
         Ok(per_s)
@@ -307,9 +318,10 @@ impl Bench<'_> {
     async fn drain(&mut self) -> Result<f64, BenchError> {
         self.checkpoint().await;
         let ready = self.agents().await?;
-        let started = Instant::now();
+        let (started, host) = (Instant::now(), HostTicks::now());
         let agents = ready.start();
         let finished = self.wait_settled(&agents, self.config.operations).await;
+        self.record_host("drain", host);
         agents.stop().await?;
         let finished = finished?;
         let per_s = report::per_second(self.config.operations, finished - started);
@@ -335,12 +347,14 @@ impl Bench<'_> {
         let agents = self.agents().await?.start();
         let outcome = async {
             agents.wait_asleep(Duration::from_secs(10)).await?;
-            let started = Instant::now();
+            let (started, host) = (Instant::now(), HostTicks::now());
             let committed = match rate {
                 None => producer::run_closed(&mut self.producers, n, Work::Enqueue).await?.1,
                 Some(rate) => producer::run_scheduled(&mut self.producers, n, rate, started).await?,
             };
             let finished = self.wait_settled(&agents, n).await?;
+            // Scheduled at half the enqueue rate unless the user set the rate.
+            self.record_host(if rate.is_some() && self.config.rate.is_none() { "half load" } else { "overlap" }, host);
             Ok::<_, BenchError>((finished - started, committed))
         }
         .await;
@@ -475,6 +489,15 @@ impl Bench<'_> {
             .map_err(BenchError::db("count operations"))?
             .get(0);
         Ok(u64::try_from(count).unwrap_or(0))
+    }
+
+    /// Notes the machine's steal and I/O wait since `since`, over a phase of the
+    /// current stage.
+    fn record_host(&mut self, phase: &'static str, since: HostTicks) {
+        let share = HostTicks::now().since(since);
+        let stage = self.stage;
+        let run = self.host.iter().filter(|h| h.stage == stage && h.phase == phase).count() + 1;
+        self.host.push(PhaseHost { stage, phase, run, steal_pct: share.steal_pct, iowait_pct: share.iowait_pct });
     }
 
     fn count_lost(&mut self, phase: &'static str, found: u64) {

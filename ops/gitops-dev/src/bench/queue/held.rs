@@ -69,6 +69,7 @@ pub async fn measure(bench: &mut Bench<'_>, clean: &Clean) -> Result<HeldReport,
         tracing::debug!(query = name, "inspect query ran in the held transaction");
     }
 
+    bench.stage = "held";
     let preloaded = preload(bench).await?;
     let (enqueue_per_s, drain_per_s) = backlog_and_drain(bench).await?;
     let overlap = bench.overlap(None, false).await?;
@@ -80,6 +81,7 @@ pub async fn measure(bench: &mut Bench<'_>, clean: &Clean) -> Result<HeldReport,
         .map_err(BenchError::db("release the snapshot"))?;
     let released = Instant::now();
     drop(holder);
+    bench.stage = "recovery";
     let (recovery, recovery_s) = recover(bench, clean, released).await?;
     Ok(HeldReport {
         preloaded,

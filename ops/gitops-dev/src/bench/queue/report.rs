@@ -37,6 +37,9 @@ pub struct QueueBenchReport {
     pub quiet_claim_batches: Option<u64>,
     /// The figures again with a snapshot held (`--hold-snapshot`).
     pub held: Option<HeldReport>,
+    /// The machine's steal and I/O wait over each measured phase: a phase that lost
+    /// a large share to either measured the host, not the queue.
+    pub host: Vec<PhaseHost>,
     /// Operations the handler was given more than once.
     pub double_completions: u64,
     /// Operations not where they should be at the end of a phase, over all phases.
@@ -83,6 +86,21 @@ pub struct RecoveryRun {
     pub after_s: f64,
     pub drain_per_s: f64,
     pub operation_n_dead_tup: i64,
+}
+
+/// The machine's steal and I/O wait (percent of its CPU time, `/proc/stat`) over one
+/// measured phase.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PhaseHost {
+    /// `clean`, `held` (snapshot held) or `recovery` (after its release).
+    pub stage: &'static str,
+    /// `baseline`, `no-notify enqueue`, `enqueue`, `held enqueue`, `drain`,
+    /// `overlap` or `half load`.
+    pub phase: &'static str,
+    /// The phase's run within its stage, from 1.
+    pub run: usize,
+    pub steal_pct: f64,
+    pub iowait_pct: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -207,6 +225,7 @@ mod tests {
             half_load: None,
             quiet_claim_batches: Some(1),
             held: None,
+            host: vec![PhaseHost { stage: "clean", phase: "drain", run: 1, steal_pct: 12.5, iowait_pct: 0.0 }],
             double_completions: 0,
             lost: 0,
         };
@@ -215,7 +234,8 @@ mod tests {
             "{\"operations\":10,\"agents\":2,\"producers\":8,\"rate\":null,\"baseline_commit_per_s\":1.5,\
              \"no_notify_enqueue_per_s\":2.0,\"enqueue_per_s\":null,\"drain_per_s\":3.0,\"overlap_per_s\":4.0,\
              \"latency_ms\":{\"p50\":1.0,\"p95\":2.0,\"p99\":3.0,\"max\":4.0},\"commits_per_op\":1.25,\
-             \"half_load\":null,\"quiet_claim_batches\":1,\"held\":null,\"double_completions\":0,\"lost\":0}"
+             \"half_load\":null,\"quiet_claim_batches\":1,\"held\":null,\"host\":[{\"stage\":\"clean\",\"phase\":\"drain\",\
+             \"run\":1,\"steal_pct\":12.5,\"iowait_pct\":0.0}],\"double_completions\":0,\"lost\":0}"
         );
     }
 }
