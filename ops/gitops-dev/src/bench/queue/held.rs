@@ -12,8 +12,10 @@
 //!    operation, and the held runs would meet an application table ten times the
 //!    size of the clean runs' and measure that instead of the snapshot.
 //! 3. Drain, overlap and half load are measured as in the clean phases (each after a
-//!    CHECKPOINT), without emptying anything; the dead tuples of the queue's tables
-//!    are read.
+//!    CHECKPOINT), without emptying anything: enqueue and drain, as there, `ROUNDS`
+//!    times, and their medians reported, so that the held and the clean drain (a
+//!    phase of about a second) are compared median to median, not one run to a
+//!    median. The dead tuples of the queue's tables are read.
 //! 4. The transaction ends. Every `RECOVERY_EVERY` a backlog is enqueued and drained,
 //!    until the drain rate is back to `RECOVERED` of the clean one (or
 //!    `RECOVERY_GIVE_UP` passed); autovacuum runs as configured, nothing is vacuumed
@@ -26,7 +28,7 @@ use tokio_postgres::IsolationLevel;
 
 use super::producer::{self, Work};
 use super::report::{self, HeldReport, RecoveryRun};
-use super::{Bench, BenchError, stats};
+use super::{Bench, BenchError, ROUNDS, stats};
 
 /// The operator's queries, as they are shipped.
 const INSPECT: [(&str, &str); 6] = [
@@ -71,7 +73,13 @@ pub async fn measure(bench: &mut Bench<'_>, clean: &Clean) -> Result<HeldReport,
 
     bench.stage = "held";
     let preloaded = preload(bench).await?;
-    let (enqueue_per_s, drain_per_s) = backlog_and_drain(bench).await?;
+    let (mut enqueues, mut drains) = (Vec::with_capacity(ROUNDS), Vec::with_capacity(ROUNDS));
+    for round in 1..=ROUNDS {
+        let (enqueue, drain) = backlog_and_drain(bench, round).await?;
+        enqueues.push(enqueue);
+        drains.push(drain);
+    }
+    let (enqueue_per_s, drain_per_s) = (report::median(&enqueues), report::median(&drains));
     let overlap = bench.overlap(None, false).await?;
     let half_load = bench.half_load(clean.enqueue_per_s, false).await?;
     let dead_tuples = stats::dead_tuples(&bench.admin).await?;
@@ -118,10 +126,11 @@ async fn preload(bench: &mut Bench<'_>) -> Result<u64, BenchError> {
 
 /// A backlog of `operations` enqueued with the agents stopped, then drained;
 /// returns both rates.
-async fn backlog_and_drain(bench: &mut Bench<'_>) -> Result<(f64, f64), BenchError> {
+async fn backlog_and_drain(bench: &mut Bench<'_>, round: usize) -> Result<(f64, f64), BenchError> {
     bench.checkpoint().await;
     bench.set_mark().await?;
-    let enqueue_per_s = bench.timed(Work::Enqueue, "held enqueue", 1).await?;
+    let phase = if bench.stage == "recovery" { "recovery enqueue" } else { "held enqueue" };
+    let enqueue_per_s = bench.timed(Work::Enqueue, phase, round).await?;
     bench.expect_backlog().await?;
     Ok((enqueue_per_s, bench.drain().await?))
 }
@@ -138,7 +147,7 @@ async fn recover(
     while released.elapsed() < RECOVERY_GIVE_UP {
         tokio::time::sleep_until(next.into()).await;
         next += RECOVERY_EVERY;
-        let (_, drain_per_s) = backlog_and_drain(bench).await?;
+        let (_, drain_per_s) = backlog_and_drain(bench, runs.len() + 1).await?;
         let after_s = report::round(released.elapsed().as_secs_f64(), 1);
         let operation_dead = stats::dead_tuples(&bench.admin)
             .await?

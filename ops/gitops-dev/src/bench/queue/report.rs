@@ -61,8 +61,9 @@ pub struct HalfLoad {
 pub struct HeldReport {
     /// Operations pushed through before measuring.
     pub preloaded: u64,
-    /// The enqueue run that made the drain's backlog (agents stopped).
+    /// Median: the enqueue runs that made the drains' backlogs (agents stopped).
     pub enqueue_per_s: f64,
+    /// Median of as many drains as the clean figure's.
     pub drain_per_s: f64,
     pub overlap_per_s: f64,
     pub latency_ms: LatencyMs,
@@ -94,8 +95,8 @@ pub struct RecoveryRun {
 pub struct PhaseHost {
     /// `clean`, `held` (snapshot held) or `recovery` (after its release).
     pub stage: &'static str,
-    /// `baseline`, `no-notify enqueue`, `enqueue`, `held enqueue`, `drain`,
-    /// `overlap` or `half load`.
+    /// `baseline`, `no-notify enqueue`, `enqueue`, `held enqueue`, `recovery
+    /// enqueue`, `drain`, `overlap` or `half load`.
     pub phase: &'static str,
     /// The phase's run within its stage, from 1.
     pub run: usize,
