@@ -497,7 +497,7 @@ impl Bench<'_> {
         let share = HostTicks::now().since(since);
         let stage = self.stage;
         let run = self.host.iter().filter(|h| h.stage == stage && h.phase == phase).count() + 1;
-        self.host.push(PhaseHost { stage, phase, run, steal_pct: share.steal_pct, iowait_pct: share.iowait_pct });
+        self.host.push(PhaseHost { stage, phase, run, share });
     }
 
     fn count_lost(&mut self, phase: &'static str, found: u64) {

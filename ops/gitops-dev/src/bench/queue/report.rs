@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use super::stats::TableTuples;
+use crate::bench::cpu::HostShare;
 
 /// The one JSON object on stdout. Field order is the output order.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -100,8 +101,8 @@ pub struct PhaseHost {
     pub phase: &'static str,
     /// The phase's run within its stage, from 1.
     pub run: usize,
-    pub steal_pct: f64,
-    pub iowait_pct: f64,
+    #[serde(flatten)]
+    pub share: HostShare,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -226,7 +227,12 @@ mod tests {
             half_load: None,
             quiet_claim_batches: Some(1),
             held: None,
-            host: vec![PhaseHost { stage: "clean", phase: "drain", run: 1, steal_pct: 12.5, iowait_pct: 0.0 }],
+            host: vec![PhaseHost {
+                stage: "clean",
+                phase: "drain",
+                run: 1,
+                share: HostShare { steal_pct: 12.5, iowait_pct: 0.0 },
+            }],
             double_completions: 0,
             lost: 0,
         };
