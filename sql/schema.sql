@@ -394,6 +394,19 @@ END;
 $$;
 
 --
+-- Name: state_writer_shard(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.state_writer_shard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.writer_shard := (SELECT writer_shard FROM tenant WHERE id = NEW.tenant_id);
+    RETURN NEW;
+END;
+$$;
+
+--
 -- Name: status_retry_delay(integer); Type: FUNCTION; Schema: public; Owner: -
 --
 
@@ -437,6 +450,20 @@ BEGIN
                 USING ERRCODE = 'serialization_failure', CONSTRAINT = 'engine_instance_rollout_target';
         END IF;
     END IF;
+    RETURN NULL;
+END;
+$$;
+
+--
+-- Name: tenant_writer_shard_moved(); Type: FUNCTION; Schema: public; Owner: -
+--
+
+CREATE FUNCTION public.tenant_writer_shard_moved() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE application_state SET updated_at = now() WHERE tenant_id = NEW.id;
+    UPDATE resource_state SET updated_at = now() WHERE tenant_id = NEW.id;
     RETURN NULL;
 END;
 $$;
@@ -527,7 +554,8 @@ CREATE TABLE public.application_state (
     applied_generation bigint,
     agent_message text,
     agent_stalled boolean DEFAULT false NOT NULL,
-    stalled_generation bigint
+    stalled_generation bigint,
+    writer_shard integer
 );
 
 --
@@ -845,6 +873,7 @@ CREATE TABLE public.resource_state (
     seq bigint DEFAULT nextval('public.application_state_seq'::regclass) NOT NULL,
     changed_xid xid8 DEFAULT pg_current_xact_id() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    writer_shard integer,
     CONSTRAINT resource_state_check CHECK ((num_nonnulls(managed_environment_id, repository_credential_id) = 1))
 );
 
@@ -1255,16 +1284,16 @@ CREATE INDEX admission_approval_age_idx ON public.admission_approval USING btree
 CREATE INDEX application_environment_idx ON public.application USING btree (managed_environment_id) WHERE (managed_environment_id IS NOT NULL);
 
 --
--- Name: application_state_changed_xid_idx; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE INDEX application_state_changed_xid_idx ON public.application_state USING btree (changed_xid);
-
---
 -- Name: application_state_seq_idx; Type: INDEX; Schema: public; Owner: -
 --
 
 CREATE INDEX application_state_seq_idx ON public.application_state USING btree (seq);
+
+--
+-- Name: application_state_shard_xid_idx; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE INDEX application_state_shard_xid_idx ON public.application_state USING btree (writer_shard, changed_xid, seq);
 
 --
 -- Name: application_state_tenant_xid_idx; Type: INDEX; Schema: public; Owner: -
@@ -1381,10 +1410,10 @@ CREATE INDEX operation_tenant_last_key_idx ON public.operation USING btree (engi
 CREATE INDEX repository_credential_tenant_idx ON public.repository_credential USING btree (tenant_id);
 
 --
--- Name: resource_state_changed_xid_idx; Type: INDEX; Schema: public; Owner: -
+-- Name: resource_state_shard_xid_idx; Type: INDEX; Schema: public; Owner: -
 --
 
-CREATE INDEX resource_state_changed_xid_idx ON public.resource_state USING btree (changed_xid);
+CREATE INDEX resource_state_shard_xid_idx ON public.resource_state USING btree (writer_shard, changed_xid, seq);
 
 --
 -- Name: resource_state_tenant_xid_idx; Type: INDEX; Schema: public; Owner: -
@@ -1459,6 +1488,12 @@ CREATE TRIGGER application_state_signal AFTER INSERT OR UPDATE ON public.applica
 CREATE TRIGGER application_state_stamp BEFORE UPDATE ON public.application_state FOR EACH ROW EXECUTE FUNCTION public.application_state_stamp();
 
 --
+-- Name: application_state application_state_writer_shard; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER application_state_writer_shard BEFORE INSERT OR UPDATE ON public.application_state FOR EACH ROW EXECUTE FUNCTION public.state_writer_shard();
+
+--
 -- Name: engine_instance engine_instance_front; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -1525,6 +1560,12 @@ CREATE TRIGGER resource_state_signal AFTER INSERT OR UPDATE ON public.resource_s
 CREATE TRIGGER resource_state_stamp BEFORE UPDATE ON public.resource_state FOR EACH ROW EXECUTE FUNCTION public.application_state_stamp();
 
 --
+-- Name: resource_state resource_state_writer_shard; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER resource_state_writer_shard BEFORE INSERT OR UPDATE ON public.resource_state FOR EACH ROW EXECUTE FUNCTION public.state_writer_shard();
+
+--
 -- Name: rollout_tenant rollout_tenant_slot_count; Type: TRIGGER; Schema: public; Owner: -
 --
 
@@ -1535,6 +1576,12 @@ CREATE TRIGGER rollout_tenant_slot_count AFTER INSERT OR DELETE OR UPDATE OF act
 --
 
 CREATE TRIGGER tenant_placement_count AFTER INSERT OR DELETE OR UPDATE OF engine_instance_id ON public.tenant FOR EACH ROW EXECUTE FUNCTION public.tenant_placement_count();
+
+--
+-- Name: tenant tenant_writer_shard_moved; Type: TRIGGER; Schema: public; Owner: -
+--
+
+CREATE TRIGGER tenant_writer_shard_moved AFTER UPDATE OF writer_shard ON public.tenant FOR EACH ROW WHEN ((old.writer_shard IS DISTINCT FROM new.writer_shard)) EXECUTE FUNCTION public.tenant_writer_shard_moved();
 
 --
 -- Name: application application_managed_environment_id_fkey; Type: FK CONSTRAINT; Schema: public; Owner: -

@@ -31,6 +31,7 @@ mod queue_race;
 mod shard_takeover;
 mod signal_race;
 mod statements;
+mod status_feed;
 mod writer_admission;
 mod writer_agent_chaos;
 mod writer_api;
